@@ -1,0 +1,229 @@
+"""Base classes of the objects plugins register.
+
+Registration hooks run once at start-up and are synchronous; the registered
+objects do the per-prompt I/O through ``async`` methods.  Each selectable class
+carries its ``name`` and an attrs ``Config`` class; options given on the command
+line (``-S key=value``, ``-E key=value``) are structured strictly into it.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterable, Iterator, Optional
+
+import attrs
+
+from .records import ExecResult, Message, ModelResponse, SandboxSpec, ToolSpec, Trajectory
+
+if TYPE_CHECKING:
+    from .run_context import RunContext
+
+
+@attrs.frozen
+class NoOptions:
+    """Config of a plugin object that takes no options."""
+
+
+# --- model clients -----------------------------------------------------------
+
+
+@attrs.frozen
+class ModelSettings:
+    """How to reach and drive the model; built from the command line."""
+
+    model: str
+    base_url: str
+    api_key: Optional[str] = attrs.field(default=None, repr=False)
+    max_tokens: Optional[int] = None
+    reasoning_effort: Optional[str] = None
+    reasoning_disabled: bool = False
+    providers_allowed: tuple = ()
+    providers_ignored: tuple = ()
+    providers_order: tuple = ()
+    provider_sort: Optional[str] = None
+    request_timeout: float = 600.0
+    max_retries: int = 6
+
+
+class ModelClient(abc.ABC):
+    """Sends a conversation to a model and returns its next message."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+
+    def __init__(self, settings: ModelSettings):
+        self.settings = settings
+
+    @classmethod
+    def handles_base_url(cls, base_url: str) -> bool:
+        """True when this client should be picked automatically for ``base_url``."""
+        return False
+
+    @abc.abstractmethod
+    async def complete(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
+        """One model call, with retries; raises FatalModelError or ModelEndpointError."""
+
+    async def aclose(self) -> None:
+        """Release connections."""
+
+
+# --- sandboxes ---------------------------------------------------------------
+
+
+class Sandbox(abc.ABC):
+    """The isolated environment of one prompt."""
+
+    @abc.abstractmethod
+    async def exec(self, command: str, timeout: float) -> ExecResult:
+        """Run ``command`` in a non-login shell; kill its whole process tree after ``timeout`` seconds."""
+
+    @abc.abstractmethod
+    async def read_file(self, path: str) -> bytes:
+        """Contents of ``path`` (relative paths are relative to the working directory); raises FileNotFoundError."""
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path``, creating parent folders."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Remove the sandbox; safe to call more than once."""
+
+    @property
+    def workdir(self) -> str:
+        """The working directory commands start in, as the sandbox sees it."""
+        return "."
+
+
+class SandboxBackend(abc.ABC):
+    """Opens one sandbox per prompt. One instance per run."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+
+    def __init__(self, config: Any, run: "RunContext"):
+        self.config = config
+        self.run = run
+
+    async def start(self) -> None:
+        """Called once before any prompt: check the engine, remove leftovers of a crashed run."""
+
+    async def prepare_image(self, image: Optional[str]) -> None:
+        """Make ``image`` available (pull once); raises SandboxError if it cannot be had."""
+
+    @abc.abstractmethod
+    async def open(self, spec: SandboxSpec) -> Sandbox:
+        """Open the sandbox of one prompt; raises SandboxError."""
+
+    async def shutdown(self) -> None:
+        """Called once after the last prompt, also on Ctrl-C."""
+
+
+# --- tools -------------------------------------------------------------------
+
+
+@attrs.frozen
+class ToolContext:
+    """What a tool call can use: the prompt's sandbox and the run's settings."""
+
+    sandbox: Sandbox
+    command_timeout: float = 180.0
+    max_output_chars: int = 20000
+
+
+class Tool(abc.ABC):
+    """A function the model can call."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    parameters: ClassVar[dict]
+
+    @classmethod
+    def spec(cls) -> ToolSpec:
+        return ToolSpec(cls.name, cls.description, cls.parameters)
+
+    @abc.abstractmethod
+    async def call(self, arguments: dict, ctx: ToolContext) -> dict:
+        """Run the tool; the result is JSON.  A failure is reported as a non-null ``error``."""
+
+
+@attrs.frozen
+class Toolset:
+    """A named group of tools that a distribution switches on or off together."""
+
+    name: str
+    description: str
+    tools: tuple  # of Tool classes
+
+
+@attrs.frozen
+class Distribution:
+    """Independent inclusion probabilities (0..1) of toolsets."""
+
+    name: str
+    description: str
+    probabilities: tuple  # of (toolset name, probability) pairs
+
+
+# --- filters, writers, executors ----------------------------------------------
+
+
+class Filter(abc.ABC):
+    """Decides whether a finished trajectory is kept."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+
+    @abc.abstractmethod
+    def check(self, trajectory: Trajectory) -> Optional[str]:
+        """None to keep the trajectory, else the reason it is discarded."""
+
+
+class Writer(abc.ABC):
+    """Writes the merged output of a run (kept trajectories in prompt_index order)."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+
+    @abc.abstractmethod
+    def write(self, run_dir, trajectories: Iterable[Trajectory]) -> Optional[str]:
+        """Write the output files into ``run_dir``; return the main file's name."""
+
+
+@attrs.frozen
+class PromptJob:
+    """One prompt to process, as the executor hands it to a worker."""
+
+    row: Any  # PromptRow
+    batch_num: int
+    toolsets: tuple
+
+
+class Executor(abc.ABC):
+    """Runs the prompt jobs of a run and reports each outcome as it ends."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+
+    def __init__(self, config: Any):
+        self.config = config
+
+    @abc.abstractmethod
+    async def run(
+        self,
+        jobs: Iterator[PromptJob],
+        processor: Any,
+        on_outcome: Callable[[PromptJob, Any], Awaitable[None]],
+        concurrency: int,
+    ) -> None:
+        """Await ``processor.process(job)`` for every job, at most ``concurrency`` at once.
+
+        ``jobs`` is a lazy iterator (a million-row dataset is never in memory);
+        take the next job only when a slot is free.
+        Each outcome (a Trajectory or a Failure) is handed to ``on_outcome`` in
+        this process as soon as its prompt ends.  ``processor`` holds only
+        picklable configuration, so a distributed executor can rebuild it on
+        its workers.  Cancelling ``run`` must cancel every prompt in flight.
+        """

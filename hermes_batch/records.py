@@ -1,0 +1,241 @@
+"""The records that flow through a run: frozen attrs classes with no serialization code.
+
+JSON (de)serialization lives in :mod:`hermes_batch.serialization`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Optional
+
+import attrs
+from attrs import field, frozen
+
+SCHEMA_VERSION = 1
+
+
+def content_key(prompt: str, image: Optional[str], cwd: Optional[str]) -> str:
+    """The identity of a dataset row for resume: a hash of its prompt, image and cwd."""
+    blob = json.dumps([prompt, image, cwd], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
+
+
+@frozen
+class PromptRow:
+    """One valid line of the dataset."""
+
+    prompt_index: int
+    prompt: str
+    line_number: int
+    image: Optional[str] = None
+    cwd: Optional[str] = None
+    id: Any = None
+    extra: dict = field(factory=dict)  # every other field, copied to metadata.row
+
+    @property
+    def content_key(self) -> str:
+        return content_key(self.prompt, self.image, self.cwd)
+
+
+@frozen
+class ToolCall:
+    """A tool call made by the model; ``arguments`` is None when ``raw_arguments`` is not valid JSON."""
+
+    id: str
+    name: str
+    arguments: Optional[dict]
+    raw_arguments: str = ""
+
+
+@frozen
+class Message:
+    """One chat message in the provider-neutral form the agent loop works with."""
+
+    role: str  # "system", "user", "assistant" or "tool"
+    content: str = ""
+    reasoning: Optional[str] = None
+    tool_calls: tuple = ()  # of ToolCall
+    tool_call_id: Optional[str] = None
+    name: Optional[str] = None  # tool name, for role "tool"
+    provider_data: Any = None  # opaque data a client must get back next turn (e.g. thinking signatures)
+
+
+@frozen
+class Usage:
+    """Token usage and cost of one model call or of many, summed."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
+    cost: Optional[float] = None
+
+    def __add__(self, other: "Usage") -> "Usage":
+        cost = None if self.cost is None and other.cost is None else (self.cost or 0.0) + (other.cost or 0.0)
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+            self.cached_tokens + other.cached_tokens,
+            cost,
+        )
+
+
+@frozen
+class ModelResponse:
+    """What a model client returns for one call."""
+
+    message: Message
+    finish_reason: Optional[str] = None  # "stop", "tool_calls", "length", "content_filter", ...
+    usage: Usage = Usage()
+    provider: Optional[str] = None
+    model: Optional[str] = None
+
+
+@frozen
+class ToolSpec:
+    """A tool as offered to the model: name, description and JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict
+
+
+@frozen
+class ExecResult:
+    """Result of one command run in a sandbox."""
+
+    output: str
+    exit_code: Optional[int]
+    timed_out: bool = False
+
+
+@frozen
+class SandboxSpec:
+    """What a backend needs to open the sandbox of one prompt."""
+
+    run_name: str
+    prompt_index: int
+    content_key: str
+    image: Optional[str] = None
+    cwd: Optional[str] = None
+    env: dict = field(factory=dict)
+
+
+@frozen
+class ToolStat:
+    count: int = 0
+    success: int = 0
+    failure: int = 0
+
+
+@frozen
+class ToolCallRecord:
+    id: str
+    name: str
+    arguments: Any  # the parsed arguments, or the raw string when they were not valid JSON
+
+
+@frozen
+class Turn:
+    """One ShareGPT turn: ``from`` is "system", "human", "gpt" or "tool"."""
+
+    from_: str
+    value: str
+    tool_calls: Optional[tuple[ToolCallRecord, ...]] = None  # on "gpt" turns only
+
+
+@frozen
+class Metadata:
+    """Everything about a trajectory besides the conversation; extended by later versions."""
+
+    batch_num: int
+    timestamp: str
+    model: str
+    content_key: str
+    schema_version: int = SCHEMA_VERSION
+    id: Any = None
+    row: Optional[dict] = None
+    seed: Optional[int] = None
+    sandbox: Optional[str] = None
+    image: Optional[str] = None
+    cwd: Optional[str] = None
+    tools_offered: tuple[str, ...] = ()
+    end_reason: Optional[str] = None  # "final_answer", "max_turns", "length", "timeout", ...
+    invalid_tool_calls: tuple[dict, ...] = ()  # {"name", "reason"} each
+    duration_s: float = 0.0
+    usage: Optional[Usage] = None
+    providers: tuple[str, ...] = ()
+
+
+@frozen
+class Trajectory:
+    """One line of batch_N.jsonl and trajectories.jsonl (SPEC section 9)."""
+
+    prompt_index: int
+    conversations: tuple[Turn, ...]
+    metadata: Metadata
+    completed: bool
+    partial: bool
+    api_calls: int
+    toolsets_used: tuple[str, ...]
+    tool_stats: dict[str, ToolStat]
+    tool_error_counts: dict[str, int]
+
+    def with_tools(self, tool_names) -> "Trajectory":
+        """The same trajectory with zeroed stats for every tool in ``tool_names`` it lacks."""
+        stats = {name: self.tool_stats.get(name, ToolStat()) for name in sorted(set(tool_names) | set(self.tool_stats))}
+        errors = {name: self.tool_error_counts.get(name, 0) for name in stats}
+        return attrs.evolve(self, tool_stats=stats, tool_error_counts=errors)
+
+
+@frozen
+class Discarded:
+    """A trajectory the filters rejected, as written to discarded.jsonl."""
+
+    trajectory: Trajectory
+    filters: tuple[str, ...]
+    reasons: tuple[str, ...]  # one per filter
+    schema_version: int = SCHEMA_VERSION
+
+
+@frozen
+class Failure:
+    """A prompt that failed for infrastructure reasons, as written to failed.jsonl."""
+
+    prompt_index: int
+    content_key: str
+    batch_num: int
+    error_class: str
+    error_kind: str
+    message: str
+    timestamp: str
+    prompt: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+
+@frozen
+class SessionInfo:
+    """One invocation of a run (the first run or a resume)."""
+
+    started_at: str
+    duration_s: float = 0.0
+    prompts_run: int = 0
+    invalid_skipped: int = 0
+    seed: Optional[int] = None
+    interrupted: bool = False
+
+
+@frozen
+class Checkpoint:
+    """checkpoint.json: what has been finished, saved at each batch's completion."""
+
+    run_name: str
+    batch_size: int
+    completed_batches: tuple[int, ...] = ()
+    prompts_finished: int = 0
+    prompts_failed: int = 0
+    sessions: tuple[SessionInfo, ...] = ()  # one per invocation of the run
+    updated_at: str = ""
+    schema_version: int = SCHEMA_VERSION
