@@ -1,0 +1,1 @@
+"""The core's own features, written as plugins."""

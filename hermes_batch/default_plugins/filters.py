@@ -1,0 +1,48 @@
+"""The two seed quality filters."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import hermes_batch
+from hermes_batch.conversation import reasoning_counts
+from hermes_batch.interfaces import Filter
+from hermes_batch.records import Trajectory
+
+DEFAULT_FILTERS = ("no-reasoning", "hallucinated-tools")
+
+
+@hermes_batch.hookimpl
+def register_filters(register):
+    register(NoReasoningFilter)
+    register(HallucinatedToolsFilter)
+
+
+class NoReasoningFilter(Filter):
+    """Discard samples whose assistant turns carry no reasoning at all."""
+
+    name = "no-reasoning"
+    description = "Discard samples in which no assistant turn has reasoning (thinking, <think>, scratchpad)."
+
+    def check(self, trajectory: Trajectory) -> Optional[str]:
+        with_, without = reasoning_counts(trajectory.conversations)
+        if with_ == 0:
+            return f"none of the {without} assistant turns has reasoning"
+        return None
+
+
+class HallucinatedToolsFilter(Filter):
+    """Discard samples where the model called a tool that was not offered to that prompt."""
+
+    name = "hallucinated-tools"
+    description = "Discard samples that call a tool name not among the tools offered to that prompt."
+
+    def check(self, trajectory: Trajectory) -> Optional[str]:
+        offered = set(trajectory.metadata.tools_offered)
+        called = {
+            call.name for turn in trajectory.conversations if turn.tool_calls for call in turn.tool_calls
+        }
+        unknown = sorted(called - offered)
+        if unknown:
+            return f"called tools that were not offered: {', '.join(unknown)}"
+        return None

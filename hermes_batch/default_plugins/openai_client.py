@@ -1,0 +1,207 @@
+"""The OpenAI-compatible model client: OpenRouter, OpenAI, vLLM, llama.cpp, Ollama."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Optional
+
+import openai
+
+import hermes_batch
+from hermes_batch.errors import FatalModelError, ModelEndpointError
+from hermes_batch.interfaces import ModelClient, ModelSettings
+from hermes_batch.reasoning import extract_reasoning
+from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
+from hermes_batch.retry import RETRYABLE_STATUS, backoff_delay, retry_after_seconds
+
+log = logging.getLogger(__name__)
+
+
+@hermes_batch.hookimpl
+def register_model_clients(register):
+    register(OpenAIClient)
+
+
+def is_openrouter(base_url: str) -> bool:
+    return "openrouter.ai" in base_url
+
+
+class OpenAIClient(ModelClient):
+    """Chat completions through the ``openai`` SDK's async client, with our own retry loop."""
+
+    name = "openai"
+    description = "Any OpenAI-compatible chat-completions endpoint (OpenRouter, OpenAI, vLLM, llama.cpp, Ollama)."
+
+    def __init__(self, settings: ModelSettings):
+        super().__init__(settings)
+        # The SDK's own retries know nothing of our run-wide stop on auth errors.
+        self._client = openai.AsyncOpenAI(
+            api_key=settings.api_key or "EMPTY",
+            base_url=settings.base_url,
+            max_retries=0,
+            timeout=settings.request_timeout,
+        )
+        self._extra_body = self._routing_body(settings)
+
+    @classmethod
+    def handles_base_url(cls, base_url: str) -> bool:
+        return True
+
+    @staticmethod
+    def _routing_body(settings: ModelSettings) -> dict:
+        body: dict[str, Any] = {}
+        provider: dict[str, Any] = {}
+        if settings.providers_allowed:
+            provider["only"] = list(settings.providers_allowed)
+        if settings.providers_ignored:
+            provider["ignore"] = list(settings.providers_ignored)
+        if settings.providers_order:
+            provider["order"] = list(settings.providers_order)
+        if settings.provider_sort:
+            provider["sort"] = settings.provider_sort
+        if provider:
+            body["provider"] = provider
+        if settings.reasoning_disabled or settings.reasoning_effort == "none":
+            body["reasoning"] = {"enabled": False} if is_openrouter(settings.base_url) else {"effort": "none"}
+        elif settings.reasoning_effort:
+            body["reasoning"] = {"effort": settings.reasoning_effort}
+        return body
+
+    def _request(self, messages, tools) -> dict:
+        kwargs: dict[str, Any] = {
+            "model": self.settings.model,
+            "messages": [_to_wire(m) for m in messages],
+        }
+        if tools:
+            kwargs["tools"] = [
+                {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+                for t in tools
+            ]
+        if self.settings.max_tokens:
+            kwargs["max_tokens"] = self.settings.max_tokens
+        if self._extra_body:
+            kwargs["extra_body"] = self._extra_body
+        return kwargs
+
+    async def complete(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
+        kwargs = self._request(messages, tools)
+        attempt = 0
+        while True:
+            try:
+                response = await self._client.chat.completions.create(**kwargs)
+                return _from_wire(response)
+            except openai.APIStatusError as exc:
+                self._raise_if_fatal(exc)
+                if exc.status_code not in RETRYABLE_STATUS or attempt >= self.settings.max_retries:
+                    raise ModelEndpointError(
+                        f"The model endpoint answered {exc.status_code} after {attempt + 1} attempts: {_error_text(exc)}"
+                    ) from exc
+                delay = backoff_delay(attempt, retry_after_seconds(exc.response.headers))
+            except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+                if attempt >= self.settings.max_retries:
+                    raise ModelEndpointError(
+                        f"The model endpoint at {self.settings.base_url} could not be reached after "
+                        f"{attempt + 1} attempts: {exc}"
+                    ) from exc
+                delay = backoff_delay(attempt, None)
+            attempt += 1
+            log.debug("model call retry %d in %.1fs", attempt, delay)
+            await asyncio.sleep(delay)
+
+    def _raise_if_fatal(self, exc: openai.APIStatusError) -> None:
+        if exc.status_code in (401, 403):
+            raise FatalModelError(
+                f"The model endpoint refused the API key ({exc.status_code}: {_error_text(exc)}); "
+                "pass a valid key with --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY."
+            ) from exc
+        if exc.status_code == 404:
+            raise FatalModelError(
+                f"The model endpoint does not know the model {self.settings.model!r} "
+                f"(404: {_error_text(exc)}); check --model and --base_url."
+            ) from exc
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def _error_text(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+    return str(exc.message)
+
+
+def _to_wire(message: Message) -> dict:
+    if message.role == "tool":
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
+    wire: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.role == "assistant":
+        if message.tool_calls:
+            wire["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.raw_arguments}}
+                for c in message.tool_calls
+            ]
+            if not message.content:
+                wire["content"] = None
+        if message.provider_data:
+            # OpenRouter keeps reasoning continuous across turns when its details come back.
+            wire["reasoning_details"] = message.provider_data
+    return wire
+
+
+def _parse_arguments(raw: Optional[str]) -> Optional[dict]:
+    if not raw or not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _from_wire(response) -> ModelResponse:
+    if not response.choices:
+        raise ModelEndpointError("The model endpoint returned a response without choices.")
+    choice = response.choices[0]
+    msg = choice.message
+    extra = msg.model_extra or {}
+    reasoning, content = extract_reasoning(extra, msg.content)
+    calls = tuple(
+        ToolCall(tc.id or f"call_{i}", tc.function.name, _parse_arguments(tc.function.arguments), tc.function.arguments or "")
+        for i, tc in enumerate(msg.tool_calls or ())
+        if getattr(tc, "function", None) is not None
+    )
+    details = extra.get("reasoning_details")
+    message = Message(
+        "assistant",
+        content,
+        reasoning=reasoning,
+        tool_calls=calls,
+        provider_data=details if isinstance(details, list) and details else None,
+    )
+    return ModelResponse(
+        message=message,
+        finish_reason=choice.finish_reason,
+        usage=_usage(response.usage),
+        provider=(response.model_extra or {}).get("provider"),
+        model=response.model,
+    )
+
+
+def _usage(usage) -> Usage:
+    if usage is None:
+        return Usage()
+    completion_details = getattr(usage, "completion_tokens_details", None)
+    prompt_details = getattr(usage, "prompt_tokens_details", None)
+    cost = (usage.model_extra or {}).get("cost")
+    return Usage(
+        prompt_tokens=usage.prompt_tokens or 0,
+        completion_tokens=usage.completion_tokens or 0,
+        reasoning_tokens=(getattr(completion_details, "reasoning_tokens", None) or 0),
+        cached_tokens=(getattr(prompt_details, "cached_tokens", None) or 0),
+        cost=float(cost) if isinstance(cost, (int, float)) else None,
+    )
