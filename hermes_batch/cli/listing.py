@@ -1,0 +1,79 @@
+"""Commands that list what is installed: plugins, distributions, sandboxes, filters, writers..."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .. import distributions as dist_module
+from ..plugins import collect, describe_plugins, get_plugin_manager
+
+
+def _registry(distribution_file=None):
+    registry = collect(get_plugin_manager())
+    if distribution_file is not None:
+        for dist in dist_module.load_distribution_file(Path(distribution_file)):
+            registry.add("distributions", dist, f"file {distribution_file}")
+    return registry
+
+
+def print_distributions(distribution_file=None, as_json: bool = False) -> None:
+    registry = _registry(distribution_file)
+    dists = [reg.obj for reg in registry.items("distributions")]
+    available = set(registry.names("toolsets"))
+    if as_json:
+        click.echo(json.dumps(dist_module.distributions_as_json(dists, available), indent=2))
+    else:
+        click.echo(dist_module.format_distributions(dists, available))
+
+
+@click.command("distributions")
+@click.option("--distribution_file", "--distribution-file", type=click.Path(dir_okay=False), help="Also list the distributions of this TOML or JSON file.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def distributions_command(distribution_file, as_json):
+    """List the toolset distributions with each toolset's probability."""
+    print_distributions(distribution_file, as_json)
+
+
+@click.command("plugins")
+def plugins_command():
+    """List installed plugins and what each provides, as JSON."""
+    click.echo(json.dumps(describe_plugins(get_plugin_manager()), indent=2))
+
+
+_KINDS = {
+    "sandboxes": ("sandboxes", "sandbox backends (--sandbox)"),
+    "filters": ("filters", "quality filters (--filter)"),
+    "writers": ("writers", "output writers (--writer)"),
+    "model-clients": ("model_clients", "model clients (--model_client)"),
+    "executors": ("executors", "executors (--executor)"),
+    "toolsets": ("toolsets", "toolsets"),
+}
+
+
+def _listing(command_name: str, kind: str, what: str) -> click.Command:
+    @click.command(command_name, help=f"List the installed {what}.")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+    def command(as_json):
+        registry = _registry()
+        rows = []
+        for reg in registry.items(kind):
+            row = {"name": reg.name, "plugin": reg.plugin, "description": getattr(reg.obj, "description", "")}
+            if kind == "toolsets":
+                row["tools"] = [t.name for t in reg.obj.tools]
+            rows.append(row)
+        if as_json:
+            click.echo(json.dumps(rows, indent=2))
+            return
+        width = max((len(r["name"]) for r in rows), default=0)
+        for row in rows:
+            extra = f" [{', '.join(row['tools'])}]" if "tools" in row else ""
+            click.echo(f"{row['name']:<{width}}  {row['description']}{extra}  (from {row['plugin']})")
+
+    return command
+
+
+def listing_commands() -> list[click.Command]:
+    return [_listing(name, kind, what) for name, (kind, what) in _KINDS.items()]

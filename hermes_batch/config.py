@@ -1,0 +1,94 @@
+"""The configuration of one run, as given on the command line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import attrs
+
+from .errors import UsageError
+
+DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
+DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+PROVIDER_SORTS = ("price", "throughput", "latency")
+
+
+@attrs.frozen
+class RunConfig:
+    """Every option of ``hermes-batch run``; ``api_key`` is never written anywhere."""
+
+    dataset_file: Path
+    batch_size: int
+    run_name: str
+    distribution: str = "default"
+    distribution_file: Optional[Path] = None
+    model: str = DEFAULT_MODEL
+    base_url: str = DEFAULT_BASE_URL
+    api_key: Optional[str] = attrs.field(default=None, repr=False)
+    max_turns: int = 10
+    num_workers: int = 4
+    resume: bool = False
+    overwrite: bool = False
+    verbose: bool = False
+    max_samples: Optional[int] = None
+    max_tokens: Optional[int] = None
+    providers_allowed: tuple = ()
+    providers_ignored: tuple = ()
+    providers_order: tuple = ()
+    provider_sort: Optional[str] = None
+    reasoning_effort: Optional[str] = None
+    reasoning_disabled: bool = False
+    ephemeral_system_prompt: Optional[str] = None
+    log_prefix_chars: int = 100
+    prefill_messages_file: Optional[Path] = None
+    skip_invalid: bool = False
+    sandbox: str = "local"
+    sandbox_options: dict = attrs.field(factory=dict)
+    filters: Optional[tuple] = None  # None: the default filters
+    writers: tuple = ("jsonl",)
+    model_client: Optional[str] = None  # None: chosen from base_url
+    executor: str = "local"
+    executor_options: dict = attrs.field(factory=dict)
+    seed: Optional[int] = None
+    output_dir: Path = Path("data")
+    command_timeout: float = 180.0
+    progress: Optional[bool] = None  # None: live display when stderr is a terminal
+
+    def __attrs_post_init__(self):
+        for name in ("batch_size", "max_turns", "num_workers"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}.")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise UsageError(f"--max_samples must be at least 1, got {self.max_samples}.")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise UsageError(f"--max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
+            raise UsageError(f"--reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}.")
+        if self.provider_sort is not None and self.provider_sort not in PROVIDER_SORTS:
+            raise UsageError(f"--provider_sort must be one of {', '.join(PROVIDER_SORTS)}.")
+        if self.resume and self.overwrite:
+            raise UsageError("--resume and --overwrite contradict each other; pass one of them.")
+
+    def public(self) -> dict:
+        """The configuration as saved in run.json: everything but the API key."""
+        data = attrs.asdict(self, filter=lambda a, _v: a.name != "api_key", recurse=False)
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in data.items()}
+
+
+def resolve_api_key(explicit: Optional[str], base_url: str, environ=os.environ) -> Optional[str]:
+    """``--api_key``, else OPENROUTER_API_KEY for OpenRouter URLs, else OPENAI_API_KEY."""
+    if explicit:
+        return explicit
+    if "openrouter.ai" in base_url and environ.get("OPENROUTER_API_KEY"):
+        return environ["OPENROUTER_API_KEY"]
+    return environ.get("OPENAI_API_KEY") or None
+
+
+def split_list(value: Optional[str]) -> tuple:
+    """``"a, b,c"`` -> ``("a", "b", "c")``."""
+    if not value:
+        return ()
+    return tuple(item.strip() for item in value.split(",") if item.strip())

@@ -1,0 +1,113 @@
+"""What happens to one prompt: sandbox, agent session, trajectory record."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Callable, Mapping, Optional, Union
+
+import attrs
+
+from .agent import AgentSettings, run_session
+from .conversation import to_sharegpt
+from .errors import FatalModelError, PromptFailure
+from .interfaces import ModelClient, PromptJob, SandboxBackend, Tool, ToolContext
+from .records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
+
+log = logging.getLogger("hermes_batch.prompt")
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds")
+
+
+@attrs.define
+class PromptProcessor:
+    """Turns a PromptJob into a Trajectory or a Failure; shared by all prompts of a run."""
+
+    run_name: str
+    model: str
+    seed: int
+    client: ModelClient
+    backend: SandboxBackend
+    toolsets: Mapping[str, tuple]  # toolset name -> Tool instances
+    all_tools: tuple  # every tool name known to the run, for the fixed record schema
+    agent: AgentSettings
+    verbose: bool = False
+
+    async def process(self, job: PromptJob) -> Union[Trajectory, Failure]:
+        row: PromptRow = job.row
+        started = time.monotonic()
+        try:
+            return await self._run(job, row, started)
+        except FatalModelError:
+            raise
+        except PromptFailure as exc:
+            return self._failure(job, exc, type(exc).kind)
+        except Exception as exc:  # a bug in a plugin fails its prompt, not the run
+            log.debug("[B%d:P%d] unexpected error", job.batch_num, row.prompt_index, exc_info=True)
+            return self._failure(job, exc, "internal")
+
+    async def _run(self, job: PromptJob, row: PromptRow, started: float) -> Trajectory:
+        tools = {tool.name: tool for name in job.toolsets for tool in self.toolsets[name]}
+        say = self._logger(job) if self.verbose else None
+        await self.backend.prepare_image(row.image)
+        spec = SandboxSpec(self.run_name, row.prompt_index, row.content_key, row.image, row.cwd)
+        sandbox = await self.backend.open(spec)
+        try:
+            ctx = ToolContext(sandbox, command_timeout=self.agent.command_timeout, max_output_chars=self.agent.max_output_chars)
+            result = await run_session(self.client, tools, ctx, row.prompt, self.agent, say)
+        finally:
+            await sandbox.close()
+        specs = tuple(tool.spec() for tool in tools.values())
+        metadata = Metadata(
+            batch_num=job.batch_num,
+            timestamp=now_iso(),
+            model=self.model,
+            content_key=row.content_key,
+            id=row.id,
+            row=row.extra or None,
+            seed=self.seed,
+            sandbox=self.backend.name,
+            image=row.image,
+            cwd=row.cwd,
+            tools_offered=tuple(tools),
+            end_reason=result.end_reason,
+            invalid_tool_calls=result.invalid_tool_calls,
+            duration_s=round(time.monotonic() - started, 3),
+            usage=result.usage,
+            providers=result.providers,
+        )
+        trajectory = Trajectory(
+            prompt_index=row.prompt_index,
+            conversations=to_sharegpt(self.agent.system_prompt, specs, row.prompt, result.messages),
+            metadata=metadata,
+            completed=result.completed,
+            partial=result.partial,
+            api_calls=result.api_calls,
+            toolsets_used=tuple(job.toolsets),
+            tool_stats=result.tool_stats,
+            tool_error_counts={name: stat.failure for name, stat in result.tool_stats.items()},
+        )
+        return trajectory.with_tools(self.all_tools)
+
+    def _failure(self, job: PromptJob, exc: BaseException, kind: str) -> Failure:
+        row = job.row
+        message = str(exc) or type(exc).__name__
+        log.warning("[B%d:P%d] failed: %s", job.batch_num, row.prompt_index, message)
+        return Failure(
+            prompt_index=row.prompt_index,
+            content_key=row.content_key,
+            batch_num=job.batch_num,
+            error_class=type(exc).__name__,
+            error_kind=kind,
+            message=message,
+            timestamp=now_iso(),
+            prompt=row.prompt,
+        )
+
+    @staticmethod
+    def _logger(job: PromptJob) -> Callable[[str], None]:
+        prefix = f"[B{job.batch_num}:P{job.row.prompt_index}]"
+        return lambda text: log.info("%s %s", prefix, text)

@@ -1,0 +1,368 @@
+"""One invocation of ``hermes-batch run``: validate, plan, execute, merge, report."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import json
+import logging
+import random
+import shutil
+import time
+from typing import Optional
+
+import attrs
+import pluggy
+
+from . import __version__, dataset, distributions, selection
+from .agent import AgentSettings
+from .config import RunConfig
+from .conversation import DEFAULT_SYSTEM_PROMPT
+from .errors import DatasetError, FatalModelError, HermesBatchError, RunFolderError, UsageError
+from .interfaces import ModelSettings, PromptJob
+from .merge import merge_run
+from .plugins import collect, describe_plugins, get_plugin_manager
+from .processor import PromptProcessor, now_iso
+from .progress import Progress
+from .records import Checkpoint, Discarded, Failure, Message, SessionInfo, Trajectory
+from .resume import plan_resume, scan_finished
+from .run_context import RunContext
+from .runfolder import AppendLog, RunFolder, atomic_write_text, read_records, validate_run_name
+from .serialization import from_json, to_json_line
+from .statistics import build_statistics, render_statistics
+
+log = logging.getLogger("hermes_batch.run")
+
+EXIT_OK, EXIT_FAILED_PROMPTS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 3, 2, 130
+
+
+@attrs.frozen
+class RunResult:
+    exit_code: int
+    statistics: Optional[dict] = None
+    message: Optional[str] = None
+
+
+def load_prefill(path) -> tuple:
+    """The few-shot messages of --prefill_messages_file: a JSON list of {role, content}."""
+    if path is None:
+        return ()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"The prefill messages file {path} does not exist.") from None
+    except ValueError as exc:
+        raise UsageError(f"The prefill messages file {path} is not valid JSON ({exc}).") from None
+    if not isinstance(data, list):
+        raise UsageError(f"The prefill messages file {path} must hold a JSON list of {{role, content}} objects.")
+    out = []
+    for i, item in enumerate(data):
+        if (
+            not isinstance(item, dict)
+            or item.get("role") not in ("system", "user", "assistant")
+            or not isinstance(item.get("content"), str)
+        ):
+            raise UsageError(
+                f"{path}: message {i} must be an object with role system, user or assistant and a string content."
+            )
+        out.append(Message(item["role"], item["content"]))
+    return tuple(out)
+
+
+class BatchTracker:
+    """Knows when every prompt of a batch dispatched in this session has ended."""
+
+    def __init__(self, on_complete):
+        self.pending: collections.Counter = collections.Counter()
+        self.current: Optional[int] = None
+        self.exhausted = False
+        self.on_complete = on_complete
+
+    def dispatched(self, batch: int) -> None:
+        if self.current is not None and batch != self.current:
+            self._leave(self.current)
+        self.current = batch
+        self.pending[batch] += 1
+
+    def finished(self, batch: int) -> None:
+        self.pending[batch] -= 1
+        if self.pending[batch] == 0 and (batch != self.current or self.exhausted):
+            self._complete(batch)
+
+    def end_of_jobs(self) -> None:
+        self.exhausted = True
+        if self.current is not None:
+            self._leave(self.current)
+
+    def _leave(self, batch: int) -> None:
+        if self.pending[batch] == 0:
+            self._complete(batch)
+
+    def _complete(self, batch: int) -> None:
+        del self.pending[batch]
+        self.on_complete(batch)
+
+
+class Run:
+    """Everything one invocation needs; ``prepare`` raises before anything is sent to a model."""
+
+    def __init__(self, config: RunConfig, pm: Optional[pluggy.PluginManager] = None):
+        self.config = config
+        self.pm = pm or get_plugin_manager()
+        self.started = time.monotonic()
+        self.started_at = now_iso()
+        self.counts = collections.Counter()
+        self.batch_logs: dict[int, AppendLog] = {}
+        self.completed_batches: set[int] = set()
+
+    # --- before any model call -------------------------------------------------------------
+
+    def prepare(self) -> None:
+        cfg = self.config
+        validate_run_name(cfg.run_name)
+        self.folder = RunFolder(cfg.output_dir, cfg.run_name)
+        self.registry = collect(self.pm)
+        if cfg.distribution_file is not None:
+            for dist in distributions.load_distribution_file(cfg.distribution_file):
+                self.registry.add("distributions", dist, f"file {cfg.distribution_file}")
+        self.distribution = selection.distribution(self.registry, cfg.distribution)
+        available = set(self.registry.names("toolsets"))
+        self.available = {name for name, _p in self.distribution.probabilities if name in available}
+        if not self.available:
+            wanted = ", ".join(name for name, _p in self.distribution.probabilities)
+            raise UsageError(
+                f"None of the toolsets of distribution {cfg.distribution!r} is installed ({wanted}); "
+                "install a plugin that provides them or choose another distribution."
+            )
+        self.missing = distributions.unavailable_toolsets(self.distribution, available)
+        self.toolsets = selection.toolset_tools(self.registry, sorted(self.available))
+        self.all_tools = tuple(sorted(t.name for tools in self.toolsets.values() for t in tools))
+        self.backend_cls, self.backend_config = selection.sandbox_backend(self.registry, cfg.sandbox, cfg.sandbox_options)
+        self.client_cls = selection.model_client_class(self.registry, cfg.model_client, cfg.base_url)
+        self.filters = selection.filters(self.registry, cfg.filters)
+        self.writers = selection.writers(self.registry, cfg.writers)
+        self.executor = selection.executor(self.registry, cfg.executor, cfg.executor_options)
+        self.prefill = load_prefill(cfg.prefill_messages_file)
+
+        self.report = dataset.validate_dataset(cfg.dataset_file, max_samples=cfg.max_samples)
+        if self.report.invalid and not cfg.skip_invalid:
+            raise DatasetError(dataset.format_problems(self.report), self.report.problems)
+        if self.report.valid == 0:
+            raise DatasetError(f"{cfg.dataset_file} holds no valid prompt; add rows with a non-empty \"prompt\".")
+
+        self._check_folder()
+        self.previous = self._load_checkpoint()
+        self.seed = self._choose_seed()
+
+    def _check_folder(self) -> None:
+        cfg = self.config
+        if self.folder.has_outputs() and not cfg.resume:
+            if not cfg.overwrite:
+                raise RunFolderError(
+                    f"{self.folder.dir} already holds the outputs of a run; pass --resume to continue it "
+                    "or --overwrite to start afresh."
+                )
+            shutil.rmtree(self.folder.dir)
+
+    def _load_checkpoint(self) -> Optional[Checkpoint]:
+        if not self.config.resume:
+            return None
+        for _line, checkpoint in read_records(self.folder.checkpoint, Checkpoint):
+            return checkpoint
+        return None
+
+    def _choose_seed(self) -> int:
+        if self.config.seed is not None:
+            return self.config.seed
+        if self.config.resume and self.folder.run_json.exists():
+            try:
+                recorded = json.loads(self.folder.run_json.read_text())["seed"]
+                if isinstance(recorded, int):
+                    return recorded
+            except (ValueError, KeyError, TypeError):
+                pass
+        return random.SystemRandom().randrange(2**32)
+
+    # --- the run -----------------------------------------------------------------------------
+
+    async def execute(self) -> RunResult:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.num_workers + 4, thread_name_prefix="hermes-batch")
+        loop.set_default_executor(pool)
+        self.folder.create()
+        self.context = RunContext(cfg.run_name, self.folder.dir, self.seed, cfg.verbose, cfg.log_prefix_chars, pool)
+        self._write_run_json()
+        if self.missing:
+            log.warning(
+                "Distribution %r names toolsets that are not installed (%s); sampling among %s only.",
+                cfg.distribution, ", ".join(self.missing), ", ".join(sorted(self.available)),
+            )
+        finished = scan_finished(self.folder) if cfg.resume else collections.Counter()
+        self.previously_finished = sum(finished.values())
+        to_run = self._count_to_run(finished) if finished else self.report.valid
+        self.progress = Progress(total=to_run, enabled=cfg.progress)
+        self.failed_logs = {
+            "discarded": AppendLog(self.folder.discarded),
+            "failed": AppendLog(self.folder.failed),
+        }
+        self.tracker = BatchTracker(self._batch_complete)
+        backend = self.backend_cls(self.backend_config, self.context)
+        client = self.client_cls(self._model_settings())
+        processor = PromptProcessor(
+            run_name=cfg.run_name, model=cfg.model, seed=self.seed, client=client, backend=backend,
+            toolsets=self.toolsets, all_tools=self.all_tools, agent=self._agent_settings(), verbose=cfg.verbose,
+        )
+        self.pm.hook.hermes_batch_run_start(run=self.context)
+        interrupted = False
+        fatal: Optional[HermesBatchError] = None
+        try:
+            await backend.start()
+            self.progress.start()
+            jobs = self._jobs(plan_resume(dataset.iter_rows(cfg.dataset_file, max_samples=cfg.max_samples), finished))
+            await self.executor.run(jobs, processor, self._on_outcome, cfg.num_workers)
+        except asyncio.CancelledError:
+            interrupted = True
+        except HermesBatchError as exc:
+            fatal = exc
+        finally:
+            self.progress.stop()
+            await _quietly(backend.shutdown())
+            await _quietly(client.aclose())
+            for log_ in (*self.batch_logs.values(), *self.failed_logs.values()):
+                log_.close()
+        statistics = self._finish(interrupted)
+        if fatal is not None:
+            return RunResult(fatal.exit_code, statistics, str(fatal))
+        if interrupted:
+            return RunResult(EXIT_INTERRUPTED, statistics, "Interrupted; finished prompts are saved, run again with --resume to continue.")
+        return RunResult(EXIT_FAILED_PROMPTS if self.counts["failed"] else EXIT_OK, statistics)
+
+    def _count_to_run(self, finished: collections.Counter) -> int:
+        rows = dataset.iter_rows(self.config.dataset_file, max_samples=self.config.max_samples)
+        return sum(1 for _ in plan_resume(rows, collections.Counter(finished)))
+
+    def _jobs(self, rows):
+        size = self.config.batch_size
+        for row in rows:
+            batch = row.prompt_index // size
+            rng = distributions.rng_for(self.seed, row.content_key)
+            toolsets = distributions.sample_toolsets(self.distribution, self.available, rng)
+            self.tracker.dispatched(batch)
+            self.progress.dispatched()
+            yield PromptJob(row, batch, toolsets)
+        self.tracker.end_of_jobs()
+
+    async def _on_outcome(self, job: PromptJob, outcome) -> None:
+        if isinstance(outcome, Failure):
+            await self.failed_logs["failed"].append(to_json_line(outcome))
+            kind = "failed"
+            record = outcome
+        else:
+            rejected = [(f.name, reason) for f in self.filters if (reason := f.check(outcome)) is not None]
+            if rejected:
+                record = Discarded(outcome, tuple(n for n, _ in rejected), tuple(r for _, r in rejected))
+                await self.failed_logs["discarded"].append(to_json_line(record))
+                kind = "discarded"
+            else:
+                record = outcome
+                await self._batch_log(job.batch_num).append(to_json_line(outcome))
+                kind = "kept"
+        self.counts[kind] += 1
+        self.progress.ended(kind)
+        self.tracker.finished(job.batch_num)
+        self.pm.hook.hermes_batch_prompt_finished(run=self.context, outcome=record)
+
+    def _batch_log(self, batch: int) -> AppendLog:
+        log_ = self.batch_logs.get(batch)
+        if log_ is None:
+            log_ = self.batch_logs[batch] = AppendLog(self.folder.batch_path(batch))
+        return log_
+
+    def _batch_complete(self, batch: int) -> None:
+        log_ = self.batch_logs.pop(batch, None)
+        if log_ is not None:
+            log_.close()
+        self.completed_batches.add(batch)
+        self._save_checkpoint(interrupted=False)
+
+    # --- bookkeeping -------------------------------------------------------------------------
+
+    def _session(self, interrupted: bool) -> SessionInfo:
+        return SessionInfo(
+            started_at=self.started_at,
+            duration_s=round(time.monotonic() - self.started, 3),
+            prompts_run=sum(self.counts.values()),
+            invalid_skipped=self.report.invalid,
+            seed=self.seed,
+            interrupted=interrupted,
+        )
+
+    def _save_checkpoint(self, interrupted: bool) -> Checkpoint:
+        prev = self.previous
+        checkpoint = Checkpoint(
+            run_name=self.config.run_name,
+            batch_size=self.config.batch_size,
+            completed_batches=tuple(sorted(self.completed_batches | set(prev.completed_batches if prev else ()))),
+            prompts_finished=self.previously_finished + self.counts["kept"] + self.counts["discarded"],
+            prompts_failed=self.counts["failed"],
+            sessions=(prev.sessions if prev else ()) + (self._session(interrupted),),
+            updated_at=now_iso(),
+        )
+        atomic_write_text(self.folder.checkpoint, to_json_line(checkpoint))
+        return checkpoint
+
+    def _write_run_json(self) -> None:
+        data = {
+            "schema_version": 1,
+            "hermes_batch_version": __version__,
+            "seed": self.seed,
+            "config": self.config.public() | {"seed": self.seed},
+            "model_client": self.client_cls.name,
+            "distribution": {"name": self.distribution.name, "probabilities": dict(self.distribution.probabilities)},
+            "tools": list(self.all_tools),
+            "plugins": [{k: p[k] for k in ("name", "distribution", "version")} for p in describe_plugins(self.pm)],
+        }
+        atomic_write_text(self.folder.run_json, json.dumps(data, indent=2, default=str) + "\n")
+
+    def _finish(self, interrupted: bool) -> dict:
+        checkpoint = self._save_checkpoint(interrupted)
+        merge_run(self.folder, self.writers)
+        stats = build_statistics(
+            self.folder,
+            filters_run=tuple(f.name for f in self.filters),
+            sessions=checkpoint.sessions,
+            invalid_skipped_total=self.report.invalid,
+        )
+        atomic_write_text(self.folder.statistics, json.dumps(stats, indent=2) + "\n")
+        self.pm.hook.hermes_batch_run_end(run=self.context, statistics=stats)
+        return stats
+
+    def _model_settings(self) -> ModelSettings:
+        cfg = self.config
+        return ModelSettings(
+            model=cfg.model, base_url=cfg.base_url, api_key=cfg.api_key, max_tokens=cfg.max_tokens,
+            reasoning_effort=cfg.reasoning_effort, reasoning_disabled=cfg.reasoning_disabled,
+            providers_allowed=cfg.providers_allowed, providers_ignored=cfg.providers_ignored,
+            providers_order=cfg.providers_order, provider_sort=cfg.provider_sort,
+        )
+
+    def _agent_settings(self) -> AgentSettings:
+        cfg = self.config
+        return AgentSettings(
+            max_turns=cfg.max_turns, system_prompt=DEFAULT_SYSTEM_PROMPT,
+            ephemeral_system_prompt=cfg.ephemeral_system_prompt, prefill=self.prefill,
+            command_timeout=cfg.command_timeout, log_prefix_chars=cfg.log_prefix_chars,
+        )
+
+
+async def _quietly(awaitable) -> None:
+    try:
+        await awaitable
+    except Exception:  # cleanup must not hide the run's own outcome
+        log.debug("cleanup step failed", exc_info=True)
+
+
+def render(statistics: dict, console) -> None:
+    render_statistics(statistics, console)

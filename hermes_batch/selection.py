@@ -1,0 +1,67 @@
+"""Choosing the registered plugin objects a run uses, by name, with clear errors."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .default_plugins.filters import DEFAULT_FILTERS
+from .errors import UsageError
+from .interfaces import Distribution
+from .plugins import Registry
+from .serialization import structure_config
+
+
+def _pick(registry: Registry, kind: str, name: str, option: str):
+    try:
+        return registry.get(kind, name)
+    except KeyError:
+        known = ", ".join(registry.names(kind)) or "none"
+        raise UsageError(f"Unknown {option} {name!r}; installed: {known}.") from None
+
+
+def model_client_class(registry: Registry, name: Optional[str], base_url: str):
+    """The client named by --model_client, else the most specific one that handles ``base_url``."""
+    if name:
+        return _pick(registry, "model_clients", name, "--model_client")
+    candidates = [reg.obj for reg in registry.items("model_clients") if reg.obj.handles_base_url(base_url)]
+    # the generic OpenAI-compatible client claims every URL; a specific client wins over it
+    specific = [c for c in candidates if c.name != "openai"]
+    if specific:
+        return specific[0]
+    if candidates:
+        return candidates[0]
+    raise UsageError(f"No installed model client handles {base_url!r}; pass --model_client.")
+
+
+def sandbox_backend(registry: Registry, name: str, options: dict):
+    """(backend class, structured config) for --sandbox and -S options."""
+    cls = _pick(registry, "sandboxes", name, "--sandbox")
+    return cls, structure_config(options, cls.Config, f"options for the {name} sandbox (-S)")
+
+
+def executor(registry: Registry, name: str, options: dict):
+    cls = _pick(registry, "executors", name, "--executor")
+    return cls(structure_config(options, cls.Config, f"options for the {name} executor (-E)"))
+
+
+def filters(registry: Registry, names: Optional[tuple]) -> tuple:
+    """Instances of the selected filters, in order; None selects the seed's two."""
+    chosen = DEFAULT_FILTERS if names is None else names
+    return tuple(_pick(registry, "filters", n, "--filter")() for n in chosen)
+
+
+def writers(registry: Registry, names: tuple) -> tuple:
+    return tuple(_pick(registry, "writers", n, "--writer")() for n in names)
+
+
+def distribution(registry: Registry, name: str) -> Distribution:
+    return _pick(registry, "distributions", name, "distribution")
+
+
+def toolset_tools(registry: Registry, toolset_names) -> dict:
+    """toolset name -> Tool instances, for the toolsets that are installed."""
+    out = {}
+    for name in toolset_names:
+        if name in registry.kinds["toolsets"]:
+            out[name] = tuple(cls() for cls in registry.get("toolsets", name).tools)
+    return out

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up everything the test suite needs on a fresh machine, then run it.
+# Usage: scripts/test.sh [pytest arguments]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${HERMES_BATCH_VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+fi
+"$VENV/bin/pip" install --quiet --disable-pip-version-check \
+    -e '.[test]' \
+    -e plugins/hermes_batch_example
+
+export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
+exec "$VENV/bin/python" -m pytest "$@"
