@@ -1,0 +1,191 @@
+"""Reading the prompt dataset: streaming validation and the valid rows, one JSON object per line."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator, Optional, Union
+
+import attrs
+
+from .errors import DatasetError, UsageError
+from .records import PromptRow
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+MAX_PROBLEMS = 50
+"""How many problem lines a report keeps; the counts stay exact beyond it."""
+
+_KNOWN_FIELDS = frozenset({"prompt", "image", "docker_image", "cwd", "id"})
+_BUFFER = 1 << 20
+_BOM = b"\xef\xbb\xbf"
+_MISSING = object()
+_OPTIONAL_STRINGS = ("image", "docker_image", "cwd")
+_decode_json = json.JSONDecoder().decode
+
+_TYPE_NAMES = {
+    type(None): "null",
+    bool: "bool",
+    int: "int",
+    float: "float",
+    str: "string",
+    list: "array",
+    dict: "object",
+}
+
+
+@attrs.frozen
+class DatasetReport:
+    """What validating a dataset found: counts, the first problems, and the images valid rows need."""
+
+    path: str
+    valid: int
+    invalid: int
+    problems: tuple[str, ...]  # the first MAX_PROBLEMS, each "FILE:LINE: reason"
+    total: int  # non-blank lines considered
+    images: tuple[str, ...]  # sorted, distinct
+
+    @property
+    def ok(self) -> bool:
+        """True when every line considered is valid."""
+        return self.invalid == 0
+
+
+def validate_dataset(path: PathLike, *, max_samples: Optional[int] = None) -> DatasetReport:
+    """Check every non-blank line (up to ``max_samples``) without holding the file in memory."""
+    name = os.fspath(path)
+    _check_arguments(name, max_samples)
+    valid = invalid = total = 0
+    problems: list[str] = []
+    images: set[str] = set()
+    for line_number, _index, row, reason in _scan(name, max_samples):
+        total += 1
+        if reason is None:
+            valid += 1
+            image = row.get("image") or row.get("docker_image")
+            if image is not None:
+                images.add(image)
+        else:
+            invalid += 1
+            if len(problems) < MAX_PROBLEMS:
+                problems.append(f"{name}:{line_number}: {reason}")
+    return DatasetReport(name, valid, invalid, tuple(problems), total, tuple(sorted(images)))
+
+
+def iter_rows(path: PathLike, *, max_samples: Optional[int] = None) -> Iterator[PromptRow]:
+    """Stream the valid rows as PromptRow, skipping invalid ones; indices count every non-blank line."""
+    name = os.fspath(path)
+    _check_arguments(name, max_samples)
+    return _rows(name, max_samples)
+
+
+def dataset_error(report: DatasetReport) -> DatasetError:
+    """The DatasetError that stops a run over an invalid dataset: a summary line, then the problems."""
+    return DatasetError(format_problems(report), report.problems)
+
+
+def format_problems(report: DatasetReport) -> str:
+    """A summary sentence followed by one ``FILE:LINE: reason`` line per kept problem."""
+    noun = "line" if report.invalid == 1 else "lines"
+    lines = [f"{report.path} has {report.invalid} invalid {noun}; fix them or pass --skip_invalid to skip them."]
+    lines.extend(report.problems)
+    hidden = report.invalid - len(report.problems)
+    if hidden > 0:
+        lines.append(f"... and {hidden} more.")
+    return "\n".join(lines)
+
+
+def _rows(name: str, max_samples: Optional[int]) -> Iterator[PromptRow]:
+    for line_number, index, row, reason in _scan(name, max_samples):
+        if reason is not None:
+            continue
+        yield PromptRow(
+            prompt_index=index,
+            prompt=row["prompt"],
+            line_number=line_number,
+            image=row.get("image") or row.get("docker_image"),
+            cwd=row.get("cwd"),
+            id=row.get("id"),
+            extra={key: value for key, value in row.items() if key not in _KNOWN_FIELDS},
+        )
+
+
+def _check_arguments(name: str, max_samples: Optional[int]) -> None:
+    # Checked eagerly so a bad path fails when the caller asks, not at the first row.
+    if max_samples is not None and max_samples < 0:
+        raise UsageError(f"--max_samples must be 0 or more, got {max_samples}.")
+    if os.path.isdir(name):
+        raise DatasetError(f"The dataset {name} is a folder; pass the path of a JSONL file to --dataset_file.")
+    if not os.path.exists(name):
+        raise DatasetError(f"The dataset file {name} does not exist; check the --dataset_file path.")
+    if not os.access(name, os.R_OK):
+        raise DatasetError(f"The dataset file {name} cannot be read; check its permissions.")
+
+
+def _scan(name: str, max_samples: Optional[int]) -> Iterator[tuple[int, int, Any, Optional[str]]]:
+    """(line number, prompt index, decoded row, problem or None) for each non-blank line."""
+    if max_samples == 0:
+        return
+    try:
+        handle = open(name, "rb", buffering=_BUFFER)
+    except OSError as exc:
+        raise DatasetError(f"The dataset file {name} cannot be opened: {exc.strerror or exc}.") from exc
+    index = 0
+    try:
+        with handle:
+            for line_number, raw in enumerate(handle, 1):
+                if line_number == 1 and raw.startswith(_BOM):
+                    raw = raw[len(_BOM) :]
+                if not raw or raw.isspace():
+                    continue
+                row, reason = _parse(raw)
+                yield line_number, index, row, reason
+                index += 1
+                if max_samples is not None and index >= max_samples:
+                    return
+    except OSError as exc:
+        raise DatasetError(f"Reading the dataset file {name} failed: {exc.strerror or exc}.") from exc
+
+
+def _parse(raw: bytes) -> tuple[Any, Optional[str]]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+    try:
+        row = _decode_json(text)
+    except json.JSONDecodeError as exc:
+        return None, f"invalid JSON: {exc.msg} at column {exc.colno}"
+    except RecursionError:
+        return None, "invalid JSON: nested too deeply"
+    if type(row) is not dict:
+        return None, f"expected a JSON object, got {_type_name(row)}"
+    return row, _check_row(row)
+
+
+def _check_row(row: dict) -> Optional[str]:
+    prompt = row.get("prompt", _MISSING)
+    if type(prompt) is not str:
+        if prompt is _MISSING:
+            return 'missing "prompt" (every line needs a non-empty "prompt" string)'
+        return f"$.prompt: expected a string, got {_type_name(prompt)}"
+    if not prompt or prompt.isspace():
+        return "$.prompt: is empty"
+    if len(row) == 1:
+        return None
+    for key in _OPTIONAL_STRINGS:
+        value = row.get(key)
+        if value is None:  # absent or null: the backend's default
+            continue
+        if type(value) is not str:
+            return f"$.{key}: expected a string, got {_type_name(value)}"
+        if not value or value.isspace():
+            return f"$.{key}: is empty (leave it out to use the default)"
+    image, docker_image = row.get("image"), row.get("docker_image")
+    if image is not None and docker_image is not None and image != docker_image:
+        return f"$.image ({image!r}) and $.docker_image ({docker_image!r}) differ; give only one"
+    return None
+
+
+def _type_name(value: Any) -> str:
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
