@@ -1,0 +1,50 @@
+"""End-to-end throughput of the local engine against the scripted model server.
+
+Issue 2's target: 1000 prompts, 3 model calls each (2 tool calls, each a real
+`echo` in a local sandbox), 500 ms per call, --num_workers 64: wall time at
+most 1.5x the latency-bound ideal, at most 15 ms CPU per model call for the
+whole process tree, peak memory under 200 MB.
+
+    python bench/bench_local_run.py [--prompts 1000] [--workers 64] [--latency 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from common import ideal_seconds, measure_run, model_server, write_prompts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--latency", type=float, default=0.5)
+    parser.add_argument("--sandbox", default="local")
+    args = parser.parse_args()
+    calls_per_prompt = 3
+
+    with tempfile.TemporaryDirectory() as tmp, model_server(args.latency, tool_calls=calls_per_prompt - 1) as url:
+        dataset = write_prompts(Path(tmp) / "prompts.jsonl", args.prompts)
+        result = measure_run([
+            "run", "--dataset_file", str(dataset), "--batch_size", "100", "--run_name", "bench",
+            "--output_dir", tmp, "--base_url", url, "--model", "bench-model", "--api_key", "bench",
+            "--num_workers", str(args.workers), "--distribution", "terminal_only",
+            "--sandbox", args.sandbox, "--no-progress", "--seed", "1",
+        ])
+        stats = json.loads((Path(tmp) / "bench" / "statistics.json").read_text())
+
+    calls = args.prompts * calls_per_prompt
+    ideal = ideal_seconds(args.prompts, args.workers, calls_per_prompt, args.latency)
+    print(f"prompts {args.prompts}, workers {args.workers}, latency {args.latency}s, sandbox {args.sandbox}")
+    print(f"model calls recorded  {stats['finished']['model_calls']} (expected {calls})")
+    print(f"wall time             {result['wall_s']:.1f} s  (ideal {ideal:.1f} s, ratio {result['wall_s'] / ideal:.2f}, target <= 1.5)")
+    print(f"CPU per model call    {1000 * result['cpu_s'] / calls:.1f} ms  (process tree {result['cpu_s']:.1f} s, target <= 15 ms)")
+    print(f"peak memory           {result['peak_rss_mb']:.0f} MB  (target < 200 MB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""The run folder: its paths, durable line appends, atomic replacement and tolerant reading.
+
+Every record is one line written by one ``os.write`` and fsynced before the
+prompt counts as done; a torn last line left by a crash is cut off before
+anything is appended, and readers skip it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import Iterable, Iterator, Optional, TypeVar, Union
+
+from .errors import UsageError
+from .serialization import describe_structure_error, from_json
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+PathLike = Union[str, os.PathLike]
+
+MAX_RUN_NAME_LENGTH = 128
+_RUN_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+_BATCH_RE = re.compile(r"batch_(\d+)\.jsonl")
+_TAIL_CHUNK = 64 * 1024
+
+
+def validate_run_name(name: str) -> str:
+    """Return ``name`` if it is a plain folder name, else raise UsageError."""
+    if not isinstance(name, str) or not name:
+        raise UsageError("The run name is empty; pass --run_name with letters, digits, '.', '_' or '-'.")
+    if len(name) > MAX_RUN_NAME_LENGTH:
+        raise UsageError(f"The run name is longer than {MAX_RUN_NAME_LENGTH} characters; choose a shorter --run_name.")
+    if not _RUN_NAME_RE.fullmatch(name):
+        raise UsageError(
+            f"Invalid run name {name!r}: use only letters, digits, '.', '_' and '-', not starting with '.'."
+        )
+    return name
+
+
+class RunFolder:
+    """The paths of ``<output_dir>/<run_name>/`` and what is in it."""
+
+    def __init__(self, output_dir: PathLike, run_name: str):
+        self.run_name = validate_run_name(run_name)
+        self.dir = Path(output_dir) / run_name
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.dir)!r})"
+
+    def batch_path(self, batch_num: int) -> Path:
+        """The file of batch ``batch_num``."""
+        return self.dir / f"batch_{batch_num}.jsonl"
+
+    @property
+    def trajectories(self) -> Path:
+        return self.dir / "trajectories.jsonl"
+
+    @property
+    def discarded(self) -> Path:
+        return self.dir / "discarded.jsonl"
+
+    @property
+    def failed(self) -> Path:
+        return self.dir / "failed.jsonl"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.dir / "checkpoint.json"
+
+    @property
+    def statistics(self) -> Path:
+        return self.dir / "statistics.json"
+
+    @property
+    def run_json(self) -> Path:
+        return self.dir / "run.json"
+
+    @property
+    def scratch(self) -> Path:
+        return self.dir / "scratch"
+
+    def iter_batch_files(self) -> Iterator[tuple[int, Path]]:
+        """``(batch_num, path)`` of every ``batch_N.jsonl``, in batch-number order."""
+        if not self.dir.is_dir():
+            return iter(())
+        found = []
+        for entry in os.scandir(self.dir):
+            match = _BATCH_RE.fullmatch(entry.name)
+            if match and entry.is_file():
+                found.append((int(match.group(1)), Path(entry.path)))
+        return iter(sorted(found))
+
+    def has_outputs(self) -> bool:
+        """True when the folder already holds any output file of a run."""
+        fixed = (self.trajectories, self.discarded, self.failed, self.checkpoint, self.statistics, self.run_json)
+        return any(p.exists() for p in fixed) or next(self.iter_batch_files(), None) is not None
+
+    def create(self) -> None:
+        """Create the folder (and its parents) if needed."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def repair_torn_tail(path: PathLike) -> int:
+    """Cut a file back to just after its last newline; return the number of bytes dropped."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return 0
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return 0
+        end = size
+        keep = 0
+        while end > 0:
+            start = max(0, end - _TAIL_CHUNK)
+            pos = os.pread(fd, end - start, start).rfind(b"\n")
+            if pos >= 0:
+                keep = start + pos + 1
+                break
+            end = start
+        os.ftruncate(fd, keep)
+        os.fsync(fd)
+        return size - keep
+    finally:
+        os.close(fd)
+
+
+class AppendLog:
+    """Durable whole-line appends to one JSONL file, opened lazily and repaired before the first append."""
+
+    def __init__(self, path: PathLike):
+        self.path = Path(path)
+        self.dropped_bytes = 0  # total cut off torn tails, for the runner to report
+        self._fd: Optional[int] = None
+        self._thread_lock = threading.Lock()
+        self._async_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"AppendLog({str(self.path)!r})"
+
+    @property
+    def is_open(self) -> bool:
+        return self._fd is not None
+
+    def open(self) -> int:
+        """Repair a torn tail, then open for appending; return the bytes dropped (0 if already open)."""
+        with self._thread_lock:
+            return self._open_locked()
+
+    def _open_locked(self) -> int:
+        if self._fd is not None:
+            return 0
+        existed = self.path.exists()
+        dropped = repair_torn_tail(self.path)
+        if dropped:
+            log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", self.path, dropped)
+            self.dropped_bytes += dropped
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if not existed:
+            _fsync_dir(self.path.parent)  # so the new file itself survives a crash
+        return dropped
+
+    def append_sync(self, line: str) -> None:
+        """Write ``line`` (one record, with or without its newline) as one write, then fsync."""
+        data = line.encode("utf-8") if line.endswith("\n") else (line + "\n").encode("utf-8")
+        if data.count(b"\n") != 1:
+            raise ValueError(f"{self.path}: a record must be a single line")
+        with self._thread_lock:
+            self._open_locked()
+            _write_all(self._fd, data)
+            os.fsync(self._fd)
+
+    async def append(self, line: str) -> None:
+        """Like :meth:`append_sync`, in the default executor; appends to one file are serialised."""
+        async with self._async_lock:
+            await asyncio.get_running_loop().run_in_executor(None, self.append_sync, line)
+
+    def close(self) -> None:
+        """Close the file; a later append opens it again. Safe to call more than once."""
+        with self._thread_lock:
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                os.close(fd)
+
+
+def atomic_write_lines(path: PathLike, lines: Iterable[str]) -> int:
+    """Replace ``path`` with ``lines`` (each with its newline) so readers see the old or the new file, never part."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    count = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            for line in lines:
+                fh.write(line)
+                count += 1
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return count
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically (temp file, fsync, rename, fsync the folder)."""
+    atomic_write_lines(path, (text,))
+
+
+def read_records(path: PathLike, cls: type[T]) -> Iterator[tuple[int, T]]:
+    """Yield ``(line_no, record)`` for each good line of a JSONL file; bad and torn lines are logged and skipped."""
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        for line_no, raw in enumerate(fh, start=1):
+            if not raw.endswith(b"\n"):
+                # an unterminated last line is a torn write: AppendLog.open cuts it, so never count it
+                log.warning("%s:%d: ignored an incomplete last line (interrupted write).", path, line_no)
+                return
+            if not raw.strip():
+                continue
+            try:
+                data = json.loads(raw)
+            except ValueError as exc:
+                log.warning("%s:%d: skipped a line that is not valid JSON (%s).", path, line_no, exc)
+                continue
+            try:
+                record = from_json(data, cls)
+            except Exception as exc:  # cattrs raises several exception types
+                log.warning("%s:%d: skipped a line that is not a %s: %s", path, line_no, cls.__name__,
+                            describe_structure_error(exc))
+                continue
+            yield line_no, record
