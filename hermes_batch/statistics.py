@@ -10,24 +10,13 @@ from typing import Any, Iterable, Optional, Sequence
 from rich.console import Console
 from rich.table import Table
 
+from .conversation import reasoning_counts
 from .records import Discarded, Failure, SessionInfo, Trajectory, Usage
 from .resume import iter_finished
 from .runfolder import RunFolder, read_records
 from .serialization import record_converter
 
 STATISTICS_SCHEMA_VERSION = 1
-
-
-def reasoning_counts(trajectory: Trajectory) -> tuple[int, int]:
-    """``(with, without)``: assistant ("gpt") turns whose value starts with ``<think>`` and those that do not."""
-    with_reasoning = without = 0
-    for turn in trajectory.conversations:
-        if turn.from_ == "gpt":
-            if turn.value.startswith("<think>"):
-                with_reasoning += 1
-            else:
-                without += 1
-    return with_reasoning, without
 
 
 def _ratio(part: int, whole: int) -> Optional[float]:
@@ -48,7 +37,7 @@ class _Scope:
         self.partial += traj.partial
         self.model_calls += traj.api_calls
         self.invalid_tool_calls += len(traj.metadata.invalid_tool_calls)
-        with_reasoning, without = reasoning_counts(traj)
+        with_reasoning, without = reasoning_counts(traj.conversations)
         self.turns_with += with_reasoning
         self.turns_without += without
         self.samples_without_reasoning += with_reasoning == 0

@@ -16,7 +16,8 @@ from hermes_batch.records import (
 )
 from hermes_batch.runfolder import AppendLog, RunFolder
 from hermes_batch.serialization import to_json_line
-from hermes_batch.statistics import build_statistics, reasoning_counts, render_statistics
+from hermes_batch.conversation import reasoning_counts
+from hermes_batch.statistics import build_statistics, render_statistics
 
 DAY1 = "2026-01-01T10:00:00"
 DAY2 = "2026-01-02T10:00:00"
@@ -83,8 +84,8 @@ def build(folder, **kwargs):
 
 
 def test_reasoning_counts():
-    assert reasoning_counts(traj(0, "p", gpt=("<think>a</think>x", "x", "<think>", " <think>"))) == (2, 2)
-    assert reasoning_counts(traj(0, "p", gpt=())) == (0, 0)
+    assert reasoning_counts(traj(0, "p", gpt=("<think>a</think>x", "x", "<think>", " <think>")).conversations) == (2, 2)
+    assert reasoning_counts(traj(0, "p", gpt=()).conversations) == (0, 0)
 
 
 def test_prompt_counts_and_failures_across_sessions(folder):
