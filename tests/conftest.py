@@ -1,0 +1,92 @@
+"""Shared fixtures: a scripted model server and ways to run ``hermes-batch run`` against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+from click.testing import CliRunner
+
+from hermes_batch.cli import cli
+from hermes_batch.testing import ScriptedModelServer, ToolLoopScript
+
+API_KEY = "sk-test-canary-3f9c1d"  # must never appear in a run folder
+
+
+@pytest.fixture
+def model_server():
+    """Factory: ``model_server(script=..., **options)`` starts a ScriptedModelServer, stopped after the test."""
+    servers = []
+
+    def start(script=None, **options):
+        options.setdefault("api_key", API_KEY)
+        server = ScriptedModelServer(script or ToolLoopScript(tool_calls=2), **options).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def write_dataset(path: Path, rows) -> Path:
+    """Write rows (dicts, or raw strings for broken lines) as JSONL."""
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+    return path
+
+
+@attrs.define
+class Runner:
+    """Runs ``hermes-batch run`` against a server with sensible test defaults."""
+
+    tmp_path: Path
+    server: ScriptedModelServer | None = None
+
+    def args(self, dataset, run_name="run", *extra, server=None) -> list[str]:
+        server = server or self.server
+        base = [
+            "run",
+            "--dataset_file", str(dataset),
+            "--batch_size", "5",
+            "--run_name", run_name,
+            "--output_dir", str(self.tmp_path / "out"),
+            "--model", "scripted-model",
+            "--api_key", API_KEY,
+            "--no-progress",
+        ]
+        if server is not None:
+            base += ["--base_url", server.base_url]
+        return base + list(extra)
+
+    def folder(self, run_name="run") -> Path:
+        return self.tmp_path / "out" / run_name
+
+    def invoke(self, dataset, run_name="run", *extra, server=None):
+        """In-process; returns click's Result (exit_code, output)."""
+        return CliRunner().invoke(cli, self.args(dataset, run_name, *extra, server=server), catch_exceptions=False)
+
+    def spawn(self, dataset, run_name="run", *extra, server=None, **popen) -> subprocess.Popen:
+        """As a separate process, for signals and SIGKILL."""
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        return subprocess.Popen(
+            [sys.executable, "-m", "hermes_batch", *self.args(dataset, run_name, *extra, server=server)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **popen,
+        )
+
+    def records(self, name: str, run_name="run") -> list[dict]:
+        path = self.folder(run_name) / name
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def runner(tmp_path):
+    return Runner(tmp_path)
