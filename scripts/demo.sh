@@ -5,9 +5,10 @@
 # (a stand-in that answers like a model, so the demo works offline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/python.sh
 
 VENV=${HERMES_BATCH_VENV:-.venv}
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+ensure_venv "$VENV"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check -e '.[testing]'
 
 args=(--dataset_file examples/prompts.jsonl --batch_size 2 --run_name demo --num_workers 4 --overwrite "$@")

@@ -3,11 +3,10 @@
 # Usage: scripts/test.sh [pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/python.sh
 
 VENV=${HERMES_BATCH_VENV:-.venv}
-if [ ! -x "$VENV/bin/python" ]; then
-    python3 -m venv "$VENV"
-fi
+ensure_venv "$VENV"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check \
     -e '.[test]' \
     -e plugins/hermes_batch_example

@@ -1,0 +1,319 @@
+"""The ``local`` sandbox backend: one fresh folder per prompt, commands as local subprocesses.
+
+The local sandbox isolates files between prompts (each prompt works in its own
+folder under the run's ``scratch/`` area, and the file API refuses paths that
+leave it), but it is **not a security boundary**: commands run as the user who
+started the run, with that user's access to the rest of the machine and the
+network.  Use a container backend (``docker``, ``singularity``, ``modal``) for
+untrusted workloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import posixpath
+import shutil
+import signal
+import stat
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import attrs
+
+import hermes_batch
+
+from ..errors import SandboxError
+from ..interfaces import Sandbox, SandboxBackend
+from ..records import ExecResult, SandboxSpec
+
+log = logging.getLogger(__name__)
+
+SHELL = "/bin/sh"
+# After the kill, only processes that left the process group can still hold the pipe open.
+POST_KILL_DRAIN_S = 0.5
+
+
+@attrs.frozen
+class LocalSandboxConfig:
+    """Options of the local sandbox (``-S key=value``)."""
+
+    keep: bool = False  # keep each prompt's folder after the prompt, for debugging
+    max_starting: int = 64  # prompts setting up their folder at the same time
+    max_output_bytes: int = 1_000_000  # output kept per command: the first and last halves
+
+    def __attrs_post_init__(self):
+        if self.max_starting < 1:
+            raise ValueError("max_starting must be at least 1")
+        if self.max_output_bytes < 1024:
+            raise ValueError("max_output_bytes must be at least 1024")
+
+
+class LocalSandboxBackend(SandboxBackend):
+    """Runs each prompt's commands as subprocesses in a fresh folder under the run's scratch area."""
+
+    name = "local"
+    description = (
+        "A fresh folder per prompt under the run folder, commands run as local subprocesses "
+        "(isolates files between prompts; not a security boundary)."
+    )
+    Config = LocalSandboxConfig
+
+    def __init__(self, config: LocalSandboxConfig, run):
+        super().__init__(config, run)
+        self._starting = asyncio.Semaphore(config.max_starting)
+        self._open: set[LocalSandbox] = set()
+
+    async def start(self) -> None:
+        # Folders of a crashed session are left alone: another worker may share this run folder.
+        self.run.scratch_dir.mkdir(parents=True, exist_ok=True)
+
+    async def open(self, spec: SandboxSpec) -> "LocalSandbox":
+        """Create the prompt's folder (and its ``cwd`` inside it) and return its sandbox."""
+        async with self._starting:
+            scratch = self.run.scratch_dir
+            prefix = f"p{spec.prompt_index}-{spec.content_key[:8]}-"
+            try:
+                scratch.mkdir(parents=True, exist_ok=True)
+                root = Path(os.path.realpath(tempfile.mkdtemp(prefix=prefix, dir=scratch)))
+                cwd = _map_inside(root, spec.cwd)
+                cwd.mkdir(parents=True, exist_ok=True)
+                tmp = root / ".tmp"
+                tmp.mkdir()
+            except OSError as exc:
+                raise SandboxError(f"Could not create the prompt folder under {scratch}: {exc}") from exc
+        env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "HOME": str(root),
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "TERM": "dumb",
+            "TMPDIR": str(tmp),
+        }
+        env.update({str(k): str(v) for k, v in spec.env.items()})
+        sandbox = LocalSandbox(root, cwd, env, self)
+        self._open.add(sandbox)
+        return sandbox
+
+    async def shutdown(self) -> None:
+        for sandbox in list(self._open):
+            await sandbox.close()
+        try:
+            self.run.scratch_dir.rmdir()  # only when empty: kept folders stay
+        except OSError:
+            pass
+
+    def _forget(self, sandbox: "LocalSandbox") -> None:
+        self._open.discard(sandbox)
+
+
+def _map_inside(root: Path, cwd: Optional[str]) -> Path:
+    """The folder inside ``root`` that stands for ``cwd``: the prompt folder acts as ``/``."""
+    if not cwd:
+        return root
+    inside = posixpath.normpath(posixpath.join("/", cwd)).lstrip("/")
+    return root / inside if inside else root
+
+
+class _Output(asyncio.Protocol):
+    """Collects a command's output, keeping the first and last ``limit // 2`` bytes."""
+
+    def __init__(self, limit: int, done: asyncio.Future):
+        self.half = limit // 2
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+        self.done = done
+
+    def data_received(self, data: bytes) -> None:
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+            if not data:
+                return
+        self.tail += data
+        # Trim only when the tail is twice its allowance, so trimming stays amortised O(1).
+        if len(self.tail) > 2 * self.half:
+            excess = len(self.tail) - self.half
+            del self.tail[:excess]
+            self.dropped += excess
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def text(self) -> str:
+        if len(self.tail) > self.half:
+            excess = len(self.tail) - self.half
+            del self.tail[:excess]
+            self.dropped += excess
+        if not self.dropped:
+            return (bytes(self.head) + bytes(self.tail)).decode("utf-8", errors="replace")
+        head = self.head.decode("utf-8", errors="replace")
+        tail = self.tail.decode("utf-8", errors="replace")
+        return f"{head}\n[... {self.dropped} bytes of output omitted ...]\n{tail}"
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_tree(path: Path) -> None:
+    try:
+        shutil.rmtree(path)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    # A command may have removed permissions (chmod 000) from folders it made.
+    for dirpath, dirnames, _ in os.walk(path):
+        for name in dirnames:
+            target = os.path.join(dirpath, name)
+            if os.path.islink(target):  # chmod would follow it out of the folder
+                continue
+            try:
+                os.chmod(target, stat.S_IRWXU)
+            except OSError:
+                pass
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists():
+        log.warning("Could not remove every file of the local sandbox folder %s.", path)
+
+
+class LocalSandbox(Sandbox):
+    """One prompt's folder; commands run in it as ``/bin/sh -c`` subprocesses with a clean environment."""
+
+    def __init__(self, root: Path, cwd: Path, env: dict, backend: LocalSandboxBackend):
+        self.root = root
+        self.cwd = cwd
+        self.env = env
+        self._backend = backend
+        self._keep = backend.config.keep
+        self._max_output = backend.config.max_output_bytes
+        self._pool = backend.run.thread_pool
+        # Process groups that may still have members: killed at close.
+        self._groups: set[int] = set()
+        self._closed = False
+
+    @property
+    def workdir(self) -> str:
+        return str(self.cwd)
+
+    async def exec(self, command: str, timeout: float) -> ExecResult:
+        """Run ``command`` with ``/bin/sh -c``; at ``timeout`` SIGKILL its whole process group."""
+        if self._closed:
+            raise SandboxError("The local sandbox was already closed.")
+        loop = asyncio.get_running_loop()
+        read_fd, write_fd = os.pipe()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                SHELL,
+                "-c",
+                command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=write_fd,
+                stderr=write_fd,
+                cwd=self.cwd,
+                env=self.env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            os.close(read_fd)
+            raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
+        finally:
+            os.close(write_fd)
+        pgid = proc.pid  # start_new_session makes the shell the leader of a new group
+        self._groups.add(pgid)
+        pipe = os.fdopen(read_fd, "rb", buffering=0)
+        eof = loop.create_future()
+        exited = asyncio.ensure_future(proc.wait())
+        transport = None
+        timed_out = killed_by_us = False
+        try:
+            transport, output = await loop.connect_read_pipe(lambda: _Output(self._max_output, eof), pipe)
+            _, pending = await asyncio.wait((eof, exited), timeout=max(timeout, 0.0))
+            if pending:
+                timed_out = True
+                killed_by_us = not exited.done()
+                _kill_group(pgid)
+                await asyncio.wait((eof, exited), timeout=POST_KILL_DRAIN_S)
+        finally:
+            if not (eof.done() and exited.done()):
+                _kill_group(pgid)  # also reached when the caller cancels us
+            if transport is not None:
+                transport.close()
+            else:
+                pipe.close()
+            if not exited.done():
+                exited.cancel()
+        if not _group_alive(pgid):
+            self._groups.discard(pgid)
+        code = proc.returncode
+        if timed_out and killed_by_us:
+            exit_code = None
+        elif code is None:
+            exit_code = None
+        else:
+            exit_code = code if code >= 0 else 128 - code  # the shell convention for signals
+        return ExecResult(output.text(), exit_code, timed_out)
+
+    def _resolve(self, path: str) -> Path:
+        if self._closed:
+            raise SandboxError("The local sandbox was already closed.")
+        full = os.path.realpath(os.path.join(self.cwd, path))
+        if os.path.commonpath((full, str(self.root))) != str(self.root):
+            raise PermissionError(
+                f"{path!r} is outside this prompt's sandbox folder; the local sandbox only reads and writes files inside it."
+            )
+        return Path(full)
+
+    async def read_file(self, path: str) -> bytes:
+        """Contents of ``path``; refuses paths outside the prompt folder with PermissionError."""
+        full = self._resolve(path)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, full.read_bytes)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path``, creating parent folders; refuses paths outside the prompt folder."""
+        full = self._resolve(path)
+
+        def write() -> None:
+            full.parent.mkdir(parents=True, exist_ok=True)
+            full.write_bytes(data)
+
+        await asyncio.get_running_loop().run_in_executor(self._pool, write)
+
+    async def close(self) -> None:
+        """Kill processes left in the sandbox's process groups and remove the folder unless ``keep``."""
+        if self._closed:
+            return
+        self._closed = True
+        self._backend._forget(self)
+        for pgid in self._groups:
+            _kill_group(pgid)
+        self._groups.clear()
+        if self._keep:
+            log.info("Kept the local sandbox folder %s.", self.root)
+            return
+        await asyncio.get_running_loop().run_in_executor(self._pool, _remove_tree, self.root)
+
+
+@hermes_batch.hookimpl
+def register_sandbox_backends(register):
+    register(LocalSandboxBackend)

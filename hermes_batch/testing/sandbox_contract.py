@@ -1,0 +1,251 @@
+"""The contract every sandbox backend passes: one shared test suite, subclassed by each backend's tests.
+
+A backend's test module subclasses :class:`SandboxContract` in a class whose name
+starts with ``Test``, provides a ``backend`` fixture that yields a started
+:class:`~hermes_batch.interfaces.SandboxBackend` (and shuts it down afterwards),
+and implements :meth:`SandboxContract.sandbox_exists`::
+
+    class TestLocalSandboxContract(SandboxContract):
+        @pytest.fixture
+        async def backend(self, tmp_path):
+            backend = LocalSandboxBackend(LocalSandboxBackend.Config(), RunContext("contract", tmp_path, seed=0))
+            await backend.start()
+            yield backend
+            await backend.shutdown()
+
+        async def sandbox_exists(self, sandbox):
+            return sandbox.root.exists()
+
+Set ``image`` to the image the tests run in (any image with a POSIX ``sh``,
+``sleep``, ``env``, ``cat``, ``yes`` and ``head``: busybox is enough).  The
+tests use POSIX sh only.  Each test closes the sandboxes it opened.
+
+What the contract fixes beyond the :class:`~hermes_batch.interfaces.Sandbox`
+docstrings: output is stdout and stderr merged and decoded as UTF-8 with
+replacement characters; a command killed at its timeout has ``timed_out=True``
+and ``exit_code=None``; a command's background processes that hold its output
+open do not keep ``exec`` waiting past the timeout; processes a command leaves
+running in the background (with their output redirected) keep running until
+the sandbox is closed; ``exec`` on a closed sandbox raises ``SandboxError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Awaitable, Callable, Optional
+
+import pytest
+
+from ..errors import SandboxError
+from ..interfaces import Sandbox, SandboxBackend
+from ..records import ExecResult, SandboxSpec, content_key
+
+# Variables of the runner that must never reach a sandbox; set for every contract test.
+LEAK_CANARIES = {
+    "OPENROUTER_API_KEY": "leak-canary-openrouter",
+    "OPENAI_API_KEY": "leak-canary-openai",
+    "ANTHROPIC_API_KEY": "leak-canary-anthropic",
+    "HERMES_BATCH_LEAK_CANARY": "leak-canary-hermes",
+}
+
+OpenSandbox = Callable[..., Awaitable[Sandbox]]
+
+
+class SandboxContract:
+    """Shared tests of the sandbox contract; subclass it and provide a ``backend`` fixture."""
+
+    #: Image the sandboxes are opened with (None: the backend's default).
+    image: Optional[str] = None
+    #: Seconds a timed-out ``exec`` may take beyond its timeout (container backends are slower).
+    timeout_slack: float = 2.0
+    #: Longest output, in characters, a command that prints forever may return.
+    max_output_chars: int = 4_000_000
+
+    async def sandbox_exists(self, sandbox: Sandbox) -> bool:
+        """Whether the backend still holds the sandbox (its folder, container, instance)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement sandbox_exists()")
+
+    # --- fixtures ----------------------------------------------------------------
+
+    @pytest.fixture(autouse=True)
+    def _leak_canaries(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        # autouse, so set before the backend fixture: a backend that copies os.environ at start is caught too
+        for name, value in LEAK_CANARIES.items():
+            monkeypatch.setenv(name, value)
+
+    @pytest.fixture
+    async def open_sandbox(self, backend: SandboxBackend):
+        """A factory ``await open_sandbox(cwd=None, env=None)`` whose sandboxes are closed after the test."""
+        opened: list[Sandbox] = []
+        prepared: set = set()
+
+        async def open_(cwd: Optional[str] = None, env: Optional[dict] = None) -> Sandbox:
+            if self.image not in prepared:
+                await backend.prepare_image(self.image)
+                prepared.add(self.image)
+            index = len(opened)
+            spec = SandboxSpec(
+                run_name=backend.run.run_name,
+                prompt_index=index,
+                content_key=content_key(f"contract prompt {index}", self.image, cwd),
+                image=self.image,
+                cwd=cwd,
+                env=dict(env or {}),
+            )
+            sandbox = await backend.open(spec)
+            opened.append(sandbox)
+            return sandbox
+
+        yield open_
+        for sandbox in opened:
+            await sandbox.close()
+
+    @pytest.fixture
+    async def sandbox(self, open_sandbox: OpenSandbox) -> Sandbox:
+        """One sandbox with default settings."""
+        return await open_sandbox()
+
+    # --- exec ----------------------------------------------------------------------
+
+    async def test_echo_output(self, sandbox: Sandbox):
+        result = await sandbox.exec("echo hello", 30)
+        assert result == ExecResult("hello\n", 0, False)
+
+    async def test_exit_codes(self, sandbox: Sandbox):
+        assert (await sandbox.exec("true", 30)).exit_code == 0
+        assert (await sandbox.exec("false", 30)).exit_code == 1
+        assert (await sandbox.exec("exit 3", 30)).exit_code == 3
+        assert (await sandbox.exec("hb-no-such-command-xyz", 30)).exit_code == 127
+
+    async def test_stderr_is_captured_with_stdout(self, sandbox: Sandbox):
+        result = await sandbox.exec("echo to-stdout; echo to-stderr >&2; exit 2", 30)
+        assert "to-stdout" in result.output
+        assert "to-stderr" in result.output
+        assert result.exit_code == 2
+
+    async def test_output_is_utf8_with_replacement(self, sandbox: Sandbox):
+        result = await sandbox.exec(r"printf '\303\251t\303\251 \377\n'", 30)
+        assert result.output == "été \ufffd\n"
+
+    async def test_shell_is_non_login_and_non_interactive(self, open_sandbox: OpenSandbox):
+        # The startup files are written through the file API into the working directory and HOME
+        # points there, so no shell command ever writes through a HOME the backend may have leaked.
+        sandbox = await open_sandbox(env={"HOME": "hb-home", "ENV": "hb-home/.shrc"})
+        for name in (".profile", ".bash_profile", ".bash_login", ".bashrc", ".shrc", ".kshrc"):
+            await sandbox.write_file(f"hb-home/{name}", f"echo SOURCED-{name}\n".encode())
+        control = await sandbox.exec('cat "$HOME/.profile" "$ENV"', 30)
+        assert control.output == "echo SOURCED-.profile\necho SOURCED-.shrc\n"
+        result = await sandbox.exec("case $- in *i*) echo interactive;; *) echo non-interactive;; esac", 30)
+        assert result.output == "non-interactive\n"
+        assert (await sandbox.exec("test -t 0 || echo no-tty", 30)).output == "no-tty\n"
+
+    async def test_commands_run_concurrently(self, sandbox: Sandbox):
+        started = time.monotonic()
+        results = await asyncio.gather(*(sandbox.exec(f"sleep 1; echo {i}", 30) for i in range(8)))
+        assert [r.output for r in results] == [f"{i}\n" for i in range(8)]
+        assert time.monotonic() - started < 1 + 4 * self.timeout_slack
+
+    # --- timeouts --------------------------------------------------------------------
+
+    async def test_timeout_kills_the_whole_process_tree(self, sandbox: Sandbox):
+        # A control started in the background by a command that ended proves that markers do get written.
+        control = await sandbox.exec("(sleep 2; touch control-marker) > /dev/null 2>&1 &", 30)
+        assert control.exit_code == 0 and not control.timed_out
+        started = time.monotonic()
+        result = await sandbox.exec("echo before; (sleep 2; touch killed-marker) & sleep 30", 1)
+        elapsed = time.monotonic() - started
+        assert result.timed_out
+        assert result.exit_code is None
+        assert "before" in result.output
+        assert 1 <= elapsed < 1 + self.timeout_slack
+        await asyncio.sleep(max(0.0, 1 + 3 - (time.monotonic() - started)))
+        listing = await sandbox.exec("ls", 30)
+        assert "control-marker" in listing.output
+        assert "killed-marker" not in listing.output
+
+    async def test_background_child_holding_output_does_not_hang(self, sandbox: Sandbox):
+        started = time.monotonic()
+        result = await sandbox.exec("sleep 30 & echo started", 1)
+        elapsed = time.monotonic() - started
+        assert "started" in result.output
+        assert elapsed < 1 + self.timeout_slack
+
+    async def test_endless_output_is_bounded(self, sandbox: Sandbox):
+        result = await sandbox.exec("yes hermes-batch", 1)
+        assert result.timed_out
+        assert result.output.startswith("hermes-batch\nhermes-batch\n")
+        assert len(result.output) <= self.max_output_chars
+
+    # --- files -------------------------------------------------------------------------
+
+    async def test_write_and_read_nested_binary_file(self, sandbox: Sandbox):
+        data = bytes(range(256)) * 64
+        await sandbox.write_file("nested/deeper/data.bin", data)
+        assert await sandbox.read_file("nested/deeper/data.bin") == data
+        result = await sandbox.exec("wc -c < nested/deeper/data.bin", 30)
+        assert result.output.strip() == str(len(data))
+
+    async def test_write_file_replaces_content(self, sandbox: Sandbox):
+        await sandbox.write_file("notes.txt", b"a long first version\n")
+        await sandbox.write_file("notes.txt", b"short\n")
+        assert await sandbox.read_file("notes.txt") == b"short\n"
+
+    async def test_relative_paths_are_relative_to_the_working_directory(self, sandbox: Sandbox):
+        await sandbox.write_file("from-api.txt", b"written by write_file\n")
+        assert (await sandbox.exec("cat from-api.txt", 30)).output == "written by write_file\n"
+        await sandbox.exec("mkdir -p sub && printf 'written by exec' > sub/from-exec.txt", 30)
+        assert await sandbox.read_file("sub/from-exec.txt") == b"written by exec"
+        assert await sandbox.read_file("./sub/../sub/from-exec.txt") == b"written by exec"
+
+    async def test_workdir_is_where_commands_start(self, sandbox: Sandbox):
+        pwd = (await sandbox.exec("pwd", 30)).output.strip()
+        assert pwd == sandbox.workdir
+        await sandbox.write_file(f"{sandbox.workdir}/absolute.txt", b"abs")
+        assert (await sandbox.exec("cat absolute.txt", 30)).output == "abs"
+
+    async def test_missing_file_raises_file_not_found(self, sandbox: Sandbox):
+        with pytest.raises(FileNotFoundError):
+            await sandbox.read_file("no-such-file.txt")
+
+    async def test_cwd_is_honoured_and_created(self, open_sandbox: OpenSandbox):
+        sandbox = await open_sandbox(cwd="/hb-contract/project")
+        assert sandbox.workdir.endswith("/hb-contract/project")
+        assert (await sandbox.exec("pwd", 30)).output.strip() == sandbox.workdir
+        await sandbox.write_file("main.txt", b"in cwd")
+        assert (await sandbox.exec("cat main.txt", 30)).output == "in cwd"
+
+    # --- environment -----------------------------------------------------------------------
+
+    async def test_runner_environment_does_not_leak(self, open_sandbox: OpenSandbox):
+        sandbox = await open_sandbox(env={"HB_CONTRACT_VAR": "hello world"})
+        result = await sandbox.exec("env", 30)
+        assert result.exit_code == 0
+        assert "HB_CONTRACT_VAR=hello world" in result.output
+        for value in LEAK_CANARIES.values():
+            assert value not in result.output
+        assert (await sandbox.exec('printf %s "$HB_CONTRACT_VAR"', 30)).output == "hello world"
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def test_close_is_idempotent_and_final(self, open_sandbox: OpenSandbox):
+        sandbox = await open_sandbox()
+        await sandbox.write_file("keep-me.txt", b"x")
+        assert await self.sandbox_exists(sandbox)
+        await sandbox.close()
+        await sandbox.close()
+        assert not await self.sandbox_exists(sandbox)
+        with pytest.raises(SandboxError):
+            await sandbox.exec("echo after close", 30)
+
+    async def test_sandboxes_do_not_see_each_others_files(self, open_sandbox: OpenSandbox):
+        first = await open_sandbox()
+        second = await open_sandbox()
+        await first.write_file("secret-of-first.txt", b"first")
+        await first.exec("echo first > made-by-exec.txt", 30)
+        with pytest.raises(FileNotFoundError):
+            await second.read_file("secret-of-first.txt")
+        listing = (await second.exec("ls -a", 30)).output
+        assert "secret-of-first.txt" not in listing
+        assert "made-by-exec.txt" not in listing
+        assert await first.read_file("made-by-exec.txt") == b"first\n"
