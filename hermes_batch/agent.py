@@ -95,7 +95,9 @@ async def run_session(
         message = response.message
         session.append(message)
         if say:
-            say(f"turn {api_calls}: {_preview(message.content or '', settings.log_prefix_chars)}")
+            said = message.content or ("(reasoning) " + message.reasoning if message.reasoning else "")
+            calls = f" -> calls {', '.join(c.name for c in message.tool_calls)}" if message.tool_calls else ""
+            say(f"turn {api_calls}: {_preview(said, settings.log_prefix_chars)}{calls}")
         if response.finish_reason in _EARLY_STOPS:
             end_reason = _EARLY_STOPS[response.finish_reason]
             break
