@@ -55,6 +55,7 @@ class RunConfig:
     seed: Optional[int] = None
     output_dir: Path = Path("data")
     command_timeout: float = 180.0
+    max_retries: int = 6  # retries of one failing model call before its prompt fails
     progress: Optional[bool] = None  # None: live display when stderr is a terminal
 
     def __attrs_post_init__(self):
@@ -63,6 +64,8 @@ class RunConfig:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}.")
         if self.max_samples is not None and self.max_samples < 1:
             raise UsageError(f"--max_samples must be at least 1, got {self.max_samples}.")
+        if self.max_retries < 0:
+            raise UsageError(f"--max_retries must be 0 or more, got {self.max_retries}.")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise UsageError(f"--max_tokens must be at least 1, got {self.max_tokens}.")
         if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:

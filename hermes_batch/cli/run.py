@@ -32,8 +32,20 @@ def _list_distributions(ctx, _param, value):
     ctx.exit(0)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (click's test runner swaps it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
 def _setup_logging(verbose: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger("hermes_batch")
     root.handlers[:] = [handler]
@@ -79,6 +91,7 @@ def _setup_logging(verbose: bool) -> None:
 @_opt("seed", type=int, default=None, help="Seed for toolset sampling [default: random, recorded in run.json].")
 @_opt("output_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("data"), help="Parent folder of the run folder.")
 @_opt("command_timeout", type=float, default=180.0, help="Longest a tool command may run, in seconds.")
+@_opt("max_retries", type=int, default=6, help="Retries of a failing model call (429, 5xx, timeouts, dropped connections) before its prompt fails.")
 @click.option("--progress/--no-progress", default=None, help="Live progress display [default: when stderr is a terminal].")
 @_opt("list_distributions", is_flag=True, is_eager=True, expose_value=False, callback=_list_distributions, help="Print the distributions and exit.")
 def run_command(**options):
@@ -123,6 +136,7 @@ def run_command(**options):
         seed=options["seed"],
         output_dir=options["output_dir"],
         command_timeout=options["command_timeout"],
+        max_retries=options["max_retries"],
         progress=options["progress"],
     )
     sys.exit(execute(config))
@@ -159,4 +173,11 @@ def execute(config: RunConfig) -> int:
         render(result.statistics, Console(stderr=True))
     if result.message:
         click.echo(f"{'Error' if result.exit_code == 2 else 'Note'}: {result.message}", err=True)
+    elif result.exit_code == 3:
+        failed = result.statistics["prompts"]["failed"]
+        click.echo(
+            f"Note: {failed} prompt(s) failed (see failed.jsonl in the run folder); "
+            "run the same command with --resume to retry them.",
+            err=True,
+        )
     return result.exit_code

@@ -1,0 +1,247 @@
+"""``hermes-batch run`` end to end against models that misbehave and endpoints that fail.
+
+Tool errors, turn limits, truncation, the quality filters, every reasoning format,
+rate limits, server errors, bad keys, unknown models and unreachable endpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+
+import pytest
+from conftest import write_dataset
+
+from hermes_batch.testing import ErrorRule, Reply, RoutedScript, ToolLoopScript
+
+# --- scripted misbehaviour --------------------------------------------------------------------------
+
+
+def unknown_tool(request):
+    if request.turn == 0:
+        return Reply(reasoning="Teleporting is fastest.", tool_calls=[("teleport", {"to": "mars"})])
+    return Reply(content="I could not teleport.", reasoning="That tool does not exist.")
+
+
+def bad_arguments(request):
+    if request.turn == 0:
+        calls = [("terminal", '{"command": "ls"'), ("terminal", {"cmd": "ls"})]  # not JSON; not the schema
+        return Reply(reasoning="Listing files.", tool_calls=calls)
+    return Reply(content="Both calls failed.", reasoning="The arguments were wrong.")
+
+
+def never_stops(request):
+    return Reply(reasoning=f"Step {request.turn}.", tool_calls=[("terminal", {"command": "echo again"})])
+
+
+def truncated(request):
+    return Reply(content="The answer is cut sho", reasoning="Writing a long answer.", finish_reason="length")
+
+
+ROUTES = {
+    "Use the teleport tool.": unknown_tool,
+    "Call the terminal badly.": bad_arguments,
+    "Never stop.": never_stops,
+    "Write a very long answer.": truncated,
+    "Answer without thinking.": ToolLoopScript(tool_calls=1, reasoning=None),
+}
+
+
+@pytest.fixture
+def misbehaving(model_server, runner, tmp_path):
+    """A dataset with one prompt per kind of misbehaviour, and a server that acts each out."""
+    runner.server = model_server(RoutedScript(ROUTES))
+    return write_dataset(tmp_path / "prompts.jsonl", [{"prompt": prompt} for prompt in ROUTES])
+
+
+def by_prompt(records):
+    return {(r.get("trajectory") or r)["conversations"][1]["value"]: r for r in records}
+
+
+def tool_responses(turn: dict) -> list[dict]:
+    blocks = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", turn["value"], re.DOTALL)
+    return [json.loads(block) for block in blocks]
+
+
+def requests_for(server, prompt: str) -> list:
+    return sorted((r for r in server.requests if r.prompt == prompt), key=lambda r: r.turn)
+
+
+def test_tool_errors_turn_limits_truncation_and_the_default_filters(misbehaving, runner):
+    server = runner.server
+    result = runner.invoke(misbehaving, "run", "--max_turns", "2")
+    assert result.exit_code == 0, result.output
+    kept = by_prompt(runner.records("trajectories.jsonl"))
+    discarded = by_prompt(runner.records("discarded.jsonl"))
+    assert set(kept) == {"Call the terminal badly.", "Never stop.", "Write a very long answer."}
+    assert set(discarded) == {"Use the teleport tool.", "Answer without thinking."}
+
+    # an unknown tool gets an error result the model sees, and the sample is discarded
+    second = requests_for(server, "Use the teleport tool.")[1]
+    (error,) = [json.loads(r) for r in second.tool_results]
+    assert "teleport" in error["error"] and "terminal" in error["error"]
+    teleport = discarded["Use the teleport tool."]
+    assert teleport["filters"] == ["hallucinated-tools"]
+    assert "teleport" in teleport["reasons"][0]
+    assert teleport["trajectory"]["metadata"]["invalid_tool_calls"][0]["name"] == "teleport"
+
+    # invalid JSON and schema-mismatched arguments: error results, counted as failures
+    bad = kept["Call the terminal badly."]
+    assert bad["tool_stats"]["terminal"] == {"count": 2, "success": 0, "failure": 2}
+    assert bad["tool_error_counts"]["terminal"] == 2
+    (tool_turn,) = [t for t in bad["conversations"] if t["from"] == "tool"]
+    not_json, wrong_schema = (r["content"]["error"] for r in tool_responses(tool_turn))
+    assert "not valid JSON" in not_json
+    assert "cmd" in wrong_schema or "command" in wrong_schema
+    seen = [json.loads(r)["error"] for r in requests_for(server, "Call the terminal badly.")[1].tool_results]
+    assert seen == [not_json, wrong_schema]
+    assert (bad["completed"], bad["partial"]) == (True, False)
+
+    # the turn limit and length truncation end a session early: partial, not completed
+    endless = kept["Never stop."]
+    assert (endless["completed"], endless["partial"], endless["api_calls"]) == (False, True, 2)
+    assert endless["tool_stats"]["terminal"] == {"count": 2, "success": 2, "failure": 0}
+    assert server.calls_for("Never stop.") == 2
+    cut = kept["Write a very long answer."]
+    assert (cut["completed"], cut["partial"], cut["api_calls"]) == (False, True, 1)
+
+    # no reasoning in any assistant turn
+    assert discarded["Answer without thinking."]["filters"] == ["no-reasoning"]
+
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["discarded_by_filter"] == {"hallucinated-tools": 1, "no-reasoning": 1}
+    assert stats["prompts"]["discarded"] == 2 and stats["prompts"]["failed"] == 0
+
+
+def test_no_filters_keeps_every_sample(misbehaving, runner, tmp_path, monkeypatch):
+    result = runner.invoke(misbehaving, "run", "--max_turns", "2", "--no_filters")
+    assert result.exit_code == 0, result.output
+    assert set(by_prompt(runner.records("trajectories.jsonl"))) == set(ROUTES)
+    assert runner.records("discarded.jsonl") == []
+    # unknown tools, raw invalid-JSON arguments and unused tools side by side still load as one table
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    path = runner.folder() / "trajectories.jsonl"
+    loaded = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=str(tmp_path / "hf"))
+    assert loaded.num_rows == len(ROUTES)
+
+
+def test_a_plugin_filter_is_selectable_by_name(misbehaving, runner):
+    # max-tool-failures comes from the example plugin (plugins/hermes_batch_example)
+    result = runner.invoke(misbehaving, "run", "--max_turns", "2", "--filter", "max-tool-failures")
+    assert result.exit_code == 0, result.output
+    discarded = runner.records("discarded.jsonl")
+    assert [d["trajectory"]["conversations"][1]["value"] for d in discarded] == ["Call the terminal badly."]
+    assert discarded[0]["filters"] == ["max-tool-failures"]
+    assert discarded[0]["reasons"] == ["2 of 2 tool calls failed"]
+    # the seed filters are not on: the teleporting and unreasoning samples are kept
+    assert len(runner.records("trajectories.jsonl")) == 4
+
+
+def test_an_unknown_filter_is_a_usage_error(misbehaving, runner):
+    result = runner.invoke(misbehaving, "run", "--filter", "nope")
+    assert result.exit_code == 2
+    assert "nope" in result.output and "no-reasoning" in result.output
+    assert runner.server.request_count == 0
+
+
+@pytest.mark.parametrize("reasoning_format", ["reasoning", "reasoning_details", "reasoning_content", "think_tags", "scratchpad"])
+def test_reasoning_in_every_format_ends_up_in_think_blocks(model_server, runner, tmp_path, reasoning_format):
+    runner.server = model_server(
+        ToolLoopScript(tool_calls=1, reasoning="Pondering step {turn} carefully.", reasoning_format=reasoning_format)
+    )
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "Think, then act."}])
+    result = runner.invoke(dataset)
+    assert result.exit_code == 0, result.output
+    (trajectory,) = runner.records("trajectories.jsonl")
+    gpt = [t["value"] for t in trajectory["conversations"] if t["from"] == "gpt"]
+    assert gpt[0].startswith("<think>\nPondering step 0 carefully.\n</think>\n<tool_call>")
+    assert gpt[1].startswith("<think>\nPondering step 1 carefully.\n</think>\nDone: ")
+    for value in gpt:
+        assert value.count("<think>") == 1 and "REASONING_SCRATCHPAD" not in value
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["kept"]["reasoning"]["share_with_reasoning"] == 1.0
+
+
+# --- endpoint errors ---------------------------------------------------------------------------------
+
+
+def test_rate_limits_are_retried_and_every_prompt_finishes(model_server, runner, tmp_path):
+    server = runner.server = model_server(
+        ToolLoopScript(tool_calls=1), errors=[ErrorRule(status=429, rate=0.3, retry_after=0)], seed=7
+    )
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(20)])
+    result = runner.invoke(dataset, "run", "--num_workers", "8")
+    assert result.exit_code == 0, result.output
+    assert [t["prompt_index"] for t in runner.records("trajectories.jsonl")] == list(range(20))
+    assert server.responses_by_status[429] >= 5
+    assert server.responses_by_status[200] == 40
+    assert not (runner.folder() / "failed.jsonl").exists()
+
+
+def test_a_model_that_always_fails_fails_its_prompts_with_exit_3(model_server, runner, tmp_path):
+    server = runner.server = model_server(
+        ToolLoopScript(), errors=[ErrorRule(status=500, rate=1.0, retry_after=0, message="The GPU caught fire.")]
+    )
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(3)])
+    result = runner.invoke(dataset, "run", "--max_retries", "2")
+    assert result.exit_code == 3, result.output
+    assert server.request_count == 3 * 3  # one attempt and two retries per prompt
+    failed = runner.records("failed.jsonl")
+    assert sorted(f["prompt_index"] for f in failed) == [0, 1, 2]
+    for failure in failed:
+        assert failure["error_class"] == "ModelEndpointError"
+        assert "500" in failure["message"] and "The GPU caught fire." in failure["message"]
+    assert runner.records("trajectories.jsonl") == []
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["prompts"]["failed"] == 3
+
+
+def test_some_failed_prompts_give_exit_3_and_the_others_are_kept(model_server, runner, tmp_path):
+    doomed = lambda request: Reply(status=500, error_message="Overloaded.", headers={"Retry-After": "0"})  # noqa: E731
+    runner.server = model_server(RoutedScript({"Doomed prompt": doomed}, default=ToolLoopScript(tool_calls=1)))
+    rows = [{"prompt": "Fine prompt 0"}, {"prompt": "Doomed prompt"}, {"prompt": "Fine prompt 2"}]
+    result = runner.invoke(write_dataset(tmp_path / "prompts.jsonl", rows), "run", "--max_retries", "1")
+    assert result.exit_code == 3, result.output
+    assert [t["prompt_index"] for t in runner.records("trajectories.jsonl")] == [0, 2]
+    assert [f["prompt_index"] for f in runner.records("failed.jsonl")] == [1]
+    assert "1 prompt(s) failed" in result.output and "--resume" in result.output
+
+
+def test_a_wrong_api_key_stops_the_run_at_once(model_server, runner, tmp_path):
+    server = runner.server = model_server(api_key="sk-the-right-key")
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(40)])
+    result = runner.invoke(dataset, "run", "--num_workers", "4")
+    assert result.exit_code == 2, result.output
+    assert server.request_count <= 4  # not one refused request per prompt
+    assert "API key" in result.stderr and "--api_key" in result.stderr
+    assert "Traceback" not in result.output
+    assert runner.records("failed.jsonl") == []
+    assert runner.records("trajectories.jsonl") == []
+
+
+def test_an_unknown_model_stops_the_run_at_once(model_server, runner, tmp_path):
+    server = runner.server = model_server(models=("some-other-model",))
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(40)])
+    result = runner.invoke(dataset, "run", "--num_workers", "4")
+    assert result.exit_code == 2, result.output
+    assert server.request_count <= 4
+    assert "scripted-model" in result.stderr and "--model" in result.stderr
+    assert runner.records("failed.jsonl") == []
+
+
+def test_nothing_listening_fails_the_prompts_with_a_clear_message(runner, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base_url = f"http://127.0.0.1:{port}/v1"
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(3)])
+    result = runner.invoke(dataset, "run", "--base_url", base_url, "--max_retries", "1")
+    assert result.exit_code == 3, result.output
+    failed = runner.records("failed.jsonl")
+    assert sorted(f["prompt_index"] for f in failed) == [0, 1, 2]
+    for failure in failed:
+        assert failure["error_class"] == "ModelEndpointError"
+        assert base_url in failure["message"] and "could not be reached" in failure["message"]
