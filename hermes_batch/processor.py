@@ -19,7 +19,8 @@ log = logging.getLogger("hermes_batch.prompt")
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds")
+    # milliseconds: statistics tell sessions apart by these, and a resume may start within the same second
+    return datetime.now(timezone.utc).replace(tzinfo=None).isoformat(timespec="milliseconds")
 
 
 @attrs.define

@@ -28,7 +28,7 @@ from .progress import Progress
 from .records import Checkpoint, Discarded, Failure, Message, SessionInfo, Trajectory
 from .resume import plan_resume, scan_finished
 from .run_context import RunContext
-from .runfolder import AppendLog, RunFolder, atomic_write_text, read_records, validate_run_name
+from .runfolder import AppendLog, RunFolder, atomic_write_text, read_records, repair_torn_tail, validate_run_name
 from .serialization import from_json, to_json_line
 from .statistics import build_statistics, render_statistics
 
@@ -199,8 +199,12 @@ class Run:
                 "Distribution %r names toolsets that are not installed (%s); sampling among %s only.",
                 cfg.distribution, ", ".join(self.missing), ", ".join(sorted(self.available)),
             )
+        if cfg.resume:
+            self._repair_torn_tails()
         finished = scan_finished(self.folder) if cfg.resume else collections.Counter()
         self.previously_finished = sum(finished.values())
+        # on record from the start, so a session killed before its first batch completes still counts
+        self._save_checkpoint(interrupted=False)
         to_run = self._count_to_run(finished) if finished else self.report.valid
         self.progress = Progress(total=to_run, enabled=cfg.progress)
         self.failed_logs = {
@@ -238,6 +242,14 @@ class Run:
         if interrupted:
             return RunResult(EXIT_INTERRUPTED, statistics, "Interrupted; finished prompts are saved, run again with --resume to continue.")
         return RunResult(EXIT_FAILED_PROMPTS if self.counts["failed"] else EXIT_OK, statistics)
+
+    def _repair_torn_tails(self) -> None:
+        # also in files this session will never append to, so every file parses when the resume ends
+        paths = [path for _num, path in self.folder.iter_batch_files()] + [self.folder.discarded, self.folder.failed]
+        for path in paths:
+            dropped = repair_torn_tail(path)
+            if dropped:
+                log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", path, dropped)
 
     def _count_to_run(self, finished: collections.Counter) -> int:
         rows = dataset.iter_rows(self.config.dataset_file, max_samples=self.config.max_samples)
@@ -345,7 +357,7 @@ class Run:
             model=cfg.model, base_url=cfg.base_url, api_key=cfg.api_key, max_tokens=cfg.max_tokens,
             reasoning_effort=cfg.reasoning_effort, reasoning_disabled=cfg.reasoning_disabled,
             providers_allowed=cfg.providers_allowed, providers_ignored=cfg.providers_ignored,
-            providers_order=cfg.providers_order, provider_sort=cfg.provider_sort,
+            providers_order=cfg.providers_order, provider_sort=cfg.provider_sort, max_retries=cfg.max_retries,
         )
 
     def _agent_settings(self) -> AgentSettings:

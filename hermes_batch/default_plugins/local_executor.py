@@ -38,5 +38,8 @@ class LocalExecutor(Executor):
             await asyncio.gather(*tasks)
         finally:
             for task in tasks:
-                task.cancel()
+                # gather returns when the first task ends; one it already cancelled is still closing its
+                # sandbox, and a second cancel would cut that cleanup short
+                if not task.cancelling():
+                    task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
