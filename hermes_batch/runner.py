@@ -191,6 +191,7 @@ class Run:
         loop = asyncio.get_running_loop()
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.num_workers + 4, thread_name_prefix="hermes-batch")
         loop.set_default_executor(pool)
+        fresh = not self.folder.has_outputs()
         self.folder.create()
         self.context = RunContext(cfg.run_name, self.folder.dir, self.seed, cfg.verbose, cfg.log_prefix_chars, pool)
         self._write_run_json()
@@ -236,6 +237,10 @@ class Run:
             await _quietly(client.aclose())
             for log_ in (*self.batch_logs.values(), *self.failed_logs.values()):
                 log_.close()
+        if fatal is not None and fresh and not self.counts:
+            # Nothing was achieved: leave no folder behind, so the corrected command runs as typed.
+            shutil.rmtree(self.folder.dir, ignore_errors=True)
+            return RunResult(fatal.exit_code, None, str(fatal))
         statistics = self._finish(interrupted)
         if fatal is not None:
             return RunResult(fatal.exit_code, statistics, str(fatal))

@@ -192,7 +192,7 @@ def build_statistics(
             "sessions": [record_converter.unstructure(s) for s in sessions],
         },
         "timestamps": {
-            "generated_at": now or datetime.datetime.now().isoformat(timespec="seconds"),
+            "generated_at": now or datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds"),
             "started_at": sessions[0].started_at if sessions else None,
             "first_sample_at": first_ts,
             "last_sample_at": last_ts,

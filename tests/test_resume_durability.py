@@ -511,3 +511,17 @@ async def test_ctrl_c_lets_every_prompt_in_flight_finish_closing_its_sandbox():
     with pytest.raises(asyncio.CancelledError):
         await run
     assert closed == in_flight == {0, 1, 2, 3}
+
+
+def test_sigterm_shuts_down_cleanly_with_its_own_status(tmp_path, runner, model_server, cleanup_procs):
+    prompts = make_prompts(6)
+    data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
+    server = model_server(ToolLoopScript(tool_calls=1, command="sleep 30"), latency=0.05)
+    proc = runner.spawn(data, "run", *BASE, "--num_workers", "3", server=server)
+    cleanup_procs.append(proc)
+    wait_for(lambda: server.request_count >= 3, 60, "the first model calls", proc)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err
+    json.loads((runner.folder() / "checkpoint.json").read_text())

@@ -11,6 +11,8 @@ import re
 import socket
 
 import pytest
+
+import conftest
 from conftest import write_dataset
 
 from hermes_batch.testing import ErrorRule, Reply, RoutedScript, ToolLoopScript
@@ -220,6 +222,10 @@ def test_a_wrong_api_key_stops_the_run_at_once(model_server, runner, tmp_path):
     assert "Traceback" not in result.output
     assert runner.records("failed.jsonl") == []
     assert runner.records("trajectories.jsonl") == []
+    # nothing was achieved, so nothing is left behind: the corrected command runs without --resume
+    assert not runner.folder().exists()
+    runner.server = model_server(api_key=conftest.API_KEY)
+    assert runner.invoke(dataset, "run", "--num_workers", "4").exit_code == 0
 
 
 def test_an_unknown_model_stops_the_run_at_once(model_server, runner, tmp_path):

@@ -9,6 +9,7 @@ import sys
 import traceback
 from pathlib import Path
 
+import attrs
 import click
 
 from ..config import DEFAULT_BASE_URL, DEFAULT_MODEL, PROVIDER_SORTS, REASONING_EFFORTS, RunConfig, resolve_api_key, split_list
@@ -151,11 +152,18 @@ def execute(config: RunConfig) -> int:
     run = Run(config)
     run.prepare()
 
+    received = []
+
     async def main():
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
+
+        def stop(sig):
+            received.append(sig)
+            task.cancel()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
+            loop.add_signal_handler(sig, stop, sig)
         return await run.execute()
 
     try:
@@ -169,6 +177,8 @@ def execute(config: RunConfig) -> int:
             "hermes-batch hit an internal error (a bug); finished prompts are saved. "
             "Rerun with --verbose for the traceback and --resume to continue."
         )
+    if result.exit_code == 130 and received and received[0] == signal.SIGTERM:
+        result = attrs.evolve(result, exit_code=128 + signal.SIGTERM)
     if result.statistics is not None:
         render(result.statistics, Console(stderr=True))
     if result.message:
