@@ -8,7 +8,7 @@ from typing import Callable, Mapping, Optional
 
 import attrs
 
-from .errors import PromptFailure
+from .errors import ModelOutcome, PromptFailure
 from .interfaces import ModelClient, Tool, ToolContext
 from .records import Message, ToolCall, ToolStat, Usage
 from .schema import validate
@@ -87,7 +87,11 @@ async def run_session(
     completed = False
 
     while api_calls < settings.max_turns:
-        response = await client.complete(head + tuple(session), specs)
+        try:
+            response = await client.complete(head + tuple(session), specs)
+        except ModelOutcome as exc:
+            end_reason = exc.reason
+            break
         api_calls += 1
         usage = usage + response.usage
         if response.provider:

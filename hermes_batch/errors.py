@@ -51,3 +51,31 @@ class SandboxError(PromptFailure):
     """The sandbox could not start, died, or its image is unavailable."""
 
     kind = "sandbox"
+
+
+class ModelCallError(Exception):
+    """One model call attempt went wrong; raised by ``ModelClient.send``."""
+
+    def __init__(self, message: str, *, status: "int | None" = None):
+        super().__init__(message)
+        self.status = status
+
+
+class RetryableModelError(ModelCallError):
+    """Worth another attempt: 429, 5xx, timeout, dropped connection."""
+
+    def __init__(self, message: str, *, status: "int | None" = None, retry_after: "float | None" = None):
+        super().__init__(message, status=status)
+        self.retry_after = retry_after
+
+    @property
+    def rate_limited(self) -> bool:
+        return self.status == 429
+
+
+class ModelOutcome(ModelCallError):
+    """The model side ended the session early (context too long, content filtered): saved as partial."""
+
+    def __init__(self, message: str, *, reason: str, status: "int | None" = None):
+        super().__init__(message, status=status)
+        self.reason = reason

@@ -99,6 +99,17 @@ def register_executors(register):
 
 
 @hookspec
+def register_commands(register):
+    """Register extra command-line commands.
+
+    Called once when the ``hermes-batch`` command line starts.  ``register(command)``
+    takes a ``click.Command`` or ``click.Group`` whose name becomes a subcommand
+    (for example the Docker plugin's ``hermes-batch docker cleanup``).  A name
+    that an existing command already uses is an error naming the plugin.
+    """
+
+
+@hookspec
 def hermes_batch_run_start(run):
     """Called once when a run starts, after the dataset was validated and before any prompt is sent.
 

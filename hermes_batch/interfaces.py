@@ -60,8 +60,20 @@ class ModelClient(abc.ABC):
         return False
 
     @abc.abstractmethod
+    async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
+        """One attempt at a model call, no retries.
+
+        Raises FatalModelError (bad key, unknown model: the run stops),
+        RetryableModelError (429, 5xx, timeouts), ModelOutcome (the model side
+        ended the session: context too long, content filtered) or
+        ModelCallError (any other refusal: the prompt fails).
+        """
+
     async def complete(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
-        """One model call, with retries; raises FatalModelError or ModelEndpointError."""
+        """``send`` with retries: jittered exponential backoff that honours Retry-After."""
+        from .retry import call_with_retries
+
+        return await call_with_retries(self, messages, tools)
 
     async def aclose(self) -> None:
         """Release connections."""

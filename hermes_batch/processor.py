@@ -11,7 +11,7 @@ import attrs
 
 from .agent import AgentSettings, run_session
 from .conversation import to_sharegpt
-from .errors import FatalModelError, PromptFailure
+from .errors import FatalModelError, ModelCallError, PromptFailure
 from .interfaces import ModelClient, PromptJob, SandboxBackend, Tool, ToolContext
 from .records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
 
@@ -46,6 +46,8 @@ class PromptProcessor:
             raise
         except PromptFailure as exc:
             return self._failure(job, exc, type(exc).kind)
+        except ModelCallError as exc:
+            return self._failure(job, exc, "model_request")
         except Exception as exc:  # a bug in a plugin fails its prompt, not the run
             log.debug("[B%d:P%d] unexpected error", job.batch_num, row.prompt_index, exc_info=True)
             return self._failure(job, exc, "internal")

@@ -35,3 +35,22 @@ def backoff_delay(attempt: int, retry_after: Optional[float], *, base: float = 1
     if retry_after is not None:
         return min(retry_after, cap * 5) + random.uniform(0, 0.1 * base)
     return random.uniform(0, min(cap, base * (2**attempt)))
+
+
+async def call_with_retries(client, messages, tools):
+    """``client.send`` until it succeeds, retrying RetryableModelError up to ``settings.max_retries`` times."""
+    import asyncio
+
+    from .errors import ModelEndpointError, RetryableModelError
+
+    settings = client.settings
+    attempt = 0
+    while True:
+        try:
+            return await client.send(messages, tools)
+        except RetryableModelError as exc:
+            if attempt >= settings.max_retries:
+                raise ModelEndpointError(f"{exc} (gave up after {attempt + 1} attempts)") from exc
+            delay = backoff_delay(attempt, exc.retry_after)
+        attempt += 1
+        await asyncio.sleep(delay)

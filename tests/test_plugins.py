@@ -128,3 +128,25 @@ def test_listing_commands(command, expected):
     result = CliRunner().invoke(cli, [command, "--json"])
     assert result.exit_code == 0, result.output
     assert expected in {row["name"] for row in json.loads(result.output)}
+
+
+def test_plugins_add_commands():
+    import click
+
+    from hermes_batch.cli import add_plugin_commands
+
+    @click.command("hello")
+    def hello():
+        click.echo("hello from a plugin")
+
+    class Commands:
+        @hermes_batch.hookimpl
+        def register_commands(self, register):
+            register(hello)
+
+    pm = get_plugin_manager(load_entry_points=False, extra_plugins=[Commands()])
+    group = click.Group(commands={"run": click.Command("run")})
+    add_plugin_commands(group, pm)
+    assert CliRunner().invoke(group, ["hello"]).output == "hello from a plugin\n"
+    with pytest.raises(PluginError, match="'Commands' registers the command 'hello'"):
+        add_plugin_commands(group, pm)

@@ -251,3 +251,25 @@ def test_nothing_listening_fails_the_prompts_with_a_clear_message(runner, tmp_pa
     for failure in failed:
         assert failure["error_class"] == "ModelEndpointError"
         assert base_url in failure["message"] and "could not be reached" in failure["message"]
+
+
+def test_context_too_long_ends_the_prompt_as_partial_and_other_400s_fail_it(model_server, runner, tmp_path):
+    def script(request):
+        if request.prompt == "Long prompt" and request.turn == 1:
+            return Reply(status=400, error_message="This model's maximum context length is 8192 tokens.")
+        if request.prompt == "Bad request":
+            return Reply(status=400, error_message="Unsupported parameter: tools.")
+        return ToolLoopScript(tool_calls=1)(request)
+
+    runner.server = model_server(script)
+    rows = [{"prompt": "Long prompt"}, {"prompt": "Bad request"}]
+    result = runner.invoke(write_dataset(tmp_path / "prompts.jsonl", rows), "run", "--no_filters")
+    assert result.exit_code == 3, result.output
+    [kept] = runner.records("trajectories.jsonl")
+    assert kept["prompt_index"] == 0
+    assert (kept["completed"], kept["partial"]) == (False, True)
+    assert kept["metadata"]["end_reason"] == "context_length"
+    assert kept["api_calls"] == 1
+    [failed] = runner.records("failed.jsonl")
+    assert failed["prompt_index"] == 1
+    assert failed["error_kind"] == "model_request" and "Unsupported parameter" in failed["message"]

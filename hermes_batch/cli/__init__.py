@@ -36,6 +36,32 @@ for command in listing_commands():
     cli.add_command(command)
 
 
+def add_plugin_commands(group: click.Group, pm) -> None:
+    """Add the commands plugins register through ``register_commands`` to ``group``."""
+    from ..errors import PluginError
+
+    for impl in pm.hook.register_commands.get_hookimpls():
+
+        def register(command, _plugin=impl.plugin_name):
+            if command.name in group.commands:
+                raise PluginError(f"Plugin {_plugin!r} registers the command {command.name!r}, which already exists.")
+            group.add_command(command)
+
+        impl.function(register=register)
+
+
+def _load_plugin_commands() -> None:
+    from ..plugins import get_plugin_manager
+
+    try:
+        add_plugin_commands(cli, get_plugin_manager())
+    except HermesBatchError as exc:  # the command line must still start to say what is wrong
+        click.echo(f"Warning: {exc}", err=True)
+
+
+_load_plugin_commands()
+
+
 def main(argv=None) -> None:
     """Console-script entry point."""
     try:

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
+import re
 from typing import Any, Optional
 
 import openai
 
 import hermes_batch
-from hermes_batch.errors import FatalModelError, ModelEndpointError
+from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
 from hermes_batch.interfaces import ModelClient, ModelSettings
 from hermes_batch.reasoning import extract_reasoning
 from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from hermes_batch.retry import RETRYABLE_STATUS, backoff_delay, retry_after_seconds
+from hermes_batch.retry import RETRYABLE_STATUS, retry_after_seconds
 
 log = logging.getLogger(__name__)
+
+_CONTEXT_TOO_LONG = re.compile(r"context.{0,20}(length|window)|maximum context|too many tokens|prompt is too long", re.I)
 
 
 @hermes_batch.hookimpl
@@ -85,42 +87,37 @@ class OpenAIClient(ModelClient):
             kwargs["extra_body"] = self._extra_body
         return kwargs
 
-    async def complete(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
-        kwargs = self._request(messages, tools)
-        attempt = 0
-        while True:
-            try:
-                response = await self._client.chat.completions.create(**kwargs)
-                return _from_wire(response)
-            except openai.APIStatusError as exc:
-                self._raise_if_fatal(exc)
-                if exc.status_code not in RETRYABLE_STATUS or attempt >= self.settings.max_retries:
-                    raise ModelEndpointError(
-                        f"The model endpoint answered {exc.status_code} after {attempt + 1} attempts: {_error_text(exc)}"
-                    ) from exc
-                delay = backoff_delay(attempt, retry_after_seconds(exc.response.headers))
-            except (openai.APITimeoutError, openai.APIConnectionError) as exc:
-                if attempt >= self.settings.max_retries:
-                    raise ModelEndpointError(
-                        f"The model endpoint at {self.settings.base_url} could not be reached after "
-                        f"{attempt + 1} attempts: {exc}"
-                    ) from exc
-                delay = backoff_delay(attempt, None)
-            attempt += 1
-            log.debug("model call retry %d in %.1fs", attempt, delay)
-            await asyncio.sleep(delay)
+    async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
+        try:
+            response = await self._client.chat.completions.create(**self._request(messages, tools))
+        except openai.APIStatusError as exc:
+            raise self._classify(exc) from exc
+        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+            raise RetryableModelError(
+                f"The model endpoint at {self.settings.base_url} could not be reached: {exc}"
+            ) from exc
+        return _from_wire(response)
 
-    def _raise_if_fatal(self, exc: openai.APIStatusError) -> None:
-        if exc.status_code in (401, 403):
-            raise FatalModelError(
-                f"The model endpoint refused the API key ({exc.status_code}: {_error_text(exc)}); "
+    def _classify(self, exc: openai.APIStatusError) -> Exception:
+        status, text = exc.status_code, _error_text(exc)
+        if status in (401, 403):
+            return FatalModelError(
+                f"The model endpoint refused the API key ({status}: {text}); "
                 "pass a valid key with --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY."
-            ) from exc
-        if exc.status_code == 404:
-            raise FatalModelError(
-                f"The model endpoint does not know the model {self.settings.model!r} "
-                f"(404: {_error_text(exc)}); check --model and --base_url."
-            ) from exc
+            )
+        if status == 404:
+            return FatalModelError(
+                f"The model endpoint does not know the model {self.settings.model!r} ({status}: {text}); "
+                "check --model and --base_url."
+            )
+        if status in RETRYABLE_STATUS:
+            return RetryableModelError(
+                f"The model endpoint answered {status}: {text}", status=status,
+                retry_after=retry_after_seconds(exc.response.headers),
+            )
+        if status in (400, 413) and _CONTEXT_TOO_LONG.search(text):
+            return ModelOutcome(f"The conversation no longer fits the model's context ({text}).", reason="context_length", status=status)
+        return ModelCallError(f"The model endpoint refused the request ({status}: {text}).", status=status)
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -165,7 +162,7 @@ def _parse_arguments(raw: Optional[str]) -> Optional[dict]:
 
 def _from_wire(response) -> ModelResponse:
     if not response.choices:
-        raise ModelEndpointError("The model endpoint returned a response without choices.")
+        raise RetryableModelError("The model endpoint returned a response without choices.")
     choice = response.choices[0]
     msg = choice.message
     extra = msg.model_extra or {}
