@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Callable, Mapping, Optional
@@ -17,6 +18,8 @@ log = logging.getLogger("hermes_batch.agent")
 
 # finish reasons that end a session early although the model was not done
 _EARLY_STOPS = {"length": "length", "content_filter": "content_filter"}
+# a tool call may outlive --command_timeout by this much (killing a process tree, a slow sandbox) before it is cut
+TOOL_GRACE_S = 30.0
 
 
 @attrs.frozen
@@ -30,6 +33,7 @@ class AgentSettings:
     command_timeout: float = 180.0
     max_output_chars: int = 20000
     log_prefix_chars: int = 100
+    prompt_timeout: Optional[float] = None  # wall-clock limit of one prompt's whole session, sandbox included
 
 
 @attrs.frozen
@@ -54,6 +58,33 @@ class _Tally:
     failure: int = 0
 
 
+@attrs.define
+class SessionLog:
+    """What a session has done so far; owned by the caller, so a deadline or a failure keeps it."""
+
+    messages: list = attrs.Factory(list)  # assistant and tool Messages after the prompt
+    calls: list = attrs.Factory(list)  # a CallRecord per model request, failed attempts included
+    api_calls: int = 0
+    usage: Usage = Usage()
+    providers: list = attrs.Factory(list)
+    tallies: dict = attrs.Factory(dict)  # tool name -> _Tally
+    invalid: dict = attrs.Factory(dict)  # tool call id -> {"name", "reason"}
+
+    def result(self, *, completed: bool, end_reason: str) -> SessionResult:
+        """The session as it stands, ended for ``end_reason``."""
+        return SessionResult(
+            messages=tuple(self.messages),
+            api_calls=self.api_calls,
+            completed=completed,
+            partial=not completed,
+            end_reason=end_reason,
+            tool_stats={name: ToolStat(t.count, t.success, t.failure) for name, t in self.tallies.items()},
+            invalid_tool_calls=dict(self.invalid),
+            usage=self.usage,
+            providers=tuple(self.providers),
+        )
+
+
 def _is_failure(result: Mapping) -> bool:
     return result.get("error") is not None or result.get("success") is False
 
@@ -70,38 +101,39 @@ async def run_session(
     prompt: str,
     settings: AgentSettings,
     say: Optional[Callable[[str], None]] = None,
+    state: Optional[SessionLog] = None,
 ) -> SessionResult:
-    """Run the agent on ``prompt`` with ``tools`` until a final answer or ``max_turns`` model calls."""
+    """Run the agent on ``prompt`` with ``tools`` until a final answer or ``max_turns`` model calls.
+
+    The session is kept in ``state`` as it goes, so a caller that cuts it short still has the turns done.
+    """
     system = settings.system_prompt
     if settings.ephemeral_system_prompt:
         system = f"{system}\n\n{settings.ephemeral_system_prompt}" if system else settings.ephemeral_system_prompt
     head = ((Message("system", system),) if system else ()) + tuple(settings.prefill) + (Message("user", prompt),)
     specs = tuple(tool.spec() for tool in tools.values())
-    session: list[Message] = []
-    tallies = {name: _Tally() for name in tools}
-    invalid: list[dict] = []
-    usage = Usage()
-    providers: list[str] = []
-    api_calls = 0
+    state = state if state is not None else SessionLog()
+    session = state.messages
+    state.tallies.update((name, _Tally()) for name in tools)
     end_reason = "max_turns"
     completed = False
 
-    while api_calls < settings.max_turns:
+    while state.api_calls < settings.max_turns:
         try:
-            response = await client.complete(head + tuple(session), specs)
+            response = await client.complete(head + tuple(session), specs, calls=state.calls)
         except ModelOutcome as exc:
             end_reason = exc.reason
             break
-        api_calls += 1
-        usage = usage + response.usage
+        state.api_calls += 1
+        state.usage = state.usage + response.usage
         if response.provider:
-            providers.append(response.provider)
+            state.providers.append(response.provider)
         message = response.message
         session.append(message)
         if say:
             said = message.content or ("(reasoning) " + message.reasoning if message.reasoning else "")
             calls = f" -> calls {', '.join(c.name for c in message.tool_calls)}" if message.tool_calls else ""
-            say(f"turn {api_calls}: {_preview(said, settings.log_prefix_chars)}{calls}")
+            say(f"turn {state.api_calls}: {_preview(said, settings.log_prefix_chars)}{calls}")
         if response.finish_reason in _EARLY_STOPS:
             end_reason = _EARLY_STOPS[response.finish_reason]
             break
@@ -110,30 +142,20 @@ async def run_session(
             end_reason = "final_answer"
             break
         for call in message.tool_calls:
-            result = await _call_tool(call, tools, tallies, invalid, ctx)
+            result = await _call_tool(call, tools, state.tallies, state.invalid, ctx)
             content = json.dumps(result, ensure_ascii=False)
             if say:
                 say(f"  {call.name}({_preview(call.raw_arguments, settings.log_prefix_chars)}) -> "
                     f"{_preview(content, settings.log_prefix_chars)}")
             session.append(Message("tool", content, tool_call_id=call.id, name=call.name))
 
-    return SessionResult(
-        messages=tuple(session),
-        api_calls=api_calls,
-        completed=completed,
-        partial=not completed,
-        end_reason=end_reason,
-        tool_stats={name: ToolStat(t.count, t.success, t.failure) for name, t in tallies.items()},
-        invalid_tool_calls=tuple(invalid),
-        usage=usage,
-        providers=tuple(providers),
-    )
+    return state.result(completed=completed, end_reason=end_reason)
 
 
-async def _call_tool(call: ToolCall, tools, tallies, invalid: list, ctx: ToolContext) -> dict:
+async def _call_tool(call: ToolCall, tools, tallies, invalid: dict, ctx: ToolContext) -> dict:
     tool = tools.get(call.name)
     if tool is None:
-        invalid.append({"name": call.name, "reason": "unknown tool"})
+        invalid[call.id] = {"name": call.name, "reason": "unknown tool"}
         available = ", ".join(sorted(tools)) or "none"
         return {"error": f"Unknown tool {call.name!r}; the tools available are: {available}."}
     tally = tallies[call.name]
@@ -144,15 +166,21 @@ async def _call_tool(call: ToolCall, tools, tallies, invalid: list, ctx: ToolCon
         problem = validate(call.arguments, tool.parameters)
     if problem:
         tally.failure += 1
-        invalid.append({"name": call.name, "reason": problem})
+        invalid[call.id] = {"name": call.name, "reason": problem}
         return {"error": f"Invalid arguments for {call.name}: {problem}."}
+    limit = ctx.command_timeout + TOOL_GRACE_S
     try:
-        result = await tool.call(call.arguments, ctx)
+        async with asyncio.timeout(limit) as deadline:
+            result = await tool.call(call.arguments, ctx)
     except PromptFailure:
         raise
     except Exception as exc:  # a tool bug must not kill the session; the model sees the error
-        log.debug("tool %s raised", call.name, exc_info=True)
-        result = {"error": f"{type(exc).__name__}: {exc}"}
+        if isinstance(exc, TimeoutError) and deadline.expired():
+            log.warning("tool %s did not return within %g s; its call was abandoned", call.name, limit)
+            result = {"error": f"The tool did not finish within {limit:g} s and was stopped."}
+        else:
+            log.debug("tool %s raised", call.name, exc_info=True)
+            result = {"error": f"{type(exc).__name__}: {exc}"}
     if _is_failure(result):
         tally.failure += 1
     else:

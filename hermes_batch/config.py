@@ -57,6 +57,13 @@ class RunConfig:
     command_timeout: float = 180.0
     max_retries: int = 6  # retries of one failing model call before its prompt fails
     progress: Optional[bool] = None  # None: live display when stderr is a terminal
+    request_timeout: float = 600.0  # longest one model request may take
+    prompt_timeout: Optional[float] = None  # wall-clock limit of one prompt's session
+    max_concurrent_requests: Optional[int] = None  # None: --num_workers
+    max_requests_per_minute: Optional[float] = None
+    max_tokens_per_minute: Optional[float] = None
+    max_cost: Optional[float] = None  # USD; stop starting prompts once the run's reported cost reaches it
+    preflight: bool = True
 
     def __attrs_post_init__(self):
         for name in ("batch_size", "max_turns", "num_workers"):
@@ -74,6 +81,14 @@ class RunConfig:
             raise UsageError(f"--provider_sort must be one of {', '.join(PROVIDER_SORTS)}.")
         if self.resume and self.overwrite:
             raise UsageError("--resume and --overwrite contradict each other; pass one of them.")
+        for name in ("request_timeout", "prompt_timeout", "max_requests_per_minute", "max_tokens_per_minute"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise UsageError(f"--{name} must be more than 0, got {value:g}.")
+        if self.max_concurrent_requests is not None and self.max_concurrent_requests < 1:
+            raise UsageError(f"--max_concurrent_requests must be at least 1, got {self.max_concurrent_requests}.")
+        if self.max_cost is not None and self.max_cost < 0:
+            raise UsageError(f"--max_cost must be 0 or more, got {self.max_cost:g}.")
 
     def public(self) -> dict:
         """The configuration as saved in run.json: everything but the API key."""
@@ -81,10 +96,14 @@ class RunConfig:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in data.items()}
 
 
-def resolve_api_key(explicit: Optional[str], base_url: str, environ=os.environ) -> Optional[str]:
-    """``--api_key``, else OPENROUTER_API_KEY for OpenRouter URLs, else OPENAI_API_KEY."""
+def resolve_api_key(
+    explicit: Optional[str], base_url: str, environ=os.environ, model_client: Optional[str] = None
+) -> Optional[str]:
+    """``--api_key``, else ANTHROPIC_API_KEY for Anthropic, OPENROUTER_API_KEY for OpenRouter URLs, else OPENAI_API_KEY."""
     if explicit:
         return explicit
+    if model_client == "anthropic" or "api.anthropic.com" in base_url:
+        return environ.get("ANTHROPIC_API_KEY") or None
     if "openrouter.ai" in base_url and environ.get("OPENROUTER_API_KEY"):
         return environ["OPENROUTER_API_KEY"]
     return environ.get("OPENAI_API_KEY") or None

@@ -53,19 +53,36 @@ class SandboxError(PromptFailure):
     kind = "sandbox"
 
 
-class ModelCallError(Exception):
-    """One model call attempt went wrong; raised by ``ModelClient.send``."""
+class PromptTimeout(PromptFailure):
+    """--prompt_timeout passed before the model answered once: nothing worth saving, so --resume runs it again."""
 
-    def __init__(self, message: str, *, status: "int | None" = None):
+    kind = "timeout"
+
+
+class ModelCallError(Exception):
+    """One model call attempt went wrong; raised by ``ModelClient.send``.
+
+    ``provider`` is the upstream provider named in the error, when the endpoint says (OpenRouter does).
+    """
+
+    def __init__(self, message: str, *, status: "int | None" = None, provider: "str | None" = None):
         super().__init__(message)
         self.status = status
+        self.provider = provider
 
 
 class RetryableModelError(ModelCallError):
     """Worth another attempt: 429, 5xx, timeout, dropped connection."""
 
-    def __init__(self, message: str, *, status: "int | None" = None, retry_after: "float | None" = None):
-        super().__init__(message, status=status)
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: "int | None" = None,
+        retry_after: "float | None" = None,
+        provider: "str | None" = None,
+    ):
+        super().__init__(message, status=status, provider=provider)
         self.retry_after = retry_after
 
     @property
@@ -76,6 +93,6 @@ class RetryableModelError(ModelCallError):
 class ModelOutcome(ModelCallError):
     """The model side ended the session early (context too long, content filtered): saved as partial."""
 
-    def __init__(self, message: str, *, reason: str, status: "int | None" = None):
-        super().__init__(message, status=status)
+    def __init__(self, message: str, *, reason: str, status: "int | None" = None, provider: "str | None" = None):
+        super().__init__(message, status=status, provider=provider)
         self.reason = reason

@@ -16,6 +16,7 @@ import attrs
 from .records import ExecResult, Message, ModelResponse, SandboxSpec, ToolSpec, Trajectory
 
 if TYPE_CHECKING:
+    from .ratelimit import CallLimiter
     from .run_context import RunContext
 
 
@@ -41,8 +42,18 @@ class ModelSettings:
     providers_ignored: tuple = ()
     providers_order: tuple = ()
     provider_sort: Optional[str] = None
-    request_timeout: float = 600.0
+    request_timeout: float = 600.0  # longest one request may take before it counts as failed (and is retried)
     max_retries: int = 6
+    max_concurrent_requests: Optional[int] = None  # starting limit of calls in flight; None: no limit until a 429
+    max_requests_per_minute: Optional[float] = None
+    max_tokens_per_minute: Optional[float] = None
+
+
+# The probe sent by ModelClient.preflight; the scripted test server answers it without calling the script.
+PREFLIGHT_PROMPT = "This is a connectivity check. Reply with the single word: ready."
+PREFLIGHT_MAX_TOKENS = 16
+PREFLIGHT_TIMEOUT_S = 120.0
+PREFLIGHT_RETRIES = 3
 
 
 class ModelClient(abc.ABC):
@@ -50,6 +61,7 @@ class ModelClient(abc.ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    _limiter = None
 
     def __init__(self, settings: ModelSettings):
         self.settings = settings
@@ -69,11 +81,45 @@ class ModelClient(abc.ABC):
         ModelCallError (any other refusal: the prompt fails).
         """
 
-    async def complete(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
-        """``send`` with retries: jittered exponential backoff that honours Retry-After."""
-        from .retry import call_with_retries
+    async def complete(
+        self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...], *, calls: Optional[list] = None
+    ) -> ModelResponse:
+        """``send`` through the run's limiter: retries with backoff, adaptive concurrency, per-minute budgets.
 
-        return await call_with_retries(self, messages, tools)
+        Each attempt is appended to ``calls`` (a CallRecord: provider, latency, status).
+        """
+        return await self.limiter.call(self.send, messages, tools, calls=calls)
+
+    @property
+    def limiter(self) -> "CallLimiter":
+        """The gate every call of this client goes through (see :mod:`hermes_batch.ratelimit`)."""
+        if self._limiter is None:
+            from .ratelimit import CallLimiter
+
+            self._limiter = CallLimiter.from_settings(self.settings)
+        return self._limiter
+
+    async def preflight(self) -> None:
+        """One minimal request before any prompt runs, to check the endpoint, the key and the model name.
+
+        Raises FatalModelError for a refused key, an unknown model, or an endpoint
+        that still fails or cannot be reached after a few attempts.  The default
+        sends PREFLIGHT_PROMPT without tools through a copy of this client whose
+        settings ask for at most PREFLIGHT_MAX_TOKENS tokens.
+        """
+        from .ratelimit import check_endpoint
+
+        settings = attrs.evolve(
+            self.settings,
+            max_tokens=PREFLIGHT_MAX_TOKENS,
+            request_timeout=min(self.settings.request_timeout, PREFLIGHT_TIMEOUT_S),
+        )
+        probe = type(self)(settings)
+        try:
+            messages = (Message("user", PREFLIGHT_PROMPT),)
+            await check_endpoint(probe.send, messages, min(settings.max_retries, PREFLIGHT_RETRIES))
+        finally:
+            await probe.aclose()
 
     async def aclose(self) -> None:
         """Release connections."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import datetime, timezone
@@ -9,9 +10,9 @@ from typing import Callable, Mapping, Optional, Union
 
 import attrs
 
-from .agent import AgentSettings, run_session
+from .agent import AgentSettings, SessionLog, run_session
 from .conversation import to_sharegpt
-from .errors import FatalModelError, ModelCallError, PromptFailure
+from .errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeout
 from .interfaces import ModelClient, PromptJob, SandboxBackend, Tool, ToolContext
 from .records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
 
@@ -40,47 +41,63 @@ class PromptProcessor:
     async def process(self, job: PromptJob) -> Union[Trajectory, Failure]:
         row: PromptRow = job.row
         started = time.monotonic()
+        state = SessionLog()
         try:
-            return await self._run(job, row, started)
+            return await self._run(job, row, started, state)
         except FatalModelError:
             raise
         except PromptFailure as exc:
-            return self._failure(job, exc, type(exc).kind)
+            return self._failure(job, exc, type(exc).kind, state)
         except ModelCallError as exc:
-            return self._failure(job, exc, "model_request")
+            return self._failure(job, exc, "model_request", state)
         except Exception as exc:  # a bug in a plugin fails its prompt, not the run
             log.debug("[B%d:P%d] unexpected error", job.batch_num, row.prompt_index, exc_info=True)
-            return self._failure(job, exc, "internal")
+            return self._failure(job, exc, "internal", state)
 
-    async def _run(self, job: PromptJob, row: PromptRow, started: float) -> Trajectory:
+    async def _run(self, job: PromptJob, row: PromptRow, started: float, state: SessionLog) -> Trajectory:
         tools = {tool.name: tool for name in job.toolsets for tool in self.toolsets[name]}
         say = self._logger(job) if self.verbose else None
-        await self.backend.prepare_image(row.image)
-        spec = SandboxSpec(self.run_name, row.prompt_index, row.content_key, row.image, row.cwd)
-        sandbox = await self.backend.open(spec)
+        await self.backend.prepare_image(row.image)  # shared by every prompt of the image, so not on its clock
+        sandbox = None
         try:
-            ctx = ToolContext(sandbox, command_timeout=self.agent.command_timeout, max_output_chars=self.agent.max_output_chars)
-            result = await run_session(self.client, tools, ctx, row.prompt, self.agent, say)
+            # the deadline covers the session from opening the sandbox; closing it is outside, so it always happens
+            async with asyncio.timeout(self.agent.prompt_timeout) as deadline:
+                spec = SandboxSpec(self.run_name, row.prompt_index, row.content_key, row.image, row.cwd)
+                sandbox = await self.backend.open(spec)
+                ctx = ToolContext(sandbox, command_timeout=self.agent.command_timeout, max_output_chars=self.agent.max_output_chars)
+                result = await run_session(self.client, tools, ctx, row.prompt, self.agent, say, state)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            if not state.api_calls:
+                raise PromptTimeout(
+                    f"--prompt_timeout ({self.agent.prompt_timeout:g} s) passed before the model answered once."
+                ) from None
+            log.warning("[B%d:P%d] stopped by --prompt_timeout after %g s; saved as partial.",
+                        job.batch_num, row.prompt_index, self.agent.prompt_timeout)
+            result = state.result(completed=False, end_reason="timeout")
         finally:
-            await sandbox.close()
+            if sandbox is not None:
+                await sandbox.close()
         specs = tuple(tool.spec() for tool in tools.values())
         metadata = Metadata(
             batch_num=job.batch_num,
             timestamp=now_iso(),
             model=self.model,
             content_key=row.content_key,
-            id=row.id,
-            row=row.extra or None,
+            id="" if row.id is None else str(row.id),
+            row=row.extra,
             seed=self.seed,
             sandbox=self.backend.name,
-            image=row.image,
-            cwd=row.cwd,
+            image=row.image or "",
+            cwd=row.cwd or "",
             tools_offered=tuple(tools),
             end_reason=result.end_reason,
             invalid_tool_calls=result.invalid_tool_calls,
             duration_s=round(time.monotonic() - started, 3),
             usage=result.usage,
             providers=result.providers,
+            calls=tuple(state.calls),
         )
         trajectory = Trajectory(
             prompt_index=row.prompt_index,
@@ -95,7 +112,7 @@ class PromptProcessor:
         )
         return trajectory.with_tools(self.all_tools)
 
-    def _failure(self, job: PromptJob, exc: BaseException, kind: str) -> Failure:
+    def _failure(self, job: PromptJob, exc: BaseException, kind: str, state: SessionLog) -> Failure:
         row = job.row
         message = str(exc) or type(exc).__name__
         log.warning("[B%d:P%d] failed: %s", job.batch_num, row.prompt_index, message)
@@ -108,6 +125,9 @@ class PromptProcessor:
             message=message,
             timestamp=now_iso(),
             prompt=row.prompt,
+            api_calls=state.api_calls,
+            usage=state.usage,
+            calls=tuple(state.calls),
         )
 
     @staticmethod

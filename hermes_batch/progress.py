@@ -7,7 +7,7 @@ import collections
 import logging
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 log = logging.getLogger("hermes_batch.progress")
 
@@ -26,6 +26,7 @@ class Progress:
         self._live = None
         self._task: Optional[asyncio.Task] = None
         self.extra: dict[str, str] = {}  # lines other components want shown (e.g. rate limits)
+        self._sources: list[Callable[[], dict]] = []
 
     def start(self) -> None:
         self._started = time.monotonic()
@@ -37,6 +38,10 @@ class Progress:
             self._live.start()
         else:
             self._task = asyncio.get_running_loop().create_task(self._log_periodically())
+
+    def watch(self, source: Callable[[], dict]) -> None:
+        """Show what ``source()`` returns ({label: value}) at each refresh."""
+        self._sources.append(source)
 
     def dispatched(self) -> None:
         self.in_flight += 1
@@ -63,7 +68,10 @@ class Progress:
             f"{rate * 60:.1f} prompts/min",
             f"ETA {eta}",
         ]
-        parts += [f"{k} {v}" for k, v in self.extra.items()]
+        extra = dict(self.extra)
+        for source in self._sources:
+            extra.update(source())
+        parts += [f"{k} {v}" for k, v in extra.items()]
         return " | ".join(parts)
 
     def _render(self):

@@ -94,6 +94,15 @@ class ModelResponse:
 
 
 @frozen
+class CallRecord:
+    """One model request as sent: who served it, how long it took, its HTTP status (None: no answer)."""
+
+    provider: Optional[str] = None
+    latency_s: float = 0.0
+    status: Optional[int] = None
+
+
+@frozen
 class ToolSpec:
     """A tool as offered to the model: name, description and JSON schema of its arguments."""
 
@@ -154,19 +163,22 @@ class Metadata:
     timestamp: str
     model: str
     content_key: str
+    # Absent values are "" and {} rather than null: HuggingFace datasets fixes each column's type
+    # from the first block of the file, and a column that is null there cannot take values later.
     schema_version: int = SCHEMA_VERSION
-    id: Any = None
-    row: Optional[dict] = None
-    seed: Optional[int] = None
-    sandbox: Optional[str] = None
-    image: Optional[str] = None
-    cwd: Optional[str] = None
+    id: str = ""  # the row's id, as a string
+    row: dict = field(factory=dict)
+    seed: int = 0
+    sandbox: str = ""
+    image: str = ""
+    cwd: str = ""
     tools_offered: tuple[str, ...] = ()
-    end_reason: Optional[str] = None  # "final_answer", "max_turns", "length", "timeout", ...
-    invalid_tool_calls: tuple[dict, ...] = ()  # {"name", "reason"} each
+    end_reason: str = ""  # "final_answer", "max_turns", "length", "timeout", ...
+    invalid_tool_calls: dict[str, dict] = field(factory=dict)  # tool call id -> {"name", "reason"}
     duration_s: float = 0.0
     usage: Optional[Usage] = None
     providers: tuple[str, ...] = ()
+    calls: tuple[CallRecord, ...] = ()  # every request of the session, failed attempts included
 
 
 @frozen
@@ -212,6 +224,9 @@ class Failure:
     message: str
     timestamp: str
     prompt: str = ""
+    api_calls: int = 0  # model calls answered before the failure
+    usage: Optional[Usage] = None  # what those calls used and cost
+    calls: tuple[CallRecord, ...] = ()
     schema_version: int = SCHEMA_VERSION
 
 
@@ -225,6 +240,12 @@ class SessionInfo:
     invalid_skipped: int = 0
     seed: Optional[int] = None
     interrupted: bool = False
+    rate_limited_calls: int = 0  # model calls answered 429, retries included
+    concurrency_start: Optional[int] = None  # the adaptive limit of model calls in flight
+    concurrency_min: Optional[int] = None
+    concurrency_final: Optional[int] = None
+    cost: Optional[float] = None  # reported cost of every call of the session, in-flight prompts included
+    budget_reached: bool = False  # --max_cost stopped the dispatch of new prompts
 
 
 @frozen

@@ -1,9 +1,13 @@
-"""Backoff for model calls: exponential with full jitter, honouring Retry-After."""
+"""Backoff for model calls: exponential with full jitter, honouring Retry-After and rate-limit reset headers.
+
+The retry loop itself is :meth:`hermes_batch.ratelimit.CallLimiter.call`.
+"""
 
 from __future__ import annotations
 
 import email.utils
 import random
+import re
 import time
 from typing import Mapping, Optional
 
@@ -26,8 +30,12 @@ def retry_after_seconds(headers: Optional[Mapping[str, str]]) -> Optional[float]
     try:
         return max(0.0, float(raw))
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(raw) if raw else None
-        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+        pass
+    try:
+        parsed = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, parsed.timestamp() - time.time()) if parsed else None
 
 
 def backoff_delay(attempt: int, retry_after: Optional[float], *, base: float = 1.0, cap: float = 60.0) -> float:
@@ -37,20 +45,57 @@ def backoff_delay(attempt: int, retry_after: Optional[float], *, base: float = 1
     return random.uniform(0, min(cap, base * (2**attempt)))
 
 
-async def call_with_retries(client, messages, tools):
-    """``client.send`` until it succeeds, retrying RetryableModelError up to ``settings.max_retries`` times."""
-    import asyncio
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
-    from .errors import ModelEndpointError, RetryableModelError
 
-    settings = client.settings
-    attempt = 0
-    while True:
-        try:
-            return await client.send(messages, tools)
-        except RetryableModelError as exc:
-            if attempt >= settings.max_retries:
-                raise ModelEndpointError(f"{exc} (gave up after {attempt + 1} attempts)") from exc
-            delay = backoff_delay(attempt, exc.retry_after)
-        attempt += 1
-        await asyncio.sleep(delay)
+def _duration_seconds(raw: str) -> Optional[float]:
+    """``"1s"``, ``"6m0s"``, ``"20ms"`` (OpenAI's reset headers) or a plain number of seconds."""
+    raw = raw.strip()
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(raw)
+    if not parts or "".join(n + u for n, u in parts) != raw:
+        return None
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+def _reset_at_seconds(raw: str) -> Optional[float]:
+    """``x-ratelimit-reset``: epoch milliseconds (OpenRouter), epoch seconds, or seconds to wait."""
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    now = time.time()
+    if value > 1e11:
+        return max(0.0, value / 1000.0 - now)
+    if value > 1e9:
+        return max(0.0, value - now)
+    return max(0.0, value)
+
+
+def rate_limit_reset_seconds(headers: Optional[Mapping[str, str]]) -> Optional[float]:
+    """Seconds until a 429's limit resets, from OpenAI-style ``x-ratelimit-*`` headers, if any.
+
+    Of ``x-ratelimit-reset-requests`` and ``-tokens`` the exhausted one counts
+    (``remaining`` 0), else the sooner; ``x-ratelimit-reset`` is OpenRouter's.
+    """
+    if not headers:
+        return None
+    exhausted, every = [], []
+    for kind in ("requests", "tokens"):
+        raw = headers.get(f"x-ratelimit-reset-{kind}")
+        seconds = _duration_seconds(raw) if raw else None
+        if seconds is None:
+            continue
+        every.append(seconds)
+        if str(headers.get(f"x-ratelimit-remaining-{kind}", "")).strip() == "0":
+            exhausted.append(seconds)
+    if exhausted:
+        return max(exhausted)
+    if every:
+        return min(every)
+    raw = headers.get("x-ratelimit-reset")
+    return _reset_at_seconds(raw) if raw else None

@@ -30,7 +30,7 @@ from .resume import plan_resume, scan_finished
 from .run_context import RunContext
 from .runfolder import AppendLog, RunFolder, atomic_write_text, read_records, repair_torn_tail, validate_run_name
 from .serialization import from_json, to_json_line
-from .statistics import build_statistics, render_statistics
+from .statistics import build_statistics, render_statistics, reported_cost
 
 log = logging.getLogger("hermes_batch.run")
 
@@ -115,6 +115,9 @@ class Run:
         self.counts = collections.Counter()
         self.batch_logs: dict[int, AppendLog] = {}
         self.completed_batches: set[int] = set()
+        self.budget_reached = False
+        self.client = None
+        self.previous_cost = 0.0
 
     # --- before any model call -------------------------------------------------------------
 
@@ -192,6 +195,23 @@ class Run:
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.num_workers + 4, thread_name_prefix="hermes-batch")
         loop.set_default_executor(pool)
         fresh = not self.folder.has_outputs()
+        if cfg.resume:
+            self._repair_torn_tails()
+        finished = scan_finished(self.folder) if cfg.resume else collections.Counter()
+        self.previously_finished = sum(finished.values())
+        to_run = self._count_to_run(finished) if finished else self.report.valid
+        client = self.client = self.client_cls(self._model_settings())
+        self.previous_cost = reported_cost(self.folder) if cfg.resume and cfg.max_cost is not None else 0.0
+        if to_run and cfg.preflight and not self._over_budget():
+            # before the run folder is touched and any sandbox started: a refused key costs nothing to fix
+            try:
+                await client.preflight()
+            except HermesBatchError as exc:
+                await _quietly(client.aclose())
+                return RunResult(exc.exit_code, None, str(exc))
+            except asyncio.CancelledError:
+                await _quietly(client.aclose())
+                return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
         self.folder.create()
         self.context = RunContext(cfg.run_name, self.folder.dir, self.seed, cfg.verbose, cfg.log_prefix_chars, pool)
         self._write_run_json()
@@ -200,21 +220,16 @@ class Run:
                 "Distribution %r names toolsets that are not installed (%s); sampling among %s only.",
                 cfg.distribution, ", ".join(self.missing), ", ".join(sorted(self.available)),
             )
-        if cfg.resume:
-            self._repair_torn_tails()
-        finished = scan_finished(self.folder) if cfg.resume else collections.Counter()
-        self.previously_finished = sum(finished.values())
         # on record from the start, so a session killed before its first batch completes still counts
         self._save_checkpoint(interrupted=False)
-        to_run = self._count_to_run(finished) if finished else self.report.valid
         self.progress = Progress(total=to_run, enabled=cfg.progress)
+        self.progress.watch(client.limiter.summary)
         self.failed_logs = {
             "discarded": AppendLog(self.folder.discarded),
             "failed": AppendLog(self.folder.failed),
         }
         self.tracker = BatchTracker(self._batch_complete)
         backend = self.backend_cls(self.backend_config, self.context)
-        client = self.client_cls(self._model_settings())
         processor = PromptProcessor(
             run_name=cfg.run_name, model=cfg.model, seed=self.seed, client=client, backend=backend,
             toolsets=self.toolsets, all_tools=self.all_tools, agent=self._agent_settings(), verbose=cfg.verbose,
@@ -246,7 +261,28 @@ class Run:
             return RunResult(fatal.exit_code, statistics, str(fatal))
         if interrupted:
             return RunResult(EXIT_INTERRUPTED, statistics, "Interrupted; finished prompts are saved, run again with --resume to continue.")
-        return RunResult(EXIT_FAILED_PROMPTS if self.counts["failed"] else EXIT_OK, statistics)
+        status = EXIT_FAILED_PROMPTS if self.counts["failed"] else EXIT_OK
+        if self.budget_reached:
+            return RunResult(status, statistics, self._budget_message(to_run))
+        if cfg.max_cost is not None and client.limiter.cost is None and client.limiter.requests:
+            log.warning("The endpoint reported no cost, so --max_cost had no effect.")
+        return RunResult(status, statistics)
+
+    def _cost_so_far(self) -> float:
+        return self.previous_cost + (self.client.limiter.cost or 0.0)
+
+    def _over_budget(self) -> bool:
+        return self.config.max_cost is not None and self._cost_so_far() >= self.config.max_cost
+
+    def _budget_message(self, to_run: int) -> str:
+        cfg = self.config
+        not_started = to_run - sum(self.counts.values())
+        failed = f" and {self.counts['failed']} prompt(s) failed (see failed.jsonl)" if self.counts["failed"] else ""
+        return (
+            f"The cost budget --max_cost {cfg.max_cost:g} was reached (${self._cost_so_far():.4f} reported), so "
+            f"{not_started} prompt(s) were not started{failed}; run the same command with --resume and a higher "
+            "--max_cost to continue."
+        )
 
     def _repair_torn_tails(self) -> None:
         # also in files this session will never append to, so every file parses when the resume ends
@@ -263,6 +299,10 @@ class Run:
     def _jobs(self, rows):
         size = self.config.batch_size
         for row in rows:
+            if self._over_budget():
+                self.budget_reached = True
+                log.warning("The cost budget --max_cost %g is reached; no new prompt is started.", self.config.max_cost)
+                break
             batch = row.prompt_index // size
             rng = distributions.rng_for(self.seed, row.content_key)
             toolsets = distributions.sample_toolsets(self.distribution, self.available, rng)
@@ -307,6 +347,7 @@ class Run:
     # --- bookkeeping -------------------------------------------------------------------------
 
     def _session(self, interrupted: bool) -> SessionInfo:
+        limiter = self.client.limiter
         return SessionInfo(
             started_at=self.started_at,
             duration_s=round(time.monotonic() - self.started, 3),
@@ -314,6 +355,12 @@ class Run:
             invalid_skipped=self.report.invalid,
             seed=self.seed,
             interrupted=interrupted,
+            rate_limited_calls=limiter.rate_limited,
+            concurrency_start=limiter.start_limit,
+            concurrency_min=limiter.min_limit,
+            concurrency_final=limiter.limit,
+            cost=None if limiter.cost is None else round(limiter.cost, 6),
+            budget_reached=self.budget_reached,
         )
 
     def _save_checkpoint(self, interrupted: bool) -> Checkpoint:
@@ -363,6 +410,9 @@ class Run:
             reasoning_effort=cfg.reasoning_effort, reasoning_disabled=cfg.reasoning_disabled,
             providers_allowed=cfg.providers_allowed, providers_ignored=cfg.providers_ignored,
             providers_order=cfg.providers_order, provider_sort=cfg.provider_sort, max_retries=cfg.max_retries,
+            request_timeout=cfg.request_timeout,
+            max_concurrent_requests=cfg.max_concurrent_requests or cfg.num_workers,
+            max_requests_per_minute=cfg.max_requests_per_minute, max_tokens_per_minute=cfg.max_tokens_per_minute,
         )
 
     def _agent_settings(self) -> AgentSettings:
@@ -371,6 +421,7 @@ class Run:
             max_turns=cfg.max_turns, system_prompt=DEFAULT_SYSTEM_PROMPT,
             ephemeral_system_prompt=cfg.ephemeral_system_prompt, prefill=self.prefill,
             command_timeout=cfg.command_timeout, log_prefix_chars=cfg.log_prefix_chars,
+            prompt_timeout=cfg.prompt_timeout,
         )
 
 

@@ -12,6 +12,7 @@ from typing import Any, Optional, TypeVar
 
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.v import format_exception
 
 from .errors import ConfigError
 from .records import Discarded, Failure, Metadata, ToolCallRecord, Trajectory, Turn, ToolStat
@@ -75,11 +76,18 @@ def trajectory_to_dict(traj: Trajectory) -> dict:
     return record_converter.unstructure(traj)
 
 
+def _format_exception(exc: BaseException, type_) -> str:
+    # A validator's ValueError (raised by the class itself, so no type) is a sentence meant for the user.
+    if isinstance(exc, ValueError) and type_ is None and str(exc):
+        return str(exc)
+    return format_exception(exc, type_)
+
+
 def describe_structure_error(exc: BaseException, path: str = "$") -> str:
     """A short message for a cattrs error: ``$.field: reason``."""
     if isinstance(exc, (cattrs.ClassValidationError, cattrs.IterableValidationError)):
-        messages = cattrs.transform_error(exc, path=path)
-        return "; ".join(messages)
+        messages = cattrs.transform_error(exc, path=path, format_exception=_format_exception)
+        return "; ".join(m.removesuffix(" @ ") for m in messages)
     return f"{path}: {exc}"
 
 

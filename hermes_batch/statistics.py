@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .conversation import reasoning_counts
-from .records import Discarded, Failure, SessionInfo, Trajectory, Usage
+from .records import CallRecord, Discarded, Failure, SessionInfo, Trajectory, Usage
 from .resume import iter_finished
 from .runfolder import RunFolder, read_records
 from .serialization import record_converter
@@ -30,11 +30,14 @@ class _Scope:
         self.samples = self.completed = self.partial = self.model_calls = self.invalid_tool_calls = 0
         self.turns_with = self.turns_without = self.samples_without_reasoning = 0
         self.tools: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+        self.partial_by_reason: Counter = Counter()
 
     def add(self, traj: Trajectory) -> None:
         self.samples += 1
         self.completed += traj.completed
         self.partial += traj.partial
+        if traj.partial:
+            self.partial_by_reason[traj.metadata.end_reason or "unknown"] += 1
         self.model_calls += traj.api_calls
         self.invalid_tool_calls += len(traj.metadata.invalid_tool_calls)
         with_reasoning, without = reasoning_counts(traj.conversations)
@@ -57,6 +60,7 @@ class _Scope:
             "samples": self.samples,
             "completed": self.completed,
             "partial": self.partial,
+            "partial_by_reason": dict(sorted(self.partial_by_reason.items())),
             "model_calls": self.model_calls,
             "invalid_tool_calls": self.invalid_tool_calls,
             "tool_usage": usage,
@@ -68,6 +72,68 @@ class _Scope:
                 "samples_without_reasoning": self.samples_without_reasoning,
             },
         }
+
+
+class _Requests:
+    """Model requests per provider: count, errors, and latencies in whole milliseconds (for exact medians)."""
+
+    def __init__(self) -> None:
+        self.requests: Counter = Counter()
+        self.errors: Counter = Counter()
+        self.latency_ms: dict[str, Counter] = defaultdict(Counter)
+
+    def add(self, calls: Iterable[CallRecord]) -> None:
+        for call in calls:
+            provider = call.provider or "unknown"
+            self.requests[provider] += 1
+            if call.status != 200:
+                self.errors[provider] += 1
+            self.latency_ms[provider][int(round(call.latency_s * 1000))] += 1
+
+    def to_dict(self, sessions: Sequence[SessionInfo]) -> dict:
+        limits = [s for s in sessions if s.concurrency_start is not None]
+        return {
+            "requests": sum(self.requests.values()),
+            "errors": sum(self.errors.values()),
+            "rate_limited": sum(s.rate_limited_calls for s in sessions),
+            "concurrency_limit": {
+                "start": limits[-1].concurrency_start if limits else None,
+                "min": min(s.concurrency_min for s in limits) if limits else None,
+                "final": limits[-1].concurrency_final if limits else None,
+            },
+            "by_provider": {
+                name: {
+                    "requests": self.requests[name],
+                    "errors": self.errors[name],
+                    "median_latency_s": _median_ms(self.latency_ms[name]) / 1000,
+                }
+                for name in sorted(self.requests)
+            },
+        }
+
+
+def _median_ms(histogram: Counter) -> float:
+    total = sum(histogram.values())
+    seen = 0
+    values = sorted(histogram)
+    for i, value in enumerate(values):
+        seen += histogram[value]
+        if seen * 2 > total:
+            return float(value)
+        if seen * 2 == total:
+            return (value + values[i + 1]) / 2
+    return 0.0
+
+
+def reported_cost(folder: RunFolder) -> float:
+    """Cost reported for the run's records so far (finished and failed prompts), as statistics.json counts it."""
+    cost = 0.0
+    for record in iter_finished(folder):
+        usage = (record.trajectory if isinstance(record, Discarded) else record).metadata.usage
+        cost += (usage.cost or 0.0) if usage is not None else 0.0
+    for _line, failure in read_records(folder.failed, Failure):
+        cost += (failure.usage.cost or 0.0) if failure.usage is not None else 0.0
+    return cost
 
 
 def _epoch(timestamp: str) -> Optional[float]:
@@ -120,8 +186,13 @@ def build_statistics(
     failed_by_key: dict[str, Counter] = defaultdict(Counter)
     kinds_by_key: dict[str, dict[int, Counter]] = defaultdict(lambda: defaultdict(Counter))
     failure_records = 0
+    usage, usage_reported = Usage(), 0
+    requests = _Requests()
     for _line, failure in read_records(folder.failed, Failure):
         failure_records += 1
+        requests.add(failure.calls)
+        if failure.usage is not None:
+            usage += failure.usage
         session = clock.session_of(failure.timestamp)
         failed_by_key[failure.content_key][session] += 1
         kinds_by_key[failure.content_key][session][failure.error_kind] += 1
@@ -129,7 +200,6 @@ def build_statistics(
     finished, kept = _Scope(), _Scope()
     finished_by_key: dict[str, Counter] = defaultdict(Counter)  # only keys that ever failed, to bound memory
     by_filter = Counter({name: 0 for name in filters_run})
-    usage, usage_reported = Usage(), 0
     first_ts: Optional[str] = None
     last_ts: Optional[str] = None
     all_tools = set(tool_names)
@@ -150,6 +220,7 @@ def build_statistics(
         if meta.usage is not None:
             usage += meta.usage
             usage_reported += 1
+        requests.add(meta.calls)
         if meta.timestamp:
             first_ts = meta.timestamp if first_ts is None else min(first_ts, meta.timestamp)
             last_ts = meta.timestamp if last_ts is None else max(last_ts, meta.timestamp)
@@ -187,6 +258,7 @@ def build_statistics(
             "samples_reporting_usage": usage_reported,
         },
         "cost": None if usage.cost is None else round(usage.cost, 6),
+        "model_requests": requests.to_dict(sessions),
         "duration": {
             "total_s": round(sum(s.duration_s for s in sessions), 3),
             "sessions": [record_converter.unstructure(s) for s in sessions],
@@ -251,6 +323,15 @@ def render_statistics(stats: dict, console: Console) -> None:
             failures.add_row(kind, str(count))
         console.print(failures)
 
+    requests = stats.get("model_requests") or {}
+    if requests.get("by_provider"):
+        providers = Table(title="Model requests by provider")
+        for header in ("Provider", "Requests", "Errors", "Median latency"):
+            providers.add_column(header, justify="left" if header == "Provider" else "right")
+        for name, row in requests["by_provider"].items():
+            providers.add_row(name, str(row["requests"]), str(row["errors"]), f"{row['median_latency_s']:.3f} s")
+        console.print(providers)
+
     tokens = stats["tokens"]
     duration = stats["duration"]
     totals = Table(title="Totals", show_header=False)
@@ -263,8 +344,19 @@ def render_statistics(stats: dict, console: Console) -> None:
         ("Prompts failed", prompts["failed"]),
         ("Prompts skipped as invalid", prompts["skipped_invalid"]),
         ("Completed / partial (all finished)", f"{finished['completed']} / {finished['partial']}"),
+    ]
+    rows += [(f"  partial: {reason}", count) for reason, count in finished.get("partial_by_reason", {}).items()]
+    rows += [
         ("Model calls", finished["model_calls"]),
+    ]
+    if requests:
+        limit = requests["concurrency_limit"]
+        rows.append(("Requests / errors / rate-limited", f"{requests['requests']} / {requests['errors']} / {requests['rate_limited']}"))
+        if limit["start"] is not None:
+            rows.append(("Concurrency limit (start / min / final)", f"{limit['start']} / {limit['min']} / {limit['final']}"))
+    rows += [
         ("Tokens (prompt / completion)", f"{tokens['prompt']:,} / {tokens['completion']:,}"),
+        ("Tokens (reasoning / cached)", f"{tokens['reasoning']:,} / {tokens['cached']:,}"),
         ("Cost", "not reported" if stats["cost"] is None else f"${stats['cost']:.4f}"),
         ("Duration", f"{_fmt_duration(duration['total_s'])} over {len(duration['sessions'])} session(s)"),
     ]

@@ -90,5 +90,5 @@ def test_hundreds_of_sessions_at_once(tmp_path, model_server):
     result, wall = run_api(tmp_path, server, rows, num_workers=300, batch_size=50)
     assert result.exit_code == 0
     assert result.statistics["prompts"]["kept"] == 300
-    # 2 model calls at 0.5 s each: about 1 s if the 300 sessions really run together.
-    assert wall < 8, wall
+    # 2 model calls at 0.5 s each: about 1 s if the 300 sessions really run together (after a 0.5 s preflight).
+    assert wall < 8 + 0.5, wall

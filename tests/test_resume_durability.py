@@ -219,7 +219,7 @@ def test_torn_last_line_is_repaired_and_its_prompt_runs_again(tmp_path, runner, 
     result = runner.invoke(data, "run", *BASE, "--resume", server=third)
     assert result.exit_code == 0, result.output
     assert third.calls_for(torn_prompt) == CALLS_PER_SESSION
-    assert third.request_count == CALLS_PER_SESSION, "only the torn prompt runs again"
+    assert third.request_count == 1 + CALLS_PER_SESSION, "the preflight, then only the torn prompt runs again"
     assert_folder_parses(runner.folder())
     assert Counter(human(r) for r in read_jsonl(batch_file)) == Counter(prompts[5:])
     assert_each_once(runner, prompts)
@@ -233,7 +233,7 @@ def test_a_failure_in_a_session_killed_before_any_checkpoint_is_cleared_by_the_r
     prompts = [failing] + make_prompts(6)
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
     # every other prompt hangs, so no batch completes before the kill
-    first = model_server(RoutedScript(lambda p: _always_500 if p == failing else FAST), hang=lambda r: r.prompt != failing)
+    first = model_server(RoutedScript(lambda p: _always_500 if p == failing else FAST), hang=lambda r: r.prompt != failing and not r.preflight)
     proc = runner.spawn(data, "run", *BASE, "--num_workers", "3", server=first)
     cleanup_procs.append(proc)
     folder = runner.folder()
@@ -306,7 +306,7 @@ def test_reordered_and_extended_dataset_runs_only_the_new_rows(tmp_path, runner,
     assert result.exit_code == 0, result.output
 
     assert {p for p in old + new if second.calls_for(p)} == set(new)
-    assert second.request_count == len(new) * CALLS_PER_SESSION
+    assert second.request_count == 1 + len(new) * CALLS_PER_SESSION  # and the preflight
     merged = assert_each_once(runner, old + new)
     # the new rows are rows 10..14 of the new file, so they belong to batch 2
     assert sorted(t["prompt_index"] for t in merged if human(t) in new) == [10, 11, 12, 13, 14]
@@ -359,7 +359,7 @@ def test_discarded_prompts_stay_finished_and_failed_prompts_run_again(tmp_path, 
     result = runner.invoke(data, "run", *BASE, "--resume", server=second)
     assert result.exit_code == 0, result.output
     assert {p for p in dataset if second.calls_for(p)} == set(failing)
-    assert second.request_count == len(failing) * CALLS_PER_SESSION
+    assert second.request_count == 1 + len(failing) * CALLS_PER_SESSION  # and the preflight
 
     assert_each_once(runner, kept + failing)
     stats = statistics(runner)
@@ -377,6 +377,8 @@ def test_batch_numbers_are_fixed_whatever_order_prompts_finish_in(tmp_path, runn
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
 
     def slow_first(request):  # earlier prompts answer slower, so prompts finish in roughly reverse order
+        if request.preflight:
+            return 0.0
         return 0.02 * (13 - int(request.prompt.split()[1].rstrip(":")))
 
     args = (*BASE, "--batch_size", "4", "--num_workers", "8")
@@ -519,7 +521,7 @@ def test_sigterm_shuts_down_cleanly_with_its_own_status(tmp_path, runner, model_
     server = model_server(ToolLoopScript(tool_calls=1, command="sleep 30"), latency=0.05)
     proc = runner.spawn(data, "run", *BASE, "--num_workers", "3", server=server)
     cleanup_procs.append(proc)
-    wait_for(lambda: server.request_count >= 3, 60, "the first model calls", proc)
+    wait_for(lambda: server.request_count >= 1 + 3, 60, "the preflight and the first model calls", proc)
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err

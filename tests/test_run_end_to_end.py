@@ -82,7 +82,7 @@ def fifty(tmp_path_factory):
     with ScriptedModelServer(script, api_key=API_KEY) as server:
         runner = Runner(tmp_path, server)
         result = runner.invoke(dataset, "run", "--num_workers", "8", "--sandbox", "local")
-        requests = server.requests
+        requests = [r for r in server.requests if not r.preflight]
     return runner, result, rows, requests, script.peak
 
 
@@ -269,7 +269,7 @@ def test_skip_invalid_runs_the_valid_rows_and_counts_the_skipped(model_server, r
         (0, "first valid prompt"), (9, "last valid prompt"),
     ]
     assert [t["metadata"]["batch_num"] for t in trajectories] == [0, 1]
-    assert server.request_count == 4
+    assert server.request_count == 1 + 4  # the preflight, then two calls per prompt
     stats = json.loads((runner.folder() / "statistics.json").read_text())
     assert stats["prompts"]["skipped_invalid"] == 8
     assert stats["prompts"]["kept"] == 2
@@ -376,7 +376,7 @@ def test_ephemeral_system_prompt_and_prefill_are_sent_but_never_saved(model_serv
     )
     assert result.exit_code == 0, result.output
 
-    requests = server.requests
+    requests = [r for r in server.requests if not r.preflight]
     assert len(requests) == 6
     for request in requests:
         system, question, answer, prompt = request.messages[:4]
@@ -405,7 +405,8 @@ def test_provider_routing_reasoning_effort_and_max_tokens_reach_the_request(mode
     plain = runner.invoke(dataset, "plain")
     assert plain.exit_code == 0, plain.output
     for request in server.requests:
-        assert not {"provider", "reasoning", "max_tokens"} & set(request.body)
+        if not request.preflight:  # the preflight asks for a few tokens only
+            assert not {"provider", "reasoning", "max_tokens"} & set(request.body)
 
     routed = runner.invoke(
         dataset, "routed",
@@ -413,7 +414,7 @@ def test_provider_routing_reasoning_effort_and_max_tokens_reach_the_request(mode
         "--provider_sort", "price", "--reasoning_effort", "high", "--max_tokens", "123",
     )
     assert routed.exit_code == 0, routed.output
-    routed_requests = server.requests[4:]
+    routed_requests = [r for r in server.requests if not r.preflight][4:]
     assert len(routed_requests) == 4
     for request in routed_requests:
         assert request.body["provider"] == {"only": ["a", "b"], "ignore": ["c"], "order": ["b", "a"], "sort": "price"}
@@ -426,6 +427,6 @@ def test_reasoning_disabled_turns_reasoning_off_in_the_request(model_server, run
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(2))
     result = runner.invoke(dataset, "run", "--reasoning_disabled")
     assert result.exit_code == 0, result.output
-    assert server.request_count == 4
+    assert server.request_count == 1 + 4  # the preflight, then two calls per prompt
     for request in server.requests:
         assert request.body["reasoning"] in ({"enabled": False}, {"effort": "none"})

@@ -86,7 +86,8 @@ def test_tool_errors_turn_limits_truncation_and_the_default_filters(misbehaving,
     teleport = discarded["Use the teleport tool."]
     assert teleport["filters"] == ["hallucinated-tools"]
     assert "teleport" in teleport["reasons"][0]
-    assert teleport["trajectory"]["metadata"]["invalid_tool_calls"][0]["name"] == "teleport"
+    [invalid] = teleport["trajectory"]["metadata"]["invalid_tool_calls"].values()
+    assert invalid == {"name": "teleport", "reason": "unknown tool"}
 
     # invalid JSON and schema-mismatched arguments: error results, counted as failures
     bad = kept["Call the terminal badly."]
@@ -179,7 +180,7 @@ def test_rate_limits_are_retried_and_every_prompt_finishes(model_server, runner,
     assert result.exit_code == 0, result.output
     assert [t["prompt_index"] for t in runner.records("trajectories.jsonl")] == list(range(20))
     assert server.responses_by_status[429] >= 5
-    assert server.responses_by_status[200] == 40
+    assert server.responses_by_status[200] == 1 + 40  # the preflight, then two calls per prompt
     assert not (runner.folder() / "failed.jsonl").exists()
 
 
@@ -188,7 +189,8 @@ def test_a_model_that_always_fails_fails_its_prompts_with_exit_3(model_server, r
         ToolLoopScript(), errors=[ErrorRule(status=500, rate=1.0, retry_after=0, message="The GPU caught fire.")]
     )
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(3)])
-    result = runner.invoke(dataset, "run", "--max_retries", "2")
+    # without the preflight, which would stop the run before any prompt (see test_model_layer.py)
+    result = runner.invoke(dataset, "run", "--max_retries", "2", "--no_preflight")
     assert result.exit_code == 3, result.output
     assert server.request_count == 3 * 3  # one attempt and two retries per prompt
     failed = runner.records("failed.jsonl")
@@ -217,7 +219,7 @@ def test_a_wrong_api_key_stops_the_run_at_once(model_server, runner, tmp_path):
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(40)])
     result = runner.invoke(dataset, "run", "--num_workers", "4")
     assert result.exit_code == 2, result.output
-    assert server.request_count <= 4  # not one refused request per prompt
+    assert server.request_count == 1  # the preflight, not one refused request per prompt
     assert "API key" in result.stderr and "--api_key" in result.stderr
     assert "Traceback" not in result.output
     assert runner.records("failed.jsonl") == []
@@ -238,13 +240,13 @@ def test_an_unknown_model_stops_the_run_at_once(model_server, runner, tmp_path):
     assert runner.records("failed.jsonl") == []
 
 
-def test_nothing_listening_fails_the_prompts_with_a_clear_message(runner, tmp_path):
+def test_nothing_listening_without_preflight_fails_the_prompts_with_a_clear_message(runner, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     base_url = f"http://127.0.0.1:{port}/v1"
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(3)])
-    result = runner.invoke(dataset, "run", "--base_url", base_url, "--max_retries", "1")
+    result = runner.invoke(dataset, "run", "--base_url", base_url, "--max_retries", "1", "--no_preflight")
     assert result.exit_code == 3, result.output
     failed = runner.records("failed.jsonl")
     assert sorted(f["prompt_index"] for f in failed) == [0, 1, 2]

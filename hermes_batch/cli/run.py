@@ -63,7 +63,7 @@ def _setup_logging(verbose: bool) -> None:
 @_opt("distribution_file", type=click.Path(path_type=Path, dir_okay=False), is_eager=True, help="TOML or JSON file of more distributions.")
 @_opt("model", default=DEFAULT_MODEL, help="Model name sent to the endpoint.")
 @_opt("base_url", default=DEFAULT_BASE_URL, help="API base URL.")
-@_opt("api_key", default=None, help="API key [default: OPENROUTER_API_KEY or OPENAI_API_KEY].", show_default=False)
+@_opt("api_key", default=None, help="API key [default: ANTHROPIC_API_KEY for Anthropic, else OPENROUTER_API_KEY or OPENAI_API_KEY].", show_default=False)
 @_opt("max_turns", type=int, default=10, help="Most model calls per prompt.")
 @_opt("num_workers", type=int, default=4, help="Prompts processed at the same time.")
 @_opt("resume", is_flag=True, help="Continue the run from its outputs.")
@@ -93,6 +93,13 @@ def _setup_logging(verbose: bool) -> None:
 @_opt("output_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("data"), help="Parent folder of the run folder.")
 @_opt("command_timeout", type=float, default=180.0, help="Longest a tool command may run, in seconds.")
 @_opt("max_retries", type=int, default=6, help="Retries of a failing model call (429, 5xx, timeouts, dropped connections) before its prompt fails.")
+@_opt("request_timeout", type=float, default=600.0, help="Longest one model request may take, in seconds, before it is retried.")
+@_opt("prompt_timeout", type=float, default=None, help="Wall-clock limit of one prompt's whole session, in seconds; a prompt cut by it is saved as partial [default: none].")
+@_opt("max_concurrent_requests", type=int, default=None, help="Model calls in flight at the start; shrinks on 429 and grows back [default: --num_workers].")
+@_opt("max_requests_per_minute", type=float, default=None, help="Budget of model requests per minute [default: none].")
+@_opt("max_tokens_per_minute", type=float, default=None, help="Budget of prompt + completion tokens per minute [default: none].")
+@_opt("max_cost", type=float, default=None, help="Stop starting new prompts once the run's reported cost (USD, across resumes) reaches this [default: none].")
+@_opt("no_preflight", is_flag=True, help="Skip the one minimal request that checks endpoint, key and model before the run.")
 @click.option("--progress/--no-progress", default=None, help="Live progress display [default: when stderr is a terminal].")
 @_opt("list_distributions", is_flag=True, is_eager=True, expose_value=False, callback=_list_distributions, help="Print the distributions and exit.")
 def run_command(**options):
@@ -109,7 +116,7 @@ def run_command(**options):
         distribution_file=options["distribution_file"],
         model=options["model"],
         base_url=options["base_url"],
-        api_key=resolve_api_key(options["api_key"], options["base_url"]),
+        api_key=resolve_api_key(options["api_key"], options["base_url"], model_client=options["model_client"]),
         max_turns=options["max_turns"],
         num_workers=options["num_workers"],
         resume=options["resume"],
@@ -139,6 +146,13 @@ def run_command(**options):
         command_timeout=options["command_timeout"],
         max_retries=options["max_retries"],
         progress=options["progress"],
+        request_timeout=options["request_timeout"],
+        prompt_timeout=options["prompt_timeout"],
+        max_concurrent_requests=options["max_concurrent_requests"],
+        max_requests_per_minute=options["max_requests_per_minute"],
+        max_tokens_per_minute=options["max_tokens_per_minute"],
+        max_cost=options["max_cost"],
+        preflight=not options["no_preflight"],
     )
     sys.exit(execute(config))
 

@@ -14,11 +14,14 @@ from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, R
 from hermes_batch.interfaces import ModelClient, ModelSettings
 from hermes_batch.reasoning import extract_reasoning
 from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from hermes_batch.retry import RETRYABLE_STATUS, retry_after_seconds
+from hermes_batch.retry import RETRYABLE_STATUS, rate_limit_reset_seconds, retry_after_seconds
 
 log = logging.getLogger(__name__)
 
 _CONTEXT_TOO_LONG = re.compile(r"context.{0,20}(length|window)|maximum context|too many tokens|prompt is too long", re.I)
+# OpenRouter answers an unknown model with 400, not 404
+_UNKNOWN_MODEL = re.compile(r"not a valid model|model\b[^.]{0,80}\b(not found|does not exist)|unknown model|no such model", re.I)
+_CONTENT_FILTERED = re.compile(r"content[ _-]?(filter|management policy)", re.I)
 
 
 @hermes_batch.hookimpl
@@ -69,6 +72,8 @@ class OpenAIClient(ModelClient):
             body["reasoning"] = {"enabled": False} if is_openrouter(settings.base_url) else {"effort": "none"}
         elif settings.reasoning_effort:
             body["reasoning"] = {"effort": settings.reasoning_effort}
+        if is_openrouter(settings.base_url):
+            body["usage"] = {"include": True}  # OpenRouter's usage accounting: cost and cached tokens per call
         return body
 
     def _request(self, messages, tools) -> dict:
@@ -99,25 +104,36 @@ class OpenAIClient(ModelClient):
         return _from_wire(response)
 
     def _classify(self, exc: openai.APIStatusError) -> Exception:
-        status, text = exc.status_code, _error_text(exc)
+        status, text, provider = exc.status_code, _error_text(exc), _error_provider(exc)
         if status in (401, 403):
             return FatalModelError(
                 f"The model endpoint refused the API key ({status}: {text}); "
                 "pass a valid key with --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY."
             )
-        if status == 404:
+        if status == 404 or (status == 400 and _UNKNOWN_MODEL.search(text)):
             return FatalModelError(
                 f"The model endpoint does not know the model {self.settings.model!r} ({status}: {text}); "
                 "check --model and --base_url."
             )
         if status in RETRYABLE_STATUS:
+            headers = exc.response.headers
+            wait = retry_after_seconds(headers)
+            if wait is None and status == 429:
+                wait = rate_limit_reset_seconds(headers)
             return RetryableModelError(
-                f"The model endpoint answered {status}: {text}", status=status,
-                retry_after=retry_after_seconds(exc.response.headers),
+                f"The model endpoint answered {status}: {text}", status=status, retry_after=wait, provider=provider,
             )
         if status in (400, 413) and _CONTEXT_TOO_LONG.search(text):
-            return ModelOutcome(f"The conversation no longer fits the model's context ({text}).", reason="context_length", status=status)
-        return ModelCallError(f"The model endpoint refused the request ({status}: {text}).", status=status)
+            return ModelOutcome(
+                f"The conversation no longer fits the model's context ({text}).",
+                reason="context_length", status=status, provider=provider,
+            )
+        if status == 400 and (_error_code(exc) == "content_filter" or _CONTENT_FILTERED.search(text)):
+            return ModelOutcome(
+                f"The provider's content filter refused the conversation ({text}).",
+                reason="content_filter", status=status, provider=provider,
+            )
+        return ModelCallError(f"The model endpoint refused the request ({status}: {text}).", status=status, provider=provider)
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -130,6 +146,24 @@ def _error_text(exc: openai.APIStatusError) -> str:
         if isinstance(err, dict) and err.get("message"):
             return str(err["message"])
     return str(exc.message)
+
+
+def _error_field(exc: openai.APIStatusError) -> dict:
+    body = exc.body
+    err = body.get("error", body) if isinstance(body, dict) else None
+    return err if isinstance(err, dict) else {}
+
+
+def _error_code(exc: openai.APIStatusError) -> Optional[str]:
+    code = _error_field(exc).get("code")
+    return code if isinstance(code, str) else None
+
+
+def _error_provider(exc: openai.APIStatusError) -> Optional[str]:
+    """The upstream provider OpenRouter names in an error's metadata."""
+    metadata = _error_field(exc).get("metadata")
+    name = metadata.get("provider_name") if isinstance(metadata, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _to_wire(message: Message) -> dict:

@@ -30,6 +30,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Union
 import attrs
 from aiohttp import web
 
+from ..interfaces import PREFLIGHT_PROMPT
 from ..records import Usage
 
 REASONING_FORMATS = ("reasoning", "reasoning_details", "reasoning_content", "think_tags", "scratchpad", "none")
@@ -57,6 +58,11 @@ class ScriptRequest:
     def prompt(self) -> str:
         """Text of the first user message."""
         return next((m["content"] for m in self.messages if m["role"] == "user"), "")
+
+    @property
+    def preflight(self) -> bool:
+        """True for the probe hermes-batch sends before a run (``ModelClient.preflight``)."""
+        return not self.tools and self.prompt == PREFLIGHT_PROMPT
 
     @property
     def turn(self) -> int:
@@ -96,7 +102,7 @@ class Reply:
     tool_calls: tuple = attrs.field(default=(), converter=_to_tuple)
     finish_reason: Optional[str] = None  # default: "tool_calls" with calls, else "stop"
     usage: Optional[Usage] = None
-    provider: Optional[str] = None  # OpenRouter's top-level "provider"
+    provider: Optional[str] = None  # OpenRouter's top-level "provider" (in error replies: error.metadata.provider_name)
     status: int = 200
     headers: dict = attrs.field(factory=dict)
     error_message: Optional[str] = None
@@ -201,13 +207,18 @@ _ANTHROPIC_ERRORS = {
 }
 
 
-def _error_body(api: str, status: int, message: str, error_type: Optional[str] = None) -> dict:
+def _error_body(
+    api: str, status: int, message: str, error_type: Optional[str] = None, provider: Optional[str] = None
+) -> dict:
     if api == "anthropic":
         default = _ANTHROPIC_ERRORS.get(status, "api_error" if status >= 500 else "invalid_request_error")
         return {"type": "error", "error": {"type": error_type or default, "message": message}}
     fallback = ("server_error" if status >= 500 else "invalid_request_error", None)
     default_type, code = _OPENAI_ERRORS.get(status, fallback)
-    return {"error": {"message": message, "type": error_type or default_type, "param": None, "code": code}}
+    error = {"message": message, "type": error_type or default_type, "param": None, "code": code}
+    if provider is not None:
+        error["metadata"] = {"provider_name": provider}  # as OpenRouter names the upstream that failed
+    return {"error": error}
 
 
 class _BadRequest(Exception):
@@ -330,6 +341,9 @@ class ScriptedModelServer:
     Use ``with`` to run it in a background thread with its own event loop, or
     ``async with`` inside a running loop.  Sync scripts run on the event loop and
     must not block.  With ``record=False`` requests are counted but not kept.
+    The preflight probe of a run (``ScriptRequest.preflight``) is answered with
+    ``preflight_reply`` instead of calling the script (``None``: the script
+    answers it too); faults, latency and hangs apply to it like to any request.
     """
 
     def __init__(
@@ -345,6 +359,7 @@ class ScriptedModelServer:
         host: str = "127.0.0.1",
         port: int = 0,
         record: bool = True,
+        preflight_reply: Optional[Reply] = Reply(content="ready", finish_reason="stop"),
     ):
         self.script = script
         self.latency = latency
@@ -352,6 +367,7 @@ class ScriptedModelServer:
         self.api_key = api_key
         self.models = tuple(models) if models is not None else None
         self.hang = hang
+        self.preflight_reply = preflight_reply
         self.host = host
         self.port = port
         self.record = record
@@ -502,8 +518,9 @@ class ScriptedModelServer:
         message: str,
         headers: Optional[Mapping[str, str]] = None,
         error_type: Optional[str] = None,
+        provider: Optional[str] = None,
     ) -> web.Response:
-        return self._respond(status, _error_body(api, status, message, error_type), headers)
+        return self._respond(status, _error_body(api, status, message, error_type, provider), headers)
 
     async def _handle_openai(self, http: web.Request) -> web.Response:
         return await self._handle(http, "openai")
@@ -569,7 +586,10 @@ class ScriptedModelServer:
             headers = {"Retry-After": f"{rule.retry_after:g}"} if rule.retry_after is not None else None
             return self._error(api, rule.status, rule.message or f"Scripted error {rule.status}.", headers)
         try:
-            reply = self.script(request)
+            if self.preflight_reply is not None and request.preflight:
+                reply = self.preflight_reply
+            else:
+                reply = self.script(request)
             if inspect.isawaitable(reply):
                 reply = await reply
             if not isinstance(reply, Reply):
@@ -579,7 +599,7 @@ class ScriptedModelServer:
             return self._error(api, 500, f"The script raised {type(exc).__name__}: {exc}")
         if reply.status != 200:
             message = reply.error_message or f"Scripted error {reply.status}."
-            return self._error(api, reply.status, message, reply.headers, reply.error_type)
+            return self._error(api, reply.status, message, reply.headers, reply.error_type, reply.provider)
         usage = reply.usage or _estimate_usage(request, reply)
         render = self._render_anthropic if api == "anthropic" else self._render_openai
         return self._respond(200, render(request, reply, usage), reply.headers)
