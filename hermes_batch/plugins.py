@@ -19,6 +19,7 @@ ENTRY_POINT_GROUP = PROJECT_NAME
 
 DEFAULT_PLUGINS = (
     "hermes_batch.default_plugins.openai_client",
+    "hermes_batch.default_plugins.anthropic_client",
     "hermes_batch.default_plugins.local_sandbox",
     "hermes_batch.default_plugins.terminal_tools",
     "hermes_batch.default_plugins.file_tools",

@@ -1,5 +1,7 @@
 import json
 
+import attrs
+
 import pluggy
 import pytest
 
@@ -123,6 +125,34 @@ def test_huggingface_datasets_loads_the_merged_file(folder, tmp_path, monkeypatc
     assert set(ds.features["tool_stats"]) == {"read_file", "terminal", "web_search"}
     assert ds[0]["tool_stats"]["web_search"] == {"count": 0, "success": 0, "failure": 0}
     assert ds[6]["conversations"][1]["from"] == "human"
+
+
+def test_datasets_loads_a_big_file_whose_optional_fields_appear_late(tmp_path, monkeypatch):
+    """datasets types each column from the file's first block: absent values must not be null there."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    import datasets
+
+    path = tmp_path / "trajectories.jsonl"
+    padding = "x" * 2000  # ~25 MB in all, well past the reader's first block
+    with open(path, "w") as f:
+        for i in range(12000):
+            late = i >= 11000
+            t = traj(i, {"terminal": ToolStat(1, 1, 0)})
+            meta = attrs.evolve(
+                t.metadata,
+                id=f"row-{i}" if late else "",
+                row={"topic": "late"} if late else {},
+                image="img:1" if late else "",
+                cwd="/app" if late else "",
+                invalid_tool_calls={"call_1": {"name": "teleport", "reason": "unknown tool"}} if late else {},
+            )
+            t = attrs.evolve(t, metadata=meta, conversations=t.conversations + (Turn("gpt", padding),))
+            f.write(to_json_line(t))
+    ds = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=str(tmp_path / "hf-cache"))
+    assert ds.num_rows == 12000
+    last = ds[11999]["metadata"]
+    assert (last["id"], last["row"], last["image"], last["cwd"]) == ("row-11999", {"topic": "late"}, "img:1", "/app")
+    assert last["invalid_tool_calls"] == {"call_1": {"name": "teleport", "reason": "unknown tool"}}
 
 
 def test_the_plugin_registers_the_jsonl_writer():

@@ -16,7 +16,7 @@ from hermes_batch.plugins import PluginLoadWarning, collect, get_plugin_manager
 def test_default_plugins_register_the_core_features():
     registry = collect(get_plugin_manager(load_entry_points=False))
     assert registry.names("sandboxes") == ["local"]
-    assert registry.names("model_clients") == ["openai"]
+    assert registry.names("model_clients") == ["anthropic", "openai"]
     assert {"terminal", "file"} <= set(registry.names("toolsets"))
     assert registry.names("filters") == ["hallucinated-tools", "no-reasoning"]
     assert registry.names("writers") == ["jsonl"]

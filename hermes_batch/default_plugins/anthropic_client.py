@@ -1,0 +1,345 @@
+"""The native Anthropic client: the Messages API through the ``anthropic`` SDK.
+
+Trajectories come out exactly as from the OpenAI-compatible client: the
+thinking text becomes ``Message.reasoning`` (saved in ``<think>``), ``tool_use``
+blocks become ``ToolCall``s (saved in ``<tool_call>``).  The raw content blocks
+of each answer travel in ``Message.provider_data`` and are sent back unchanged,
+because the API rejects thinking blocks whose signature does not match.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+from urllib.parse import urlsplit
+
+import attrs
+
+import hermes_batch
+from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
+from hermes_batch.interfaces import ModelClient, ModelSettings
+from hermes_batch.reasoning import split_inline_reasoning
+from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
+from hermes_batch.retry import RETRYABLE_STATUS, retry_after_seconds
+
+if TYPE_CHECKING:
+    import anthropic
+
+log = logging.getLogger(__name__)
+
+ANTHROPIC_HOST = "api.anthropic.com"
+
+# --reasoning_effort -> thinking.budget_tokens (the API's minimum is 1024)
+THINKING_BUDGETS = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384, "xhigh": 32000}
+# Output tokens left for the answer when --max_tokens is not given (the API requires max_tokens).
+ANSWER_TOKENS = 8192
+MIN_THINKING_BUDGET = 1024
+DEFAULT_EFFORT = "medium"
+
+_CONTEXT_TOO_LONG = re.compile(
+    r"prompt is too long|exceed context limit|context.{0,20}(length|window)|too many tokens", re.I
+)
+_FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "content_filter",
+}
+_RESET_HEADER = re.compile(r"anthropic-ratelimit-(.+)-reset", re.I)
+
+
+@hermes_batch.hookimpl
+def register_model_clients(register):
+    register(AnthropicClient)
+
+
+def is_anthropic_url(base_url: str) -> bool:
+    """True for Anthropic's own API."""
+    try:
+        host = urlsplit(base_url).hostname or ""
+    except ValueError:
+        return False
+    return host == ANTHROPIC_HOST
+
+
+def sdk_base_url(base_url: str) -> str:
+    """The SDK appends ``/v1/messages`` itself: a trailing ``/v1`` given out of OpenAI habit is dropped."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def thinking_limits(settings: ModelSettings) -> tuple[Optional[int], int]:
+    """(thinking budget or None for no thinking, max_tokens) of each request."""
+    # Thinking is on unless turned off: the default no-reasoning filter would discard every sample.
+    effort = settings.reasoning_effort or DEFAULT_EFFORT
+    if settings.reasoning_disabled or effort == "none":
+        return None, settings.max_tokens or ANSWER_TOKENS
+    budget = THINKING_BUDGETS[effort]
+    if not settings.max_tokens:
+        return budget, budget + ANSWER_TOKENS
+    if budget < settings.max_tokens:
+        return budget, settings.max_tokens
+    # The budget must stay below max_tokens: give thinking half of what the user allows.
+    shrunk = settings.max_tokens // 2
+    if shrunk < MIN_THINKING_BUDGET:
+        log.warning(
+            "--max_tokens %d leaves no room for thinking (at least %d tokens); thinking is off.",
+            settings.max_tokens, MIN_THINKING_BUDGET,
+        )
+        return None, settings.max_tokens
+    return shrunk, settings.max_tokens
+
+
+class AnthropicClient(ModelClient):
+    """Anthropic's Messages API through the ``anthropic`` SDK's async client, with our own retry loop."""
+
+    name = "anthropic"
+    description = "Anthropic's Messages API (api.anthropic.com, or any endpoint that speaks it)."
+
+    def __init__(self, settings: ModelSettings):
+        super().__init__(settings)
+        # An explicit key, always: without one the SDK would look for profiles in the home folder.
+        api_key = settings.api_key or os.environ.get("ANTHROPIC_API_KEY") or "EMPTY"
+        # Imported here: the SDK costs ~40 MB, which runs with other clients should not pay.
+        import anthropic
+
+        self._sdk = anthropic
+        # The SDK's own retries know nothing of our run-wide stop on auth errors.
+        self._client = anthropic.AsyncAnthropic(
+            api_key=api_key,
+            base_url=sdk_base_url(settings.base_url),
+            max_retries=0,
+            timeout=settings.request_timeout,
+        )
+        self._budget, self._max_tokens = thinking_limits(settings)
+        self._provider = "Anthropic" if is_anthropic_url(settings.base_url) else None
+
+    @classmethod
+    def handles_base_url(cls, base_url: str) -> bool:
+        return is_anthropic_url(base_url)
+
+    def _request(self, messages, tools) -> dict:
+        system, wire = to_wire(messages)
+        kwargs: dict[str, Any] = {
+            "model": self.settings.model,
+            "messages": wire,
+            "max_tokens": self._max_tokens,
+            "timeout": self.settings.request_timeout,
+        }
+        if system:
+            kwargs["system"] = system
+        if tools:
+            kwargs["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools]
+        if self._budget is not None:
+            kwargs["thinking"] = {"type": "enabled", "budget_tokens": self._budget}
+        return kwargs
+
+    async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
+        try:
+            response = await self._client.messages.create(**self._request(messages, tools))
+        except self._sdk.APIStatusError as exc:
+            raise self._classify(exc) from exc
+        except (self._sdk.APITimeoutError, self._sdk.APIConnectionError) as exc:
+            raise RetryableModelError(
+                f"The Anthropic endpoint at {self.settings.base_url} could not be reached: {exc}"
+            ) from exc
+        return from_wire(response, self._provider)
+
+    def _classify(self, exc: anthropic.APIStatusError) -> Exception:
+        status, text = exc.status_code, _error_text(exc)
+        if status in (401, 403):
+            return FatalModelError(
+                f"The Anthropic endpoint refused the API key ({status}: {text}); "
+                "pass a valid key with --api_key or set ANTHROPIC_API_KEY."
+            )
+        if status == 404:
+            return FatalModelError(
+                f"The Anthropic endpoint does not know the model {self.settings.model!r} ({status}: {text}); "
+                "check --model and --base_url."
+            )
+        if status in RETRYABLE_STATUS or status >= 500:
+            return RetryableModelError(
+                f"The Anthropic endpoint answered {status}: {text}", status=status,
+                retry_after=rate_limit_wait(exc.response.headers),
+            )
+        if status in (400, 413) and _CONTEXT_TOO_LONG.search(text):
+            return ModelOutcome(
+                f"The conversation no longer fits the model's context ({text}).", reason="context_length", status=status
+            )
+        return ModelCallError(f"The Anthropic endpoint refused the request ({status}: {text}).", status=status)
+
+    async def preflight(self) -> None:
+        # The probe asks for a few tokens, too few for any thinking budget: check without thinking.
+        quiet = AnthropicClient(attrs.evolve(self.settings, reasoning_disabled=True))
+        try:
+            await ModelClient.preflight(quiet)
+        finally:
+            await quiet.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def _error_text(exc: anthropic.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+    return str(exc.message)
+
+
+def _reset_seconds(value: str, now: float) -> Optional[float]:
+    try:
+        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None
+    return max(0.0, moment.timestamp() - now)
+
+
+def rate_limit_wait(headers: Optional[Mapping[str, str]], now: Optional[float] = None) -> Optional[float]:
+    """Seconds to wait: ``retry-after``, else the reset time (RFC 3339) of an exhausted ``anthropic-ratelimit-*`` limit."""
+    wait = retry_after_seconds(headers)
+    if wait is not None or not headers:
+        return wait
+    now = time.time() if now is None else now
+    exhausted, every = [], []
+    for name, value in headers.items():
+        match = _RESET_HEADER.fullmatch(name)
+        seconds = _reset_seconds(value, now) if match else None
+        if seconds is None:
+            continue
+        every.append(seconds)
+        if str(headers.get(f"anthropic-ratelimit-{match.group(1)}-remaining", "")).strip() == "0":
+            exhausted.append(seconds)
+    if exhausted:
+        return max(exhausted)
+    return min(every) if every else None
+
+
+# --- conversion ----------------------------------------------------------------------------------
+
+
+def _tool_result(message: Message) -> dict:
+    block = {"type": "tool_result", "tool_use_id": message.tool_call_id, "content": message.content}
+    try:
+        result = json.loads(message.content)
+    except ValueError:
+        result = None
+    if isinstance(result, dict) and result.get("error") is not None:
+        block["is_error"] = True
+    return block
+
+
+def _assistant_content(message: Message) -> Any:
+    data = message.provider_data
+    if isinstance(data, dict) and isinstance(data.get("anthropic_content"), list):
+        return [dict(block) for block in data["anthropic_content"]]
+    blocks: list[dict] = []
+    if message.content:
+        blocks.append({"type": "text", "text": message.content})
+    for call in message.tool_calls:
+        arguments = call.arguments if call.arguments is not None else {}
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments})
+    return blocks or message.content
+
+
+def to_wire(messages) -> tuple[str, list]:
+    """(system prompt, Messages API messages) for a conversation.
+
+    System messages become the ``system`` parameter; the tool results that
+    follow one assistant turn become one user message of ``tool_result`` blocks,
+    in order.
+    """
+    system: list[str] = []
+    wire: list[dict] = []
+    results: list[dict] = []
+    for message in messages:
+        if message.role == "tool":
+            results.append(_tool_result(message))
+            continue
+        if results:
+            wire.append({"role": "user", "content": results})
+            results = []
+        if message.role == "system":
+            if message.content:
+                system.append(message.content)
+        elif message.role == "assistant":
+            wire.append({"role": "assistant", "content": _assistant_content(message)})
+        else:
+            wire.append({"role": "user", "content": message.content})
+    if results:
+        wire.append({"role": "user", "content": results})
+    return "\n\n".join(system), wire
+
+
+def _block_dict(block: Any) -> dict:
+    """A response content block as the request param the API accepts back."""
+    kind = getattr(block, "type", None)
+    if kind == "thinking":
+        return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+    if kind == "redacted_thinking":
+        return {"type": "redacted_thinking", "data": block.data}
+    if kind == "text":
+        return {"type": "text", "text": block.text}
+    if kind == "tool_use":
+        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+    return block.model_dump(mode="json", exclude_none=True)
+
+
+def from_wire(response, provider: Optional[str] = None) -> ModelResponse:
+    """A Messages API response as a provider-neutral ModelResponse."""
+    blocks = [_block_dict(b) for b in response.content or ()]
+    thoughts = [b["thinking"].strip() for b in blocks if b["type"] == "thinking" and (b["thinking"] or "").strip()]
+    text = "".join(b["text"] for b in blocks if b["type"] == "text")
+    inline, content = split_inline_reasoning(text)
+    if inline:
+        thoughts.append(inline)
+    calls = tuple(
+        ToolCall(
+            b["id"],
+            b["name"],
+            b["input"] if isinstance(b["input"], dict) else None,
+            b["input"] if isinstance(b["input"], str) else json.dumps(b["input"], ensure_ascii=False),
+        )
+        for b in blocks
+        if b["type"] == "tool_use"
+    )
+    message = Message(
+        "assistant",
+        content,
+        reasoning="\n\n".join(thoughts) or None,
+        tool_calls=calls,
+        provider_data={"anthropic_content": blocks} if blocks else None,
+    )
+    stop = response.stop_reason
+    return ModelResponse(
+        message=message,
+        finish_reason=_FINISH_REASONS.get(stop, stop),
+        usage=_usage(response.usage),
+        provider=provider,
+        model=response.model,
+    )
+
+
+def _usage(usage) -> Usage:
+    if usage is None:
+        return Usage()
+    cache_read = getattr(usage, "cache_read_input_tokens", None) or 0
+    cache_creation = getattr(usage, "cache_creation_input_tokens", None) or 0
+    details = getattr(usage, "output_tokens_details", None)
+    return Usage(
+        prompt_tokens=(usage.input_tokens or 0) + cache_read + cache_creation,
+        completion_tokens=usage.output_tokens or 0,
+        reasoning_tokens=getattr(details, "thinking_tokens", None) or 0,
+        cached_tokens=cache_read,
+    )
