@@ -1,0 +1,332 @@
+"""The ``docker`` sandbox backend: one hardened container per prompt, labelled so leftovers are found."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import posixpath
+import re
+import socket
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from hermes_batch.errors import ConfigError, SandboxError
+from hermes_batch.interfaces import SandboxBackend
+from hermes_batch.records import SandboxSpec
+
+from . import engine
+from .config import BASE_CAPABILITIES, DEFAULT_WORKDIR, DockerConfig
+from .engine import (
+    LABEL_CONTENT_KEY,
+    LABEL_HOST,
+    LABEL_PID,
+    LABEL_PROMPT,
+    LABEL_RUN,
+    LABEL_RUN_DIR,
+    LABEL_SESSION,
+    LIVE_SESSIONS,
+)
+from .sandbox import SHELL, DockerSandbox
+
+log = logging.getLogger("hermes_batch.docker")
+
+# PID 1 of every container: a shell that idles (and, as PID 1, reaps the orphans of commands).
+KEEPALIVE = "trap 'exit 0' TERM INT; while :; do sleep 3600; done"
+DEFAULT_CPUS = 2.0
+_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
+_ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+
+
+class _PullFailed(Exception):
+    pass
+
+
+class DockerBackend(SandboxBackend):
+    """Runs each prompt in a container of its own, created from the row's image or ``-S image=...``."""
+
+    name = "docker"
+    description = (
+        "One container per prompt from the row's image or -S image=..., with capabilities dropped, "
+        "no-new-privileges and pids, memory and CPU limits; commands through the Docker API."
+    )
+    Config = DockerConfig
+
+    def __init__(self, config: DockerConfig, run):
+        super().__init__(config, run)
+        self.api: Optional[docker.APIClient] = None
+        self.session = uuid.uuid4().hex[:16]
+        self.nano_cpus: Optional[int] = None
+        self._starting = asyncio.Semaphore(config.max_starting)
+        self._images: dict[str, asyncio.Future] = {}
+        self._open: set[DockerSandbox] = set()
+        self._background: set[asyncio.Future] = set()  # creations, removals and kills still running in threads
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    async def blocking(self, function, *args, **kwargs):
+        """Run a blocking SDK call in the run's thread pool."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.run.thread_pool, functools.partial(function, *args, **kwargs))
+
+    def in_background(self, function, *args) -> asyncio.Future:
+        """Start a blocking call that nobody waits for; ``shutdown`` does."""
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self.run.thread_pool, functools.partial(_quiet, function, *args))
+        self._background.add(future)
+        future.add_done_callback(self._background.discard)
+        return future
+
+    def _pool_size(self) -> int:
+        pool = self.run.thread_pool
+        return getattr(pool, "_max_workers", 32) + 16
+
+    # --- run lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect to the engine (ConfigError when it is down), check the options, remove leftovers."""
+        api = await self.blocking(engine.connect, self._pool_size())
+        try:
+            info = await self.blocking(api.info)
+            self.nano_cpus = int(self._cpus(info.get("NCPU") or os.cpu_count() or 1) * 1e9)
+            await self._check_network(api)
+        except BaseException:
+            api.close()
+            raise
+        self.api = api
+        LIVE_SESSIONS.add(self.session)
+        try:
+            await self._remove_leftovers()
+        except _ENGINE_ERRORS as exc:  # leftovers cost disk, not correctness: the run goes on
+            log.warning("Could not look for containers left by an earlier process of this run: %s", _explain(exc))
+
+    def _cpus(self, engine_cpus: int) -> float:
+        if self.config.cpus is None:
+            return min(DEFAULT_CPUS, float(engine_cpus))
+        if self.config.cpus > engine_cpus:
+            raise ConfigError(
+                f"-S cpus={self.config.cpus:g} is more than the {engine_cpus} CPUs of the Docker engine; "
+                f"give at most {engine_cpus}."
+            )
+        return self.config.cpus
+
+    async def _check_network(self, api: docker.APIClient) -> None:
+        network = self.config.network
+        if network in ("bridge", "none", "default"):
+            return
+        found = await self.blocking(api.networks, names=[network])
+        if not any(n.get("Name") == network for n in found):
+            raise ConfigError(
+                f"-S network={network}: the Docker engine has no network of that name; "
+                f"create it (docker network create {network}) or use bridge or none."
+            )
+
+    async def _remove_leftovers(self) -> None:
+        run_dir = _run_dir(self.run)
+
+        def sweep() -> int:
+            containers = engine.find_containers(self.api, self.run.run_name)
+            stale = [
+                c for c in containers
+                if c.get("Labels", {}).get(LABEL_RUN_DIR) == run_dir and not engine.owner_alive(c.get("Labels", {}))
+            ]
+            return engine.remove_all(self.api, stale)
+
+        removed = await self.blocking(sweep)
+        if removed:
+            log.warning(
+                "Removed %d container(s) left behind by an earlier process of run %r.", removed, self.run.run_name
+            )
+
+    async def shutdown(self) -> None:
+        """Remove every container of this process, also those whose creation was cut short."""
+        if self.api is None:
+            return
+        try:
+            await asyncio.gather(*(sandbox.close() for sandbox in list(self._open)), return_exceptions=True)
+            while self._background:
+                await asyncio.gather(*list(self._background), return_exceptions=True)
+
+            def sweep() -> int:
+                return engine.remove_all(self.api, engine.find_containers(self.api, **{LABEL_SESSION: self.session}))
+
+            await self.blocking(sweep)
+        finally:
+            LIVE_SESSIONS.discard(self.session)
+            self.api.close()
+
+    # --- images ---------------------------------------------------------------------------------
+
+    async def prepare_image(self, image: Optional[str]) -> None:
+        """Check the image, pulling it once if missing; every prompt that needs it waits for that one pull."""
+        await self._image(image or self.config.image)
+
+    async def _image(self, name: str) -> dict:
+        future = self._images.get(name)
+        if future is None:
+            loop = asyncio.get_running_loop()
+            future = self._images[name] = loop.run_in_executor(self.run.thread_pool, self._ensure_image, name)
+            # An unavailable image stays unavailable for this run: each of its prompts fails at once.
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return await asyncio.shield(future)
+
+    def _ensure_image(self, name: str) -> dict:
+        try:
+            return self.api.inspect_image(name)
+        except docker.errors.NotFound:
+            pass
+        except _ENGINE_ERRORS as exc:
+            raise SandboxError(f"The image {name!r} cannot be used: {_explain(exc)}.") from exc
+        if self.config.pull == "never":
+            raise SandboxError(
+                f"The image {name!r} is not on the Docker engine and -S pull=never forbids pulling it; "
+                f"build or pull it first (docker pull {name})."
+            )
+        log.info("Pulling the image %s.", name)
+        try:
+            for event in self.api.pull(name, stream=True, decode=True):
+                if isinstance(event, dict) and event.get("error"):
+                    raise _PullFailed(event["error"])
+            return self.api.inspect_image(name)
+        except (_PullFailed, *_ENGINE_ERRORS) as exc:
+            raise SandboxError(
+                f"The image {name!r} is not on the Docker engine and could not be pulled ({_explain(exc)}); "
+                f"build or pull it (docker pull {name}) or fix the prompt's image."
+            ) from exc
+
+    # --- containers --------------------------------------------------------------------------------
+
+    async def open(self, spec: SandboxSpec) -> DockerSandbox:
+        """Create and start the prompt's container, at most ``max_starting`` at once."""
+        if self.api is None:
+            raise SandboxError("The docker sandbox backend was not started.")
+        image = spec.image or self.config.image
+        info = await self._image(image)
+        workdir = self._workdir(spec.cwd, info)
+        run_part = _NAME_UNSAFE.sub("-", spec.run_name)[:60]
+        name = f"hermes-batch-{run_part}-p{spec.prompt_index}-{uuid.uuid4().hex[:8]}"
+        labels = {
+            LABEL_RUN: spec.run_name,
+            LABEL_RUN_DIR: _run_dir(self.run),
+            LABEL_PROMPT: str(spec.prompt_index),
+            LABEL_CONTENT_KEY: spec.content_key,
+            LABEL_HOST: socket.gethostname(),
+            LABEL_PID: str(os.getpid()),
+            LABEL_SESSION: self.session,
+        }
+        env = {str(key): str(value) for key, value in spec.env.items()}
+        loop = asyncio.get_running_loop()
+        async with self._starting:
+            future = loop.run_in_executor(
+                self.run.thread_pool, functools.partial(self._create, name, image, workdir, env, labels)
+            )
+            self._background.add(future)
+            future.add_done_callback(self._background.discard)
+            try:
+                container_id = await asyncio.shield(future)
+            except asyncio.CancelledError:
+                # The thread goes on and may still create the container: remove it when it does.
+                future.add_done_callback(self._remove_orphan)
+                raise
+        sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index)
+        self._open.add(sandbox)
+        return sandbox
+
+    def _workdir(self, cwd: Optional[str], image_info: dict) -> str:
+        if cwd:
+            return "/" + posixpath.normpath(posixpath.join("/", cwd)).lstrip("/")
+        if self.config.workdir:
+            return self.config.workdir
+        return (image_info.get("Config") or {}).get("WorkingDir") or DEFAULT_WORKDIR
+
+    def _create(self, name: str, image: str, workdir: str, env: dict, labels: dict) -> str:
+        config = self.config
+        memory = config.memory_bytes
+        host_config = self.api.create_host_config(
+            cap_drop=["ALL"],
+            cap_add=list(BASE_CAPABILITIES + config.cap_add),
+            security_opt=["no-new-privileges"],
+            privileged=False,
+            pids_limit=config.pids_limit,
+            mem_limit=memory,
+            memswap_limit=memory,  # no swap beyond the memory limit
+            nano_cpus=self.nano_cpus,
+            network_mode=config.network,
+        )
+        try:
+            created = self.api.create_container(
+                image,
+                name=name,
+                entrypoint=[SHELL, "-c"],
+                command=[KEEPALIVE],
+                working_dir=workdir,
+                environment=env,
+                labels=labels,
+                host_config=host_config,
+                stdin_open=False,
+                tty=False,
+            )
+        except _ENGINE_ERRORS as exc:
+            raise SandboxError(f"Could not create a container from the image {image!r}: {_explain(exc)}.") from exc
+        container_id = created["Id"]
+        try:
+            self.api.start(container_id)
+        except _ENGINE_ERRORS as exc:
+            _quiet(engine.remove_container, self.api, container_id)
+            raise SandboxError(f"Could not start a container from the image {image!r}: {_explain(exc)}.") from exc
+        return container_id
+
+    def _remove_orphan(self, future: asyncio.Future) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.in_background(engine.remove_container, self.api, future.result())
+
+    async def remove(self, sandbox: DockerSandbox) -> None:
+        """Kill and remove a sandbox's container (``shutdown`` sweeps what this misses)."""
+        self._open.discard(sandbox)
+        future = self.in_background(engine.remove_container, self.api, sandbox.id)
+        await asyncio.shield(future)
+
+    def dead_reason(self, container_id: str) -> Optional[str]:
+        """Why a container no longer runs, or None while it runs."""
+        try:
+            state = self.api.inspect_container(container_id).get("State") or {}
+        except docker.errors.NotFound:
+            return "was removed from outside"
+        if state.get("Running") and not state.get("Paused"):
+            return None
+        if state.get("OOMKilled"):
+            return f"was killed for running out of memory (-S memory={self.config.memory})"
+        if state.get("Paused"):
+            return "was paused from outside"
+        return f"was killed or stopped from outside (exit status {state.get('ExitCode')})"
+
+    def put_archive(self, container_id: str, archive: bytes) -> None:
+        # The SDK's put_archive cannot refuse to replace a folder by a file (noOverwriteDirNonDir),
+        # and without it a write to a folder's path would delete the folder.
+        api = self.api
+        url = api._url("/containers/{0}/archive", container_id)
+        response = api._put(url, params={"path": "/", "noOverwriteDirNonDir": True}, data=archive)
+        api._raise_for_status(response)
+
+
+def _run_dir(run) -> str:
+    return str(Path(run.run_dir).resolve())
+
+
+def _explain(exc: BaseException) -> str:
+    text = getattr(exc, "explanation", None) or str(exc) or type(exc).__name__
+    text = str(text).strip()
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _quiet(function, *args) -> None:
+    try:
+        function(*args)
+    except Exception:  # a cleanup step; the shutdown sweep retries what is left
+        log.debug("docker cleanup step failed", exc_info=True)

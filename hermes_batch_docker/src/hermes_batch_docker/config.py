@@ -1,0 +1,117 @@
+"""Options of the docker sandbox (``-S key=value``), validated before the run starts."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from typing import Any, Optional
+
+import attrs
+
+DEFAULT_IMAGE = "python:3.11-slim"
+DEFAULT_WORKDIR = "/workspace"  # when neither the row nor the image names one
+
+# What a shell session run as root needs: own files, change owners and modes, switch users
+# (package managers drop privileges), signal its own processes, bind low ports.
+BASE_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE")
+
+KNOWN_CAPABILITIES = frozenset(
+    """AUDIT_CONTROL AUDIT_READ AUDIT_WRITE BLOCK_SUSPEND BPF CHECKPOINT_RESTORE CHOWN DAC_OVERRIDE
+    DAC_READ_SEARCH FOWNER FSETID IPC_LOCK IPC_OWNER KILL LEASE LINUX_IMMUTABLE MAC_ADMIN MAC_OVERRIDE
+    MKNOD NET_ADMIN NET_BIND_SERVICE NET_BROADCAST NET_RAW PERFMON SETFCAP SETGID SETPCAP SETUID
+    SYS_ADMIN SYS_BOOT SYS_CHROOT SYS_MODULE SYS_NICE SYS_PACCT SYS_PTRACE SYS_RAWIO SYS_RESOURCE
+    SYS_TIME SYS_TTY_CONFIG SYSLOG WAKE_ALARM""".split()
+)
+# Each of these lets a process reach past the container (mount, load modules, read host files by handle).
+ESCAPE_CAPABILITIES = frozenset(
+    {"SYS_ADMIN", "SYS_MODULE", "SYS_RAWIO", "SYS_BOOT", "DAC_READ_SEARCH", "MAC_ADMIN", "MAC_OVERRIDE", "BPF"}
+)
+
+MIN_MEMORY = 6 * 1024 * 1024  # the engine refuses less
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_NETWORK_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+
+
+def default_max_starting() -> int:
+    """Containers created at the same time: twice the cores, between 2 and 16."""
+    return max(2, min(16, 2 * (os.cpu_count() or 1)))
+
+
+def parse_memory(value: Any) -> int:
+    """``4g``, ``512m``, ``1.5g`` or a number of bytes, as bytes."""
+    if isinstance(value, bool):
+        raise ValueError(f"memory must be a size such as 512m or 4g, got {value!r}")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and (match := _SIZE.match(value)):
+        size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    else:
+        raise ValueError(f"memory must be a size such as 512m or 4g, got {value!r}")
+    if size < MIN_MEMORY:
+        raise ValueError(f"memory must be at least 6m (the Docker engine refuses less), got {value!r}")
+    return size
+
+
+def _capabilities(value: Any) -> tuple:
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"cap_add must be capability names such as NET_RAW or [\"NET_RAW\", \"SYS_PTRACE\"], got {value!r}")
+    names = []
+    for raw in value:
+        name = raw.strip().upper().removeprefix("CAP_")
+        if name == "ALL":
+            raise ValueError("cap_add=ALL is refused: the docker sandbox never runs containers with every capability")
+        if name not in KNOWN_CAPABILITIES:
+            raise ValueError(f"cap_add: {raw!r} is not a Linux capability")
+        if name in ESCAPE_CAPABILITIES:
+            raise ValueError(f"cap_add: {name} would let commands reach past the container, so it is never granted")
+        if name not in names and name not in BASE_CAPABILITIES:
+            names.append(name)
+    return tuple(names)
+
+
+def _check_memory(_instance, _attribute, value) -> None:
+    parse_memory(value)
+
+
+def _check_network(_instance, _attribute, value: str) -> None:
+    if value == "host" or value.startswith("container:"):
+        raise ValueError(f"network={value} would share a network namespace outside the container; use bridge, none or a network you created")
+    if not _NETWORK_NAME.match(value):
+        raise ValueError(f"network must be bridge, none or the name of a Docker network, got {value!r}")
+
+
+def _check_workdir(_instance, _attribute, value: Optional[str]) -> None:
+    if value is not None and not posixpath.isabs(value):
+        raise ValueError(f"workdir must be an absolute path inside the container, got {value!r}")
+
+
+def _at_least(minimum, name):
+    def check(_instance, _attribute, value) -> None:
+        if value is not None and value < minimum:
+            raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class DockerConfig:
+    """Options of the docker sandbox (``-S key=value``)."""
+
+    image: str = attrs.field(default=DEFAULT_IMAGE, validator=attrs.validators.min_len(1))  # for rows without one
+    memory: Any = attrs.field(default="4g", validator=_check_memory)  # per container; 512m, 4g, or bytes
+    cpus: Optional[float] = attrs.field(default=None, validator=_at_least(0.01, "cpus"))  # None: min(2, engine CPUs)
+    pids_limit: int = attrs.field(default=1024, validator=_at_least(16, "pids_limit"))
+    network: str = attrs.field(default="bridge", validator=_check_network)  # "none" cuts the container off
+    cap_add: Any = attrs.field(default=(), converter=_capabilities)  # beyond BASE_CAPABILITIES
+    workdir: Optional[str] = attrs.field(default=None, validator=_check_workdir)  # for rows without a cwd
+    pull: str = attrs.field(default="missing", validator=attrs.validators.in_(("missing", "never")))
+    max_starting: int = attrs.field(factory=default_max_starting, validator=_at_least(1, "max_starting"))
+    max_output_bytes: int = attrs.field(default=1_000_000, validator=_at_least(1024, "max_output_bytes"))
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_memory(self.memory)

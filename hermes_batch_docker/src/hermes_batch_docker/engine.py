@@ -1,0 +1,111 @@
+"""Talking to the Docker engine: the connection, the labels on our containers, finding leftovers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Iterable, Optional
+
+import docker
+import docker.errors
+from docker.utils import kwargs_from_env
+
+from hermes_batch.errors import ConfigError
+
+log = logging.getLogger("hermes_batch.docker")
+
+LABEL_RUN = "org.hermes-batch.run"
+LABEL_RUN_DIR = "org.hermes-batch.run-dir"
+LABEL_PROMPT = "org.hermes-batch.prompt"
+LABEL_CONTENT_KEY = "org.hermes-batch.content-key"
+LABEL_HOST = "org.hermes-batch.host"
+LABEL_PID = "org.hermes-batch.pid"
+LABEL_SESSION = "org.hermes-batch.session"
+
+API_TIMEOUT_S = 120  # one Docker API request; pulls of large images are covered by the engine's own progress
+
+# Sessions of this process whose containers are still in use (several runs can share a process in tests).
+LIVE_SESSIONS: set[str] = set()
+
+
+def engine_address() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def connect(max_pool_size: int = 64, timeout: float = API_TIMEOUT_S) -> docker.APIClient:
+    """A client of the engine named by DOCKER_HOST (else the local socket); ConfigError when it does not answer."""
+    try:
+        client = docker.APIClient(
+            **kwargs_from_env(), version="auto", timeout=timeout, max_pool_size=max_pool_size
+        )
+        client.ping()
+        return client
+    except Exception as exc:  # the SDK raises DockerException, requests errors or OSError
+        reason = _short_reason(exc)
+        raise ConfigError(
+            f"The Docker engine at {engine_address()} is not reachable ({reason}); start it "
+            "(`sudo systemctl start docker`, or `sudo dockerd &` where there is no systemd) "
+            "or point DOCKER_HOST at a running engine."
+        ) from exc
+
+
+def _short_reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    for marker in ("Connection refused", "No such file or directory", "Permission denied", "timed out"):
+        if marker.lower() in text.lower():
+            return marker.lower()
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def owner_alive(labels: dict) -> bool:
+    """Whether the hermes-batch process that made a container may still run.
+
+    Only a process of this machine can be checked; one of another machine (an
+    engine shared by several hosts) is taken to be running.
+    """
+    if labels.get(LABEL_HOST) != socket.gethostname():
+        return True
+    try:
+        pid = int(labels.get(LABEL_PID, ""))
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return labels.get(LABEL_SESSION) in LIVE_SESSIONS
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def find_containers(client: docker.APIClient, run_name: Optional[str] = None, **labels: str) -> list[dict]:
+    """Containers (running or not) made by hermes-batch, of one run if ``run_name`` is given."""
+    filters = [f"{LABEL_RUN}={run_name}" if run_name is not None else LABEL_RUN]
+    filters += [f"{key}={value}" for key, value in labels.items()]
+    return client.containers(all=True, filters={"label": filters})
+
+
+def remove_container(client: docker.APIClient, container_id: str) -> bool:
+    """Kill and remove a container with its anonymous volumes; False when it was already gone."""
+    try:
+        client.remove_container(container_id, force=True, v=True)
+        return True
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.APIError as exc:
+        if exc.status_code == 409 and "already in progress" in str(exc):
+            return False
+        raise
+
+
+def remove_all(client: docker.APIClient, containers: Iterable[dict]) -> int:
+    removed = 0
+    for container in containers:
+        try:
+            removed += remove_container(client, container["Id"])
+        except docker.errors.APIError as exc:
+            log.warning("Could not remove the container %s: %s", container["Id"][:12], exc)
+    return removed

@@ -1,0 +1,266 @@
+"""One prompt's container: commands through the Docker exec API, files through exec and archives."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import io
+import os
+import posixpath
+import tarfile
+import time
+from typing import TYPE_CHECKING, Optional
+
+import attrs
+import docker.errors
+import requests.exceptions
+
+from hermes_batch.errors import SandboxError
+from hermes_batch.interfaces import Sandbox
+from hermes_batch.records import ExecResult
+
+from .streams import Bounded, ExecStream
+
+if TYPE_CHECKING:
+    from .backend import DockerBackend
+
+SHELL = "/bin/sh"
+# Every exec is the leader of a new session and process group (runc calls setsid), so the wrapper's
+# pid names the group to kill.  It prints that pid, merges stderr into stdout (their order kept),
+# then becomes the command's own non-login shell.
+RUN_WRAPPER = 'echo "$$"; exec 2>&1; exec /bin/sh -c "$1"'
+READ_WRAPPER = 'echo "$$"; if [ -d "$1" ]; then exit 21; fi; if [ ! -e "$1" ]; then exit 2; fi; exec cat "$1"'
+KILL_GROUP = 'kill -9 -"$1" 2>/dev/null || kill -9 "$1" 2>/dev/null; exit 0'
+# After the kill, only processes that left the group can still hold the output open.
+POST_KILL_DRAIN_S = 0.5
+PID_WAIT_S = 2.0
+READ_TIMEOUT_S = 120.0
+DEATH_NOTICE_POLLS = 60  # times 50 ms
+MAX_READ_BYTES = 256 * 1024 * 1024
+_ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+
+
+@attrs.define
+class _Outcome:
+    exit_code: Optional[int]
+    timed_out: bool
+
+
+class DockerSandbox(Sandbox):
+    """A container of its own; each command is a ``/bin/sh -c`` exec with the container's environment only."""
+
+    def __init__(self, backend: "DockerBackend", container_id: str, name: str, workdir: str, prompt_index: int):
+        self.id = container_id
+        self.name = name
+        self.prompt_index = prompt_index
+        self._workdir = workdir
+        self._backend = backend
+        self._max_output = backend.config.max_output_bytes
+        self._closed = False
+
+    @property
+    def workdir(self) -> str:
+        return self._workdir
+
+    # --- commands ------------------------------------------------------------------------
+
+    async def exec(self, command: str, timeout: float) -> ExecResult:
+        """Run ``command`` with ``/bin/sh -c``; at ``timeout`` SIGKILL its whole process group."""
+        output = Bounded(self._max_output)
+        outcome = await self._run([SHELL, "-c", RUN_WRAPPER, "sh", command], timeout, output)
+        return ExecResult(output.text(), outcome.exit_code, outcome.timed_out)
+
+    async def _run(self, argv: list, timeout: float, stdout: Bounded, stderr: Optional[Bounded] = None) -> _Outcome:
+        self._check_open()
+        api = self._backend.api
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout, 0.0)
+        created = await self._call(api.exec_create, self.id, argv, stdout=True, stderr=True, stdin=False, tty=False)
+        exec_id = created["Id"]
+        sock = await self._call(api.exec_start, exec_id, socket=True)
+        stream = ExecStream(sock, loop, stdout, stderr)
+        stream.start()
+        settled = False  # False while a cancellation could still hit us
+        try:
+            done, _ = await asyncio.wait({stream.done}, timeout=max(timeout, 0.0))
+            settled = True
+            if not done:
+                await self._kill(stream)
+                await asyncio.wait({stream.done}, timeout=POST_KILL_DRAIN_S)
+                return _Outcome(None, True)
+        finally:
+            if not stream.done.done():
+                stream.interrupt()
+            if not settled:  # cancelled: stop the command, but do not wait for it
+                self._kill_soon(stream)
+        exit_code = await self._exit_code(exec_id, deadline)
+        if exit_code is None:  # the command closed its output but ran on until the timeout
+            await self._kill(stream)
+            return _Outcome(None, True)
+        if exit_code >= 128 or stream.error is not None:
+            # Killed by a signal: maybe the container itself died.
+            await self._raise_if_dead("while a command ran")
+        return _Outcome(exit_code, False)
+
+    async def _exit_code(self, exec_id: str, deadline: float) -> Optional[int]:
+        loop = asyncio.get_running_loop()
+        delay = 0.005
+        while True:
+            info = await self._call(self._backend.api.exec_inspect, exec_id)
+            if not info.get("Running"):
+                return info.get("ExitCode")
+            if loop.time() >= deadline:
+                return None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    async def _kill(self, stream: ExecStream) -> None:
+        try:
+            pid = await asyncio.wait_for(asyncio.shield(stream.pid_known), PID_WAIT_S)
+        except asyncio.TimeoutError:
+            pid = None
+        if pid is not None:
+            await self._backend.blocking(self._kill_sync, pid, True)
+
+    def _kill_soon(self, stream: ExecStream) -> None:
+        if stream.pid is not None:
+            self._backend.in_background(self._kill_sync, stream.pid, False)
+
+    def _kill_sync(self, pid: int, raise_if_dead: bool) -> None:
+        api = self._backend.api
+        try:
+            created = api.exec_create(self.id, [SHELL, "-c", KILL_GROUP, "sh", str(pid)], stdout=False, stderr=False)
+            api.exec_start(created["Id"], detach=True)
+        except _ENGINE_ERRORS as exc:
+            if raise_if_dead:
+                raise self._error_sync(exc, "while a command was being stopped") from exc
+
+    # --- files -----------------------------------------------------------------------------
+
+    def _path(self, path: str) -> str:
+        self._check_open()
+        return "/" + posixpath.normpath(posixpath.join(self._workdir, path)).lstrip("/")
+
+    async def read_file(self, path: str) -> bytes:
+        """Contents of ``path`` as the container sees it (symbolic links followed)."""
+        full = self._path(path)
+        stdout, stderr = Bounded(2 * MAX_READ_BYTES), Bounded(64 * 1024)
+        outcome = await self._run([SHELL, "-c", READ_WRAPPER, "sh", full], READ_TIMEOUT_S, stdout, stderr)
+        if outcome.timed_out:
+            raise OSError(errno.ETIMEDOUT, f"reading took longer than {READ_TIMEOUT_S:g} s (is it a pipe?)", path)
+        if outcome.exit_code == 0:
+            if stdout.dropped:
+                raise OSError(errno.EFBIG, f"larger than {MAX_READ_BYTES} bytes, too large to read whole", path)
+            return stdout.value()
+        if outcome.exit_code == 2:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        if outcome.exit_code == 21:
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        message = stderr.text().strip()
+        lowered = message.lower()
+        if "permission denied" in lowered:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        if "not a directory" in lowered:
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        raise OSError(errno.EIO, message or f"cat exited with status {outcome.exit_code}", path)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path``, creating parent folders; a folder in the way is an error, never replaced."""
+        full = self._path(path)
+        if full == "/":
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        archive = _tar_one(full.lstrip("/"), data)
+        try:
+            await self._backend.blocking(self._backend.put_archive, self.id, archive)
+        except docker.errors.NotFound as exc:
+            raise self._error_sync(exc, "while a file was written") from exc
+        except docker.errors.APIError as exc:
+            message = str(exc.explanation or exc)
+            lowered = message.lower()
+            if "cannot overwrite directory" in lowered or "is a directory" in lowered:
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path) from exc
+            if "not a directory" in lowered:
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from exc
+            if "permission denied" in lowered or "read-only" in lowered:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path) from exc
+            raise OSError(errno.EIO, message, path) from exc
+        except _ENGINE_ERRORS as exc:
+            raise self._error_sync(exc, "while a file was written") from exc
+
+    # --- life and death ------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Kill and remove the container; safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._backend.remove(self)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"The Docker sandbox of prompt {self.prompt_index} was already closed.")
+
+    async def _call(self, function, *args, **kwargs):
+        """A blocking SDK call in the run's pool; engine errors become a SandboxError that says why."""
+        try:
+            return await self._backend.blocking(function, *args, **kwargs)
+        except _ENGINE_ERRORS as exc:
+            raise await self._backend.blocking(self._error_sync, exc, "while a command ran") from exc
+
+    async def _raise_if_dead(self, when: str) -> None:
+        reason = await self._backend.blocking(self._backend.dead_reason, self.id)
+        if reason is None:
+            # The engine notes a killed container's state a moment after its processes die: a new exec
+            # that runs tells a live container from one in that moment.
+            if await self._backend.blocking(self._answers):
+                return
+            for _ in range(DEATH_NOTICE_POLLS):
+                await asyncio.sleep(0.05)
+                reason = await self._backend.blocking(self._backend.dead_reason, self.id)
+                if reason is not None:
+                    break
+            else:
+                reason = "stopped running commands"
+        raise self._failure(reason, when)
+
+    def _answers(self) -> bool:
+        api = self._backend.api
+        try:
+            created = api.exec_create(self.id, [SHELL, "-c", "exit 0"], stdout=True, stderr=True)
+            api.exec_start(created["Id"])
+            return api.exec_inspect(created["Id"]).get("ExitCode") == 0
+        except _ENGINE_ERRORS:
+            return False
+
+    def _error_sync(self, exc: BaseException, when: str) -> SandboxError:
+        reason = None
+        if isinstance(exc, docker.errors.NotFound) or (
+            isinstance(exc, docker.errors.APIError) and exc.status_code == 409
+        ):
+            try:
+                reason = self._backend.dead_reason(self.id)
+            except _ENGINE_ERRORS:
+                reason = None
+        if reason is not None:
+            return self._failure(reason, when)
+        if isinstance(exc, requests.exceptions.ConnectionError):
+            return SandboxError(f"The Docker engine stopped answering {when} in the container {self.name} ({exc}).")
+        detail = getattr(exc, "explanation", None) or str(exc)
+        return SandboxError(f"The Docker engine refused a request {when} in the container {self.name}: {detail}")
+
+    def _failure(self, reason: str, when: str) -> SandboxError:
+        return SandboxError(
+            f"The container {self.name} of prompt {self.prompt_index} {reason} {when}; "
+            "run again with --resume to retry the prompt."
+        )
+
+
+def _tar_one(name: str, data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = 0o644
+        info.mtime = int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()

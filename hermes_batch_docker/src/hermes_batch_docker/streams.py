@@ -1,0 +1,163 @@
+"""Reading the multiplexed output stream of a Docker exec in a thread of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+from typing import Optional
+
+_HEADER = struct.Struct(">BxxxL")  # stream (1 stdout, 2 stderr), 3 bytes padding, payload size
+_STDERR = 2
+_MAX_PID_LINE = 32
+
+
+class Bounded:
+    """Keeps the first and last ``limit // 2`` bytes of what it is given."""
+
+    def __init__(self, limit: int):
+        self.half = limit // 2
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, data: bytes) -> None:
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+            if not data:
+                return
+        self.tail += data
+        # Trim only at twice the allowance, so trimming stays amortised O(1).
+        if len(self.tail) > 2 * self.half:
+            excess = len(self.tail) - self.half
+            del self.tail[:excess]
+            self.dropped += excess
+
+    def value(self) -> bytes:
+        if len(self.tail) > self.half:
+            excess = len(self.tail) - self.half
+            del self.tail[:excess]
+            self.dropped += excess
+        return bytes(self.head) + bytes(self.tail)
+
+    def text(self) -> str:
+        data = self.value()
+        if not self.dropped:
+            return data.decode("utf-8", errors="replace")
+        head = bytes(self.head).decode("utf-8", errors="replace")
+        tail = bytes(self.tail).decode("utf-8", errors="replace")
+        return f"{head}\n[... {self.dropped} bytes of output omitted ...]\n{tail}"
+
+
+class ExecStream:
+    """Collects an exec's output until the engine closes the stream or ``interrupt`` is called.
+
+    The command runs under a wrapper whose first line of stdout is its process id
+    (the leader of the command's process group, used to kill the group).
+    A thread of its own, not the run's pool: a read lasts as long as its command,
+    and pool threads held by reads could starve the very call that kills it.
+    """
+
+    def __init__(self, sock, loop: asyncio.AbstractEventLoop, stdout: Bounded, stderr: Optional[Bounded] = None):
+        self.sock = sock
+        self.raw = getattr(sock, "_sock", sock)
+        self.loop = loop
+        self.stdout = stdout
+        self.stderr = stderr if stderr is not None else stdout  # None: stderr merged into stdout
+        self.pid: Optional[int] = None
+        self.pid_known = loop.create_future()
+        self.done = loop.create_future()
+        self.error: Optional[BaseException] = None
+        self._pid_line = bytearray()
+        self._thread = threading.Thread(target=self._run, name="hermes-batch-docker-exec", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def interrupt(self) -> None:
+        """Stop reading now (the reader sees end of stream)."""
+        try:
+            self.raw.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _recv(self, size: int) -> bytes:
+        if hasattr(self.sock, "recv"):
+            return self.sock.recv(size)
+        return self.sock.read(size)
+
+    def _run(self) -> None:
+        try:
+            if hasattr(self.raw, "settimeout"):
+                self.raw.settimeout(None)  # the API timeout must not cut a quiet command short
+            pending = bytearray()
+            while True:
+                chunk = self._recv(65536)
+                if not chunk:
+                    break
+                pending += chunk
+                offset = 0
+                while len(pending) - offset >= _HEADER.size:
+                    kind, size = _HEADER.unpack_from(pending, offset)
+                    end = offset + _HEADER.size + size
+                    if len(pending) < end:
+                        break
+                    self._payload(kind, bytes(pending[offset + _HEADER.size:end]))
+                    offset = end
+                del pending[:offset]
+        except (OSError, ValueError) as exc:  # a shut down or reset connection
+            self.error = exc
+        finally:
+            self._flush_pid_line()
+            for closable in (self.sock, self.raw):
+                try:
+                    closable.close()
+                except OSError:
+                    pass
+            self._tell(_set, self.done, None)
+
+    def _payload(self, kind: int, data: bytes) -> None:
+        if kind == _STDERR:
+            self.stderr.add(data)
+            return
+        if self._pid_line is not None:
+            newline = data.find(b"\n")
+            if newline < 0:
+                self._pid_line += data
+                if len(self._pid_line) > _MAX_PID_LINE:
+                    self._flush_pid_line()
+                return
+            self._pid_line += data[:newline]
+            data = data[newline + 1:]
+            line, self._pid_line = bytes(self._pid_line), None
+            if line.isdigit():
+                self.pid = int(line)
+            else:
+                self.stdout.add(line + b"\n")
+            self._tell(_set, self.pid_known, self.pid)
+            if not data:
+                return
+        self.stdout.add(data)
+
+    def _flush_pid_line(self) -> None:
+        # The wrapper never printed its pid (the exec failed to start): what came is output.
+        if self._pid_line is None:
+            return
+        if self._pid_line:
+            self.stdout.add(bytes(self._pid_line))
+        self._pid_line = None
+        self._tell(_set, self.pid_known, self.pid)
+
+    def _tell(self, *call) -> None:
+        try:
+            self.loop.call_soon_threadsafe(*call)
+        except RuntimeError:  # the event loop is gone (the process is exiting)
+            pass
+
+
+def _set(future: asyncio.Future, value) -> None:
+    if not future.done():
+        future.set_result(value)

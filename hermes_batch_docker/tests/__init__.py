@@ -1,0 +1,1 @@
+"""Tests of hermes-batch-docker (a package, so its conftest never shadows the core suite's ``conftest``)."""

@@ -1,0 +1,482 @@
+"""The docker backend against a real engine: hardening, labels, images, start storms, faults, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from hermes_batch.errors import ConfigError, SandboxError
+from hermes_batch.plugins import collect, get_plugin_manager
+from hermes_batch.records import SandboxSpec
+from hermes_batch.run_context import RunContext
+from hermes_batch.serialization import structure_config
+from hermes_batch_docker import DockerBackend, DockerConfig
+from hermes_batch_docker.config import BASE_CAPABILITIES, default_max_starting
+from hermes_batch_docker.engine import (
+    LABEL_CONTENT_KEY,
+    LABEL_HOST,
+    LABEL_PID,
+    LABEL_PROMPT,
+    LABEL_RUN,
+    LABEL_RUN_DIR,
+    LABEL_SESSION,
+    LIVE_SESSIONS,
+)
+
+from .conftest import IMAGE_A, IMAGE_B, MISSING_IMAGE, containers_of
+
+DEAD_PID = "2147483646"  # above any pid_max: no process has it
+
+
+def make_backend(tmp_path, run_name, **options) -> DockerBackend:
+    options.setdefault("image", IMAGE_A)
+    return DockerBackend(DockerConfig(**options), RunContext(run_name, tmp_path / "run", seed=0))
+
+
+def spec(run_name, index=0, image=None, cwd=None, env=None) -> SandboxSpec:
+    return SandboxSpec(run_name, index, f"{index:08d}c0ffee", image=image, cwd=cwd, env=dict(env or {}))
+
+
+@pytest.fixture
+async def backend(tmp_path, run_name, docker_api):
+    backend = make_backend(tmp_path, run_name)
+    await backend.start()
+    yield backend
+    await backend.shutdown()
+
+
+@pytest.fixture
+async def sandbox(backend, run_name):
+    sandbox = await backend.open(spec(run_name))
+    yield sandbox
+    await sandbox.close()
+
+
+# --- the plugin ------------------------------------------------------------------------------
+
+
+def test_installed_distribution_registers_the_backend_and_the_cleanup_command():
+    pm = get_plugin_manager(strict=True)
+    assert collect(pm).get("sandboxes", "docker") is DockerBackend
+    from click.testing import CliRunner
+
+    from hermes_batch.cli import cli
+
+    result = CliRunner().invoke(cli, ["docker", "cleanup", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "--run NAME" in result.output
+
+
+# --- options ---------------------------------------------------------------------------------
+
+
+def structure(options: dict) -> DockerConfig:
+    return structure_config(options, DockerConfig, "options for the docker sandbox (-S)")
+
+
+def test_options_parse_sizes_capabilities_and_defaults():
+    config = structure({"memory": "512m", "cpus": 1, "cap_add": "net_raw,CAP_SYS_PTRACE", "network": "none"})
+    assert config.memory_bytes == 512 * 1024**2
+    assert config.cpus == 1.0
+    assert config.cap_add == ("NET_RAW", "SYS_PTRACE")
+    assert structure({"memory": 1073741824}).memory_bytes == 1024**3
+    assert structure({"memory": "1.5g"}).memory_bytes == int(1.5 * 1024**3)
+    assert structure({"cap_add": ["NET_RAW"]}).cap_add == ("NET_RAW",)
+    default = DockerConfig()
+    assert default.max_starting == default_max_starting()
+    assert 2 <= default.max_starting <= 16
+    assert default.memory_bytes == 4 * 1024**3 and default.pids_limit == 1024 and default.network == "bridge"
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ({"bogus": 1}, "bogus"),
+        ({"memory": "lots"}, "memory must be a size"),
+        ({"memory": "1k"}, "at least 6m"),
+        ({"memory": True}, "memory must be a size"),
+        ({"cpus": 0}, "cpus must be at least 0.01"),
+        ({"cpus": "two"}, "cpus"),
+        ({"pids_limit": 3}, "pids_limit must be at least 16"),
+        ({"network": "host"}, "network=host"),
+        ({"network": "container:abc"}, "network=container:abc"),
+        ({"network": "no spaces"}, "network must be"),
+        ({"cap_add": "ALL"}, "cap_add=ALL is refused"),
+        ({"cap_add": ["SYS_ADMIN"]}, "SYS_ADMIN would let commands reach past the container"),
+        ({"cap_add": "NOT_A_CAP"}, "not a Linux capability"),
+        ({"cap_add": 5}, "cap_add must be"),
+        ({"pull": "sometimes"}, "pull"),
+        ({"workdir": "relative/dir"}, "workdir must be an absolute path"),
+        ({"max_starting": 0}, "max_starting must be at least 1"),
+        ({"max_output_bytes": 10}, "max_output_bytes must be at least 1024"),
+        ({"image": ""}, "image"),
+        ({"privileged": True}, "privileged"),
+    ],
+)
+def test_bad_options_are_config_errors_naming_the_problem(options, says):
+    with pytest.raises(ConfigError) as caught:
+        structure(options)
+    assert says in str(caught.value)
+
+
+async def test_more_cpus_than_the_engine_has_is_refused_at_start(tmp_path, run_name, docker_api):
+    engine_cpus = docker_api.info()["NCPU"]
+    backend = make_backend(tmp_path, run_name, cpus=float(engine_cpus + 1))
+    with pytest.raises(ConfigError, match=f"more than the {engine_cpus} CPUs"):
+        await backend.start()
+    await backend.shutdown()
+
+
+async def test_an_unknown_network_is_refused_at_start(tmp_path, run_name, docker_api):
+    backend = make_backend(tmp_path, run_name, network="hermes-batch-no-such-network")
+    with pytest.raises(ConfigError, match="no network of that name"):
+        await backend.start()
+
+
+async def test_an_engine_that_does_not_answer_is_a_config_error_saying_how_to_start_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    backend = make_backend(tmp_path, "engine-down")
+    with pytest.raises(ConfigError) as caught:
+        await backend.start()
+    message = str(caught.value)
+    assert f"unix://{tmp_path}/no-engine.sock is not reachable" in message
+    assert "systemctl start docker" in message and "DOCKER_HOST" in message
+    assert message.endswith(".") and ". " not in message  # one sentence
+    await backend.shutdown()  # nothing was started: a no-op
+
+
+# --- hardening and labels --------------------------------------------------------------------------
+
+
+async def test_containers_are_hardened(tmp_path, run_name, docker_api):
+    backend = make_backend(tmp_path, run_name, memory="256m", cpus=0.5, pids_limit=64, network="none")
+    await backend.start()
+    try:
+        sandbox = await backend.open(spec(run_name))
+        host = docker_api.inspect_container(sandbox.id)["HostConfig"]
+        assert host["CapDrop"] == ["ALL"]
+        assert sorted(host["CapAdd"]) == sorted(BASE_CAPABILITIES)
+        assert "no-new-privileges" in host["SecurityOpt"]
+        assert host["Privileged"] is False
+        assert host["PidsLimit"] == 64
+        assert host["Memory"] == host["MemorySwap"] == 256 * 1024**2
+        assert host["NanoCpus"] == 500_000_000
+        assert host["NetworkMode"] == "none"
+
+        status = (await sandbox.exec("cat /proc/self/status", 10)).output
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        assert fields["NoNewPrivs"].strip() == "1"
+        expected = sum(1 << n for n in (0, 1, 3, 4, 5, 6, 7, 10))  # the base capabilities' numbers
+        assert int(fields["CapEff"].strip(), 16) == expected
+        assert int(fields["CapBnd"].strip(), 16) == expected
+        interfaces = [line.split(":")[0].strip() for line in (await sandbox.exec("cat /proc/net/dev", 10)).output.splitlines()[2:]]
+        assert interfaces == ["lo"]
+        mounted = await sandbox.exec("mkdir -p /mnt && mount -t tmpfs none /mnt", 10)
+        assert mounted.exit_code != 0 and "permission denied" in mounted.output.lower()
+        forks = await sandbox.exec(
+            "i=0; while [ $i -lt 100 ]; do sleep 5 >/dev/null 2>&1 & i=$((i+1)); done; echo spawned", 30
+        )
+        assert "fork" in forks.output.lower()  # the pids limit refused some of the hundred
+        await sandbox.close()
+    finally:
+        await backend.shutdown()
+
+
+async def test_extra_capabilities_are_added_to_the_base_set(tmp_path, run_name, docker_api):
+    backend = make_backend(tmp_path, run_name, cap_add="NET_RAW")
+    await backend.start()
+    try:
+        sandbox = await backend.open(spec(run_name))
+        assert "NET_RAW" in docker_api.inspect_container(sandbox.id)["HostConfig"]["CapAdd"]
+    finally:
+        await backend.shutdown()
+
+
+async def test_default_limits_apply_to_every_container(backend, sandbox, docker_api):
+    host = docker_api.inspect_container(sandbox.id)["HostConfig"]
+    assert host["Memory"] == 4 * 1024**3
+    assert host["NanoCpus"] == int(min(2, docker_api.info()["NCPU"]) * 1e9)
+    assert host["PidsLimit"] == 1024
+    assert host["NetworkMode"] == "bridge"
+
+
+async def test_containers_are_labelled_with_run_and_prompt(backend, run_name, docker_api, tmp_path):
+    sandbox = await backend.open(spec(run_name, index=7))
+    try:
+        labels = docker_api.inspect_container(sandbox.id)["Config"]["Labels"]
+        assert labels[LABEL_RUN] == run_name
+        assert labels[LABEL_PROMPT] == "7"
+        assert labels[LABEL_CONTENT_KEY] == "00000007c0ffee"
+        assert labels[LABEL_RUN_DIR] == str((tmp_path / "run").resolve())
+        assert labels[LABEL_HOST] == socket.gethostname()
+        assert labels[LABEL_PID] == str(os.getpid())
+        assert labels[LABEL_SESSION] == backend.session
+        assert sandbox.name.startswith(f"hermes-batch-{run_name}-p7-")
+    finally:
+        await sandbox.close()
+    assert containers_of(docker_api, run_name) == []
+
+
+# --- working directory and environment -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("cwd, expected", [(None, "/workspace"), ("project/src", "/project/src"), ("/app/", "/app")])
+async def test_working_directory_comes_from_the_row_and_is_created(backend, run_name, cwd, expected):
+    sandbox = await backend.open(spec(run_name, cwd=cwd))
+    try:
+        assert sandbox.workdir == expected
+        assert (await sandbox.exec("pwd", 10)).output == f"{expected}\n"
+    finally:
+        await sandbox.close()
+
+
+async def test_workdir_option_is_the_default_working_directory(tmp_path, run_name):
+    backend = make_backend(tmp_path, run_name, workdir="/srv/task")
+    await backend.start()
+    try:
+        sandbox = await backend.open(spec(run_name))
+        assert (await sandbox.exec("pwd", 10)).output == "/srv/task\n"
+        sandbox = await backend.open(spec(run_name, index=1, cwd="/elsewhere"))
+        assert (await sandbox.exec("pwd", 10)).output == "/elsewhere\n"
+    finally:
+        await backend.shutdown()
+
+
+async def test_the_command_runs_in_the_rows_image(backend, run_name):
+    first = await backend.open(spec(run_name, 0, image=IMAGE_A))
+    second = await backend.open(spec(run_name, 1, image=IMAGE_B))
+    default = await backend.open(spec(run_name, 2))
+    try:
+        assert (await first.exec("cat /etc/hermes-image", 10)).output == f"{IMAGE_A}\n"
+        assert (await second.exec("cat /etc/hermes-image", 10)).output == f"{IMAGE_B}\n"
+        assert (await default.exec("cat /etc/hermes-image", 10)).output == f"{IMAGE_A}\n"
+    finally:
+        for sandbox in (first, second, default):
+            await sandbox.close()
+
+
+# --- commands and files ------------------------------------------------------------------------------
+
+
+async def test_output_keeps_start_and_end_of_huge_output(tmp_path, run_name):
+    backend = make_backend(tmp_path, run_name, max_output_bytes=10_000)
+    await backend.start()
+    try:
+        sandbox = await backend.open(spec(run_name))
+        result = await sandbox.exec("echo FIRST; yes filler | head -n 100000; echo LAST", 20)
+    finally:
+        await backend.shutdown()
+    assert result.exit_code == 0
+    assert result.output.startswith("FIRST\n")
+    assert result.output.endswith("LAST\n")
+    assert "bytes of output omitted" in result.output
+    assert len(result.output) < 10_100
+
+
+async def test_cancelled_exec_kills_the_command(sandbox):
+    task = asyncio.ensure_future(sandbox.exec("echo $$ > /tmp/pid; exec sleep 60", 60))
+    pid = None
+    for _ in range(200):
+        await asyncio.sleep(0.05)
+        try:
+            pid = int(await sandbox.read_file("/tmp/pid"))
+            break
+        except (FileNotFoundError, ValueError):
+            continue
+    assert pid is not None
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(40):
+        state = (await sandbox.exec(f"kill -0 {pid} 2>/dev/null && echo alive || echo gone", 10)).output
+        if state == "gone\n":
+            break
+        await asyncio.sleep(0.05)
+    assert state == "gone\n"
+
+
+async def test_file_api_refuses_to_replace_a_folder_and_follows_links(sandbox):
+    await sandbox.exec("mkdir -p tree/inner && echo kept > tree/inner/file && ln -s tree/inner/file link", 10)
+    with pytest.raises(IsADirectoryError):
+        await sandbox.write_file("tree", b"would replace the folder")
+    with pytest.raises(IsADirectoryError):
+        await sandbox.read_file("tree")
+    assert await sandbox.read_file("tree/inner/file") == b"kept\n"
+    assert await sandbox.read_file("link") == b"kept\n"
+    with pytest.raises(FileNotFoundError):
+        await sandbox.read_file("no/such/dir/file")
+    await sandbox.write_file("/etc/new-config", b"anywhere in the container")
+    assert (await sandbox.exec("cat /etc/new-config", 10)).output == "anywhere in the container"
+
+
+# --- images -----------------------------------------------------------------------------------------------
+
+
+def count_pulls(backend, monkeypatch, delay=0.3) -> list:
+    pulls = []
+    real = backend.api.pull
+
+    def pull(name, *args, **kwargs):
+        pulls.append(name)
+        time.sleep(delay)  # long enough for every waiter to arrive during the pull
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(backend.api, "pull", pull)
+    return pulls
+
+
+async def test_a_missing_image_is_pulled_once_however_many_prompts_need_it(backend, monkeypatch):
+    pulls = count_pulls(backend, monkeypatch)
+    results = await asyncio.gather(*(backend.prepare_image(MISSING_IMAGE) for _ in range(10)), return_exceptions=True)
+    assert pulls == [MISSING_IMAGE]
+    assert all(isinstance(r, SandboxError) for r in results)
+    message = str(results[0])
+    assert MISSING_IMAGE in message and "could not be pulled" in message and "docker pull" in message
+    with pytest.raises(SandboxError):
+        await backend.prepare_image(MISSING_IMAGE)  # remembered: no second pull
+    assert pulls == [MISSING_IMAGE]
+
+
+async def test_an_image_on_the_engine_is_not_pulled(backend, monkeypatch, run_name):
+    pulls = count_pulls(backend, monkeypatch)
+    await asyncio.gather(*(backend.prepare_image(IMAGE_B) for _ in range(5)), backend.prepare_image(None))
+    assert pulls == []
+    with pytest.raises(SandboxError, match="could not be pulled"):
+        await backend.open(spec(run_name, image=MISSING_IMAGE))
+
+
+async def test_pull_never_refuses_missing_images_without_pulling(tmp_path, run_name, monkeypatch):
+    backend = make_backend(tmp_path, run_name, pull="never")
+    await backend.start()
+    try:
+        pulls = count_pulls(backend, monkeypatch)
+        with pytest.raises(SandboxError, match="pull=never"):
+            await backend.prepare_image(MISSING_IMAGE)
+        assert pulls == []
+    finally:
+        await backend.shutdown()
+
+
+# --- start storms -----------------------------------------------------------------------------------------
+
+
+async def test_max_starting_limits_containers_created_at_once(tmp_path, run_name, monkeypatch):
+    backend = make_backend(tmp_path, run_name, max_starting=2)
+    await backend.start()
+    lock = threading.Lock()
+    now = peak = 0
+    real = backend.api.create_container
+
+    def create(*args, **kwargs):
+        nonlocal now, peak
+        with lock:
+            now += 1
+            peak = max(peak, now)
+        try:
+            time.sleep(0.2)
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                now -= 1
+
+    monkeypatch.setattr(backend.api, "create_container", create)
+    try:
+        sandboxes = await asyncio.gather(*(backend.open(spec(run_name, i)) for i in range(6)))
+        assert peak == 2
+        results = await asyncio.gather(*(s.exec("echo up", 10) for s in sandboxes))
+        assert [r.output for r in results] == ["up\n"] * 6
+    finally:
+        await backend.shutdown()
+
+
+# --- faults ------------------------------------------------------------------------------------------------
+
+
+async def test_a_container_killed_from_outside_fails_with_a_clear_reason(sandbox, docker_api):
+    task = asyncio.ensure_future(sandbox.exec("sleep 30", 60))
+    await asyncio.sleep(0.5)
+    docker_api.kill(sandbox.id)
+    with pytest.raises(SandboxError) as caught:
+        await asyncio.wait_for(task, 20)
+    message = str(caught.value)
+    assert sandbox.name in message and "killed or stopped from outside" in message and "--resume" in message
+    with pytest.raises(SandboxError, match="killed or stopped from outside"):
+        await sandbox.exec("echo again", 10)
+
+
+async def test_a_container_removed_from_outside_fails_with_a_clear_reason(sandbox, docker_api):
+    docker_api.remove_container(sandbox.id, force=True)
+    with pytest.raises(SandboxError, match="removed from outside"):
+        await sandbox.exec("echo hi", 10)
+    with pytest.raises(SandboxError, match="removed from outside"):
+        await sandbox.write_file("f.txt", b"x")
+    await sandbox.close()  # nothing left to remove: still fine
+
+
+async def test_a_timed_out_command_in_a_killed_container_is_a_sandbox_error(sandbox, docker_api):
+    task = asyncio.ensure_future(sandbox.exec("sleep 30", 1.5))
+    await asyncio.sleep(0.5)
+    docker_api.kill(sandbox.id)
+    with pytest.raises(SandboxError, match="from outside"):
+        await asyncio.wait_for(task, 20)
+
+
+# --- no leaks ---------------------------------------------------------------------------------------------------
+
+
+async def test_shutdown_removes_containers_left_open_and_half_created(tmp_path, run_name, docker_api, monkeypatch):
+    backend = make_backend(tmp_path, run_name)
+    await backend.start()
+    await backend.open(spec(run_name, 0))
+    await backend.open(spec(run_name, 1))
+    real = backend.api.create_container
+    created = threading.Event()
+
+    def slow_create(*args, **kwargs):
+        time.sleep(0.5)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            created.set()
+
+    monkeypatch.setattr(backend.api, "create_container", slow_create)
+    opening = asyncio.ensure_future(backend.open(spec(run_name, 2)))
+    await asyncio.sleep(0.1)
+    opening.cancel()  # while the container is being created in a thread
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    assert len(containers_of(docker_api, run_name)) >= 2
+    await backend.shutdown()
+    assert created.is_set()
+    assert containers_of(docker_api, run_name) == []
+
+
+async def test_start_removes_leftovers_of_a_dead_process_of_the_same_run_only(tmp_path, run_name, docker_api):
+    run_dir = str((tmp_path / "run").resolve())
+    base = {LABEL_RUN: run_name, LABEL_RUN_DIR: run_dir, LABEL_HOST: socket.gethostname(), LABEL_PROMPT: "0"}
+    LIVE_SESSIONS.add("still-running")
+
+    def make(**labels):
+        created = docker_api.create_container(IMAGE_A, command=["sleep", "3600"], labels={**base, **labels})
+        docker_api.start(created["Id"])
+        return created["Id"]
+
+    dead = make(**{LABEL_PID: DEAD_PID, LABEL_SESSION: "crashed"})
+    other_folder = make(**{LABEL_PID: DEAD_PID, LABEL_SESSION: "crashed", LABEL_RUN_DIR: "/elsewhere/run"})
+    live = make(**{LABEL_PID: str(os.getpid()), LABEL_SESSION: "still-running"})
+    backend = make_backend(tmp_path, run_name)
+    try:
+        await backend.start()
+        remaining = {c["Id"] for c in containers_of(docker_api, run_name)}
+        assert dead not in remaining
+        assert {other_folder, live} <= remaining
+    finally:
+        LIVE_SESSIONS.discard("still-running")
+        await backend.shutdown()
+        for container in (other_folder, live):
+            docker_api.remove_container(container, force=True)

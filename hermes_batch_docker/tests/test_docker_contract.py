@@ -1,0 +1,35 @@
+"""The shared sandbox contract, against real containers of a real Docker engine."""
+
+from __future__ import annotations
+
+import docker.errors
+import pytest
+
+from hermes_batch.run_context import RunContext
+from hermes_batch.testing.sandbox_contract import SandboxContract
+from hermes_batch_docker import DockerBackend, DockerConfig, DockerSandbox
+
+from .conftest import IMAGE_A
+
+
+class TestDockerSandboxContract(SandboxContract):
+    image = IMAGE_A
+    timeout_slack = 3.0
+
+    @pytest.fixture
+    async def backend(self, tmp_path, run_name, docker_api):
+        backend = DockerBackend(DockerConfig(image=IMAGE_A), RunContext(run_name, tmp_path / "run", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()
+
+    @pytest.fixture(autouse=True)
+    def _api(self, docker_api):
+        self.api = docker_api
+
+    async def sandbox_exists(self, sandbox: DockerSandbox) -> bool:
+        try:
+            self.api.inspect_container(sandbox.id)
+            return True
+        except docker.errors.NotFound:
+            return False

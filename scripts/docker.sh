@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# A Docker engine and the test images of the docker sandbox's tests, on a fresh machine.
+#
+#   scripts/docker.sh          install docker.io if there is no engine, start dockerd, build the images
+#   scripts/docker.sh images   only build the test images (the engine must answer)
+#
+# Sourced by scripts/test.sh (it calls ensure_docker_for_tests) or run on its own.
+# No image registry is needed: the images are built locally from busybox-static and fed to
+# `docker import`, so nothing is pulled.
+
+HERMES_DOCKERD_LOG=${HERMES_DOCKERD_LOG:-/tmp/hermes-batch-dockerd.log}
+HERMES_TEST_IMAGES=(hermes-batch-test/busybox-a:1 hermes-batch-test/busybox-b:1)
+
+_hb_say() { echo "docker.sh: $*" >&2; }
+
+_hb_as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null 2>&1; then sudo -n "$@"; else return 1; fi
+}
+
+_hb_engine_answers() { docker info >/dev/null 2>&1; }
+
+_hb_apt_updated=
+_hb_apt_install() {
+    command -v apt-get >/dev/null 2>&1 || return 1
+    if [ -z "$_hb_apt_updated" ]; then
+        _hb_as_root apt-get update -qq >/dev/null || return 1
+        _hb_apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive _hb_as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+# ensure_docker_engine: an engine that answers `docker info`, installed and started if needed.
+ensure_docker_engine() {
+    if command -v docker >/dev/null 2>&1 && _hb_engine_answers; then
+        return 0
+    fi
+    if ! command -v dockerd >/dev/null 2>&1; then
+        _hb_say "no Docker engine here; installing docker.io with apt-get"
+        _hb_apt_install docker.io || { _hb_say "could not install docker.io"; return 1; }
+    fi
+    if ! _hb_engine_answers; then
+        _hb_say "starting dockerd in the background (log: $HERMES_DOCKERD_LOG)"
+        # its own session, so a Ctrl-C of the tests does not stop the engine
+        _hb_as_root setsid dockerd >"$HERMES_DOCKERD_LOG" 2>&1 < /dev/null &
+        local waited=0
+        until _hb_engine_answers; do
+            if [ "$waited" -ge 60 ]; then
+                _hb_say "dockerd did not answer within 60 s; the end of its log:"
+                tail -n 20 "$HERMES_DOCKERD_LOG" >&2 || true
+                return 1
+            fi
+            sleep 1
+            waited=$((waited + 1))
+        done
+    fi
+}
+
+# _hb_static_busybox: the path of a statically linked busybox (from busybox-static).
+_hb_static_busybox() {
+    local candidate
+    for candidate in /bin/busybox /usr/bin/busybox; do
+        if [ -x "$candidate" ] && ! ldd "$candidate" >/dev/null 2>&1; then  # ldd fails on static binaries
+            echo "$candidate"
+            return 0
+        fi
+    done
+    _hb_apt_install busybox-static || return 1
+    for candidate in /bin/busybox /usr/bin/busybox; do
+        if [ -x "$candidate" ] && ! ldd "$candidate" >/dev/null 2>&1; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# _hb_import_image TAG BUSYBOX: a busybox root file system whose /etc/hermes-image names TAG.
+_hb_import_image() {
+    local tag=$1 busybox=$2 root applet
+    root=$(mktemp -d /tmp/hermes-batch-rootfs.XXXXXX) || return 1
+    case "$root" in /tmp/hermes-batch-rootfs.*) ;; *) _hb_say "unexpected temporary folder '$root'"; return 1;; esac
+    mkdir -p "$root/bin" "$root/etc" "$root/root" "$root/tmp" "$root/usr"
+    chmod 1777 "$root/tmp"
+    cp "$busybox" "$root/bin/busybox"
+    for applet in $("$root/bin/busybox" --list); do
+        [ "$applet" = busybox ] || ln -sf busybox "$root/bin/$applet"
+    done
+    ln -s ../bin "$root/usr/bin"
+    ln -s bin "$root/sbin"
+    echo "$tag" >"$root/etc/hermes-image"
+    echo "root:x:0:0:root:/root:/bin/sh" >"$root/etc/passwd"
+    echo "root:x:0:" >"$root/etc/group"
+    tar --numeric-owner --owner=0 --group=0 -C "$root" -c . \
+        | docker import \
+            -c 'ENV PATH=/bin' \
+            -c 'CMD ["/bin/sh"]' \
+            -c 'LABEL org.hermes-batch.test-image=1' \
+            - "$tag" >/dev/null
+    local status=$?
+    rm -rf -- "$root"
+    return $status
+}
+
+# ensure_test_images: build the test images that are missing (an existing tag is kept).
+ensure_test_images() {
+    local tag busybox=
+    for tag in "${HERMES_TEST_IMAGES[@]}"; do
+        docker image inspect "$tag" >/dev/null 2>&1 && continue
+        if [ -z "$busybox" ]; then
+            busybox=$(_hb_static_busybox) || { _hb_say "no static busybox (apt-get install busybox-static)"; return 1; }
+        fi
+        _hb_say "building the test image $tag from $busybox"
+        _hb_import_image "$tag" "$busybox" || { _hb_say "could not build $tag"; return 1; }
+    done
+}
+
+# ensure_docker_for_tests: engine and images; in CI a failure stops the tests, elsewhere they skip.
+ensure_docker_for_tests() {
+    local started=$SECONDS
+    if ensure_docker_engine && ensure_test_images; then
+        _hb_say "Docker engine and test images ready ($((SECONDS - started)) s)"
+        return 0
+    fi
+    if [ "${CI:-}" = true ]; then
+        _hb_say "the Docker engine or the test images are not available, and CI needs them"
+        return 1
+    fi
+    _hb_say "no Docker engine: the docker sandbox tests will be skipped"
+    return 0
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    set -euo pipefail
+    case "${1:-all}" in
+        images) ensure_test_images ;;
+        all) ensure_docker_engine && ensure_test_images ;;
+        *) echo "usage: $0 [all|images]" >&2; exit 2 ;;
+    esac
+fi
