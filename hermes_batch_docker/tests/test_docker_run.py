@@ -124,6 +124,23 @@ def test_a_missing_image_fails_only_its_prompts_without_a_model_call(tmp_path, r
     assert sorted(t["prompt_index"] for t in runner.records("trajectories.jsonl")) == [0, 2, 3, 5]
 
 
+def test_a_prompt_whose_deadline_fires_is_saved_as_partial_and_its_container_removed(
+    tmp_path, runner, model_server, docker_api
+):
+    dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": "sleepy"}, {"prompt": "quick"}])
+    server = model_server(RoutedScript({"sleepy": SLEEPER}, default=FAST))
+
+    started = time.monotonic()
+    result = runner.invoke(dataset, server, "--num_workers", "2", "--prompt_timeout", "4", "--no_filters")
+
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - started < 25  # the 30 s sleep was cut by the 4 s deadline
+    by_prompt = {t["conversations"][1]["value"]: t for t in runner.records("trajectories.jsonl")}
+    assert by_prompt["sleepy"]["partial"] and by_prompt["sleepy"]["metadata"]["end_reason"] == "timeout"
+    assert by_prompt["quick"]["completed"]
+    assert containers_of(docker_api, runner.run_name) == []
+
+
 # --- faults ---------------------------------------------------------------------------------------------
 
 
