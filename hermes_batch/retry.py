@@ -99,3 +99,13 @@ def rate_limit_reset_seconds(headers: Optional[Mapping[str, str]]) -> Optional[f
         return min(every)
     raw = headers.get("x-ratelimit-reset")
     return _reset_at_seconds(raw) if raw else None
+
+
+def api_error_text(exc) -> str:
+    """The provider's own message from an ``openai`` or ``anthropic`` SDK status error."""
+    body = exc.body
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+    return str(exc.message)

@@ -25,7 +25,7 @@ from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, R
 from hermes_batch.interfaces import ModelClient, ModelSettings
 from hermes_batch.reasoning import split_inline_reasoning
 from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from hermes_batch.retry import RETRYABLE_STATUS, retry_after_seconds
+from hermes_batch.retry import RETRYABLE_STATUS, api_error_text, retry_after_seconds
 
 if TYPE_CHECKING:
     import anthropic
@@ -153,7 +153,7 @@ class AnthropicClient(ModelClient):
         return from_wire(response, self._provider)
 
     def _classify(self, exc: anthropic.APIStatusError) -> Exception:
-        status, text = exc.status_code, _error_text(exc)
+        status, text = exc.status_code, api_error_text(exc)
         if status in (401, 403):
             return FatalModelError(
                 f"The Anthropic endpoint refused the API key ({status}: {text}); "
@@ -185,15 +185,6 @@ class AnthropicClient(ModelClient):
 
     async def aclose(self) -> None:
         await self._client.close()
-
-
-def _error_text(exc: anthropic.APIStatusError) -> str:
-    body = exc.body
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-    return str(exc.message)
 
 
 def _reset_seconds(value: str, now: float) -> Optional[float]:

@@ -27,6 +27,7 @@ import hermes_batch
 
 from ..errors import SandboxError
 from ..interfaces import Sandbox, SandboxBackend
+from ..output import BoundedOutput
 from ..records import ExecResult, SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -118,43 +119,21 @@ def _map_inside(root: Path, cwd: Optional[str]) -> Path:
 
 
 class _Output(asyncio.Protocol):
-    """Collects a command's output, keeping the first and last ``limit // 2`` bytes."""
+    """Collects a command's output into a BoundedOutput and says when the pipe closed."""
 
     def __init__(self, limit: int, done: asyncio.Future):
-        self.half = limit // 2
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.dropped = 0
+        self.buffer = BoundedOutput(limit)
         self.done = done
 
     def data_received(self, data: bytes) -> None:
-        room = self.half - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-            if not data:
-                return
-        self.tail += data
-        # Trim only when the tail is twice its allowance, so trimming stays amortised O(1).
-        if len(self.tail) > 2 * self.half:
-            excess = len(self.tail) - self.half
-            del self.tail[:excess]
-            self.dropped += excess
+        self.buffer.add(data)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         if not self.done.done():
             self.done.set_result(None)
 
     def text(self) -> str:
-        if len(self.tail) > self.half:
-            excess = len(self.tail) - self.half
-            del self.tail[:excess]
-            self.dropped += excess
-        if not self.dropped:
-            return (bytes(self.head) + bytes(self.tail)).decode("utf-8", errors="replace")
-        head = self.head.decode("utf-8", errors="replace")
-        tail = self.tail.decode("utf-8", errors="replace")
-        return f"{head}\n[... {self.dropped} bytes of output omitted ...]\n{tail}"
+        return self.buffer.text()
 
 
 def _kill_group(pgid: int) -> None:

@@ -14,7 +14,7 @@ from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, R
 from hermes_batch.interfaces import ModelClient, ModelSettings
 from hermes_batch.reasoning import extract_reasoning
 from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from hermes_batch.retry import RETRYABLE_STATUS, rate_limit_reset_seconds, retry_after_seconds
+from hermes_batch.retry import RETRYABLE_STATUS, api_error_text, rate_limit_reset_seconds, retry_after_seconds
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class OpenAIClient(ModelClient):
         return _from_wire(response)
 
     def _classify(self, exc: openai.APIStatusError) -> Exception:
-        status, text, provider = exc.status_code, _error_text(exc), _error_provider(exc)
+        status, text, provider = exc.status_code, api_error_text(exc), _error_provider(exc)
         if status in (401, 403):
             return FatalModelError(
                 f"The model endpoint refused the API key ({status}: {text}); "
@@ -137,15 +137,6 @@ class OpenAIClient(ModelClient):
 
     async def aclose(self) -> None:
         await self._client.close()
-
-
-def _error_text(exc: openai.APIStatusError) -> str:
-    body = exc.body
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-    return str(exc.message)
 
 
 def _error_field(exc: openai.APIStatusError) -> dict:

@@ -19,7 +19,9 @@ from hermes_batch.errors import SandboxError
 from hermes_batch.interfaces import Sandbox
 from hermes_batch.records import ExecResult
 
-from .streams import Bounded, ExecStream
+from hermes_batch.output import BoundedOutput
+
+from .streams import ExecStream
 
 if TYPE_CHECKING:
     from .backend import DockerBackend
@@ -66,11 +68,11 @@ class DockerSandbox(Sandbox):
 
     async def exec(self, command: str, timeout: float) -> ExecResult:
         """Run ``command`` with ``/bin/sh -c``; at ``timeout`` SIGKILL its whole process group."""
-        output = Bounded(self._max_output)
+        output = BoundedOutput(self._max_output)
         outcome = await self._run([SHELL, "-c", RUN_WRAPPER, "sh", command], timeout, output)
         return ExecResult(output.text(), outcome.exit_code, outcome.timed_out)
 
-    async def _run(self, argv: list, timeout: float, stdout: Bounded, stderr: Optional[Bounded] = None) -> _Outcome:
+    async def _run(self, argv: list, timeout: float, stdout: BoundedOutput, stderr: Optional[BoundedOutput] = None) -> _Outcome:
         self._check_open()
         api = self._backend.api
         loop = asyncio.get_running_loop()
@@ -144,7 +146,7 @@ class DockerSandbox(Sandbox):
     async def read_file(self, path: str) -> bytes:
         """Contents of ``path`` as the container sees it (symbolic links followed)."""
         full = self._path(path)
-        stdout, stderr = Bounded(2 * MAX_READ_BYTES), Bounded(64 * 1024)
+        stdout, stderr = BoundedOutput(2 * MAX_READ_BYTES), BoundedOutput(64 * 1024)
         outcome = await self._run([SHELL, "-c", READ_WRAPPER, "sh", full], READ_TIMEOUT_S, stdout, stderr)
         if outcome.timed_out:
             raise OSError(errno.ETIMEDOUT, f"reading took longer than {READ_TIMEOUT_S:g} s (is it a pipe?)", path)

@@ -8,48 +8,11 @@ import struct
 import threading
 from typing import Optional
 
+from hermes_batch.output import BoundedOutput
+
 _HEADER = struct.Struct(">BxxxL")  # stream (1 stdout, 2 stderr), 3 bytes padding, payload size
 _STDERR = 2
 _MAX_PID_LINE = 32
-
-
-class Bounded:
-    """Keeps the first and last ``limit // 2`` bytes of what it is given."""
-
-    def __init__(self, limit: int):
-        self.half = limit // 2
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.dropped = 0
-
-    def add(self, data: bytes) -> None:
-        room = self.half - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-            if not data:
-                return
-        self.tail += data
-        # Trim only at twice the allowance, so trimming stays amortised O(1).
-        if len(self.tail) > 2 * self.half:
-            excess = len(self.tail) - self.half
-            del self.tail[:excess]
-            self.dropped += excess
-
-    def value(self) -> bytes:
-        if len(self.tail) > self.half:
-            excess = len(self.tail) - self.half
-            del self.tail[:excess]
-            self.dropped += excess
-        return bytes(self.head) + bytes(self.tail)
-
-    def text(self) -> str:
-        data = self.value()
-        if not self.dropped:
-            return data.decode("utf-8", errors="replace")
-        head = bytes(self.head).decode("utf-8", errors="replace")
-        tail = bytes(self.tail).decode("utf-8", errors="replace")
-        return f"{head}\n[... {self.dropped} bytes of output omitted ...]\n{tail}"
 
 
 class ExecStream:
@@ -61,7 +24,7 @@ class ExecStream:
     and pool threads held by reads could starve the very call that kills it.
     """
 
-    def __init__(self, sock, loop: asyncio.AbstractEventLoop, stdout: Bounded, stderr: Optional[Bounded] = None):
+    def __init__(self, sock, loop: asyncio.AbstractEventLoop, stdout: BoundedOutput, stderr: Optional[BoundedOutput] = None):
         self.sock = sock
         self.raw = getattr(sock, "_sock", sock)
         self.loop = loop
