@@ -25,7 +25,6 @@ class Progress:
         self._started = time.monotonic()
         self._live = None
         self._task: Optional[asyncio.Task] = None
-        self.extra: dict[str, str] = {}  # lines other components want shown (e.g. rate limits)
         self._sources: list[Callable[[], dict]] = []
 
     def start(self) -> None:
@@ -68,10 +67,8 @@ class Progress:
             f"{rate * 60:.1f} prompts/min",
             f"ETA {eta}",
         ]
-        extra = dict(self.extra)
         for source in self._sources:
-            extra.update(source())
-        parts += [f"{k} {v}" for k, v in extra.items()]
+            parts += [f"{k} {v}" for k, v in source().items()]
         return " | ".join(parts)
 
     def _render(self):

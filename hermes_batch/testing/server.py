@@ -14,160 +14,45 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import collections
 import hashlib
-import hmac
 import inspect
 import json
 import random
 import signal
 import sys
 import threading
-import time
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 import attrs
 from aiohttp import web
 
-from ..interfaces import PREFLIGHT_PROMPT
-from ..records import Usage
+from .scripts import REASONING_FORMATS, Reply, RoutedScript, Script, ScriptRequest, ToolLoopScript
+from .wire import (
+    BadRequest,
+    error_body,
+    estimate_usage,
+    model_info,
+    model_list,
+    parse_request,
+    render_anthropic,
+    render_openai,
+    sign_thinking,
+    signature_valid,
+)
 
-REASONING_FORMATS = ("reasoning", "reasoning_details", "reasoning_content", "think_tags", "scratchpad", "none")
-
-
-@attrs.frozen
-class ScriptRequest:
-    """One request as the script sees it, whichever API it came through.
-
-    ``messages`` are normalized to the OpenAI shape (``role``, ``content`` as text,
-    ``tool_calls``, ``tool_call_id``); reasoning sent back by the client, in any
-    format, is under ``reasoning``.  Anthropic requests become a leading ``system``
-    message, ``tool`` messages for ``tool_result`` blocks (``is_error`` kept), and
-    assistant messages whose thinking blocks carry ``reasoning_signature_valid``.
-    """
-
-    api: str  # "openai" or "anthropic"
-    model: str
-    messages: tuple  # of dict
-    tools: tuple = ()  # names of the tools offered
-    body: dict = attrs.field(factory=dict)
-    headers: dict = attrs.field(factory=dict)
-
-    @property
-    def prompt(self) -> str:
-        """Text of the first user message."""
-        return next((m["content"] for m in self.messages if m["role"] == "user"), "")
-
-    @property
-    def preflight(self) -> bool:
-        """True for the probe hermes-batch sends before a run (``ModelClient.preflight``)."""
-        return not self.tools and self.prompt == PREFLIGHT_PROMPT
-
-    @property
-    def turn(self) -> int:
-        """Number of assistant messages already in the conversation."""
-        return sum(1 for m in self.messages if m["role"] == "assistant")
-
-    @property
-    def tool_results(self) -> list:
-        """Contents of the tool results sent after the last assistant message."""
-        results = []
-        for m in reversed(self.messages):
-            if m["role"] == "assistant":
-                break
-            if m["role"] == "tool":
-                results.append(m["content"])
-        return results[::-1]
-
-
-def _to_tuple(calls: Iterable) -> tuple:
-    return tuple(tuple(c) for c in calls)
-
-
-@attrs.frozen
-class Reply:
-    """What the script answers; rendered in the format of the API that was called.
-
-    ``tool_calls`` holds ``(name, arguments)`` pairs; a string ``arguments`` is sent
-    verbatim (to test invalid JSON).  ``usage=None`` estimates tokens from text
-    lengths.  A ``status`` other than 200 sends the provider's error body with
-    ``error_message``.  With the Anthropic API any ``reasoning_format`` except
-    ``"none"`` gives a signed ``thinking`` block.
-    """
-
-    content: str = ""
-    reasoning: Optional[str] = None
-    reasoning_format: str = attrs.field(default="reasoning", validator=attrs.validators.in_(REASONING_FORMATS))
-    tool_calls: tuple = attrs.field(default=(), converter=_to_tuple)
-    finish_reason: Optional[str] = None  # default: "tool_calls" with calls, else "stop"
-    usage: Optional[Usage] = None
-    provider: Optional[str] = None  # OpenRouter's top-level "provider" (in error replies: error.metadata.provider_name)
-    status: int = 200
-    headers: dict = attrs.field(factory=dict)
-    error_message: Optional[str] = None
-    error_type: Optional[str] = None  # default: the provider's type for ``status``
-
-
-Script = Callable[[ScriptRequest], Union[Reply, Awaitable[Reply]]]
-
-
-def _prompt_hash(prompt: str) -> str:
-    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:8]
-
-
-@attrs.frozen
-class ToolLoopScript:
-    """Call ``tool`` while ``turn < tool_calls``, then give a final answer.
-
-    ``command``, ``reasoning`` and ``final`` are ``str.format`` templates with the
-    fields ``prompt``, ``prompt_hash`` (8 hex digits), ``turn``, ``model``,
-    ``tool_calls``, ``last_result`` (content of the last tool result, "" if none)
-    and, in ``command`` only, ``call`` (index of the call within the turn).  Each
-    tool-calling turn makes ``calls_per_turn`` calls with arguments
-    ``{"command": command}``.  ``reasoning=None`` sends no reasoning.
-    """
-
-    tool_calls: int = 2
-    command: str = "echo {prompt_hash}-{turn}"
-    tool: str = "terminal"
-    reasoning: Optional[str] = "Let me think about step {turn}."
-    reasoning_format: str = attrs.field(default="reasoning", validator=attrs.validators.in_(REASONING_FORMATS))
-    final: str = "Done: {last_result}"
-    calls_per_turn: int = 1
-
-    def __call__(self, request: ScriptRequest) -> Reply:
-        results = request.tool_results
-        fields = dict(
-            prompt=request.prompt,
-            prompt_hash=_prompt_hash(request.prompt),
-            turn=request.turn,
-            model=request.model,
-            tool_calls=self.tool_calls,
-            last_result=results[-1] if results else "",
-        )
-        reasoning = self.reasoning.format(**fields) if self.reasoning is not None else None
-        if request.turn < self.tool_calls:
-            commands = (self.command.format(call=i, **fields) for i in range(self.calls_per_turn))
-            calls = [(self.tool, {"command": command}) for command in commands]
-            return Reply(reasoning=reasoning, reasoning_format=self.reasoning_format, tool_calls=calls)
-        return Reply(content=self.final.format(**fields), reasoning=reasoning, reasoning_format=self.reasoning_format)
-
-
-@attrs.frozen
-class RoutedScript:
-    """Dispatch on the prompt: ``routes`` maps prompt text to a script, or is a function returning one (or None)."""
-
-    routes: Union[Mapping[str, Script], Callable[[str], Optional[Script]]]
-    default: Optional[Script] = None
-
-    def __call__(self, request: ScriptRequest) -> Union[Reply, Awaitable[Reply]]:
-        routes = self.routes
-        script = routes.get(request.prompt) if isinstance(routes, Mapping) else routes(request.prompt)
-        script = script or self.default
-        if script is None:
-            raise LookupError(f"RoutedScript has no route for prompt {request.prompt[:80]!r} and no default")
-        return script(request)
+# The scripts and records are defined in .scripts and re-exported here, where users import them.
+__all__ = [
+    "ErrorRule",
+    "REASONING_FORMATS",
+    "Reply",
+    "RoutedScript",
+    "Script",
+    "ScriptRequest",
+    "ScriptedModelServer",
+    "ToolLoopScript",
+    "main",
+]
 
 
 @attrs.frozen
@@ -186,153 +71,6 @@ class ErrorRule:
     retry_after: Optional[float] = None
     match: Optional[Callable[[ScriptRequest], bool]] = None
     message: Optional[str] = None
-
-
-# (type, code) of the OpenAI error body and type of the Anthropic one, by status.
-_OPENAI_ERRORS = {
-    400: ("invalid_request_error", None),
-    401: ("invalid_request_error", "invalid_api_key"),
-    403: ("permission_error", None),
-    404: ("invalid_request_error", "model_not_found"),
-    429: ("requests", "rate_limit_exceeded"),
-}
-_ANTHROPIC_ERRORS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    529: "overloaded_error",
-}
-
-
-def _error_body(
-    api: str, status: int, message: str, error_type: Optional[str] = None, provider: Optional[str] = None
-) -> dict:
-    if api == "anthropic":
-        default = _ANTHROPIC_ERRORS.get(status, "api_error" if status >= 500 else "invalid_request_error")
-        return {"type": "error", "error": {"type": error_type or default, "message": message}}
-    fallback = ("server_error" if status >= 500 else "invalid_request_error", None)
-    default_type, code = _OPENAI_ERRORS.get(status, fallback)
-    error = {"message": message, "type": error_type or default_type, "param": None, "code": code}
-    if provider is not None:
-        error["metadata"] = {"provider_name": provider}  # as OpenRouter names the upstream that failed
-    return {"error": error}
-
-
-class _BadRequest(Exception):
-    pass
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    raise _BadRequest(f"content must be a string or a list of parts, got {type(content).__name__}")
-
-
-def _openai_messages(body: dict) -> list:
-    out = []
-    for m in body["messages"]:
-        msg = {"role": m.get("role"), "content": _text(m.get("content"))}
-        if m.get("tool_calls"):
-            msg["tool_calls"] = m["tool_calls"]
-        if "tool_call_id" in m:
-            msg["tool_call_id"] = m["tool_call_id"]
-        if m.get("name"):
-            msg["name"] = m["name"]
-        reasoning = m.get("reasoning") or m.get("reasoning_content")
-        if not reasoning and m.get("reasoning_details"):
-            reasoning = "".join(d.get("text") or d.get("summary") or "" for d in m["reasoning_details"])
-        if reasoning:
-            msg["reasoning"] = reasoning
-        out.append(msg)
-    return out
-
-
-def _anthropic_messages(body: dict, verify: Callable[[str, str], bool]) -> list:
-    out = []
-    if body.get("system"):
-        out.append({"role": "system", "content": _text(body["system"])})
-    for m in body["messages"]:
-        role, content = m.get("role"), m.get("content")
-        if not isinstance(content, list):
-            out.append({"role": role, "content": _text(content)})
-            continue
-        texts, calls, thinking, signatures_ok = [], [], [], True
-        for block in content:
-            kind = block.get("type")
-            if kind == "text":
-                texts.append(block["text"])
-            elif kind == "tool_use":
-                arguments = json.dumps(block.get("input", {}), ensure_ascii=False)
-                calls.append(_function_call(block["id"], block["name"], arguments))
-            elif kind == "thinking":
-                thinking.append(block.get("thinking", ""))
-                signatures_ok = signatures_ok and verify(block.get("thinking", ""), block.get("signature", ""))
-            elif kind == "tool_result":
-                result = {"role": "tool", "tool_call_id": block.get("tool_use_id")}
-                result["content"] = _text(block.get("content"))
-                if block.get("is_error"):
-                    result["is_error"] = True
-                out.append(result)
-        if role == "assistant":
-            msg = {"role": "assistant", "content": "".join(texts)}
-            if calls:
-                msg["tool_calls"] = calls
-            if thinking:
-                msg["reasoning"] = "".join(thinking)
-                msg["reasoning_signature_valid"] = signatures_ok
-            out.append(msg)
-        elif texts or not out or out[-1]["role"] != "tool":
-            out.append({"role": role, "content": "".join(texts)})
-    return out
-
-
-def _tool_names(api: str, tools: Any) -> tuple:
-    if not isinstance(tools, list):
-        return ()
-    if api == "openai":
-        return tuple(t.get("function", {}).get("name") for t in tools if isinstance(t, dict))
-    return tuple(t.get("name") for t in tools if isinstance(t, dict))
-
-
-def _tokens(text: str) -> int:
-    return (len(text) + 3) // 4
-
-
-def _estimate_usage(request: ScriptRequest, reply: Reply) -> Usage:
-    prompt = sum(_tokens(m["content"]) + 4 for m in request.messages)
-    reasoning = _tokens(reply.reasoning) if reply.reasoning else 0
-    calls = sum(_tokens(str(args)) + _tokens(name) for name, args in reply.tool_calls)
-    completion = _tokens(reply.content) + reasoning + calls + 1
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, reasoning_tokens=reasoning)
-
-
-def _wrap_reasoning(reply: Reply) -> str:
-    tag = {"think_tags": "think", "scratchpad": "REASONING_SCRATCHPAD"}.get(reply.reasoning_format)
-    if reply.reasoning is None or tag is None:
-        return reply.content
-    block = f"<{tag}>\n{reply.reasoning}\n</{tag}>"
-    return f"{block}\n\n{reply.content}" if reply.content else block
-
-
-def _arguments_json(arguments: Any) -> str:
-    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-
-
-def _function_call(call_id: str, name: str, arguments: str) -> dict:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def _model_info(api: str, model: str) -> dict:
-    if api == "anthropic":
-        return {"type": "model", "id": model, "display_name": model, "created_at": "2025-01-01T00:00:00Z"}
-    return {"id": model, "object": "model", "created": 0, "owned_by": "hermes-batch"}
 
 
 class ScriptedModelServer:
@@ -496,11 +234,10 @@ class ScriptedModelServer:
         return self._ids
 
     def _sign(self, thinking: str) -> str:
-        digest = hmac.new(self._secret, thinking.encode("utf-8"), hashlib.sha256).digest()
-        return base64.b64encode(digest).decode("ascii")
+        return sign_thinking(self._secret, thinking)
 
     def _verify(self, thinking: str, signature: str) -> bool:
-        ok = hmac.compare_digest(self._sign(thinking), signature or "")
+        ok = signature_valid(self._secret, thinking, signature)
         with self._lock:
             self._thinking["valid" if ok else "invalid"] += 1
         return ok
@@ -520,7 +257,7 @@ class ScriptedModelServer:
         error_type: Optional[str] = None,
         provider: Optional[str] = None,
     ) -> web.Response:
-        return self._respond(status, _error_body(api, status, message, error_type, provider), headers)
+        return self._respond(status, error_body(api, status, message, error_type, provider), headers)
 
     async def _handle_openai(self, http: web.Request) -> web.Response:
         return await self._handle(http, "openai")
@@ -534,24 +271,11 @@ class ScriptedModelServer:
         headers = http.headers
         return headers.get("Authorization") == f"Bearer {self.api_key}" or headers.get("x-api-key") == self.api_key
 
-    def _parse(self, api: str, body: Any, headers: dict) -> ScriptRequest:
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            raise _BadRequest("messages: a list of messages is required")
-        if not isinstance(body.get("model"), str):
-            raise _BadRequest("model: a string is required")
-        if api == "anthropic":
-            if not isinstance(body.get("max_tokens"), int):
-                raise _BadRequest("max_tokens: Field required")
-            messages = _anthropic_messages(body, self._verify)
-        else:
-            messages = _openai_messages(body)
-        return ScriptRequest(api, body["model"], tuple(messages), _tool_names(api, body.get("tools")), body, headers)
-
     async def _handle(self, http: web.Request, api: str) -> web.Response:
         try:
             body = await http.json()
-            request = self._parse(api, body, {k.lower(): v for k, v in http.headers.items()})
-        except (ValueError, _BadRequest, KeyError, TypeError, AttributeError) as exc:
+            request = parse_request(api, body, {k.lower(): v for k, v in http.headers.items()}, self._verify)
+        except (ValueError, BadRequest, KeyError, TypeError, AttributeError) as exc:
             return self._error(api, 400, f"Invalid request body: {exc}")
         with self._lock:
             self._request_count += 1
@@ -600,9 +324,12 @@ class ScriptedModelServer:
         if reply.status != 200:
             message = reply.error_message or f"Scripted error {reply.status}."
             return self._error(api, reply.status, message, reply.headers, reply.error_type, reply.provider)
-        usage = reply.usage or _estimate_usage(request, reply)
-        render = self._render_anthropic if api == "anthropic" else self._render_openai
-        return self._respond(200, render(request, reply, usage), reply.headers)
+        usage = reply.usage or estimate_usage(request, reply)
+        if api == "anthropic":
+            response = render_anthropic(request, reply, usage, self._next_id, self._sign)
+        else:
+            response = render_openai(request, reply, usage, self._next_id)
+        return self._respond(200, response, reply.headers)
 
     def _failing_rule(self, request: ScriptRequest) -> Optional[ErrorRule]:
         attempt = 0
@@ -623,91 +350,16 @@ class ScriptedModelServer:
                 return rule
         return None
 
-    def _render_openai(self, request: ScriptRequest, reply: Reply, usage: Usage) -> dict:
-        message: dict = {"role": "assistant", "content": None, "refusal": None}
-        content = _wrap_reasoning(reply)
-        if reply.reasoning is not None:
-            if reply.reasoning_format in ("reasoning", "reasoning_content"):
-                message[reply.reasoning_format] = reply.reasoning
-            elif reply.reasoning_format == "reasoning_details":
-                detail = {"type": "reasoning.text", "text": reply.reasoning, "format": "unknown", "index": 0}
-                message["reasoning_details"] = [detail]
-        if content or not reply.tool_calls:
-            message["content"] = content
-        if reply.tool_calls:
-            message["tool_calls"] = [
-                _function_call(f"call_hb{self._next_id()}", name, _arguments_json(args))
-                for name, args in reply.tool_calls
-            ]
-        finish = reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
-        usage_body: dict = {
-            "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-            "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
-        }
-        if usage.cost is not None:
-            usage_body["cost"] = usage.cost
-        body = {
-            "id": f"chatcmpl-hb{self._next_id()}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": request.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-            "usage": usage_body,
-        }
-        if reply.provider is not None:
-            body["provider"] = reply.provider
-        return body
-
-    def _render_anthropic(self, request: ScriptRequest, reply: Reply, usage: Usage) -> dict:
-        blocks: list = []
-        if reply.reasoning is not None and reply.reasoning_format != "none":
-            blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": self._sign(reply.reasoning)})
-        if reply.content:
-            blocks.append({"type": "text", "text": reply.content})
-        for name, args in reply.tool_calls:
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except ValueError:
-                    pass  # sent verbatim: Anthropic never does this, but a client may want to survive it
-            blocks.append({"type": "tool_use", "id": f"toolu_hb{self._next_id()}", "name": name, "input": args})
-        finish = reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
-        stop_reason = {"tool_calls": "tool_use", "stop": "end_turn", "length": "max_tokens"}.get(finish, finish)
-        usage_body = {
-            "input_tokens": usage.prompt_tokens - usage.cached_tokens,
-            "output_tokens": usage.completion_tokens,
-            "cache_read_input_tokens": usage.cached_tokens,
-            "cache_creation_input_tokens": 0,
-        }
-        if usage.reasoning_tokens:
-            usage_body["output_tokens_details"] = {"thinking_tokens": usage.reasoning_tokens}
-        return {
-            "id": f"msg_hb{self._next_id()}",
-            "type": "message",
-            "role": "assistant",
-            "model": request.model,
-            "content": blocks,
-            "stop_reason": stop_reason,
-            "stop_sequence": None,
-            "usage": usage_body,
-        }
-
     async def _handle_models(self, http: web.Request) -> web.Response:
-        models = self.models or ("scripted-model",)
-        if "anthropic-version" in http.headers:
-            data = [_model_info("anthropic", m) for m in models]
-            return self._respond(200, {"data": data, "has_more": False, "first_id": models[0], "last_id": models[-1]})
-        return self._respond(200, {"object": "list", "data": [_model_info("openai", m) for m in models]})
+        api = "anthropic" if "anthropic-version" in http.headers else "openai"
+        return self._respond(200, model_list(api, self.models or ("scripted-model",)))
 
     async def _handle_model(self, http: web.Request) -> web.Response:
         model = http.match_info["model"]
         api = "anthropic" if "anthropic-version" in http.headers else "openai"
         if self.models is not None and model not in self.models:
             return self._error(api, 404, f"The model `{model}` does not exist or you do not have access to it.")
-        return self._respond(200, _model_info(api, model))
+        return self._respond(200, model_info(api, model))
 
 
 # --- command line ------------------------------------------------------------------

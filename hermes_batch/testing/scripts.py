@@ -1,0 +1,151 @@
+"""What a script sees and answers (``ScriptRequest``, ``Reply``) and ready-made scripts.
+
+A script is any callable ``(ScriptRequest) -> Reply``, sync or async, served by
+:class:`~hermes_batch.testing.server.ScriptedModelServer`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Awaitable, Callable, Iterable, Mapping, Optional, Union
+
+import attrs
+
+from ..interfaces import PREFLIGHT_PROMPT
+from ..records import Usage
+
+REASONING_FORMATS = ("reasoning", "reasoning_details", "reasoning_content", "think_tags", "scratchpad", "none")
+
+
+@attrs.frozen
+class ScriptRequest:
+    """One request as the script sees it, whichever API it came through.
+
+    ``messages`` are normalized to the OpenAI shape (``role``, ``content`` as text,
+    ``tool_calls``, ``tool_call_id``); reasoning sent back by the client, in any
+    format, is under ``reasoning``.  Anthropic requests become a leading ``system``
+    message, ``tool`` messages for ``tool_result`` blocks (``is_error`` kept), and
+    assistant messages whose thinking blocks carry ``reasoning_signature_valid``.
+    """
+
+    api: str  # "openai" or "anthropic"
+    model: str
+    messages: tuple  # of dict
+    tools: tuple = ()  # names of the tools offered
+    body: dict = attrs.field(factory=dict)
+    headers: dict = attrs.field(factory=dict)
+
+    @property
+    def prompt(self) -> str:
+        """Text of the first user message."""
+        return next((m["content"] for m in self.messages if m["role"] == "user"), "")
+
+    @property
+    def preflight(self) -> bool:
+        """True for the probe hermes-batch sends before a run (``ModelClient.preflight``)."""
+        return not self.tools and self.prompt == PREFLIGHT_PROMPT
+
+    @property
+    def turn(self) -> int:
+        """Number of assistant messages already in the conversation."""
+        return sum(1 for m in self.messages if m["role"] == "assistant")
+
+    @property
+    def tool_results(self) -> list:
+        """Contents of the tool results sent after the last assistant message."""
+        results = []
+        for m in reversed(self.messages):
+            if m["role"] == "assistant":
+                break
+            if m["role"] == "tool":
+                results.append(m["content"])
+        return results[::-1]
+
+
+def _to_tuple(calls: Iterable) -> tuple:
+    return tuple(tuple(c) for c in calls)
+
+
+@attrs.frozen
+class Reply:
+    """What the script answers; rendered in the format of the API that was called.
+
+    ``tool_calls`` holds ``(name, arguments)`` pairs; a string ``arguments`` is sent
+    verbatim (to test invalid JSON).  ``usage=None`` estimates tokens from text
+    lengths.  A ``status`` other than 200 sends the provider's error body with
+    ``error_message``.  With the Anthropic API any ``reasoning_format`` except
+    ``"none"`` gives a signed ``thinking`` block.
+    """
+
+    content: str = ""
+    reasoning: Optional[str] = None
+    reasoning_format: str = attrs.field(default="reasoning", validator=attrs.validators.in_(REASONING_FORMATS))
+    tool_calls: tuple = attrs.field(default=(), converter=_to_tuple)
+    finish_reason: Optional[str] = None  # default: "tool_calls" with calls, else "stop"
+    usage: Optional[Usage] = None
+    provider: Optional[str] = None  # OpenRouter's top-level "provider" (in error replies: error.metadata.provider_name)
+    status: int = 200
+    headers: dict = attrs.field(factory=dict)
+    error_message: Optional[str] = None
+    error_type: Optional[str] = None  # default: the provider's type for ``status``
+
+
+Script = Callable[[ScriptRequest], Union[Reply, Awaitable[Reply]]]
+
+
+def _prompt_hash(prompt: str) -> str:
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:8]
+
+
+@attrs.frozen
+class ToolLoopScript:
+    """Call ``tool`` while ``turn < tool_calls``, then give a final answer.
+
+    ``command``, ``reasoning`` and ``final`` are ``str.format`` templates with the
+    fields ``prompt``, ``prompt_hash`` (8 hex digits), ``turn``, ``model``,
+    ``tool_calls``, ``last_result`` (content of the last tool result, "" if none)
+    and, in ``command`` only, ``call`` (index of the call within the turn).  Each
+    tool-calling turn makes ``calls_per_turn`` calls with arguments
+    ``{"command": command}``.  ``reasoning=None`` sends no reasoning.
+    """
+
+    tool_calls: int = 2
+    command: str = "echo {prompt_hash}-{turn}"
+    tool: str = "terminal"
+    reasoning: Optional[str] = "Let me think about step {turn}."
+    reasoning_format: str = attrs.field(default="reasoning", validator=attrs.validators.in_(REASONING_FORMATS))
+    final: str = "Done: {last_result}"
+    calls_per_turn: int = 1
+
+    def __call__(self, request: ScriptRequest) -> Reply:
+        results = request.tool_results
+        fields = dict(
+            prompt=request.prompt,
+            prompt_hash=_prompt_hash(request.prompt),
+            turn=request.turn,
+            model=request.model,
+            tool_calls=self.tool_calls,
+            last_result=results[-1] if results else "",
+        )
+        reasoning = self.reasoning.format(**fields) if self.reasoning is not None else None
+        if request.turn < self.tool_calls:
+            commands = (self.command.format(call=i, **fields) for i in range(self.calls_per_turn))
+            calls = [(self.tool, {"command": command}) for command in commands]
+            return Reply(reasoning=reasoning, reasoning_format=self.reasoning_format, tool_calls=calls)
+        return Reply(content=self.final.format(**fields), reasoning=reasoning, reasoning_format=self.reasoning_format)
+
+
+@attrs.frozen
+class RoutedScript:
+    """Dispatch on the prompt: ``routes`` maps prompt text to a script, or is a function returning one (or None)."""
+
+    routes: Union[Mapping[str, Script], Callable[[str], Optional[Script]]]
+    default: Optional[Script] = None
+
+    def __call__(self, request: ScriptRequest) -> Union[Reply, Awaitable[Reply]]:
+        routes = self.routes
+        script = routes.get(request.prompt) if isinstance(routes, Mapping) else routes(request.prompt)
+        script = script or self.default
+        if script is None:
+            raise LookupError(f"RoutedScript has no route for prompt {request.prompt[:80]!r} and no default")
+        return script(request)
