@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import warnings
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import attrs
 import pluggy

@@ -6,14 +6,14 @@ import asyncio
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Callable, Mapping, Optional, Union
+from typing import Callable, Mapping, Union
 
 import attrs
 
 from .agent import AgentSettings, SessionLog, run_session
 from .conversation import to_sharegpt
 from .errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeout
-from .interfaces import ModelClient, PromptJob, SandboxBackend, Tool, ToolContext
+from .interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
 from .records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
 
 log = logging.getLogger("hermes_batch.prompt")

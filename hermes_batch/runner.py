@@ -19,17 +19,17 @@ from . import __version__, dataset, distributions, selection
 from .agent import AgentSettings
 from .config import RunConfig
 from .conversation import DEFAULT_SYSTEM_PROMPT
-from .errors import DatasetError, FatalModelError, HermesBatchError, RunFolderError, UsageError
+from .errors import DatasetError, HermesBatchError, RunFolderError, UsageError
 from .interfaces import ModelSettings, PromptJob
 from .merge import merge_run
 from .plugins import collect, describe_plugins, get_plugin_manager
 from .processor import PromptProcessor, now_iso
 from .progress import Progress
-from .records import Checkpoint, Discarded, Failure, Message, SessionInfo, Trajectory
+from .records import Checkpoint, Discarded, Failure, Message, SessionInfo
 from .resume import plan_resume, scan_finished
 from .run_context import RunContext
 from .runfolder import AppendLog, RunFolder, atomic_write_text, read_records, repair_torn_tail, validate_run_name
-from .serialization import from_json, to_json_line
+from .serialization import to_json_line
 from .statistics import build_statistics, render_statistics, reported_cost
 
 log = logging.getLogger("hermes_batch.run")

@@ -8,14 +8,14 @@ wrong types are errors, ``"false"`` is not a bool).
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, TypeVar
+from typing import Any, TypeVar
 
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.v import format_exception
 
 from .errors import ConfigError
-from .records import Discarded, Failure, Metadata, ToolCallRecord, Trajectory, Turn, ToolStat
+from .records import Trajectory, Turn
 
 T = TypeVar("T")
 

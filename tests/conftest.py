@@ -13,33 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from hermes_batch.cli import cli
-from hermes_batch.testing import ScriptedModelServer, ToolLoopScript
+from hermes_batch.testing import ScriptedModelServer
 
-API_KEY = "sk-test-canary-3f9c1d"  # must never appear in a run folder
-
-
-@pytest.fixture
-def model_server():
-    """Factory: ``model_server(script=..., **options)`` starts a ScriptedModelServer, stopped after the test."""
-    servers = []
-
-    def start(script=None, **options):
-        options.setdefault("api_key", API_KEY)
-        server = ScriptedModelServer(script or ToolLoopScript(tool_calls=2), **options).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
-
-
-def write_dataset(path: Path, rows) -> Path:
-    """Write rows (dicts, or raw strings for broken lines) as JSONL."""
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
-    return path
+from hermes_batch.testing.fixtures import TEST_API_KEY as API_KEY  # must never appear in a run folder
+from hermes_batch.testing.fixtures import model_server, write_dataset  # noqa: F401 (fixture and helper)
 
 
 @attrs.define

@@ -7,7 +7,6 @@ from pathlib import Path
 import hermes_batch
 from hermes_batch.config import RunConfig
 from hermes_batch.plugins import get_plugin_manager
-from hermes_batch.records import Discarded, Failure, Trajectory
 from hermes_batch.runner import Run
 from hermes_batch.testing import RoutedScript, ToolLoopScript
 

@@ -13,7 +13,6 @@ import json
 import random
 import signal
 import subprocess
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 
 from hermes_batch.default_plugins.local_executor import LocalExecutor
 from hermes_batch.interfaces import NoOptions
+from hermes_batch.testing.fixtures import wait_for
 from hermes_batch.testing import Reply, RoutedScript, ToolLoopScript
 
 from conftest import write_dataset
@@ -110,19 +110,6 @@ def assert_each_once(runner, prompts) -> list[dict]:
     indexes = [t["prompt_index"] for t in merged]
     assert indexes == sorted(set(indexes))
     return merged
-
-
-def wait_for(condition, timeout: float, what: str, proc: subprocess.Popen | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            _out, err = proc.communicate()
-            pytest.fail(f"the run ended (status {proc.returncode}) before {what}:\n{err[-2000:]}")
-        time.sleep(0.02)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 def statistics(runner) -> dict:

@@ -22,14 +22,14 @@ from click.testing import CliRunner
 from docker.utils import kwargs_from_env
 
 from hermes_batch.cli import cli
-from hermes_batch.testing import ScriptedModelServer, ToolLoopScript
 from hermes_batch_docker.engine import LABEL_RUN
 
 IMAGE_A = "hermes-batch-test/busybox-a:1"
 IMAGE_B = "hermes-batch-test/busybox-b:1"
 MISSING_IMAGE = "hermes-batch-test/no-such-image:1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-API_KEY = "sk-docker-test-canary-51a7"
+from hermes_batch.testing.fixtures import TEST_API_KEY as API_KEY
+from hermes_batch.testing.fixtures import model_server, write_dataset  # noqa: F401 (fixture and helper)
 SESSION = uuid.uuid4().hex[:6]  # run names of this test session start with hbtest-SESSION-
 _counter = itertools.count()
 
@@ -90,29 +90,6 @@ def run_name(docker_api):
     for container in left:
         docker_api.remove_container(container["Id"], force=True)
     assert not left, f"{len(left)} container(s) of run {name} were left behind: {[c['Names'] for c in left]}"
-
-
-@pytest.fixture
-def model_server():
-    """Factory: ``model_server(script=..., **options)`` starts a ScriptedModelServer, stopped after the test."""
-    servers = []
-
-    def start(script=None, **options):
-        options.setdefault("api_key", API_KEY)
-        server = ScriptedModelServer(script or ToolLoopScript(tool_calls=1), **options).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
-
-
-def write_dataset(path: Path, rows) -> Path:
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    return path
 
 
 @attrs.define

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from hermes_batch.cli import cli
+from hermes_batch.testing.fixtures import wait_for
 from hermes_batch.testing import RoutedScript, ToolLoopScript
 from hermes_batch_docker.engine import LABEL_HOST, LABEL_PID, LABEL_PROMPT, LABEL_RUN, LABEL_RUN_DIR, LABEL_SESSION, LIVE_SESSIONS
 
@@ -21,19 +22,6 @@ from .conftest import IMAGE_A, IMAGE_B, MISSING_IMAGE, containers_of, write_data
 DEAD_PID = "2147483646"
 SLEEPER = ToolLoopScript(tool_calls=1, command="sleep 30")
 FAST = ToolLoopScript(tool_calls=1, command="echo fine")
-
-
-def wait_for(condition, timeout: float, what: str, proc: subprocess.Popen | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            _out, err = proc.communicate()
-            pytest.fail(f"the run ended (status {proc.returncode}) before {what}:\n{err[-3000:]}")
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 def tool_outputs(trajectory: dict) -> list:
