@@ -18,6 +18,7 @@ class Observer:
 
     def __init__(self):
         self.events = []
+        self.finished_indexes = []
         self.pool_size = None
 
     @hermes_batch.hookimpl
@@ -28,6 +29,7 @@ class Observer:
     @hermes_batch.hookimpl
     def hermes_batch_prompt_finished(self, run, outcome):
         self.events.append(("finished", type(outcome).__name__))
+        self.finished_indexes.append(getattr(outcome, "trajectory", outcome).prompt_index)
 
     @hermes_batch.hookimpl
     def hermes_batch_run_end(self, run, statistics):
@@ -77,8 +79,8 @@ def test_a_slow_prompt_never_holds_up_the_others(tmp_path, model_server):
     result, wall = run_api(tmp_path, server, rows, observer, num_workers=4, batch_size=100)
     assert result.exit_code == 0
     # 40 fast prompts on the 3 other slots take ~0.7 s; they all end before the slow one.
-    finished_order = [kind for event, kind in observer.events if event == "finished"]
-    assert len(finished_order) == 41
+    assert len(observer.finished_indexes) == 41
+    assert observer.finished_indexes[-1] == 0
     assert wall < 3.0 + 2.5
     assert server.calls_for("slow") == 1
 
@@ -89,5 +91,6 @@ def test_hundreds_of_sessions_at_once(tmp_path, model_server):
     result, wall = run_api(tmp_path, server, rows, num_workers=300, batch_size=50)
     assert result.exit_code == 0
     assert result.statistics["prompts"]["kept"] == 300
-    # 2 model calls at 0.5 s each: about 1 s if the 300 sessions really run together (after a 0.5 s preflight).
-    assert wall < 8 + 0.5, wall
+    # 2 model calls at 0.5 s each: about 1.5 s with the preflight if the 300 sessions really run together,
+    # 300 s if they ran one after another; the bound leaves room for a loaded machine.
+    assert wall < 20, wall
