@@ -241,3 +241,43 @@ async def test_many_concurrent_commands(backend):
 def test_config_rejects_nonsense():
     with pytest.raises(ValueError):
         LocalSandboxConfig(max_starting=0)
+
+
+def _alive_with(marker: str) -> list[int]:
+    """Pids of live (not zombie) processes whose command line contains ``marker``."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(sandbox, monkeypatch):
+    # Ctrl-C can land after the shell started but before exec learned its process group.
+    real_spawn = asyncio.create_subprocess_exec
+
+    async def spawn_then_cancel(*args, **kwargs):
+        await real_spawn(*args, **kwargs)
+        raise asyncio.CancelledError
+
+    marker = f"30.{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", spawn_then_cancel)
+    with pytest.raises(asyncio.CancelledError):
+        await sandbox.exec(f"sleep {marker}", 60)
+    monkeypatch.undo()
+    deadline = time.monotonic() + 5
+    while not _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert _alive_with(f"sleep {marker}"), "the command never started"
+    await sandbox.close()
+    deadline = time.monotonic() + 5
+    while _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not _alive_with(f"sleep {marker}")

@@ -143,6 +143,23 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+def _groups_working_in(root: Path) -> set[int]:
+    """Process groups of the processes whose working directory is inside ``root`` (never our own)."""
+    inside, own = str(root), os.getpgrp()
+    groups = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry.name}/cwd")
+            pgid = os.getpgid(int(entry.name))
+        except OSError:
+            continue
+        if (cwd == inside or cwd.startswith(inside + os.sep)) and pgid != own:
+            groups.add(pgid)
+    return groups
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -189,6 +206,7 @@ class LocalSandbox(Sandbox):
         self._pool = backend.run.thread_pool
         # Process groups that may still have members: killed at close.
         self._groups: set[int] = set()
+        self._interrupted_spawn = False
         self._closed = False
 
     @property
@@ -216,6 +234,11 @@ class LocalSandbox(Sandbox):
         except OSError as exc:
             os.close(read_fd)
             raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
+        except BaseException:
+            # Cancelled (Ctrl-C) while spawning: the shell may exist without our knowing its group.
+            os.close(read_fd)
+            self._interrupted_spawn = True
+            raise
         finally:
             os.close(write_fd)
         pgid = proc.pid  # start_new_session makes the shell the leader of a new group
@@ -284,6 +307,8 @@ class LocalSandbox(Sandbox):
             return
         self._closed = True
         self._backend._forget(self)
+        if self._interrupted_spawn:
+            self._groups |= _groups_working_in(self.root)
         for pgid in self._groups:
             _kill_group(pgid)
         self._groups.clear()
