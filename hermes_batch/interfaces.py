@@ -164,8 +164,15 @@ class SandboxBackend(abc.ABC):
         self.config = config
         self.run = run
 
+    async def check(self) -> None:
+        """Called once before the model preflight and before the run folder exists.
+
+        Verify that the engine is reachable and the options fit it; raise
+        ConfigError with one sentence otherwise.  Leave nothing behind.
+        """
+
     async def start(self) -> None:
-        """Called once before any prompt: check the engine, remove leftovers of a crashed run."""
+        """Called once before any prompt, after ``check``: remove leftovers of a crashed run."""
 
     async def prepare_image(self, image: Optional[str]) -> None:
         """Make ``image`` available (pull once); raises SandboxError if it cannot be had."""

@@ -201,19 +201,22 @@ class Run:
         self.previously_finished = sum(finished.values())
         to_run = self._count_to_run(finished) if finished else self.report.valid
         client = self.client = self.client_cls(self._model_settings())
-        self.previous_cost = reported_cost(self.folder) if cfg.resume and cfg.max_cost is not None else 0.0
-        if to_run and cfg.preflight and not self._over_budget():
-            # before the run folder is touched and any sandbox started: a refused key costs nothing to fix
-            try:
-                await client.preflight()
-            except HermesBatchError as exc:
-                await _quietly(client.aclose())
-                return RunResult(exc.exit_code, None, str(exc))
-            except asyncio.CancelledError:
-                await _quietly(client.aclose())
-                return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
-        self.folder.create()
         self.context = RunContext(cfg.run_name, self.folder.dir, self.seed, cfg.verbose, cfg.log_prefix_chars, pool)
+        backend = self.backend_cls(self.backend_config, self.context)
+        self.previous_cost = reported_cost(self.folder) if cfg.resume and cfg.max_cost is not None else 0.0
+        # Before the run folder is touched and any sandbox started: a dead engine or a refused key
+        # costs nothing to fix.  The engine goes first, since the preflight costs a model request.
+        try:
+            await backend.check()
+            if to_run and cfg.preflight and not self._over_budget():
+                await client.preflight()
+        except (HermesBatchError, asyncio.CancelledError) as exc:
+            await _quietly(backend.shutdown())
+            await _quietly(client.aclose())
+            if isinstance(exc, asyncio.CancelledError):
+                return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
+            return RunResult(exc.exit_code, None, str(exc))
+        self.folder.create()
         self._write_run_json()
         if self.missing:
             log.warning(
@@ -229,7 +232,6 @@ class Run:
             "failed": AppendLog(self.folder.failed),
         }
         self.tracker = BatchTracker(self._batch_complete)
-        backend = self.backend_cls(self.backend_config, self.context)
         processor = PromptProcessor(
             run_name=cfg.run_name, model=cfg.model, seed=self.seed, client=client, backend=backend,
             toolsets=self.toolsets, all_tools=self.all_tools, agent=self._agent_settings(), verbose=cfg.verbose,

@@ -261,7 +261,7 @@ def test_an_engine_that_is_down_stops_the_run_at_start_with_status_2(tmp_path, r
     assert result.exit_code == 2
     assert f"Error: The Docker engine at unix://{tmp_path}/dead.sock is not reachable" in result.output
     assert "start it (`sudo systemctl start docker`" in result.output
-    assert server.calls_for("task") == 0  # no prompt reached the model
+    assert server.request_count == 0  # the engine is checked before the model preflight
     assert not runner.folder.exists()
 
     cleanup = CliRunner().invoke(cli, ["docker", "cleanup"])

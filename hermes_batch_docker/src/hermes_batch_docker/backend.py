@@ -89,8 +89,10 @@ class DockerBackend(SandboxBackend):
 
     # --- run lifecycle -------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Connect to the engine (ConfigError when it is down), check the options, remove leftovers."""
+    async def check(self) -> None:
+        """Connect to the engine (ConfigError when it is down) and check the options against it."""
+        if self.api is not None:
+            return
         api = await self.blocking(engine.connect, self._pool_size())
         try:
             info = await self.blocking(api.info)
@@ -100,6 +102,10 @@ class DockerBackend(SandboxBackend):
             api.close()
             raise
         self.api = api
+
+    async def start(self) -> None:
+        """Check the engine if not done yet, then remove leftovers of an earlier process of this run."""
+        await self.check()
         LIVE_SESSIONS.add(self.session)
         try:
             await self._remove_leftovers()
