@@ -27,9 +27,11 @@ def spec(index: int = 0, cwd=None, env=None) -> SandboxSpec:
 
 
 class TestLocalSandboxContract(SandboxContract):
+    max_output_chars = 10_100  # the limit below, plus the omission notice
+
     @pytest.fixture
     async def backend(self, tmp_path):
-        backend = make_backend(tmp_path)
+        backend = make_backend(tmp_path, max_output_bytes=10_000)
         await backend.start()
         yield backend
         await backend.shutdown()
@@ -180,34 +182,6 @@ async def test_shutdown_closes_sandboxes_left_open(tmp_path):
     await backend.shutdown()
     assert not sandbox.root.exists()
     assert not backend.run.scratch_dir.exists()
-
-
-async def test_output_keeps_start_and_end_of_huge_output(tmp_path):
-    backend = make_backend(tmp_path, max_output_bytes=10_000)
-    sandbox = await backend.open(spec())
-    try:
-        result = await sandbox.exec("echo FIRST; yes filler | head -n 100000; echo LAST", 10)
-    finally:
-        await sandbox.close()
-    assert result.exit_code == 0
-    assert result.output.startswith("FIRST\n")
-    assert result.output.endswith("LAST\n")
-    assert "bytes of output omitted" in result.output
-    assert len(result.output) < 10_100
-
-
-async def test_cancelled_exec_kills_the_command(sandbox):
-    task = asyncio.ensure_future(sandbox.exec("echo $$ > pid; exec sleep 60", 60))
-    for _ in range(100):
-        await asyncio.sleep(0.02)
-        if (sandbox.root / "pid").exists() and (sandbox.root / "pid").read_text().strip():
-            break
-    pid = int((sandbox.root / "pid").read_text())
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await asyncio.sleep(0.1)
-    assert not process_running(pid)
 
 
 async def test_escaped_process_holding_the_pipe_does_not_hang_exec(sandbox):

@@ -177,6 +177,35 @@ class SandboxContract:
         assert result.output.startswith("hermes-batch\nhermes-batch\n")
         assert len(result.output) <= self.max_output_chars
 
+    async def test_huge_output_keeps_its_start_and_end(self, sandbox: Sandbox):
+        result = await sandbox.exec("echo FIRST; yes filler | head -c 12000000; echo LAST", 60)
+        assert result.exit_code == 0
+        assert result.output.startswith("FIRST\n")
+        assert result.output.endswith("LAST\n")
+        assert "bytes of output omitted" in result.output
+        assert len(result.output) <= self.max_output_chars
+
+    async def test_cancelled_exec_kills_the_command(self, sandbox: Sandbox):
+        task = asyncio.ensure_future(sandbox.exec("echo $$ > pid; exec sleep 60", 60))
+        pid = None
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            try:
+                pid = int(await sandbox.read_file("pid"))
+                break
+            except (FileNotFoundError, ValueError):
+                continue
+        assert pid is not None, "the command never started"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(40):
+            state = (await sandbox.exec(f"kill -0 {pid} 2>/dev/null && echo alive || echo gone", 10)).output
+            if state == "gone\n":
+                break
+            await asyncio.sleep(0.05)
+        assert state == "gone\n"
+
     # --- files -------------------------------------------------------------------------
 
     async def test_write_and_read_nested_binary_file(self, sandbox: Sandbox):

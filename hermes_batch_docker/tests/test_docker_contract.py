@@ -15,10 +15,11 @@ from .conftest import IMAGE_A
 class TestDockerSandboxContract(SandboxContract):
     image = IMAGE_A
     timeout_slack = 3.0
+    max_output_chars = 10_100  # the limit below, plus the omission notice
 
     @pytest.fixture
     async def backend(self, tmp_path, run_name, docker_api):
-        backend = DockerBackend(DockerConfig(image=IMAGE_A), RunContext(run_name, tmp_path / "run", seed=0))
+        backend = DockerBackend(DockerConfig(image=IMAGE_A, max_output_bytes=10_000), RunContext(run_name, tmp_path / "run", seed=0))
         await backend.start()
         yield backend
         await backend.shutdown()
