@@ -76,6 +76,19 @@ def _reset_at_seconds(raw: str) -> Optional[float]:
     return max(0.0, value)
 
 
+def choose_reset_wait(limits) -> Optional[float]:
+    """Seconds to wait given ``(seconds until reset, exhausted)`` per limit.
+
+    The latest reset among exhausted limits (the call cannot pass before it),
+    else the soonest reset; None when no limit was reported.
+    """
+    limits = list(limits)
+    exhausted = [seconds for seconds, spent in limits if spent]
+    if exhausted:
+        return max(exhausted)
+    return min((seconds for seconds, _spent in limits), default=None)
+
+
 def rate_limit_reset_seconds(headers: Optional[Mapping[str, str]]) -> Optional[float]:
     """Seconds until a 429's limit resets, from OpenAI-style ``x-ratelimit-*`` headers, if any.
 
@@ -84,19 +97,15 @@ def rate_limit_reset_seconds(headers: Optional[Mapping[str, str]]) -> Optional[f
     """
     if not headers:
         return None
-    exhausted, every = [], []
+    limits = []
     for kind in ("requests", "tokens"):
         raw = headers.get(f"x-ratelimit-reset-{kind}")
         seconds = _duration_seconds(raw) if raw else None
-        if seconds is None:
-            continue
-        every.append(seconds)
-        if str(headers.get(f"x-ratelimit-remaining-{kind}", "")).strip() == "0":
-            exhausted.append(seconds)
-    if exhausted:
-        return max(exhausted)
-    if every:
-        return min(every)
+        if seconds is not None:
+            limits.append((seconds, str(headers.get(f"x-ratelimit-remaining-{kind}", "")).strip() == "0"))
+    wait = choose_reset_wait(limits)
+    if wait is not None:
+        return wait
     raw = headers.get("x-ratelimit-reset")
     return _reset_at_seconds(raw) if raw else None
 

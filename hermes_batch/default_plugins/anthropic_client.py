@@ -25,7 +25,7 @@ from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, R
 from hermes_batch.interfaces import ModelClient, ModelSettings
 from hermes_batch.reasoning import split_inline_reasoning
 from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from hermes_batch.retry import RETRYABLE_STATUS, api_error_text, retry_after_seconds
+from hermes_batch.retry import RETRYABLE_STATUS, api_error_text, choose_reset_wait, retry_after_seconds
 
 if TYPE_CHECKING:
     import anthropic
@@ -203,18 +203,14 @@ def rate_limit_wait(headers: Optional[Mapping[str, str]], now: Optional[float] =
     if wait is not None or not headers:
         return wait
     now = time.time() if now is None else now
-    exhausted, every = [], []
+    limits = []
     for name, value in headers.items():
         match = _RESET_HEADER.fullmatch(name)
         seconds = _reset_seconds(value, now) if match else None
-        if seconds is None:
-            continue
-        every.append(seconds)
-        if str(headers.get(f"anthropic-ratelimit-{match.group(1)}-remaining", "")).strip() == "0":
-            exhausted.append(seconds)
-    if exhausted:
-        return max(exhausted)
-    return min(every) if every else None
+        if seconds is not None:
+            spent = str(headers.get(f"anthropic-ratelimit-{match.group(1)}-remaining", "")).strip() == "0"
+            limits.append((seconds, spent))
+    return choose_reset_wait(limits)
 
 
 # --- conversion ----------------------------------------------------------------------------------
