@@ -1,0 +1,216 @@
+"""The ``singularity`` sandbox backend: one Apptainer/SingularityCE instance per prompt, named so leftovers are found."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import posixpath
+import secrets
+from typing import Optional
+
+from hermes_batch.errors import ConfigError, SandboxError
+from hermes_batch.interfaces import SandboxBackend
+from hermes_batch.records import SandboxSpec
+
+from . import instances, runtime
+from .config import DEFAULT_WORKDIR, SingularityConfig
+from .images import ImageCache
+from .sandbox import SingularitySandbox
+
+log = logging.getLogger("hermes_batch.singularity")
+
+STOP_TIMEOUT_S = 60.0
+MKDIR = 'mkdir -p "$1" && [ -d "$1" ]'
+
+
+class SingularityBackend(SandboxBackend):
+    """Runs each prompt in an instance of its own, started from the row's image or ``-S image=...``."""
+
+    name = "singularity"
+    description = (
+        "One Apptainer/SingularityCE instance per prompt (--containall, writable tmpfs) from a SIF, a sandbox "
+        "folder or a docker://, oras://, library://... image converted once into a SIF cache."
+    )
+    Config = SingularityConfig
+
+    def __init__(self, config: SingularityConfig, run):
+        super().__init__(config, run)
+        self.binary: Optional[str] = None
+        self.version: Optional[str] = None
+        self.images: Optional[ImageCache] = None
+        self.env = runtime.runtime_environment()
+        self.session = secrets.token_hex(2)
+        self._privs = ["--no-privs"] if config.drop_privileges else []
+        self._starting = asyncio.Semaphore(config.max_starting)
+        self._open: set[SingularitySandbox] = set()
+        self._background: set[asyncio.Future] = set()  # starts cut short, stops, kills still running
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    async def blocking(self, function, *args):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.run.thread_pool, functools.partial(function, *args))
+
+    def in_background(self, awaitable) -> asyncio.Future:
+        """Start work that nobody waits for; ``shutdown`` does."""
+        future = asyncio.ensure_future(awaitable)
+        self._background.add(future)
+        future.add_done_callback(self._background.discard)
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return future
+
+    def exec_prefix(self, pwd: str) -> list:
+        """The start of every ``exec`` on an instance: a clean environment, in ``pwd``."""
+        return [self.binary, "exec", *self._privs, "--cleanenv", "--pwd", pwd]
+
+    # --- run lifecycle -------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """Find the runtime and make sure it runs (ConfigError otherwise); check the cache folder."""
+        if self.binary is not None:
+            return
+        binary = runtime.find_binary(self.config.binary)
+        self.version = await self.blocking(runtime.version, binary)
+        cache = self.config.cache_path
+        existing = next((p for p in (cache, *cache.parents) if p.exists()), None)
+        if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"The image cache folder {cache} cannot be made or written to; give another with -S cache_dir=PATH."
+            )
+        self.images = ImageCache(binary, cache, self.config.convert_timeout)
+        self.binary = binary
+        log.debug("singularity sandbox: %s (%s), images cached in %s", binary, self.version, cache)
+
+    async def start(self) -> None:
+        """Check the runtime if not done yet, then stop leftovers of an earlier process of this run."""
+        await self.check()
+        instances.LIVE_SESSIONS.add(self.session)
+        try:
+            stale = [
+                found for found in await self._list(self.run.run_name)
+                if found.dir_hash == instances.folder_hash(self.run.run_dir) and not found.owner_alive()
+            ]
+        except Exception as exc:  # leftovers cost memory, not correctness: the run goes on
+            log.warning("Could not look for instances left by an earlier process of this run: %s", exc)
+            return
+        if stale:
+            await asyncio.gather(*(self._stop_name(found.name) for found in stale))
+            log.warning("Stopped %d instance(s) left behind by an earlier process of run %r.", len(stale), self.run.run_name)
+
+    async def _list(self, run_name: Optional[str] = None) -> list:
+        listing = await asyncio.wait_for(self.blocking(runtime.list_instances, self.binary), runtime.LIST_TIMEOUT_S)
+        return instances.ours(listing, run_name)
+
+    async def shutdown(self) -> None:
+        """Stop every instance of this process, also those whose start was cut short."""
+        if self.binary is None:
+            return
+        try:
+            await asyncio.gather(*(sandbox.close() for sandbox in list(self._open)), return_exceptions=True)
+            while self._background:
+                await asyncio.gather(*list(self._background), return_exceptions=True)
+            try:
+                mine = [
+                    found for found in await self._list()
+                    if found.pid == os.getpid() and found.session == self.session
+                ]
+            except Exception as exc:
+                log.warning("Could not check that every instance of this run was stopped: %s", exc)
+                return
+            await asyncio.gather(*(self._stop_name(found.name) for found in mine), return_exceptions=True)
+        finally:
+            instances.LIVE_SESSIONS.discard(self.session)
+
+    # --- images ---------------------------------------------------------------------------------
+
+    async def prepare_image(self, image: Optional[str]) -> None:
+        """Convert the image to a SIF once (cached); every prompt that needs it waits for that one conversion."""
+        if self.images is None:
+            raise SandboxError("The singularity sandbox backend was not started.")
+        await self.images.path(image or self.config.image)
+
+    # --- instances ------------------------------------------------------------------------------
+
+    async def open(self, spec: SandboxSpec) -> SingularitySandbox:
+        """Start the prompt's instance (at most ``max_starting`` at once) and make its working folder."""
+        if self.images is None:
+            raise SandboxError("The singularity sandbox backend was not started.")
+        image = spec.image or self.config.image
+        path = await self.images.path(image)
+        workdir = self._workdir(spec.cwd)
+        name = instances.instance_name(spec.run_name, self.run.run_dir, spec.prompt_index, self.session)
+        async with self._starting:
+            starting = self.in_background(self._start_instance(name, path, image))
+            try:
+                await asyncio.shield(starting)
+            except asyncio.CancelledError:
+                # The start goes on and may still succeed: stop the instance when it does.
+                starting.add_done_callback(functools.partial(self._stop_if_started, name))
+                raise
+        env = {str(key): str(value) for key, value in spec.env.items()}
+        sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env)
+        self._open.add(sandbox)
+        try:
+            await self._make_workdir(sandbox)
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    def _workdir(self, cwd: Optional[str]) -> str:
+        if cwd:
+            return "/" + posixpath.normpath(posixpath.join("/", cwd)).lstrip("/")
+        return self.config.workdir or DEFAULT_WORKDIR
+
+    def _start_argv(self, name: str, path: str) -> list:
+        network = ["--net", "--network", "none"] if self.config.network == "none" else []
+        return [
+            self.binary, "instance", "start", "--containall", "--writable-tmpfs",
+            *self._privs, *network, *self.config.extra_args, path, name,
+        ]
+
+    async def _start_instance(self, name: str, path: str, image: str) -> None:
+        done = await runtime.run(self._start_argv(name, path), env=self.env, timeout=self.config.start_timeout)
+        if done.returncode == 0:
+            return
+        if done.timed_out:
+            self.in_background(self._stop_name(name))  # it may have got far enough to exist
+            raise SandboxError(
+                f"Starting an instance of the image {image!r} took longer than {self.config.start_timeout:g} s; "
+                "raise -S start_timeout= or look at the runtime's logs."
+            )
+        raise SandboxError(f"Could not start an instance of the image {image!r}: {done.reason()}.")
+
+    def _stop_if_started(self, name: str, future: asyncio.Future) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.in_background(self._stop_name(name))
+
+    async def _make_workdir(self, sandbox: SingularitySandbox) -> None:
+        argv = [*self.exec_prefix("/"), f"instance://{sandbox.name}", "/bin/sh", "-c", MKDIR, "sh", sandbox.workdir]
+        done = await runtime.run(argv, env=self.env, timeout=self.config.start_timeout)
+        if done.returncode != 0:
+            raise SandboxError(
+                f"Could not make the working folder {sandbox.workdir} in the instance {sandbox.name}: {done.reason()}."
+            )
+
+    async def stop(self, sandbox: SingularitySandbox) -> None:
+        """Stop a sandbox's instance, whatever happens to the caller meanwhile."""
+        self._open.discard(sandbox)
+        await asyncio.shield(self.in_background(self._stop_name(sandbox.name)))
+
+    async def _stop_name(self, name: str) -> None:
+        # --force sends SIGKILL to the instance's first process; its pid namespace dies with it.
+        done = await runtime.run(
+            [self.binary, "instance", "stop", "--force", name], env=self.env, timeout=STOP_TIMEOUT_S
+        )
+        if done.returncode != 0 and "no instance found" not in done.reason().lower():
+            log.warning("Could not stop the instance %s: %s", name, done.reason())
+
+    async def instance_exists(self, name: str) -> bool:
+        try:
+            listing = await asyncio.wait_for(self.blocking(runtime.list_instances, self.binary), runtime.LIST_TIMEOUT_S)
+        except Exception:
+            return True  # unknown: report the runtime's own error instead
+        return any(item.get("instance") == name for item in listing)

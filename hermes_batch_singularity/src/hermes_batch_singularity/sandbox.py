@@ -1,0 +1,308 @@
+"""One prompt's instance: commands and files through ``exec`` on the instance, with time limits."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import posixpath
+import re
+import subprocess
+from typing import TYPE_CHECKING, Optional
+
+from hermes_batch.errors import SandboxError
+from hermes_batch.interfaces import Sandbox
+from hermes_batch.output import BoundedOutput
+from hermes_batch.records import ExecResult
+
+from . import runtime
+
+if TYPE_CHECKING:
+    from .backend import SingularityBackend
+
+SHELL = "/bin/sh"
+# The wrapper prints its pid, exports the sandbox's variables (given as arguments, so any value
+# survives), merges stderr into stdout (their order kept) and becomes the command's non-login shell,
+# made the leader of a new session when the image has setsid, so the session names every process
+# the command starts.  The instance has its own pid namespace, so the pid is the instance's.
+RUN_WRAPPER = (
+    'echo "$$"; n=$1; shift; '
+    'while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n - 1)); done; '
+    "exec 2>&1; "
+    'if command -v setsid >/dev/null 2>&1; then exec setsid /bin/sh -c "$1"; fi; '
+    'exec /bin/sh -c "$1"'
+)
+# Kills a command's processes: its session (setsid made the command its leader), and every
+# descendant (for images without setsid), stopped first so none forks away between scan and kill.
+KILL_TREE = r"""
+t=$1
+case "$t" in ''|*[!0-9]*|0|1) exit 0;; esac
+kill -9 -"$t" 2>/dev/null
+round=0
+while [ "$round" -lt 3 ]; do
+    pids=" $t "
+    changed=1
+    while [ "$changed" = 1 ]; do
+        changed=0
+        for d in /proc/[0-9]*; do
+            p=${d#/proc/}
+            case "$pids" in *" $p "*) continue;; esac
+            [ "$p" = 1 ] || [ "$p" = "$$" ] && continue
+            read -r s < "$d/stat" 2>/dev/null || continue
+            set -- ${s##*) }
+            case "$pids" in *" $2 "*) pids="$pids$p "; changed=1; continue;; esac
+            [ "$4" = "$t" ] && { pids="$pids$p "; changed=1; }
+        done
+    done
+    kill -STOP $pids 2>/dev/null
+    kill -9 $pids 2>/dev/null
+    round=$((round + 1))
+done
+exit 0
+"""
+# Exit statuses of the file wrappers, chosen clear of what cat, head and mkdir return.
+_MISSING, _FOLDER, _NOT_REGULAR, _NO_FOLDER, _DENIED = 90, 91, 92, 93, 94
+READ_WRAPPER = (
+    'if [ -d "$1" ]; then exit 91; fi; '
+    'if [ ! -e "$1" ]; then exit 90; fi; '
+    'if [ ! -f "$1" ]; then exit 92; fi; '
+    'if [ ! -r "$1" ]; then exit 94; fi; '
+    'exec head -c "$2" "$1"'
+)
+WRITE_WRAPPER = (
+    'if [ -d "$1" ]; then exit 91; fi; '
+    'if [ -e "$1" ] && [ ! -f "$1" ]; then exit 92; fi; '
+    'd=${1%/*}; [ -n "$d" ] || d=/; '
+    'mkdir -p "$d" 2>/dev/null; [ -d "$d" ] || exit 93; '
+    'cat > "$1" || exit 94'
+)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# After the kill, only processes that escaped the kill can still hold the output open.
+POST_KILL_DRAIN_S = 0.5
+KILL_TIMEOUT_S = 30.0
+FILE_TIMEOUT_S = 120.0
+MAX_READ_BYTES = 256 * 1024 * 1024
+_STDERR_LIMIT = 64 * 1024
+_MAX_PID_LINE = 32
+
+
+class _Reader:
+    """Collects an exec's stdout: its first line is the wrapper's pid, the rest is output."""
+
+    def __init__(self, stream: asyncio.StreamReader, output: BoundedOutput):
+        self.stream = stream
+        self.output = output
+        self.pid: Optional[int] = None
+        self.pid_known = asyncio.get_running_loop().create_future()
+        self._first = bytearray()
+        self._seen_first = False
+
+    async def run(self) -> None:
+        try:
+            while chunk := await self.stream.read(65536):
+                self._add(chunk)
+        finally:
+            self._flush()
+
+    def _add(self, data: bytes) -> None:
+        if not self._seen_first:
+            newline = data.find(b"\n")
+            if newline < 0 and len(self._first) + len(data) <= _MAX_PID_LINE:
+                self._first += data
+                return
+            if newline >= 0:
+                self._first += data[:newline]
+                data = data[newline + 1:]
+            self._seen_first = True
+            line = bytes(self._first)
+            if line.isdigit():
+                self.pid = int(line)
+            elif newline >= 0:
+                self.output.add(line + b"\n")
+            else:
+                self.output.add(line)
+            if not self.pid_known.done():
+                self.pid_known.set_result(self.pid)
+        if data:
+            self.output.add(data)
+
+    def _flush(self) -> None:
+        if not self._seen_first:
+            self._seen_first = True
+            if self._first:
+                self.output.add(bytes(self._first))
+        if not self.pid_known.done():
+            self.pid_known.set_result(self.pid)
+
+
+async def _drain(stream: asyncio.StreamReader, output: BoundedOutput) -> None:
+    while chunk := await stream.read(65536):
+        output.add(chunk)
+
+
+class SingularitySandbox(Sandbox):
+    """An instance of its own; each command is an ``exec`` of ``/bin/sh -c`` with the sandbox's variables only."""
+
+    def __init__(self, backend: "SingularityBackend", name: str, workdir: str, prompt_index: int, env: dict):
+        self.name = name
+        self.prompt_index = prompt_index
+        self._workdir = workdir
+        self._backend = backend
+        self._env = [f"{k}={v}" for k, v in env.items() if _ENV_NAME.match(str(k))]
+        self._max_output = backend.config.max_output_bytes
+        self._closed = False
+
+    @property
+    def workdir(self) -> str:
+        return self._workdir
+
+    def _argv(self, *command: str, pwd: Optional[str] = None) -> list:
+        return [*self._backend.exec_prefix(pwd or self._workdir), f"instance://{self.name}", *command]
+
+    # --- commands ------------------------------------------------------------------------
+
+    async def exec(self, command: str, timeout: float) -> ExecResult:
+        """Run ``command`` with ``/bin/sh -c``; at ``timeout`` SIGKILL every process it started."""
+        self._check_open()
+        output, diagnostics = BoundedOutput(self._max_output), BoundedOutput(_STDERR_LIMIT)
+        argv = self._argv(SHELL, "-c", RUN_WRAPPER, "sh", str(len(self._env)), *self._env, command)
+        proc = await self._spawn(argv)
+        reader = _Reader(proc.stdout, output)
+        reading = asyncio.ensure_future(reader.run())
+        errors = asyncio.ensure_future(_drain(proc.stderr, diagnostics))
+        exited = asyncio.ensure_future(proc.wait())
+        timed_out = settled = exited_in_time = False
+        try:
+            _, pending = await asyncio.wait({reading, exited}, timeout=max(timeout, 0.0))
+            settled = True
+            if pending:
+                timed_out = True
+                exited_in_time = exited.done()  # only its output was still held open
+                await self._kill(reader)
+                await asyncio.wait({reading, exited}, timeout=POST_KILL_DRAIN_S)
+        finally:
+            if not settled:  # cancelled: stop the command, but do not wait for it
+                self._backend.in_background(self._kill(reader))
+            runtime.kill(proc)
+            for task in (reading, errors, exited):
+                if not task.done():
+                    task.cancel()
+        code = proc.returncode if exited.done() and not exited.cancelled() else None
+        if timed_out:
+            return ExecResult(output.text(), code if exited_in_time else None, True)
+        if reader.pid is None:  # the runtime never started the wrapper
+            raise await self._failure(diagnostics, "while a command was started")
+        if code is not None and code >= 128 and not await self._answers():
+            raise await self._failure(diagnostics, "while a command ran")
+        return ExecResult(output.text(), code, False)
+
+    async def _spawn(self, argv: list):
+        try:
+            return await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self._backend.env,
+                start_new_session=True,  # a Ctrl-C at the terminal is hermes-batch's to handle
+            )
+        except OSError as exc:
+            raise SandboxError(f"Could not run {argv[0]} for the instance {self.name}: {exc}") from exc
+
+    async def _kill(self, reader: _Reader) -> None:
+        try:
+            pid = await asyncio.wait_for(asyncio.shield(reader.pid_known), 2.0)
+        except asyncio.TimeoutError:
+            pid = None
+        if pid is None:
+            return
+        await runtime.run(
+            self._argv(SHELL, "-c", KILL_TREE, "sh", str(pid), pwd="/"), env=self._backend.env, timeout=KILL_TIMEOUT_S
+        )
+
+    async def _answers(self) -> bool:
+        done = await runtime.run(self._argv("/bin/true", pwd="/"), env=self._backend.env, timeout=KILL_TIMEOUT_S)
+        return done.returncode == 0
+
+    async def _failure(self, diagnostics: BoundedOutput, when: str) -> SandboxError:
+        reason = runtime.Completed(1, b"", diagnostics.value()).reason()
+        if "no instance found" in reason.lower() or not await self._backend.instance_exists(self.name):
+            return SandboxError(
+                f"The instance {self.name} of prompt {self.prompt_index} was stopped from outside {when}; "
+                "run again with --resume to retry the prompt."
+            )
+        return SandboxError(
+            f"The runtime failed {when} in the instance {self.name} of prompt {self.prompt_index} ({reason}); "
+            "run again with --resume to retry the prompt."
+        )
+
+    # --- files -----------------------------------------------------------------------------
+
+    def _path(self, path: str) -> str:
+        self._check_open()
+        return "/" + posixpath.normpath(posixpath.join(self._workdir, path)).lstrip("/")
+
+    async def read_file(self, path: str, max_bytes: Optional[int] = None) -> bytes:
+        """At most ``max_bytes`` bytes from the start of ``path`` (None: all of it), as the instance sees it."""
+        full = self._path(path)
+        limit = MAX_READ_BYTES + 1 if max_bytes is None else max(0, int(max_bytes))
+        done = await self._file_command(READ_WRAPPER, full, str(limit))
+        if done.returncode == 0:
+            if max_bytes is None and len(done.stdout) > MAX_READ_BYTES:
+                raise OSError(errno.EFBIG, f"larger than {MAX_READ_BYTES} bytes, too large to read whole", path)
+            return done.stdout
+        self._raise_file_error(done, path, "read")
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path``, creating parent folders; refuses folders, pipes and devices."""
+        full = self._path(path)
+        if full == "/":
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        done = await self._file_command(WRITE_WRAPPER, full, input=bytes(data))
+        if done.returncode != 0:
+            self._raise_file_error(done, path, "written")
+
+    async def _file_command(self, wrapper: str, *args: str, input: Optional[bytes] = None) -> runtime.Completed:
+        done = await runtime.run(
+            self._argv(SHELL, "-c", wrapper, "sh", *args, pwd="/"), env=self._backend.env, timeout=FILE_TIMEOUT_S, input=input
+        )
+        if done.timed_out:
+            raise OSError(errno.ETIMEDOUT, f"the file took longer than {FILE_TIMEOUT_S:g} s to reach", args[0])
+        if done.returncode == 255 and "FATAL" in done.stderr.decode("utf-8", "replace"):
+            raise await self._failure(_bounded(done.stderr), "while a file was used")
+        return done
+
+    @staticmethod
+    def _raise_file_error(done: runtime.Completed, path: str, verb: str):
+        code = done.returncode
+        if code == _MISSING:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        if code == _FOLDER:
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if code == _NOT_REGULAR:
+            raise OSError(errno.EINVAL, f"not a regular file (a pipe, socket or device), so it is not {verb}", path)
+        if code == _NO_FOLDER:
+            raise NotADirectoryError(errno.ENOTDIR, "a parent folder cannot be made (a file is in the way)", path)
+        message = done.stderr.decode("utf-8", "replace").strip()
+        if code == _DENIED or "permission denied" in message.lower() or "read-only" in message.lower():
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        raise OSError(errno.EIO, message or f"exit status {code}", path)
+
+    # --- life and death ------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop the instance, and with it every process of the prompt; safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._backend.stop(self)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"The singularity sandbox of prompt {self.prompt_index} was already closed.")
+
+
+def _bounded(data: bytes) -> BoundedOutput:
+    output = BoundedOutput(_STDERR_LIMIT)
+    output.add(data)
+    return output
