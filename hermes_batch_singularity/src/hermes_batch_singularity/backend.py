@@ -46,6 +46,7 @@ class SingularityBackend(SandboxBackend):
         self._starting = asyncio.Semaphore(config.max_starting)
         self._open: set[SingularitySandbox] = set()
         self._background: set[asyncio.Future] = set()  # starts cut short, stops, kills still running
+        self._uncertain: set[str] = set()  # instances whose start did not end normally
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -111,15 +112,8 @@ class SingularityBackend(SandboxBackend):
             await asyncio.gather(*(sandbox.close() for sandbox in list(self._open)), return_exceptions=True)
             while self._background:
                 await asyncio.gather(*list(self._background), return_exceptions=True)
-            try:
-                mine = [
-                    found for found in await self._list()
-                    if found.pid == os.getpid() and found.session == self.session
-                ]
-            except Exception as exc:
-                log.warning("Could not check that every instance of this run was stopped: %s", exc)
-                return
-            await asyncio.gather(*(self._stop_name(found.name) for found in mine), return_exceptions=True)
+            # Starts that were cut short or timed out may have made an instance after all.
+            await asyncio.gather(*(self._stop_name(name) for name in self._uncertain), return_exceptions=True)
         finally:
             instances.LIVE_SESSIONS.discard(self.session)
 
@@ -147,6 +141,7 @@ class SingularityBackend(SandboxBackend):
                 await asyncio.shield(starting)
             except asyncio.CancelledError:
                 # The start goes on and may still succeed: stop the instance when it does.
+                self._uncertain.add(name)
                 starting.add_done_callback(functools.partial(self._stop_if_started, name))
                 raise
         env = {str(key): str(value) for key, value in spec.env.items()}
@@ -176,7 +171,7 @@ class SingularityBackend(SandboxBackend):
         if done.returncode == 0:
             return
         if done.timed_out:
-            self.in_background(self._stop_name(name))  # it may have got far enough to exist
+            self._uncertain.add(name)  # it may have got far enough to exist
             raise SandboxError(
                 f"Starting an instance of the image {image!r} took longer than {self.config.start_timeout:g} s; "
                 "raise -S start_timeout= or look at the runtime's logs."

@@ -3,7 +3,7 @@
 An instance has no labels, only a name (at most about 60 characters of
 ``[a-zA-Z0-9._-]``), so the name carries it all::
 
-    hb-<run, cut to 16>.<run hash 4><folder hash 4>.p<prompt>.<pid>.<session>.<n>
+    hb-<run, cut to 40>.<run hash 4><folder hash 4>.p<prompt>.<pid>.<session>.<n>
 
 where ``n`` counts the instances of this process (names never repeat in one process).
 
@@ -22,7 +22,7 @@ from typing import Optional
 import attrs
 
 PREFIX = "hb-"
-RUN_CHARS = 16
+RUN_CHARS = 40
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 _NAME = re.compile(
     r"^hb-(?P<run>.*)\.(?P<run_hash>[0-9a-f]{4})(?P<dir_hash>[0-9a-f]{4})"

@@ -1,0 +1,32 @@
+"""The shared sandbox contract, against real instances of a real Apptainer."""
+
+from __future__ import annotations
+
+import pytest
+
+from hermes_batch.run_context import RunContext
+from hermes_batch.testing.sandbox_contract import SandboxContract
+from hermes_batch_singularity import SingularityBackend, SingularityConfig, SingularitySandbox
+
+from .conftest import instances_of
+
+
+class TestSingularitySandboxContract(SandboxContract):
+    timeout_slack = 3.0
+    max_output_chars = 10_100  # the limit below, plus the omission notice
+
+    @pytest.fixture(autouse=True)
+    def _image(self, images, apptainer_bin):
+        self.image = images.sif_a
+        self.apptainer_bin = apptainer_bin
+
+    @pytest.fixture
+    async def backend(self, tmp_path, run_name, images):
+        config = SingularityConfig(image=images.sif_a, cache_dir=str(tmp_path / "cache"), max_output_bytes=10_000)
+        backend = SingularityBackend(config, RunContext(run_name, tmp_path / "run", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()
+
+    async def sandbox_exists(self, sandbox: SingularitySandbox) -> bool:
+        return sandbox.name in instances_of(self.apptainer_bin, sandbox._backend.run.run_name)
