@@ -14,14 +14,17 @@
 #      tests make there (images, SIF caches) have the same paths on both sides;
 #   3. write `apptainer` and `singularity` commands into $HERMES_APPTAINER_HOME/bin that forward
 #      their arguments, environment, working folder, standard input, exit status and signals into
-#      that container with `docker exec`.  Only the tests put that folder on their PATH.
+#      that container with `docker exec`, running as root; and the same in user-bin/, running as
+#      the ordinary user $HERMES_APPTAINER_USER (user namespaces, no setuid, as on a cluster).
+#      Only the tests put these folders on their PATH.
 
-HERMES_APPTAINER_IMAGE=${HERMES_APPTAINER_IMAGE:-hermes-batch-test/apptainer:1}
+HERMES_APPTAINER_IMAGE=${HERMES_APPTAINER_IMAGE:-hermes-batch-test/apptainer:2}
 HERMES_APPTAINER_CONTAINER=${HERMES_APPTAINER_CONTAINER:-hermes-batch-apptainer}
 HERMES_APPTAINER_HOME=${HERMES_APPTAINER_HOME:-/tmp/hermes-batch-apptainer}
 HERMES_APPTAINER_LOOPS=${HERMES_APPTAINER_LOOPS:-32}  # loop devices given to the container
 # Changes of the container's settings below change this, so an older container is replaced.
-_HB_RIG_VERSION=3
+_HB_RIG_VERSION=4
+HERMES_APPTAINER_USER=hbuser  # the ordinary user of user-bin/
 
 _hba_say() { echo "apptainer.sh: $*" >&2; }
 
@@ -49,7 +52,8 @@ _hba_build_image() {
     root=$(mktemp -d /var/tmp/hermes-batch-apptainer-root.XXXXXX) || return 1
     case "$root" in /var/tmp/hermes-batch-apptainer-root.*) ;; *) _hba_say "unexpected folder '$root'"; return 1;; esac
     _hba_say "building $HERMES_APPTAINER_IMAGE: debootstrap of Debian unstable with apptainer from $mirror (once per machine)"
-    if ! _hba_as_root debootstrap --variant=minbase --include=apptainer,squashfs-tools,uidmap,ca-certificates \
+    # squashfuse lets an ordinary user mount a SIF (without it each instance unpacks the SIF)
+    if ! _hba_as_root debootstrap --variant=minbase --include=apptainer,squashfs-tools,uidmap,ca-certificates,squashfuse \
             sid "$root" "$mirror" >"$root.log" 2>&1; then
         _hba_say "debootstrap failed; the end of its log ($root.log):"
         tail -n 15 "$root.log" >&2
@@ -93,12 +97,14 @@ _hba_start_container() {
     devices=$(_hba_loop_devices) || { _hba_say "could not make the loop devices"; return 1; }
     docker rm -f "$HERMES_APPTAINER_CONTAINER" >/dev/null 2>&1
     # --init reaps the instances' processes (a stopped instance is otherwise a zombie that
-    # `apptainer instance stop` waits 10 s for); SYS_RESOURCE is the one capability refused here.
+    # `apptainer instance stop` waits 10 s for); SYS_RESOURCE is the one capability refused here;
+    # systempaths=unconfined leaves /proc unmasked, which an ordinary user's new /proc mount needs.
     # shellcheck disable=SC2086
     if ! docker run -d --init --name "$HERMES_APPTAINER_CONTAINER" \
             --label org.hermes-batch.test-rig=apptainer --label "org.hermes-batch.rig-version=$_HB_RIG_VERSION" \
             --cap-add ALL --cap-drop SYS_RESOURCE \
             --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+            --security-opt systempaths=unconfined \
             --device /dev/fuse $devices \
             -v /tmp:/tmp \
             "$HERMES_APPTAINER_IMAGE" sleep infinity >/dev/null 2>"$HERMES_APPTAINER_HOME/run.err"; then
@@ -107,21 +113,29 @@ _hba_start_container() {
         _hba_say "could not start the container: $(tail -n 3 "$HERMES_APPTAINER_HOME/run.err")"
         return 1
     fi
+    docker exec "$HERMES_APPTAINER_CONTAINER" useradd -m "$HERMES_APPTAINER_USER" >/dev/null 2>&1
+    docker exec "$HERMES_APPTAINER_CONTAINER" id "$HERMES_APPTAINER_USER" >/dev/null 2>&1
 }
 
-# _hba_write_forwarders: bin/apptainer and bin/singularity, forwarding into the container.
+# _hba_write_forwarders: apptainer and singularity in bin/ (as root) and user-bin/ (as the user).
 _hba_write_forwarders() {
-    local bin=$HERMES_APPTAINER_HOME/bin tool docker_host=""
-    mkdir -p "$bin" "$HERMES_APPTAINER_HOME/run"
+    local folder bin user tool docker_host=""
+    mkdir -p "$HERMES_APPTAINER_HOME/run" && chmod 1777 "$HERMES_APPTAINER_HOME/run"
     [ -n "${DOCKER_HOST:-}" ] && docker_host="export DOCKER_HOST=$(printf %q "$DOCKER_HOST")"
-    for tool in apptainer singularity; do
-        cat >"$bin/$tool.new" <<EOF
+    for folder in bin user-bin; do
+        user=root
+        [ "$folder" = user-bin ] && user=$HERMES_APPTAINER_USER
+        bin=$HERMES_APPTAINER_HOME/$folder
+        mkdir -p "$bin"
+        for tool in apptainer singularity; do
+            cat >"$bin/$tool.new" <<EOF
 #!/usr/bin/env bash
-# Written by scripts/apptainer.sh: runs \`$tool\` in the container $HERMES_APPTAINER_CONTAINER.
+# Written by scripts/apptainer.sh: runs \`$tool\` as $user in the container $HERMES_APPTAINER_CONTAINER.
 container=$HERMES_APPTAINER_CONTAINER
+user=$user
 $docker_host
 EOF
-        cat >>"$bin/$tool.new" <<'EOF'
+            cat >>"$bin/$tool.new" <<'EOF'
 tool=$(basename "$0")
 # The caller's environment goes along (the runtime's own environment handling is what is tested),
 # except what describes this side: its PATH, HOME, shell state and the Docker client's settings.
@@ -138,7 +152,7 @@ case "$PWD" in /tmp|/tmp/*) workdir=$PWD ;; esac
 # Signals reach the runtime inside: its pid is noted in a file and TERM, INT, HUP are passed on.
 note=/tmp/hermes-batch-apptainer/run/$$.$RANDOM
 exec 3<&0
-docker exec -i -w "$workdir" "${envs[@]}" "$container" /bin/sh -c \
+docker exec -i -u "$user" -w "$workdir" "${envs[@]}" "$container" /bin/sh -c \
     'exec 3<&0; "$@" <&3 3<&- & p=$!; exec 3<&-; echo $p >"$0"; wait $p; s=$?; rm -f "$0"; exit $s' \
     "$note" "$tool" "$@" <&3 3<&- &
 child=$!
@@ -157,12 +171,14 @@ while :; do
 done
 exit "$status"
 EOF
-        chmod +x "$bin/$tool.new"
-        mv -f "$bin/$tool.new" "$bin/$tool"
+            chmod +x "$bin/$tool.new"
+            mv -f "$bin/$tool.new" "$bin/$tool"
+        done
     done
 }
 
-# ensure_apptainer: image, container and forwarders; prints the folder of the forwarders.
+# ensure_apptainer: image, container and forwarders; prints the folder of the forwarders
+# (those that run as the ordinary user are in the folder user-bin beside it).
 ensure_apptainer() {
     mkdir -p "$HERMES_APPTAINER_HOME" || return 1
     if ! docker info >/dev/null 2>&1; then

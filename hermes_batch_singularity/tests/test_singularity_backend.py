@@ -23,7 +23,15 @@ from hermes_batch_singularity import SingularityBackend, SingularityConfig, inst
 from hermes_batch_singularity.config import default_max_starting
 from hermes_batch_singularity.images import classify
 
-from .conftest import IMAGE_A, IMAGE_B, instances_of
+from singularity_rig import (  # noqa: F401 (fixtures)
+    _apptainer_on_path,
+    apptainer_bin,
+    images,
+    model_server,
+    run_name,
+    runner,
+)
+from singularity_rig import IMAGE_A, IMAGE_B, instances_of
 
 DEAD_PID = 2147483646  # above any pid_max: no process has it
 RIG_CONTAINER = os.environ.get("HERMES_APPTAINER_CONTAINER", "hermes-batch-apptainer")
@@ -293,17 +301,21 @@ async def test_instances_are_contained_with_a_writable_tmpfs_of_their_own(backen
         await second.close()
 
 
+# The interfaces of the command's own network namespace (/sys/class/net may show the host's).
+INTERFACES = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"
+
+
 async def test_network_none_leaves_only_loopback(tmp_path, run_name, images):
     backend = make_backend(tmp_path, run_name, image=images.sif_a, network="none")
     await backend.start()
     try:
         sandbox = await backend.open(spec(run_name))
-        assert (await sandbox.exec("ls /sys/class/net", 30)).output.split() == ["lo"]
+        assert (await sandbox.exec(INTERFACES, 30)).output.split() == ["lo"]
         default = make_backend(tmp_path, run_name, image=images.sif_a)
         await default.start()
         try:
             shared = await default.open(spec(run_name, 1))
-            assert len((await shared.exec("ls /sys/class/net", 30)).output.split()) > 1
+            assert len((await shared.exec(INTERFACES, 30)).output.split()) > 1
         finally:
             await default.shutdown()
     finally:

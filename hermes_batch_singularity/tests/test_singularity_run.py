@@ -16,7 +16,15 @@ from hermes_batch.testing import RoutedScript, ToolLoopScript
 from hermes_batch.testing.fixtures import wait_for
 from hermes_batch_singularity import instances
 
-from .conftest import IMAGE_A, IMAGE_B, Runner, instances_of, write_dataset
+from singularity_rig import (  # noqa: F401 (fixtures)
+    _apptainer_on_path,
+    apptainer_bin,
+    images,
+    model_server,
+    run_name,
+    runner,
+)
+from singularity_rig import IMAGE_A, IMAGE_B, Runner, instances_of, write_dataset
 
 DEAD_PID = 2147483646  # above any pid_max: no process has it
 SLEEPER = ToolLoopScript(tool_calls=1, command="sleep 30")

@@ -1,4 +1,9 @@
-"""Fixtures of the singularity sandbox tests: a real Apptainer, images made from local sources, no instance left.
+"""Fixtures and helpers of the singularity sandbox tests: a real Apptainer, images from local sources, no instance left.
+
+This folder is no package and has no conftest.py, so that its modules never clash with the
+``tests`` package or the ``conftest`` module of other test folders; each test module imports
+the fixtures it uses from here (a unique module name).  Each module then has its own
+session-scoped fixtures, so what is costly (the set-up, the images) is made once and kept here.
 
 Apptainer runs in a Docker container set up by ``scripts/apptainer.sh`` (sourced by
 ``scripts/test.sh``, which exports ``HERMES_APPTAINER_BIN``); its ``apptainer`` and
@@ -8,6 +13,7 @@ these tests only.  Without them the tests skip, except in CI (``CI=true``), wher
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -33,6 +39,7 @@ SESSION = uuid.uuid4().hex[:6]  # run names of this test session start with hbs-
 _counter = itertools.count()
 
 
+@functools.cache
 def _setup_apptainer() -> tuple[Optional[str], Optional[str]]:
     """(folder of the forwarding commands, None) or (None, why there is none)."""
     if os.environ.get("HERMES_APPTAINER_BIN"):
@@ -122,6 +129,8 @@ def _docker_images_ready() -> Optional[str]:
 @pytest.fixture(scope="session")
 def images(apptainer_bin, tmp_path_factory) -> Images:
     """docker-archive:// files of the busybox test images, a SIF and a sandbox folder made from them (under /tmp)."""
+    if _made_images:
+        return _made_images[0]
     problem = _docker_images_ready()
     if problem:
         pytest.fail(problem)
@@ -136,7 +145,11 @@ def images(apptainer_bin, tmp_path_factory) -> Images:
     for target, source, extra in ((sif_a, archives["a"], []), (folder_b, archives["b"], ["--sandbox"])):
         done = subprocess.run([apptainer, "build", *extra, str(target), source], capture_output=True, text=True)
         assert done.returncode == 0, f"apptainer build {target} failed: {done.stderr[-800:]}"
-    return Images(archives["a"], archives["b"], str(sif_a), str(folder_b))
+    _made_images.append(Images(archives["a"], archives["b"], str(sif_a), str(folder_b)))
+    return _made_images[0]
+
+
+_made_images: list = []  # the Images of this test session, made by the first module that asks
 
 
 # --- running hermes-batch ----------------------------------------------------------------------------
@@ -193,3 +206,12 @@ class Runner:
 @pytest.fixture
 def runner(tmp_path, run_name):
     return Runner(tmp_path, run_name, tmp_path / "sif-cache")
+
+
+@pytest.fixture(scope="session")
+def user_apptainer_bin(apptainer_bin):
+    """The folder of the commands that run Apptainer as an ordinary user (user namespaces, no setuid)."""
+    folder = os.path.join(os.path.dirname(apptainer_bin), "user-bin")
+    if not os.path.exists(os.path.join(folder, "apptainer")):
+        pytest.fail(f"{folder}/apptainer is missing; scripts/apptainer.sh writes it beside {apptainer_bin}")
+    return folder
