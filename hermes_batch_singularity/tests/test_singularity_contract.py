@@ -22,6 +22,7 @@ from singularity_rig import instances_of
 class TestSingularitySandboxContract(SandboxContract):
     timeout_slack = 3.0
     max_output_chars = 10_100  # the limit below, plus the omission notice
+    race_reads = 25  # each file call is an exec of its own (about 0.3 s): 25 rounds are 100 calls
 
     @pytest.fixture(autouse=True)
     def _image(self, images, apptainer_bin):
