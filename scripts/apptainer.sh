@@ -23,7 +23,7 @@ HERMES_APPTAINER_CONTAINER=${HERMES_APPTAINER_CONTAINER:-hermes-batch-apptainer}
 HERMES_APPTAINER_HOME=${HERMES_APPTAINER_HOME:-/tmp/hermes-batch-apptainer}
 HERMES_APPTAINER_LOOPS=${HERMES_APPTAINER_LOOPS:-32}  # loop devices given to the container
 # Changes of the container's settings below change this, so an older container is replaced.
-_HB_RIG_VERSION=4
+_HB_RIG_VERSION=5
 HERMES_APPTAINER_USER=hbuser  # the ordinary user of user-bin/
 
 _hba_say() { echo "apptainer.sh: $*" >&2; }
@@ -98,9 +98,10 @@ _hba_start_container() {
     docker rm -f "$HERMES_APPTAINER_CONTAINER" >/dev/null 2>&1
     # --init reaps the instances' processes (a stopped instance is otherwise a zombie that
     # `apptainer instance stop` waits 10 s for); SYS_RESOURCE is the one capability refused here;
-    # systempaths=unconfined leaves /proc unmasked, which an ordinary user's new /proc mount needs.
+    # systempaths=unconfined leaves /proc unmasked, which an ordinary user's new /proc mount needs;
+    # the engine restarts it should something on this shared machine kill it.
     # shellcheck disable=SC2086
-    if ! docker run -d --init --name "$HERMES_APPTAINER_CONTAINER" \
+    if ! docker run -d --init --restart unless-stopped --name "$HERMES_APPTAINER_CONTAINER" \
             --label org.hermes-batch.test-rig=apptainer --label "org.hermes-batch.rig-version=$_HB_RIG_VERSION" \
             --cap-add ALL --cap-drop SYS_RESOURCE \
             --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
