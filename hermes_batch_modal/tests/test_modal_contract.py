@@ -1,0 +1,29 @@
+"""The shared sandbox contract, through the real ``modal`` SDK against the local Modal stand-in."""
+
+from __future__ import annotations
+
+import pytest
+
+from hermes_batch.run_context import RunContext
+from hermes_batch.testing.sandbox_contract import SandboxContract
+from hermes_batch_modal import ModalBackend, ModalConfig, ModalSandbox
+
+from conftest import IMAGE_A
+
+
+class TestModalSandboxContractAgainstStandIn(SandboxContract):
+    image = IMAGE_A
+    timeout_slack = 3.0
+    max_output_chars = 10_100  # the limit below, plus the omission notice
+
+    @pytest.fixture
+    async def backend(self, tmp_path, run_name, standin):
+        self.standin = standin
+        config = ModalConfig(image=IMAGE_A, max_output_bytes=10_000, create_rate=100)
+        backend = ModalBackend(config, RunContext(run_name, tmp_path / "run", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()
+
+    async def sandbox_exists(self, sandbox: ModalSandbox) -> bool:
+        return any(s.id == sandbox.id for s in self.standin.running())
