@@ -56,7 +56,7 @@ async def connect() -> modal.Client:
         if client is not None:
             await close_quietly(client)
         if isinstance(exc, (modal.exception.AuthError, modal.exception.PermissionDeniedError)):
-            raise ConfigError(f"Modal refused the token {token_id[:6]}...; {HOW_TO_LOG_IN} with a valid token.") from None
+            raise ConfigError(f"Modal refused the token it was given; {HOW_TO_LOG_IN} with a valid token.") from None
         if isinstance(exc, (*TRANSIENT, modal.exception.TimeoutError, TimeoutError)):
             raise ConfigError(
                 f"Modal's server at {server_url()} is not reachable ({explain(exc)}); check the network "
@@ -76,7 +76,7 @@ async def close_quietly(client: Optional[modal.Client]) -> None:
 
 def explain(exc: BaseException) -> str:
     """A short reason for an SDK error, with no credential in it."""
-    text = _first_line(exc) or type(exc).__name__
+    text = " ".join(str(exc).split()) or type(exc).__name__  # the SDK's messages span lines
     return redact(text if len(text) <= 300 else text[:297] + "...")
 
 
