@@ -8,16 +8,14 @@ import random
 import uuid
 from typing import Optional
 
-import modal
-import modal.exception
-
 from hermes_batch.errors import ConfigError, SandboxError
 from hermes_batch.interfaces import SandboxBackend
 from hermes_batch.records import SandboxSpec
 
 from . import connection, leftovers
+from ._sdk import modal
 from .config import ModalConfig
-from .connection import TRANSIENT, explain
+from .connection import explain, transient
 from .leftovers import LIVE_SESSIONS, TAG_RUN_DIR, TAG_SESSION
 from .sandbox import KEEP_ALIVE, ModalSandbox, absolute
 
@@ -84,7 +82,7 @@ class ModalBackend(SandboxBackend):
                               "check the account's permissions or choose another -S app=...") from None
         try:
             await self._terminate_leftovers()
-        except (modal.exception.Error, *TRANSIENT) as exc:  # leftovers cost money, not correctness
+        except (modal.exception.Error, *transient()) as exc:  # leftovers cost money, not correctness
             log.warning("Could not look for Modal sandboxes left by an earlier process of this run: %s", explain(exc))
 
     async def _terminate_leftovers(self) -> None:
@@ -112,7 +110,7 @@ class ModalBackend(SandboxBackend):
                 try:
                     found = await leftovers.find(self.client, self.app.app_id, **{TAG_SESSION: self.session})
                     await leftovers.terminate_all(found)
-                except (modal.exception.Error, *TRANSIENT) as exc:
+                except (modal.exception.Error, *transient()) as exc:
                     log.warning("Could not check that every Modal sandbox of this run was terminated: %s", explain(exc))
         finally:
             LIVE_SESSIONS.discard(self.session)
@@ -161,7 +159,7 @@ class ModalBackend(SandboxBackend):
                 await self._pace.wait()
                 try:
                     return await self._create(spec, image, workdir, tags)
-                except TRANSIENT as exc:
+                except transient() as exc:
                     if attempt == self.config.create_retries:
                         raise SandboxError(
                             f"Modal kept refusing to create the sandbox of prompt {spec.prompt_index} "

@@ -5,22 +5,23 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-import modal
-import modal.config
-import modal.exception
-
 from hermes_batch.errors import ConfigError
 
+from ._sdk import modal
+
 HOW_TO_LOG_IN = "run `modal token new` (or set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET)"
-# Errors of the SDK worth another attempt: throttling, a busy or restarting server, a dropped connection.
-TRANSIENT = (
-    modal.exception.ResourceExhaustedError,
-    modal.exception.ServiceError,
-    modal.exception.InternalError,
-    modal.exception.ConnectionError,
-    ConnectionError,
-    OSError,
-)
+
+
+def transient() -> tuple:
+    """Errors of the SDK worth another attempt: throttling, a busy or restarting server, a dropped connection."""
+    return (
+        modal.exception.ResourceExhaustedError,
+        modal.exception.ServiceError,
+        modal.exception.InternalError,
+        modal.exception.ConnectionError,
+        ConnectionError,
+        OSError,
+    )
 
 
 def find_credentials() -> tuple[str, str]:
@@ -57,7 +58,7 @@ async def connect() -> modal.Client:
             await close_quietly(client)
         if isinstance(exc, (modal.exception.AuthError, modal.exception.PermissionDeniedError)):
             raise ConfigError(f"Modal refused the token it was given; {HOW_TO_LOG_IN} with a valid token.") from None
-        if isinstance(exc, (*TRANSIENT, modal.exception.TimeoutError, TimeoutError)):
+        if isinstance(exc, (*transient(), modal.exception.TimeoutError, TimeoutError)):
             raise ConfigError(
                 f"Modal's server at {server_url()} is not reachable ({explain(exc)}); check the network "
                 "(or MODAL_SERVER_URL) and run again."

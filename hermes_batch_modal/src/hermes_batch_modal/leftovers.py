@@ -9,8 +9,8 @@ import socket
 from pathlib import Path
 from typing import Optional
 
-import modal
-import modal.exception
+from ._sdk import modal
+
 
 log = logging.getLogger("hermes_batch.modal")
 

@@ -9,8 +9,6 @@ import posixpath
 from typing import TYPE_CHECKING, Optional
 
 import attrs
-import modal
-import modal.exception
 
 from hermes_batch.errors import SandboxError
 from hermes_batch.interfaces import Sandbox
@@ -18,7 +16,8 @@ from hermes_batch.output import BoundedOutput
 from hermes_batch.records import ExecResult
 
 from . import leftovers
-from .connection import TRANSIENT, explain
+from ._sdk import modal
+from .connection import explain, transient
 
 if TYPE_CHECKING:
     from .backend import ModalBackend
@@ -130,7 +129,7 @@ class ModalSandbox(Sandbox):
         self._check_open()
         try:
             process = await self.modal_sandbox.exec.aio(*argv, workdir=workdir or self._workdir, text=False)
-        except (modal.exception.Error, *TRANSIENT) as exc:
+        except (modal.exception.Error, *transient()) as exc:
             raise await self._error(exc, "when a command was started") from None
         loop = asyncio.get_running_loop()
         pid: asyncio.Future = loop.create_future()
@@ -153,7 +152,7 @@ class ModalSandbox(Sandbox):
             await asyncio.wait({reading[0]}, timeout=DRAIN_AFTER_EXIT_S)
             if reading[0].done() and reading[0].exception() is not None and exit_code == 0:
                 raise reading[0].exception()
-        except (modal.exception.Error, *TRANSIENT) as exc:
+        except (modal.exception.Error, *transient()) as exc:
             settled = True
             raise await self._error(exc, "while a command ran") from None
         finally:
@@ -211,7 +210,7 @@ class ModalSandbox(Sandbox):
         try:
             process = await self.modal_sandbox.exec.aio(SHELL, "-c", KILL_TREE, "sh", str(target), text=False)
             await process.wait.aio()
-        except (modal.exception.Error, *TRANSIENT):
+        except (modal.exception.Error, *transient()):
             pass  # the sandbox is gone or going: its processes with it
 
     # --- files -----------------------------------------------------------------------------
@@ -285,7 +284,7 @@ class ModalSandbox(Sandbox):
             code = await self.modal_sandbox.poll.aio()
         except modal.exception.NotFoundError:
             return "no longer exists"
-        except (modal.exception.Error, *TRANSIENT):
+        except (modal.exception.Error, *transient()):
             return None
         if code is None:
             return None
