@@ -19,7 +19,7 @@ from hermes_batch.records import SandboxSpec
 from hermes_batch.run_context import RunContext
 from hermes_batch.serialization import structure_config
 from hermes_batch_modal import ModalBackend, ModalConfig, backend as backend_module
-from hermes_batch_modal import leftovers
+from hermes_batch_modal import connection, leftovers
 from hermes_batch_modal.leftovers import LIVE_SESSIONS
 
 from conftest import IMAGE_A, IMAGE_B, MISSING_IMAGE
@@ -130,14 +130,18 @@ async def test_a_token_modal_refuses_is_a_config_error_that_does_not_repeat_it(t
 
 
 async def test_a_server_that_does_not_answer_is_a_config_error(tmp_path, standin, monkeypatch):
+    monkeypatch.setattr(connection, "HELLO_TIMEOUT_S", 3.0)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: nothing listens there
     monkeypatch.setenv("MODAL_SERVER_URL", f"http://127.0.0.1:{port}")
     backend = make_backend(tmp_path, "no-server")
+    started = time.monotonic()
     with pytest.raises(ConfigError) as caught:
-        await asyncio.wait_for(backend.check(), 120)
-    assert f"Modal's server at http://127.0.0.1:{port} is not reachable" in str(caught.value)
+        await backend.check()
+    assert time.monotonic() - started < 15
+    message = str(caught.value)
+    assert f"Modal's server at http://127.0.0.1:{port} is not reachable" in message and one_sentence(message)
 
 
 # --- what each sandbox gets ----------------------------------------------------------------------

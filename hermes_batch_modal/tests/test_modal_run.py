@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -262,8 +263,6 @@ def test_cleanup_command_terminates_a_crashed_runs_sandboxes(tmp_path, runner, m
         await client.close.aio()
         return created.object_id
 
-    import asyncio
-
     other = asyncio.run(make_other())
     result = CliRunner().invoke(cli, ["modal", "cleanup", "--run", runner.run_name])
     assert result.exit_code == 0, result.output
@@ -279,10 +278,21 @@ def test_cleanup_command_terminates_a_crashed_runs_sandboxes(tmp_path, runner, m
     assert standin.running() == []
 
 
-def test_resume_terminates_the_sandboxes_a_killed_process_left(tmp_path, runner, model_server, standin, procs):
-    dataset = leave_sandboxes_behind(tmp_path, runner, model_server, standin, procs)
+def test_resume_terminates_the_sandboxes_a_killed_process_left(tmp_path, runner, model_server, standin):
+    dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(3)])
+
+    async def leave_behind():  # as a SIGKILLed process of this run would have (see the cleanup test above)
+        client = await modal.Client.from_credentials.aio(standin.token_id, standin.token_secret)
+        app = await modal.App.lookup.aio("hermes-batch", create_if_missing=True, client=client)
+        for index in range(3):
+            tags = {**leftovers.sandbox_tags(runner.run_name, runner.folder, index, "k", "killed"), leftovers.TAG_PID: DEAD_PID}
+            await modal.Sandbox.create.aio(app=app, image=modal.Image.from_registry(IMAGE_A), tags=tags, client=client)
+        await client.close.aio()
+
+    asyncio.run(leave_behind())
+    assert len(standin.running(**{leftovers.TAG_RUN: runner.run_name})) == 3
     server = model_server(FAST)
-    result = runner.invoke(dataset, server, "--resume")
+    result = runner.invoke(dataset, server)
     assert result.exit_code == 0, result.output
     assert "Terminated 3 Modal sandbox(es) left running by an earlier process" in result.output
     assert [server.calls_for(f"task {i}") for i in range(3)] == [2, 2, 2]

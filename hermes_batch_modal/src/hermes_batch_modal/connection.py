@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Optional
 
@@ -10,6 +11,7 @@ from hermes_batch.errors import ConfigError
 from ._sdk import modal
 
 HOW_TO_LOG_IN = "run `modal token new` (or set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET)"
+HELLO_TIMEOUT_S = 30.0  # the SDK alone retries an unreachable server for about a minute
 
 
 def transient() -> tuple:
@@ -50,8 +52,9 @@ async def connect() -> modal.Client:
     token_id, token_secret = find_credentials()
     client = None
     try:
-        client = await modal.Client.from_credentials.aio(token_id, token_secret)
-        await client.hello.aio()
+        async with asyncio.timeout(HELLO_TIMEOUT_S):
+            client = await modal.Client.from_credentials.aio(token_id, token_secret)
+            await client.hello.aio()
         return client
     except BaseException as exc:
         if client is not None:
@@ -59,8 +62,9 @@ async def connect() -> modal.Client:
         if isinstance(exc, (modal.exception.AuthError, modal.exception.PermissionDeniedError)):
             raise ConfigError(f"Modal refused the token it was given; {HOW_TO_LOG_IN} with a valid token.") from None
         if isinstance(exc, (*transient(), modal.exception.TimeoutError, TimeoutError)):
+            reason = f"no answer within {HELLO_TIMEOUT_S:g} s" if isinstance(exc, TimeoutError) else explain(exc)
             raise ConfigError(
-                f"Modal's server at {server_url()} is not reachable ({explain(exc)}); check the network "
+                f"Modal's server at {server_url()} is not reachable ({reason}); check the network "
                 "(or MODAL_SERVER_URL) and run again."
             ) from None
         raise
