@@ -13,7 +13,8 @@ ensure_venv "$VENV"
     -e '.[test]' \
     -e plugins/hermes_batch_example \
     -e hermes_batch_docker \
-    -e hermes_batch_singularity
+    -e hermes_batch_singularity \
+    -e hermes_batch_modal
 ensure_docker_for_tests
 ensure_apptainer_for_tests
 

@@ -22,7 +22,7 @@ from hermes_batch_modal import ModalBackend, ModalConfig, backend as backend_mod
 from hermes_batch_modal import connection, leftovers
 from hermes_batch_modal.leftovers import LIVE_SESSIONS
 
-from conftest import IMAGE_A, IMAGE_B, MISSING_IMAGE
+from modal_testing import IMAGE_A, IMAGE_B, MISSING_IMAGE, docker_engine, run_name, standin  # noqa: F401 (fixtures)
 
 DEAD_PID = "2147483646"  # above any pid_max: no process has it
 

@@ -8,7 +8,7 @@ from hermes_batch.run_context import RunContext
 from hermes_batch.testing.sandbox_contract import SandboxContract
 from hermes_batch_modal import ModalBackend, ModalConfig, ModalSandbox
 
-from conftest import IMAGE_A
+from modal_testing import IMAGE_A, docker_engine, run_name, standin  # noqa: F401 (fixtures)
 
 
 class TestModalSandboxContractAgainstStandIn(SandboxContract):

@@ -20,7 +20,9 @@ from hermes_batch.testing import RoutedScript, ToolLoopScript
 from hermes_batch.testing.fixtures import wait_for
 from hermes_batch_modal import leftovers
 
-from conftest import IMAGE_A, IMAGE_B, MISSING_IMAGE, write_dataset
+from modal_testing import (  # noqa: F401 (fixtures)
+    IMAGE_A, IMAGE_B, MISSING_IMAGE, docker_engine, model_server, run_name, runner, standin, write_dataset,
+)
 
 SLEEPER = ToolLoopScript(tool_calls=1, command="sleep 30")
 FAST = ToolLoopScript(tool_calls=1, command="echo fine")
