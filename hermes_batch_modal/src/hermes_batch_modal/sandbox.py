@@ -25,14 +25,15 @@ if TYPE_CHECKING:
 SHELL = "/bin/sh"
 # PID 1 of every sandbox: a shell that idles (and, as PID 1, reaps the orphans of commands).
 KEEP_ALIVE = (SHELL, "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600; done")
-# Every command prints its process id on stderr first, then runs as the leader of a process group of its
-# own (setsid when the exec is not one already), with stderr merged into stdout and stdin closed.
+# Every command prints its process id as the first line of stdout, then runs as the leader of a process
+# group of its own (setsid when the exec is not one already), with stderr merged into stdout and stdin
+# closed; so one output stream per command, not two.
 _GROUP = (
     'hb_pg=; read -r _ _ _ _ hb_pg _ < /proc/$$/stat 2>/dev/null; '
     'if [ "$hb_pg" != "$$" ] && command -v setsid >/dev/null 2>&1; then exec setsid /bin/sh -c "$1"; fi; '
     'exec /bin/sh -c "$1"'
 )
-RUN_WRAPPER = 'echo "$$" >&2; exec 2>&1 </dev/null; ' + _GROUP
+RUN_WRAPPER = 'echo "$$"; exec 2>&1 </dev/null; ' + _GROUP
 # Stop the tree under a process (children first seen, then theirs), then kill it and its process group.
 KILL_TREE = (
     'hb_stop() { kill -STOP "$1" 2>/dev/null; for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); '
@@ -41,17 +42,17 @@ KILL_TREE = (
 )
 # Exit statuses of the file programs: 2 missing, 21 a folder, 22 not a regular file, 20 a parent is not a folder.
 READ_FILE = (
-    'echo "$$" >&2; f=$1; '
+    'echo "$$"; f=$1; '
     'if [ -d "$f" ]; then exit 21; fi; if [ ! -e "$f" ]; then exit 2; fi; if [ ! -f "$f" ]; then exit 22; fi; '
     'if [ -n "$2" ]; then exec head -c "$2" "$f"; fi; exec cat "$f"'
 )
 WRITE_FILE = (
-    'echo "$$" >&2; f=$1; d=$(dirname "$f"); '
+    'echo "$$"; f=$1; d=$(dirname "$f"); '
     'if [ -e "$d" ] && [ ! -d "$d" ]; then exit 20; fi; mkdir -p "$d" || exit 20; '
     'if [ -d "$f" ]; then exit 21; fi; if [ -e "$f" ] && [ ! -f "$f" ]; then exit 22; fi; '
     'if [ -L "$f" ] && [ ! -e "$f" ]; then exit 22; fi; exec cat > "$f"'
 )
-MAKE_WORKDIR = 'echo "$$" >&2; mkdir -p "$1" && cd "$1"'
+MAKE_WORKDIR = 'echo "$$"; exec 2>&1; mkdir -p "$1" && cd "$1"'
 
 READ_TIMEOUT_S = 120.0
 WRITE_TIMEOUT_S = 120.0
@@ -106,12 +107,12 @@ class ModalSandbox(Sandbox):
 
     async def make_ready(self) -> None:
         """The first command: creates the working directory, and proves the sandbox runs commands."""
-        stderr = _Capped(4096)
-        outcome = await self._run([SHELL, "-c", MAKE_WORKDIR, "sh", self._workdir], None, _Capped(4096), stderr, workdir="/")
+        output = _Capped(4096)
+        outcome = await self._run([SHELL, "-c", MAKE_WORKDIR, "sh", self._workdir], None, output, workdir="/")
         if outcome.exit_code != 0:
             raise SandboxError(
                 f"The working directory {self._workdir} cannot be made in the Modal sandbox {self.id} of prompt "
-                f"{self.prompt_index} ({stderr.data.decode(errors='replace').strip() or outcome.exit_code}); "
+                f"{self.prompt_index} ({output.data.decode(errors='replace').strip() or outcome.exit_code}); "
                 "fix the row's cwd or -S workdir=..."
             )
 
@@ -125,18 +126,20 @@ class ModalSandbox(Sandbox):
 
     async def _run(self, argv: list, timeout: Optional[float], stdout, stderr=None, *, stdin: Optional[bytes] = None,
                    workdir: Optional[str] = None) -> _Outcome:
-        """Run one exec; stdout into ``stdout``, stderr's first line is the process id, the rest into ``stderr``."""
+        """Run one exec: stdout's first line is the process id, the rest goes to ``stdout``; stderr to ``stderr`` if given."""
         self._check_open()
         try:
-            process = await self.modal_sandbox.exec.aio(*argv, workdir=workdir or self._workdir, text=False)
+            process = await self.modal_sandbox.exec.aio(
+                *argv, workdir=workdir or self._workdir, text=False,
+                stderr=modal.stream_type.StreamType.PIPE if stderr is not None else modal.stream_type.StreamType.DEVNULL,
+            )
         except (modal.exception.Error, *transient()) as exc:
             raise await self._error(exc, "when a command was started") from None
         loop = asyncio.get_running_loop()
         pid: asyncio.Future = loop.create_future()
-        reading = [
-            asyncio.ensure_future(self._read(process.stdout, stdout.add)),
-            asyncio.ensure_future(self._read_stderr(process.stderr, pid, stderr)),
-        ]
+        reading = [asyncio.ensure_future(self._read_output(process.stdout, pid, stdout))]
+        if stderr is not None:
+            reading.append(asyncio.ensure_future(self._read(process.stderr, stderr.add)))
         waiting = asyncio.ensure_future(process.wait.aio())
         settled = False
         try:
@@ -149,7 +152,7 @@ class ModalSandbox(Sandbox):
                 await asyncio.wait({reading[0]}, timeout=DRAIN_AFTER_KILL_S)
                 return _Outcome(None, True)
             exit_code = waiting.result()
-            await asyncio.wait({reading[0]}, timeout=DRAIN_AFTER_EXIT_S)
+            await asyncio.wait(set(reading), timeout=DRAIN_AFTER_EXIT_S)
             if reading[0].done() and reading[0].exception() is not None and exit_code == 0:
                 raise reading[0].exception()
         except (modal.exception.Error, *transient()) as exc:
@@ -169,27 +172,33 @@ class ModalSandbox(Sandbox):
         async for chunk in stream:
             add(chunk)
 
-    async def _read_stderr(self, stream, pid: asyncio.Future, rest) -> None:
+    async def _read_output(self, stream, pid: asyncio.Future, sink) -> None:
         line = bytearray()
         try:
             async for chunk in stream:
                 if pid.done():
-                    if rest is not None:
-                        rest.add(chunk)
+                    sink.add(chunk)
                     continue
                 newline = chunk.find(b"\n")
                 if newline < 0:
                     line += chunk
-                    if len(line) > 32:
+                    if len(line) > 32:  # not the wrapper's pid line (the exec failed to start it): output
                         pid.set_result(None)
+                        sink.add(bytes(line))
                     continue
                 line += chunk[:newline]
-                pid.set_result(int(line) if line.isdigit() else None)
-                if rest is not None and chunk[newline + 1:]:
-                    rest.add(chunk[newline + 1:])
+                if line.isdigit():
+                    pid.set_result(int(line))
+                else:
+                    pid.set_result(None)
+                    sink.add(bytes(line) + b"\n")
+                if chunk[newline + 1:]:
+                    sink.add(chunk[newline + 1:])
         finally:
             if not pid.done():
                 pid.set_result(None)
+                if line:
+                    sink.add(bytes(line))
 
     async def _feed(self, process, data: bytes) -> None:
         for start in range(0, len(data), STDIN_CHUNK):

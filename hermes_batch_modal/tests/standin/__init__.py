@@ -30,8 +30,8 @@ from grpclib.server import Server
 from modal._utils.grpc_utils import custom_detail_codec
 from modal_proto import api_pb2
 
-from .control import ControlPlane
-from .engine import LABEL, Engine
+from .control import KEEP_ALIVE, ControlPlane
+from .engine import LABEL, LABEL_ISSUE, Engine
 from .router import CommandRouter
 from .state import Faults, Sandbox
 
@@ -66,6 +66,7 @@ class ModalStandIn:
         self.peak_running = 0
         self.never_ready_ids: set[str] = set()
         self._create_times: collections.deque = collections.deque()
+        self.warm: dict[str, list] = {}  # started containers per image, taken by plain sandboxes (see prewarm)
         self.engine: Optional[Engine] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
@@ -171,6 +172,22 @@ class ModalStandIn:
             return data.decode(errors="replace")
 
         return self.call(run())
+
+    def prewarm(self, image: str, count: int) -> None:
+        """Start ``count`` containers of ``image`` now, so that creating plain sandboxes later costs no container start.
+
+        Used by the benchmark, to measure the client rather than the local engine's start rate.
+        """
+
+        async def start() -> None:
+            labels = {LABEL: self.id, LABEL_ISSUE: "11"}
+            for index in range(count):
+                container = await self.engine.run_container(
+                    f"hb-i11-modal-standin-{self.id}-warm{index}", image, KEEP_ALIVE, {}, labels, {"NetworkMode": "bridge"}
+                )
+                self.warm.setdefault(image, []).append(container)
+
+        self.call(start(), timeout=60 + 10 * count)
 
     def terminate_from_outside(self, sandbox: Sandbox) -> None:
         """Kill a sandbox behind the client's back (as Modal's dashboard or a worker failure would)."""

@@ -1,4 +1,4 @@
-"""Run the Modal stand-in on its own: ``python -m standin`` (with ``hermes_batch_modal/tests`` on sys.path).
+"""Run the Modal stand-in on its own: ``python -m standin [--prewarm IMAGE COUNT]``, with ``hermes_batch_modal/tests`` on sys.path.
 
 Prints ``READY <url> <token id> <token secret>`` and serves until its standard input
 closes; then terminates its sandboxes and prints its statistics as one JSON line.
@@ -6,6 +6,7 @@ closes; then terminates its sandboxes and prints its statistics as one JSON line
 
 from __future__ import annotations
 
+import argparse
 import json
 import resource
 import sys
@@ -14,7 +15,12 @@ from . import ModalStandIn
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prewarm", nargs=2, metavar=("IMAGE", "COUNT"), help="containers to start before serving")
+    args = parser.parse_args()
     standin = ModalStandIn().start()
+    if args.prewarm:
+        standin.prewarm(args.prewarm[0], int(args.prewarm[1]))
     print("READY", standin.url, standin.token_id, standin.token_secret, flush=True)
     try:
         sys.stdin.read()

@@ -197,11 +197,18 @@ class ControlPlane(api_grpc.ModalClientBase):
         if sandbox.milli_cpu:
             host_config["NanoCpus"] = sandbox.milli_cpu * 1_000_000
         labels = {LABEL: standin.id, LABEL_ISSUE: "11", "org.hermes-batch.modal-standin.sandbox": sandbox.id}
+        warm = standin.warm.get(sandbox.image_ref)
+        plain = not (sandbox.env or sandbox.block_network or sandbox.memory_mb or sandbox.milli_cpu or sandbox.workdir)
+        if warm and plain and command == KEEP_ALIVE:
+            sandbox.container_id = warm.pop()  # already started, like capacity Modal keeps warm
+        else:
+            sandbox.container_id = None
         try:
-            sandbox.container_id = await standin.engine.run_container(
-                f"hb-i11-modal-standin-{sandbox.id}", sandbox.image_ref, command, sandbox.env, labels, host_config,
-                workdir=sandbox.workdir,
-            )
+            if sandbox.container_id is None:
+                sandbox.container_id = await standin.engine.run_container(
+                    f"hb-i11-modal-standin-{sandbox.id}", sandbox.image_ref, command, sandbox.env, labels, host_config,
+                    workdir=sandbox.workdir,
+                )
         except EngineError as exc:
             sandbox.result = result(api_pb2.GenericResult.GENERIC_STATUS_INIT_FAILURE, exc.message)
             sandbox.finished.set()
