@@ -23,6 +23,7 @@ log = logging.getLogger("hermes_batch.modal")
 
 BACKOFF_BASE_S = 1.0  # first wait after a transient creation error; doubles up to BACKOFF_MAX_S
 BACKOFF_MAX_S = 30.0
+SHUTDOWN_WAIT_S = 120.0  # for creations and terminations still under way at the end; the session sweep follows
 
 
 class CreationPace:
@@ -103,9 +104,14 @@ class ModalBackend(SandboxBackend):
         if self.client is None:
             return
         try:
-            await asyncio.gather(*(sandbox.close() for sandbox in list(self._open)), return_exceptions=True)
-            while self._background:
-                await asyncio.gather(*list(self._background), return_exceptions=True)
+            for sandbox in list(self._open):
+                sandbox.close_soon()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + SHUTDOWN_WAIT_S
+            while self._background and loop.time() < deadline:  # terminations may start more (orphans)
+                await asyncio.wait(set(self._background), timeout=deadline - loop.time())
+            for future in list(self._background):
+                future.cancel()  # a server that does not answer: the sweep below, or -S timeout, ends them
             if self.app is not None:
                 try:
                     found = await leftovers.find(self.client, self.app.app_id, **{TAG_SESSION: self.session})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import posixpath
 from typing import TYPE_CHECKING, Optional
@@ -21,6 +22,8 @@ from .connection import explain, transient
 
 if TYPE_CHECKING:
     from .backend import ModalBackend
+
+log = logging.getLogger("hermes_batch.modal")
 
 SHELL = "/bin/sh"
 # PID 1 of every sandbox: a shell that idles (and, as PID 1, reaps the orphans of commands).
@@ -277,11 +280,21 @@ class ModalSandbox(Sandbox):
 
     async def close(self) -> None:
         """Terminate the sandbox (every process in it ends); safe to call more than once."""
+        await asyncio.shield(self.close_soon())
+
+    def close_soon(self) -> asyncio.Future:
+        """Start terminating the sandbox; the backend's shutdown waits for it."""
         if self._closing is None:
             self._closed = True
             self._backend.forget(self)
-            self._closing = self._backend.in_background(leftovers.terminate(self.modal_sandbox))
-        await asyncio.shield(self._closing)
+            self._closing = self._backend.in_background(self._terminate())
+        return self._closing
+
+    async def _terminate(self) -> None:
+        try:
+            await leftovers.terminate(self.modal_sandbox)
+        except (modal.exception.Error, *transient()) as exc:  # the shutdown sweep, or -S timeout, ends it
+            log.warning("Could not terminate the Modal sandbox %s of prompt %d: %s", self.id, self.prompt_index, explain(exc))
 
     def _check_open(self) -> None:
         if self._closed:
