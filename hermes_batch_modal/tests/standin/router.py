@@ -23,25 +23,23 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
     def __init__(self, standin: "ModalStandIn"):
         self.standin = standin
 
-    def _task(self, stream, task_id: str) -> Sandbox:
+    def _authorized(self, stream, task_id: str) -> Sandbox:
         sandbox = self.standin.tasks.get(task_id)
         if sandbox is None:
             raise GRPCError(Status.NOT_FOUND, f"task {task_id} not found")
         authorization = dict(stream.metadata or {}).get("authorization", "")
         if authorization != f"Bearer {sandbox.jwt}":
             raise GRPCError(Status.UNAUTHENTICATED, "bad or missing command router token")
+        return sandbox
+
+    def _task(self, stream, task_id: str) -> Sandbox:
+        sandbox = self._authorized(stream, task_id)
         if not sandbox.running:
             raise GRPCError(Status.NOT_FOUND, f"task {task_id} has finished")
         return sandbox
 
     def _exec(self, stream, task_id: str, exec_id: str) -> Exec:
-        sandbox = self.standin.tasks.get(task_id)
-        if sandbox is None:
-            raise GRPCError(Status.NOT_FOUND, f"task {task_id} not found")
-        authorization = dict(stream.metadata or {}).get("authorization", "")
-        if authorization != f"Bearer {sandbox.jwt}":
-            raise GRPCError(Status.UNAUTHENTICATED, "bad or missing command router token")
-        process = sandbox.execs.get(exec_id)
+        process = self._authorized(stream, task_id).execs.get(exec_id)
         if process is None:
             raise GRPCError(Status.NOT_FOUND, f"exec {exec_id} not found")
         return process
