@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from hermes_batch.cli import cli
 from hermes_batch.errors import ConfigError, SandboxError
 from hermes_batch.plugins import collect, get_plugin_manager
-from hermes_batch.records import SandboxSpec
+from hermes_batch.records import ExecResult, SandboxSpec
 from hermes_batch.run_context import RunContext
 from hermes_batch.serialization import structure_config
 from hermes_batch_modal import ModalBackend, ModalConfig, backend as backend_module
@@ -204,6 +204,15 @@ async def test_the_prompts_environment_reaches_the_sandbox(backend, run_name):
 
 
 # --- files: bounded, never blocking, never through something that is not a file -------------------
+
+
+async def test_lone_surrogates_from_the_model_do_not_break_the_wire(backend, run_name):
+    sandbox = await backend.open(spec(run_name, env={"HB_ODD": "a\ud800b"}))
+    result = await sandbox.exec("echo 'half \ud83d emoji'; printf %s \"$HB_ODD\"", 10)
+    assert result == ExecResult("half \ufffd emoji\na\ufffdb", 0, False)
+    await sandbox.write_file("odd-\udc80.txt", b"x")
+    assert await sandbox.read_file("odd-\udc80.txt") == b"x"
+    await sandbox.close()
 
 
 async def test_read_file_is_bounded_by_max_bytes(backend, run_name):

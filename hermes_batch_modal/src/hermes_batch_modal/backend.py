@@ -17,7 +17,7 @@ from ._sdk import modal
 from .config import ModalConfig
 from .connection import explain, transient
 from .leftovers import LIVE_SESSIONS, TAG_RUN_DIR, TAG_SESSION
-from .sandbox import KEEP_ALIVE, ModalSandbox, absolute
+from .sandbox import KEEP_ALIVE, ModalSandbox, absolute, utf8
 
 log = logging.getLogger("hermes_batch.modal")
 
@@ -186,7 +186,7 @@ class ModalBackend(SandboxBackend):
             app=self.app,
             image=image,
             tags=tags,
-            env={str(k): str(v) for k, v in spec.env.items()} or None,
+            env={utf8(str(k)): utf8(str(v)) for k, v in spec.env.items()} or None,
             timeout=config.timeout,
             cpu=config.cpu,
             memory=config.memory_mib,

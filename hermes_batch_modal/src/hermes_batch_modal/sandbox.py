@@ -7,6 +7,7 @@ import errno
 import logging
 import os
 import posixpath
+import re
 from typing import TYPE_CHECKING, Optional
 
 import attrs
@@ -67,8 +68,20 @@ PID_WAIT_S = 5.0
 NOT_REGULAR = "not a regular file (a FIFO, socket or device); only regular files can be read or written"
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def absolute(path: str) -> str:
     return "/" + posixpath.normpath(posixpath.join("/", path)).lstrip("/")
+
+
+def utf8(text: str) -> str:
+    """``text`` as valid UTF-8 text: a lone surrogate (from a model's JSON) cannot go on the wire, U+FFFD can."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
 
 
 @attrs.define
@@ -133,7 +146,7 @@ class ModalSandbox(Sandbox):
         self._check_open()
         try:
             process = await self.modal_sandbox.exec.aio(
-                *argv, workdir=workdir or self._workdir, text=False,
+                *map(utf8, argv), workdir=workdir or self._workdir, text=False,
                 stderr=modal.stream_type.StreamType.PIPE if stderr is not None else modal.stream_type.StreamType.DEVNULL,
             )
         except (modal.exception.Error, *transient()) as exc:
