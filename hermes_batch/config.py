@@ -52,6 +52,7 @@ class RunConfig:
     model_client: Optional[str] = None  # None: chosen from base_url
     executor: str = "local"
     executor_options: dict = attrs.field(factory=dict)
+    tool_options: dict = attrs.field(factory=dict)  # toolset -> {key: value}; secrets only as variable names
     seed: Optional[int] = None
     output_dir: Path = Path("data")
     command_timeout: float = 180.0

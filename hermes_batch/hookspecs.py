@@ -51,7 +51,11 @@ def register_toolsets(register):
     Called once at start-up.  ``register(toolset)`` takes a
     :class:`hermes_batch.interfaces.Toolset`: a name, a description and the
     :class:`~hermes_batch.interfaces.Tool` classes it switches on.  Tool names
-    must be unique across all toolsets.
+    must be unique across all toolsets.  Optionally an attrs ``Config`` class,
+    which receives the ``-T name.key=value`` options (structured strictly), and a
+    :class:`~hermes_batch.interfaces.ToolsetRuntime` subclass: the toolset's
+    run-wide state, which can declare itself unavailable (left out of sampling)
+    and gives each prompt a session that is closed when the prompt ends.
     """
 
 

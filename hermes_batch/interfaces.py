@@ -3,7 +3,8 @@
 Registration hooks run once at start-up and are synchronous; the registered
 objects do the per-prompt I/O through ``async`` methods.  Each selectable class
 carries its ``name`` and an attrs ``Config`` class; options given on the command
-line (``-S key=value``, ``-E key=value``) are structured strictly into it.
+line (``-S key=value``, ``-E key=value``, ``-T toolset.key=value``) are structured
+strictly into it.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterable, 
 
 import attrs
 
-from .records import ExecResult, Message, ModelResponse, SandboxSpec, ToolSpec, Trajectory
+from .records import ExecResult, Message, ModelResponse, SandboxSpec, ToolSpec, Trajectory, Usage
 
 if TYPE_CHECKING:
     from .ratelimit import CallLimiter
     from .run_context import RunContext
+    from .toolsets import PromptToolsets
 
 
 @attrs.frozen
@@ -121,6 +123,17 @@ class ModelClient(abc.ABC):
         finally:
             await probe.aclose()
 
+    def for_model(self, model: str) -> "ModelClient":
+        """A client of the same endpoint and key for ``model``, for tools that consult other models.
+
+        Its calls go through this client's limiter, so they share the run's rate
+        limits and budgets and their reported cost counts against ``--max_cost``.
+        Close it with ``aclose`` when done.
+        """
+        other = type(self)(attrs.evolve(self.settings, model=model))
+        other._limiter = self.limiter
+        return other
+
     async def aclose(self) -> None:
         """Release connections."""
 
@@ -188,13 +201,81 @@ class SandboxBackend(abc.ABC):
 # --- tools -------------------------------------------------------------------
 
 
+class ToolsetSession:
+    """One prompt's state of a toolset, such as its browser context.
+
+    Created (without I/O) at the prompt's first call of one of the toolset's
+    tools, and closed when the prompt ends, also on errors, deadlines and
+    Ctrl-C.  Open expensive resources lazily inside the tools' calls.
+    """
+
+    def __init__(self, runtime: "ToolsetRuntime"):
+        self.runtime = runtime
+
+    @property
+    def config(self) -> Any:
+        """The toolset's structured ``-T`` options."""
+        return self.runtime.config
+
+    async def close(self) -> None:
+        """Release what the prompt held; called once, must not raise."""
+
+
+class ToolsetRuntime:
+    """The run-wide side of a toolset: its ``-T`` options, shared connections, a browser...
+
+    One instance per run and toolset, built before anything is sent to a model.
+    Subclass it when a toolset needs a provider, shared connections or per-prompt
+    state (``Session``); toolsets without one get this base class.
+    """
+
+    Session: ClassVar[type] = ToolsetSession
+
+    def __init__(self, config: Any, model: ModelSettings):
+        self.config = config
+        self.model = model  # the run's endpoint, key and model, for tools that call a model themselves
+        self.run: Optional["RunContext"] = None
+        self.client: Optional[ModelClient] = None
+
+    def unavailable_reason(self) -> Optional[str]:
+        """None when the toolset can run, else one sentence saying what is missing and how to configure it.
+
+        Called once before the run starts, without I/O.  An unavailable toolset
+        is reported once and left out of sampling.
+        """
+        return None
+
+    async def start(self, run: "RunContext", client: ModelClient) -> None:
+        """Called once before the first prompt (only for available toolsets); ``client`` is the run's model client."""
+        self.run, self.client = run, client
+
+    def session(self) -> ToolsetSession:
+        """A new session for one prompt; no I/O here."""
+        return self.Session(self)
+
+    async def shutdown(self) -> None:
+        """Called once after the last prompt, also on Ctrl-C; must not raise."""
+
+
 @attrs.frozen
 class ToolContext:
-    """What a tool call can use: the prompt's sandbox and the run's settings."""
+    """What a tool call can use: the prompt's sandbox, the run's settings and the prompt's toolset sessions."""
 
     sandbox: Sandbox
     command_timeout: float = 180.0
     max_output_chars: int = 20000
+    toolsets: Optional["PromptToolsets"] = None  # None outside a run (unit tests of a tool)
+
+    def session(self, toolset: str) -> ToolsetSession:
+        """This prompt's session of ``toolset`` (created at the first call; see ToolsetSession)."""
+        if self.toolsets is None:
+            raise LookupError(f"No toolset sessions in this context, so none for {toolset!r}.")
+        return self.toolsets.session(toolset)
+
+    def report_usage(self, usage: Usage) -> None:
+        """Count a model call the tool made (tokens, cost) in the prompt's usage."""
+        if self.toolsets is not None:
+            self.toolsets.report_usage(usage)
 
 
 class Tool(abc.ABC):
@@ -215,11 +296,18 @@ class Tool(abc.ABC):
 
 @attrs.frozen
 class Toolset:
-    """A named group of tools that a distribution switches on or off together."""
+    """A named group of tools that a distribution switches on or off together.
+
+    ``Config`` is the attrs class the ``-T name.key=value`` options are structured
+    into (strictly); ``runtime`` the ToolsetRuntime subclass that holds the
+    toolset's run-wide state and per-prompt sessions.
+    """
 
     name: str
     description: str
     tools: tuple  # of Tool classes
+    Config: type = NoOptions
+    runtime: type = ToolsetRuntime
 
 
 @attrs.frozen

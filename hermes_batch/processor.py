@@ -15,6 +15,7 @@ from .conversation import to_sharegpt
 from .errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeout
 from .interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
 from .records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
+from .toolsets import PromptToolsets
 
 log = logging.getLogger("hermes_batch.prompt")
 
@@ -37,6 +38,7 @@ class PromptProcessor:
     all_tools: tuple  # every tool name known to the run, for the fixed record schema
     agent: AgentSettings
     verbose: bool = False
+    runtimes: Mapping = attrs.Factory(dict)  # toolset name -> ToolsetRuntime
 
     async def process(self, job: PromptJob) -> Union[Trajectory, Failure]:
         row: PromptRow = job.row
@@ -59,12 +61,20 @@ class PromptProcessor:
         say = self._logger(job) if self.verbose else None
         await self.backend.prepare_image(row.image)  # shared by every prompt of the image, so not on its clock
         sandbox = None
+
+        def count_usage(usage):  # model calls made by tools count in the prompt's usage
+            state.usage = state.usage + usage
+
+        sessions = PromptToolsets({n: self.runtimes[n] for n in job.toolsets if n in self.runtimes}, count_usage)
         try:
             # the deadline covers the session from opening the sandbox; closing it is outside, so it always happens
             async with asyncio.timeout(self.agent.prompt_timeout) as deadline:
                 spec = SandboxSpec(self.run_name, row.prompt_index, row.content_key, row.image, row.cwd)
                 sandbox = await self.backend.open(spec)
-                ctx = ToolContext(sandbox, command_timeout=self.agent.command_timeout, max_output_chars=self.agent.max_output_chars)
+                ctx = ToolContext(
+                    sandbox, command_timeout=self.agent.command_timeout, max_output_chars=self.agent.max_output_chars,
+                    toolsets=sessions,
+                )
                 result = await run_session(self.client, tools, ctx, row.prompt, self.agent, say, state)
         except TimeoutError:
             if not deadline.expired():
@@ -77,8 +87,11 @@ class PromptProcessor:
                         job.batch_num, row.prompt_index, self.agent.prompt_timeout)
             result = state.result(completed=False, end_reason="timeout")
         finally:
-            if sandbox is not None:
-                await sandbox.close()
+            try:
+                await sessions.aclose()  # a browser context, say; before the sandbox, and also on errors and Ctrl-C
+            finally:
+                if sandbox is not None:
+                    await sandbox.close()
         specs = tuple(tool.spec() for tool in tools.values())
         metadata = Metadata(
             batch_num=job.batch_num,

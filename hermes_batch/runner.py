@@ -15,7 +15,7 @@ from typing import Optional
 import attrs
 import pluggy
 
-from . import __version__, dataset, distributions, selection
+from . import __version__, dataset, distributions, selection, toolsets
 from .agent import AgentSettings
 from .config import RunConfig
 from .conversation import DEFAULT_SYSTEM_PROMPT
@@ -139,6 +139,7 @@ class Run:
                 "install a plugin that provides them or choose another distribution."
             )
         self.missing = distributions.unavailable_toolsets(self.distribution, available)
+        self._prepare_toolsets()
         self.toolsets = selection.toolset_tools(self.registry, sorted(self.available))
         self.all_tools = tuple(sorted(t.name for tools in self.toolsets.values() for t in tools))
         self.backend_cls, self.backend_config = selection.sandbox_backend(self.registry, cfg.sandbox, cfg.sandbox_options)
@@ -157,6 +158,20 @@ class Run:
         self._check_folder()
         self.previous = self._load_checkpoint()
         self.seed = self._choose_seed()
+
+    def _prepare_toolsets(self) -> None:
+        """Structure the -T options; leave out the toolsets whose provider is not configured."""
+        cfg = self.config
+        self.runtimes = toolsets.build_runtimes(self.registry, self.available, cfg.tool_options, self._model_settings())
+        self.unconfigured = {
+            name: reason for name in sorted(self.available) if (reason := self.runtimes[name].unavailable_reason())
+        }
+        self.available -= set(self.unconfigured)
+        if not self.available:
+            reasons = " ".join(f"{name}: {reason}" for name, reason in self.unconfigured.items())
+            raise UsageError(f"No toolset of distribution {cfg.distribution!r} can run. {reasons}")
+        self._all_runtimes = self.runtimes
+        self.runtimes = {name: rt for name, rt in self.runtimes.items() if name in self.available}
 
     def _check_folder(self) -> None:
         cfg = self.config
@@ -223,6 +238,8 @@ class Run:
                 "Distribution %r names toolsets that are not installed (%s); sampling among %s only.",
                 cfg.distribution, ", ".join(self.missing), ", ".join(sorted(self.available)),
             )
+        for name, reason in self.unconfigured.items():
+            log.warning("Toolset %s is left out of sampling: %s", name, reason)
         # on record from the start, so a session killed before its first batch completes still counts
         self._save_checkpoint(interrupted=False)
         self.progress = Progress(total=to_run, enabled=cfg.progress)
@@ -235,12 +252,15 @@ class Run:
         processor = PromptProcessor(
             run_name=cfg.run_name, model=cfg.model, seed=self.seed, client=client, backend=backend,
             toolsets=self.toolsets, all_tools=self.all_tools, agent=self._agent_settings(), verbose=cfg.verbose,
+            runtimes=self.runtimes,
         )
         self.pm.hook.hermes_batch_run_start(run=self.context)
         interrupted = False
         fatal: Optional[HermesBatchError] = None
         try:
             await backend.start()
+            for runtime in self.runtimes.values():
+                await runtime.start(self.context, client)
             self.progress.start()
             jobs = self._jobs(plan_resume(dataset.iter_rows(cfg.dataset_file, max_samples=cfg.max_samples), finished))
             await self.executor.run(jobs, processor, self._on_outcome, cfg.num_workers)
@@ -250,6 +270,8 @@ class Run:
             fatal = exc
         finally:
             self.progress.stop()
+            for runtime in self.runtimes.values():
+                await _quietly(runtime.shutdown())
             await _quietly(backend.shutdown())
             await _quietly(client.aclose())
             for log_ in (*self.batch_logs.values(), *self.failed_logs.values()):
@@ -388,6 +410,10 @@ class Run:
             "model_client": self.client_cls.name,
             "distribution": {"name": self.distribution.name, "probabilities": dict(self.distribution.probabilities)},
             "tools": list(self.all_tools),
+            "toolsets": {
+                name: {"options": toolsets.describe_config(rt.config), "left_out": self.unconfigured.get(name)}
+                for name, rt in self._all_runtimes.items()
+            },
             "plugins": [{k: p[k] for k in ("name", "distribution", "version")} for p in describe_plugins(self.pm)],
         }
         atomic_write_text(self.folder.run_json, json.dumps(data, indent=2, default=str) + "\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import click
 
 from .. import distributions as dist_module
@@ -63,6 +64,7 @@ def _listing(command_name: str, kind: str, what: str) -> click.Command:
             row = {"name": reg.name, "plugin": reg.plugin, "description": getattr(reg.obj, "description", "")}
             if kind == "toolsets":
                 row["tools"] = [t.name for t in reg.obj.tools]
+                row["options"] = [f.name for f in attrs.fields(reg.obj.Config)]
             rows.append(row)
         if as_json:
             click.echo(json.dumps(rows, indent=2))
@@ -70,6 +72,8 @@ def _listing(command_name: str, kind: str, what: str) -> click.Command:
         width = max((len(r["name"]) for r in rows), default=0)
         for row in rows:
             extra = f" [{', '.join(row['tools'])}]" if "tools" in row else ""
+            if row.get("options"):
+                extra += f" -T {row['name']}.{{{','.join(row['options'])}}}"
             click.echo(f"{row['name']:<{width}}  {row['description']}{extra}  (from {row['plugin']})")
 
     return command

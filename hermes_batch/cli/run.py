@@ -15,6 +15,7 @@ import click
 from ..config import DEFAULT_BASE_URL, DEFAULT_MODEL, PROVIDER_SORTS, REASONING_EFFORTS, RunConfig, resolve_api_key, split_list
 from ..errors import HermesBatchError
 from ..serialization import parse_key_values
+from ..toolsets import parse_tool_options
 from .listing import print_distributions
 
 
@@ -89,6 +90,7 @@ def _setup_logging(verbose: bool) -> None:
 @_opt("model_client", default=None, help="Model client [default: chosen from --base_url].")
 @_opt("executor", default="local", help="Executor.")
 @click.option("-E", "--executor_option", "--executor-option", "executor_option", multiple=True, metavar="KEY=VALUE", help="Executor option (repeatable).")
+@click.option("-T", "--tool_option", "--tool-option", "tool_option", multiple=True, metavar="TOOLSET.KEY=VALUE", help="Toolset option (repeatable), e.g. -T web.provider=searxng; secrets by environment variable name only (-T web.api_key_env=BRAVE_API_KEY).")
 @_opt("seed", type=int, default=None, help="Seed for toolset sampling [default: random, recorded in run.json].")
 @_opt("output_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("data"), help="Parent folder of the run folder.")
 @_opt("command_timeout", type=float, default=180.0, help="Longest a tool command may run, in seconds.")
@@ -141,6 +143,7 @@ def run_command(**options):
         model_client=options["model_client"],
         executor=options["executor"],
         executor_options=parse_key_values(options["executor_option"], "-E/--executor_option"),
+        tool_options=parse_tool_options(options["tool_option"]),
         seed=options["seed"],
         output_dir=options["output_dir"],
         command_timeout=options["command_timeout"],
