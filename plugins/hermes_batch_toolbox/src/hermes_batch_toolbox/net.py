@@ -1,0 +1,152 @@
+"""Fetching what a model asks for, safely: http(s) only, no private addresses, bounded size and time.
+
+The model is treated as hostile: a URL (or a redirect, or a DNS answer) that
+points at loopback, a private network, link-local metadata services and the
+like is refused unless the toolset's ``allow_private`` option is set (tests
+against local servers, or an intranet on purpose).  Redirects are followed by
+hand so that each hop is checked again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from typing import Optional
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+import attrs
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
+
+USER_AGENT = "Mozilla/5.0 (compatible; hermes-batch-toolbox/0.1; +https://github.com/NousResearch/hermes-agent)"
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class FetchError(Exception):
+    """A page could not be fetched; the message is one sentence meant for the model."""
+
+
+def address_blocked(address: str) -> bool:
+    """True for loopback, private, link-local, multicast, reserved and unspecified addresses."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return not ip.is_global or ip.is_multicast
+
+
+def check_url(url: str, allow_private: bool) -> str:
+    """``url`` if it is an http(s) URL the toolset may reach; raises FetchError otherwise."""
+    if not isinstance(url, str) or not url.strip():
+        raise FetchError("The URL is empty.")
+    url = url.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise FetchError(f"Only http and https URLs can be fetched, not {parts.scheme or 'a URL without a scheme'!r}.")
+    if not parts.hostname:
+        raise FetchError(f"The URL {url!r} has no host.")
+    if not allow_private:
+        host = parts.hostname
+        try:
+            literal = ipaddress.ip_address(host)
+        except ValueError:
+            literal = None
+        if (literal is not None and address_blocked(host)) or host == "localhost" or host.endswith(".localhost"):
+            raise FetchError(f"{host} is a private or local address; only public addresses can be fetched.")
+    return url
+
+
+class PublicOnlyResolver(AbstractResolver):
+    """Resolves like aiohttp's default resolver but drops every non-public address (DNS rebinding)."""
+
+    def __init__(self):
+        self._resolver = DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        answers = await self._resolver.resolve(host, port, family)
+        public = [a for a in answers if not address_blocked(a["host"])]
+        if not public:
+            raise OSError(f"{host} resolves only to private or local addresses, which cannot be fetched")
+        return public
+
+    async def close(self) -> None:
+        await self._resolver.close()
+
+
+def client_session(allow_private: bool, limit: int = 64) -> aiohttp.ClientSession:
+    """An aiohttp session for fetching pages for the model; public addresses only unless ``allow_private``."""
+    resolver = None if allow_private else PublicOnlyResolver()
+    connector = aiohttp.TCPConnector(limit=limit, resolver=resolver, ttl_dns_cache=60)
+    return aiohttp.ClientSession(connector=connector, headers={"User-Agent": USER_AGENT}, trust_env=False)
+
+
+@attrs.frozen
+class Fetched:
+    """A fetched response: final URL after redirects, status, content type, at most ``max_bytes`` of body."""
+
+    url: str
+    status: int
+    content_type: str
+    charset: Optional[str]
+    body: bytes
+    truncated: bool
+    redirects: tuple = ()
+
+    def text(self) -> str:
+        return self.body.decode(self.charset or "utf-8", errors="replace")
+
+
+async def fetch(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    max_bytes: int,
+    timeout: float,
+    allow_private: bool,
+    max_redirects: int = 5,
+    accept: str = "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5",
+) -> Fetched:
+    """GET ``url`` following up to ``max_redirects`` checked redirects; raises FetchError with a sentence for the model."""
+    current = check_url(url, allow_private)
+    hops: list[str] = []
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                async with session.get(current, allow_redirects=False, headers={"Accept": accept}) as response:
+                    if response.status in _REDIRECTS and "Location" in response.headers:
+                        if len(hops) >= max_redirects:
+                            raise FetchError(f"{url} redirects more than {max_redirects} times.")
+                        hops.append(current)
+                        current = check_url(urljoin(current, response.headers["Location"]), allow_private)
+                        continue
+                    body, truncated = await _read_limited(response, max_bytes)
+                    return Fetched(
+                        url=current,
+                        status=response.status,
+                        content_type=response.content_type or "",
+                        charset=response.charset,
+                        body=body,
+                        truncated=truncated,
+                        redirects=tuple(hops),
+                    )
+    except TimeoutError:
+        raise FetchError(f"{url} did not answer within {timeout:g} s.") from None
+    except aiohttp.ClientConnectorError as exc:
+        raise FetchError(f"Could not connect to {urlsplit(current).hostname}: {exc.os_error or exc}.") from None
+    except aiohttp.ClientError as exc:
+        raise FetchError(f"Fetching {current} failed: {type(exc).__name__}: {exc}.") from None
+    except OSError as exc:  # the resolver's refusal of private addresses
+        raise FetchError(f"Could not fetch {current}: {exc}.") from None
+
+
+async def _read_limited(response: aiohttp.ClientResponse, max_bytes: int) -> tuple[bytes, bool]:
+    chunks, size = [], 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        room = max_bytes - size
+        if len(chunk) > room:
+            chunks.append(chunk[:room])
+            return b"".join(chunks), True
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks), False
