@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "ErrorRule",
+    "ImageReply",
+    "ImageRequest",
     "REASONING_FORMATS",
     "Reply",
     "RoutedScript",
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from .server import (
         REASONING_FORMATS,
         ErrorRule,
+        ImageReply,
+        ImageRequest,
         Reply,
         RoutedScript,
         Script,

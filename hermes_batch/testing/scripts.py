@@ -22,7 +22,8 @@ class ScriptRequest:
     """One request as the script sees it, whichever API it came through.
 
     ``messages`` are normalized to the OpenAI shape (``role``, ``content`` as text,
-    ``tool_calls``, ``tool_call_id``); reasoning sent back by the client, in any
+    ``images`` for the URLs of multimodal ``image_url`` parts, ``tool_calls``,
+    ``tool_call_id``); reasoning sent back by the client, in any
     format, is under ``reasoning``.  Anthropic requests become a leading ``system``
     message, ``tool`` messages for ``tool_result`` blocks (``is_error`` kept), and
     assistant messages whose thinking blocks carry ``reasoning_signature_valid``.
@@ -44,6 +45,14 @@ class ScriptRequest:
     def preflight(self) -> bool:
         """True for the probe hermes-batch sends before a run (``ModelClient.preflight``)."""
         return not self.tools and self.prompt == PREFLIGHT_PROMPT
+
+    @property
+    def images(self) -> tuple:
+        """URLs (often data: URLs) of the images in the last user message; see ``testing.images``."""
+        for m in reversed(self.messages):
+            if m["role"] == "user":
+                return tuple(m.get("images", ()))
+        return ()
 
     @property
     def turn(self) -> int:
@@ -137,15 +146,51 @@ class ToolLoopScript:
 
 @attrs.frozen
 class RoutedScript:
-    """Dispatch on the prompt: ``routes`` maps prompt text to a script, or is a function returning one (or None)."""
+    """Dispatch on the prompt: ``routes`` maps prompt text to a script, or is a function returning one (or None).
+
+    With ``by="model"`` the requested model is the key instead: one server then
+    plays several models (the reference and aggregator models of a mixture of
+    agents, a vision model beside the agent's).
+    """
 
     routes: Union[Mapping[str, Script], Callable[[str], Optional[Script]]]
     default: Optional[Script] = None
+    by: str = attrs.field(default="prompt", validator=attrs.validators.in_(("prompt", "model")))
 
     def __call__(self, request: ScriptRequest) -> Union[Reply, Awaitable[Reply]]:
         routes = self.routes
-        script = routes.get(request.prompt) if isinstance(routes, Mapping) else routes(request.prompt)
+        key = request.model if self.by == "model" else request.prompt
+        script = routes.get(key) if isinstance(routes, Mapping) else routes(key)
         script = script or self.default
         if script is None:
-            raise LookupError(f"RoutedScript has no route for prompt {request.prompt[:80]!r} and no default")
+            raise LookupError(f"RoutedScript has no route for {self.by} {key[:80]!r} and no default")
         return script(request)
+
+
+@attrs.frozen
+class ImageRequest:
+    """A ``POST /v1/images/generations`` request as the images script sees it."""
+
+    model: str
+    prompt: str
+    size: Optional[str] = None
+    n: int = 1
+    response_format: Optional[str] = None  # "url" or "b64_json"
+    body: dict = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ImageReply:
+    """What the images script answers.
+
+    ``image`` is the PNG (or other) bytes; None makes a small PNG whose colour
+    comes from the prompt.  The image is sent as ``b64_json`` when the request
+    asks for it or the model is a ``gpt-image-*`` (which always answers so),
+    else as a ``url`` the server itself serves.  A ``status`` other than 200
+    sends an OpenAI error body with ``error_message``.
+    """
+
+    image: Optional[bytes] = None
+    status: int = 200
+    error_message: Optional[str] = None
+    usage: Optional[Usage] = None  # reported as the images API's input/output tokens

@@ -2,7 +2,10 @@
 
 ``ScriptedModelServer`` answers ``POST /v1/chat/completions`` (OpenAI / OpenRouter),
 ``POST /v1/messages`` (Anthropic) and ``GET /v1/models`` by calling a *script*: any
-callable ``(ScriptRequest) -> Reply``, sync or async.  Faults (rate limits, server
+callable ``(ScriptRequest) -> Reply``, sync or async.  Multimodal messages reach
+the script with their image URLs (``ScriptRequest.images``), and ``POST
+/v1/images/generations`` is answered by an *images script* (``ImageRequest ->
+ImageReply``), by default with a small PNG made from the prompt.  Faults (rate limits, server
 errors, bad keys, unknown models, latency, hangs) are injected around the script.
 
 Run it alone for benchmarks::
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import collections
 import hashlib
 import inspect
@@ -27,7 +31,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import attrs
 from aiohttp import web
 
-from .scripts import REASONING_FORMATS, Reply, RoutedScript, Script, ScriptRequest, ToolLoopScript
+from .images import png_for
+from .scripts import REASONING_FORMATS, ImageReply, ImageRequest, Reply, RoutedScript, Script, ScriptRequest, ToolLoopScript
 from .wire import (
     BadRequest,
     error_body,
@@ -44,6 +49,8 @@ from .wire import (
 # The scripts and records are defined in .scripts and re-exported here, where users import them.
 __all__ = [
     "ErrorRule",
+    "ImageReply",
+    "ImageRequest",
     "REASONING_FORMATS",
     "Reply",
     "RoutedScript",
@@ -98,8 +105,12 @@ class ScriptedModelServer:
         port: int = 0,
         record: bool = True,
         preflight_reply: Optional[Reply] = Reply(content="ready", finish_reason="stop"),
+        images: Optional[Callable[[ImageRequest], ImageReply]] = None,
     ):
         self.script = script
+        self.images_script = images or (lambda _request: ImageReply())
+        self.image_requests: list = []  # every ImageRequest received
+        self._files: dict = {}  # name -> (content type, bytes) of images served by URL
         self.latency = latency
         self.errors = tuple(errors)
         self.api_key = api_key
@@ -176,6 +187,8 @@ class ScriptedModelServer:
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._handle_openai)
         app.router.add_post("/v1/messages", self._handle_anthropic)
+        app.router.add_post("/v1/images/generations", self._handle_images)
+        app.router.add_get("/v1/files/{name}", self._handle_file)
         app.router.add_get("/v1/models", self._handle_models)
         app.router.add_get("/v1/models/{model:.+}", self._handle_model)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
@@ -349,6 +362,54 @@ class ScriptedModelServer:
             if rule.rate and self._random.random() < rule.rate:
                 return rule
         return None
+
+    async def _handle_images(self, http: web.Request) -> web.Response:
+        try:
+            body = await http.json()
+            request = ImageRequest(
+                model=body["model"], prompt=body["prompt"], size=body.get("size"), n=int(body.get("n") or 1),
+                response_format=body.get("response_format"), body=body,
+            )
+            if not isinstance(request.model, str) or not isinstance(request.prompt, str):
+                raise TypeError("model and prompt must be strings")
+        except (ValueError, KeyError, TypeError) as exc:
+            return self._error("openai", 400, f"Invalid request body: {exc}")
+        with self._lock:
+            self.image_requests.append(request)
+        if not self._authorized(http):
+            return self._error("openai", 401, "Incorrect API key provided.")
+        if self.models is not None and request.model not in self.models:
+            return self._error("openai", 404, f"The model `{request.model}` does not exist or you do not have access to it.")
+        reply = self.images_script(request)
+        if inspect.isawaitable(reply):
+            reply = await reply
+        if reply.status != 200:
+            return self._error("openai", reply.status, reply.error_message or f"Scripted error {reply.status}.")
+        data = []
+        for i in range(request.n):
+            image = reply.image if reply.image is not None else png_for(f"{request.prompt}\x00{i}")
+            if request.response_format == "b64_json" or request.model.startswith("gpt-image"):
+                data.append({"b64_json": base64.b64encode(image).decode("ascii")})
+            else:
+                name = f"img_hb{self._next_id()}.png"
+                self._files[name] = image
+                data.append({"url": f"{self.base_url}/files/{name}"})
+        answer: dict = {"created": 0, "data": data}
+        if reply.usage is not None:
+            answer["usage"] = {
+                "input_tokens": reply.usage.prompt_tokens,
+                "output_tokens": reply.usage.completion_tokens,
+                "total_tokens": reply.usage.prompt_tokens + reply.usage.completion_tokens,
+            }
+            if reply.usage.cost is not None:
+                answer["usage"]["cost"] = reply.usage.cost
+        return self._respond(200, answer)
+
+    async def _handle_file(self, http: web.Request) -> web.Response:
+        image = self._files.get(http.match_info["name"])
+        if image is None:
+            return web.Response(status=404, text="no such file")
+        return web.Response(body=image, content_type="image/png")
 
     async def _handle_models(self, http: web.Request) -> web.Response:
         api = "anthropic" if "anthropic-version" in http.headers else "openai"

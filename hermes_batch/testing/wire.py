@@ -83,10 +83,28 @@ def _text(content: Any) -> str:
     raise BadRequest(f"content must be a string or a list of parts, got {type(content).__name__}")
 
 
+def _images(content: Any) -> list:
+    """URLs of the ``image_url`` parts of a multimodal message (data: URLs included)."""
+    if not isinstance(content, list):
+        return []
+    urls = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "image_url":
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            if not isinstance(url, str):
+                raise BadRequest("image_url parts need an image_url.url string")
+            urls.append(url)
+    return urls
+
+
 def _openai_messages(body: dict) -> list:
     out = []
     for m in body["messages"]:
         msg = {"role": m.get("role"), "content": _text(m.get("content"))}
+        images = _images(m.get("content"))
+        if images:
+            msg["images"] = images
         if m.get("tool_calls"):
             msg["tool_calls"] = m["tool_calls"]
         if "tool_call_id" in m:
