@@ -35,6 +35,7 @@ CHROMIUM_FLAGS = (
     "--disable-dev-shm-usage",
 )
 CLOSE_TIMEOUT_S = 10.0
+OPEN_TIMEOUT_S = 60.0  # starting the browser or a context; slow on a loaded machine, so not the per-action timeout
 
 
 class BrowserError(Exception):
@@ -69,6 +70,8 @@ class BrowserSession(ToolsetSession):
         self._context = None
         self._page = None
         self._slot = False
+        self.navigations = 0  # navigation requests of the current page's main frame
+        self.loads = 0  # documents it finished parsing (domcontentloaded)
 
     @property
     def is_open(self) -> bool:
@@ -101,7 +104,7 @@ class BrowserSession(ToolsetSession):
         self._slot = True
         try:
             browser = await runtime.browser()
-            async with asyncio.timeout(cfg.timeout):
+            async with asyncio.timeout(OPEN_TIMEOUT_S):
                 context = await browser.new_context(
                     viewport={"width": 1280, "height": 800}, accept_downloads=False, service_workers="block"
                 )
@@ -115,12 +118,37 @@ class BrowserSession(ToolsetSession):
             raise
 
     async def _new_page(self):
-        async with asyncio.timeout(self.config.timeout):
-            return await self._context.new_page()
+        async with asyncio.timeout(OPEN_TIMEOUT_S):
+            page = await self._context.new_page()
+        self._adopt(page)
+        return page
 
     def _adopt(self, page) -> None:
-        # a popup or target=_blank link: follow it, as a person would
+        # the first page, or a popup or target=_blank link: follow it, as a person would
         self._page = page
+
+        def on_request(request) -> None:
+            if page is self._page and request.is_navigation_request() and request.frame == page.main_frame:
+                self.navigations += 1
+
+        def on_load(_page) -> None:
+            if page is self._page:
+                self.loads += 1
+
+        page.on("request", on_request)
+        page.on("domcontentloaded", on_load)
+
+    async def settle(self, navigations_before: int, loads_before: int) -> None:
+        """After a click or a key press: if it started a navigation, wait (bounded) for the new document."""
+        await asyncio.sleep(0.05)  # a form submission or a link starts its request a moment later
+        if self.navigations == navigations_before:
+            return
+        try:
+            async with asyncio.timeout(self.config.timeout):
+                while self.loads == loads_before:
+                    await asyncio.sleep(0.02)
+        except TimeoutError:
+            pass  # still loading: the next call sees the page as it is
 
     async def close(self) -> None:
         """Close the context (bounded in time) and give its slot back; safe to call again."""
@@ -180,7 +208,7 @@ class BrowserRuntime(ToolsetRuntime):
                     executable_path=self.config.executable,
                     headless=self.config.headless,
                     args=list(CHROMIUM_FLAGS),
-                    timeout=60_000,
+                    timeout=OPEN_TIMEOUT_S * 1000,
                 )
             except Exception as exc:
                 raise BrowserError(f"The browser could not be started ({_first_line(exc)}).") from None

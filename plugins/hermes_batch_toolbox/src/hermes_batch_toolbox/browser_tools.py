@@ -14,7 +14,7 @@ from hermes_batch.interfaces import Tool, ToolContext
 
 from .browser import BrowserError, BrowserSession, _first_line, checked_url
 
-_REF = re.compile(r"^\s*(?:\[?\s*ref\s*=\s*|@)?(e\d+)\s*\]?\s*$")
+_REF = re.compile(r"^\s*(?:\[?\s*ref\s*=\s*|@)?((?:f\d+)?e\d+)\s*\]?\s*$")
 # roles kept by the compact snapshot: what can be acted on, and the headings that say where it is
 _COMPACT_ROLES = re.compile(
     r"^\s*- (link|button|textbox|searchbox|checkbox|radio|combobox|listbox|option|menuitem|tab|switch|slider|"
@@ -46,7 +46,8 @@ async def _act(ctx: ToolContext, action: Action, *, open_context: bool = False) 
     timeout = session.config.timeout
     try:
         page = await session.page(open_context=open_context)
-        async with asyncio.timeout(timeout + 5):  # Playwright's own timeouts fire first; this catches a wedged browser
+        # Playwright's own timeouts fire first; this one catches a wedged browser
+        async with asyncio.timeout(2 * timeout + 5):
             return await action(page, session)
     except BrowserError as exc:
         return {"success": False, "error": str(exc)}
@@ -111,7 +112,7 @@ class BrowserSnapshotTool(Tool):
     async def call(self, arguments: dict, ctx: ToolContext) -> dict:
         async def snap(page, session):
             text = await page.aria_snapshot(mode="ai", timeout=_ms(session))
-            elements = len(re.findall(r"\[ref=e\d+\]", text))
+            elements = len(re.findall(r"\[ref=(?:f\d+)?e\d+\]", text))
             if not arguments.get("full", False):
                 text = compact(text)
             return {"success": True, **await _where(page), "snapshot": shorten(text, session.config.max_snapshot_chars),
@@ -164,11 +165,17 @@ class BrowserClickTool(Tool):
     async def call(self, arguments: dict, ctx: ToolContext) -> dict:
         async def click(page, session):
             ref = _ref(arguments["ref"])
-            await page.locator(f"aria-ref={ref}").click(timeout=_ms(session))
-            try:  # a click that navigates: let the new page start before reporting where we are
-                await page.wait_for_load_state("domcontentloaded", timeout=min(_ms(session), 5000))
-            except Exception:
-                pass
+            target = page.locator(f"aria-ref={ref}")
+            new_tab = await target.evaluate("el => !!el.closest('a[target]:not([target=_self])')", timeout=_ms(session))
+            if new_tab:  # follow the tab it opens
+                async with page.context.expect_page(timeout=_ms(session)) as opened:
+                    await target.click(timeout=_ms(session))
+                page = await opened.value
+                await page.wait_for_load_state("domcontentloaded", timeout=_ms(session))
+            else:
+                before = session.navigations, session.loads
+                await target.click(timeout=_ms(session))
+                await session.settle(*before)
             return {"success": True, "clicked": f"@{ref}", **await _where(page)}
 
         return await _act(ctx, click)
@@ -250,11 +257,9 @@ class BrowserPressTool(Tool):
 
     async def call(self, arguments: dict, ctx: ToolContext) -> dict:
         async def press(page, session):
+            before = session.navigations, session.loads
             await page.keyboard.press(arguments["key"])
-            try:
-                await page.wait_for_load_state("domcontentloaded", timeout=min(_ms(session), 5000))
-            except Exception:
-                pass
+            await session.settle(*before)
             return {"success": True, "pressed": arguments["key"], **await _where(page)}
 
         return await _act(ctx, press)

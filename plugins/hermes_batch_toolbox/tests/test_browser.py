@@ -1,0 +1,201 @@
+"""The browser toolset: a real Chromium (Debian's) through Playwright, against the local website."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from hermes_batch_toolbox.browser_tools import (
+    BrowserBackTool,
+    BrowserClickTool,
+    BrowserCloseTool,
+    BrowserGetImagesTool,
+    BrowserNavigateTool,
+    BrowserPressTool,
+    BrowserScrollTool,
+    BrowserSnapshotTool,
+    BrowserTypeTool,
+    compact,
+    shorten,
+)
+
+pytestmark = pytest.mark.skipif(not os.access("/usr/bin/chromium", os.X_OK), reason="needs Debian's chromium")
+
+
+async def call(tool, ctx, **arguments):
+    return await tool().call(arguments, ctx)
+
+
+def ref_of(snapshot: str, text: str) -> str:
+    """The @ref of the first snapshot line that contains ``text``."""
+    for line in snapshot.splitlines():
+        if text in line and "[ref=" in line:
+            return "@" + line.split("[ref=")[1].split("]")[0]
+    raise AssertionError(f"{text!r} not in snapshot:\n{snapshot}")
+
+
+@pytest.fixture
+async def browser(toolsets):
+    return await toolsets.start("browser", {"allow_private": True, "timeout": 15})
+
+
+async def test_a_session_navigates_reads_clicks_types_and_goes_back(browser, toolsets, sandbox, site):
+    ctx = toolsets.context(sandbox, browser=browser)
+    nav = await call(BrowserNavigateTool, ctx, url=site.url + "/")
+    assert nav == {"success": True, "url": site.url + "/", "title": "Toolbox Test Site", "status": 200}
+
+    snap = await call(BrowserSnapshotTool, ctx)
+    assert snap["success"] and snap["element_count"] > 3
+    assert 'heading "Welcome to the test site"' in snap["snapshot"]
+    assert 'link "article about a lighthouse"' in snap["snapshot"]
+
+    clicked = await call(BrowserClickTool, ctx, ref=ref_of(snap["snapshot"], "article about a lighthouse"))
+    assert clicked["success"] and clicked["url"] == site.url + "/article" and clicked["title"] == "The Quiet Lighthouse"
+    full = await call(BrowserSnapshotTool, ctx, full=True)
+    assert "Fresnel lens" in full["snapshot"]
+
+    back = await call(BrowserBackTool, ctx)
+    assert back == {"success": True, "url": site.url + "/", "title": "Toolbox Test Site"}
+
+    await call(BrowserNavigateTool, ctx, url=site.url + "/form")
+    form = (await call(BrowserSnapshotTool, ctx))["snapshot"]
+    typed = await call(BrowserTypeTool, ctx, ref=ref_of(form, 'textbox "Search query"'), text="brass lamps")
+    assert typed == {"success": True, "typed": "brass lamps", "element": ref_of(form, 'textbox "Search query"')}
+    pressed = await call(BrowserPressTool, ctx, key="Enter")
+    assert pressed["success"] and pressed["title"] == "Results for brass lamps"
+    assert "You searched for brass lamps." in (await call(BrowserSnapshotTool, ctx, full=True))["snapshot"]
+
+    closed = await call(BrowserCloseTool, ctx)
+    assert closed == {"success": True, "closed": True}
+    assert (await call(BrowserSnapshotTool, ctx))["error"] == "No page is open; call browser_navigate first."
+
+
+async def test_images_scrolling_and_new_tabs(browser, toolsets, sandbox, site):
+    ctx = toolsets.context(sandbox, browser=browser)
+    await call(BrowserNavigateTool, ctx, url=site.url + "/gallery")
+    images = await call(BrowserGetImagesTool, ctx)
+    assert images == {"success": True, "count": 2, "images": [
+        {"url": site.url + "/images/red.png", "alt": "A red square", "width": 8, "height": 8},
+        {"url": site.url + "/images/blue.png", "alt": "A blue square", "width": 16, "height": 16},
+    ]}
+    scrolled = await call(BrowserScrollTool, ctx, direction="down")
+    assert scrolled["success"] and scrolled["scrolled"] == "down" and set(scrolled["position"]) == {"y", "height"}
+
+    await call(BrowserNavigateTool, ctx, url=site.url + "/popup")
+    link = ref_of((await call(BrowserSnapshotTool, ctx))["snapshot"], "Open the article")
+    await call(BrowserClickTool, ctx, ref=link)
+    snap = await call(BrowserSnapshotTool, ctx, full=True)
+    assert snap["url"] == site.url + "/article"  # the new tab became the current page
+
+
+async def test_bad_refs_keys_and_urls_fail_the_call_only(browser, toolsets, sandbox, site):
+    ctx = toolsets.context(sandbox, browser=browser)
+    assert (await call(BrowserClickTool, ctx, ref="@e1"))["error"] == "No page is open; call browser_navigate first."
+    assert browser.contexts_opened == 0 and browser.launches == 0  # only browser_navigate opens anything
+    await call(BrowserNavigateTool, ctx, url=site.url + "/")
+    assert (await call(BrowserClickTool, ctx, ref="the big button"))["error"].startswith("'the big button' is not an element reference")
+    missing = await call(BrowserClickTool, ctx, ref="@e999")
+    assert missing["success"] is False and missing["error"]
+    assert (await call(BrowserPressTool, ctx, key="NotAKey"))["success"] is False
+    bad = await call(BrowserNavigateTool, ctx, url="file:///etc/passwd")
+    assert bad == {"success": False, "error": "Only http and https URLs can be fetched, not 'file'."}
+    assert (await call(BrowserNavigateTool, ctx, url=site.url + "/article"))["success"] is True
+
+
+async def test_private_addresses_are_refused_unless_allowed(toolsets, sandbox, site):
+    runtime = await toolsets.start("browser", {})
+    ctx = toolsets.context(sandbox, browser=runtime)
+    result = await call(BrowserNavigateTool, ctx, url=site.url + "/")
+    assert result == {"success": False, "error": "127.0.0.1 is a private or local address; only public addresses can be fetched."}
+
+
+async def test_a_slow_page_times_out_and_the_session_goes_on(toolsets, sandbox, site):
+    runtime = await toolsets.start("browser", {"allow_private": True, "timeout": 3})
+    ctx = toolsets.context(sandbox, browser=runtime)
+    assert (await call(BrowserNavigateTool, ctx, url=site.url + "/"))["success"] is True
+    slow = await call(BrowserNavigateTool, ctx, url=site.url + "/slow?delay=20")
+    assert slow["success"] is False and "Timeout 3000ms exceeded" in slow["error"]
+    assert (await call(BrowserNavigateTool, ctx, url=site.url + "/notes.txt"))["success"] is True
+
+
+async def test_contexts_are_isolated_and_closed_with_their_prompt(browser, toolsets, sandbox, site):
+    first, second = toolsets.context(sandbox, browser=browser), toolsets.context(sandbox, browser=browser)
+    await call(BrowserNavigateTool, first, url=site.url + "/")
+    page = await first.session("browser").page()
+    await page.evaluate("() => { localStorage.setItem('owner', 'first'); document.cookie = 'who=first'; }")
+    await call(BrowserNavigateTool, second, url=site.url + "/")
+    other = await second.session("browser").page()
+    assert await other.evaluate("() => [localStorage.getItem('owner'), document.cookie]") == [None, ""]
+    live = await browser.browser()
+    assert len(live.contexts) == 2
+    await first.toolsets.aclose()
+    await second.toolsets.aclose()
+    assert live.contexts == [] and browser._slots._value == browser.config.max_contexts
+
+
+async def test_contexts_are_bounded_and_a_prompt_waits_for_a_slot(toolsets, sandbox, site):
+    runtime = await toolsets.start("browser", {"allow_private": True, "max_contexts": 2, "slot_timeout": 0.5})
+    ctxs = [toolsets.context(sandbox, browser=runtime) for _ in range(3)]
+    for ctx in ctxs[:2]:
+        assert (await call(BrowserNavigateTool, ctx, url=site.url + "/"))["success"]
+    waited = await call(BrowserNavigateTool, ctxs[2], url=site.url + "/")
+    assert waited == {"success": False, "error": "All 2 browser contexts stayed busy for 0.5 s; try again later."}
+    # the third prompt gets the slot of a closed one
+    waiting = asyncio.create_task(call(BrowserNavigateTool, ctxs[2], url=site.url + "/"))
+    await asyncio.sleep(0.1)
+    await call(BrowserCloseTool, ctxs[0])
+    assert (await waiting)["success"] is True
+    for ctx in ctxs:
+        await ctx.toolsets.aclose()
+
+
+async def test_a_cancelled_prompt_closes_its_context(browser, toolsets, sandbox, site):
+    ctx = toolsets.context(sandbox, browser=browser)
+
+    async def prompt():
+        try:
+            await call(BrowserNavigateTool, ctx, url=site.url + "/")
+            await call(BrowserNavigateTool, ctx, url=site.url + "/slow?delay=30")
+        finally:
+            await ctx.toolsets.aclose()  # what the processor does when a prompt ends, however it ends
+
+    task = asyncio.create_task(prompt())
+    await asyncio.sleep(1.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await browser.browser()).contexts == [] and browser._slots._value == browser.config.max_contexts
+
+
+async def test_a_crashed_browser_fails_the_call_and_is_started_again(browser, toolsets, sandbox, site):
+    ctx = toolsets.context(sandbox, browser=browser)
+    await call(BrowserNavigateTool, ctx, url=site.url + "/")
+    live = await browser.browser()
+    cdp = await live.new_browser_cdp_session()
+    info = await cdp.send("SystemInfo.getProcessInfo")
+    [pid] = [p["id"] for p in info["processInfo"] if p["type"] == "browser"]
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        if not live.is_connected():
+            break
+        await asyncio.sleep(0.05)
+    crashed = await call(BrowserSnapshotTool, ctx)
+    assert crashed == {"success": False, "error": "The browser crashed; call browser_navigate to start again."}
+    again = await call(BrowserNavigateTool, ctx, url=site.url + "/article")
+    assert again["success"] is True and browser.launches == 2
+
+
+def test_compact_keeps_what_can_be_acted_on_and_shorten_cuts_at_lines():
+    snapshot = "\n".join([
+        "- generic [ref=e1]:", "  - heading \"Title\" [level=1] [ref=e2]", "  - paragraph [ref=e3]: long text",
+        "  - link \"Home\" [ref=e4]:", "    - /url: /", "  - textbox \"Name\" [ref=e5]",
+    ])
+    assert compact(snapshot).splitlines() == [
+        "  - heading \"Title\" [level=1] [ref=e2]", "  - link \"Home\" [ref=e4]:", "    - /url: /", "  - textbox \"Name\" [ref=e5]",
+    ]
+    long = "\n".join(f"- line {i}" for i in range(1000))
+    cut = shorten(long, 500)
+    assert len(cut) <= 500 and cut.endswith("more lines cut; scroll or use browser_snapshot(full=false) ...]")
