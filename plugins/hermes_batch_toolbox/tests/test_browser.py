@@ -9,6 +9,7 @@ import signal
 import pytest
 
 from hermes_batch_toolbox.browser_tools import (
+from toolbox_fixtures import sandbox, site, toolsets  # noqa: F401 (fixtures)
     BrowserBackTool,
     BrowserClickTool,
     BrowserCloseTool,

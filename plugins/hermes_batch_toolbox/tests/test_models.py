@@ -17,6 +17,7 @@ from hermes_batch_toolbox.image_gen import ImageGenerateTool
 from hermes_batch_toolbox.moa import MixtureOfAgentsTool
 from hermes_batch_toolbox.testing import FalStandIn
 from hermes_batch_toolbox.vision import VisionAnalyzeTool
+from toolbox_fixtures import model_server, sandbox, site, toolsets  # noqa: F401 (fixtures)
 
 
 def describe_image(request):

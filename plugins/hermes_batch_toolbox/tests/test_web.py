@@ -13,6 +13,7 @@ from hermes_batch.toolsets import build_runtimes
 from hermes_batch_toolbox.net import FetchError, PublicOnlyResolver, address_blocked, check_url
 from hermes_batch_toolbox.testing import BraveStandIn, SearxngStandIn
 from hermes_batch_toolbox.web import WebExtractTool, WebSearchTool
+from toolbox_fixtures import sandbox, searxng, site, toolsets  # noqa: F401 (fixtures)
 
 SETTINGS = ModelSettings(model="m", base_url="http://127.0.0.1:9/v1")
 

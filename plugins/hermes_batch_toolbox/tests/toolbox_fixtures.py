@@ -1,4 +1,9 @@
-"""Fixtures of the toolbox tests: the local website, search stand-ins, a sandbox, started toolsets."""
+"""Fixtures of the toolbox tests: the local website, search stand-ins, a sandbox, started toolsets.
+
+Not a conftest.py: the core's tests import their own ``conftest`` by name, and
+a second module of that name on sys.path would shadow it.  Test modules import
+the fixtures they use from here.
+"""
 
 from __future__ import annotations
 
