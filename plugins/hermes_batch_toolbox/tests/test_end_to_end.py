@@ -160,3 +160,29 @@ def test_thirty_prompts_with_every_toolset(tmp_path, model_server, site, searxng
     run_json = json.loads((folder / "run.json").read_text())
     assert all(v["left_out"] is None for v in run_json["toolsets"].values())
     assert TEST_API_KEY not in (folder / "run.json").read_text()
+
+
+def _run(tmp_path, server, *extra):
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Task #{i}"} for i in range(3)])
+    args = ["run", "--dataset_file", str(dataset), "--batch_size", "10", "--run_name", "r", "--output_dir",
+            str(tmp_path / "out"), "--model", "agent-model", "--base_url", server.base_url, "--api_key", TEST_API_KEY,
+            "--no-progress", *extra]
+    return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
+def test_without_options_web_and_image_gen_are_left_out_once(tmp_path, model_server):
+    server = model_server(lambda r: Reply(reasoning="thinking", content="done"))
+    result = _run(tmp_path, server, "--distribution", "creative")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("Toolset image_gen is left out of sampling: no image model is configured") == 1
+    assert result.output.count("Toolset web is left out of sampling: no search provider is configured") == 1
+    trajectories = [json.loads(line) for line in (tmp_path / "out" / "r" / "trajectories.jsonl").read_text().splitlines()]
+    assert {tuple(t["toolsets_used"]) for t in trajectories} == {("vision",)}
+
+
+def test_a_distribution_with_nothing_configured_stops_before_any_request(tmp_path, model_server):
+    server = model_server(lambda r: Reply(content="never"))
+    result = _run(tmp_path, server, "--distribution", "minimal")
+    assert result.exit_code == 2
+    assert "No toolset of distribution 'minimal' can run. web: no search provider is configured" in result.output
+    assert server.request_count == 0 and not (tmp_path / "out" / "r").exists()
