@@ -174,3 +174,10 @@ async def test_names_that_resolve_to_private_addresses_are_refused_by_the_resolv
             await resolver.resolve("localhost", 80)
     finally:
         await resolver.close()
+
+
+async def test_hostile_urls_fail_their_own_entry(web, site):
+    urls = ["http://exa\udcffmple.org/", "http://127.0.0.1:99999/", "http://" + "a" * 300 + ".org/", f"{site.url}/article"]
+    result = await WebExtractTool().call({"urls": urls}, web)
+    assert result["success"] is True
+    assert [bool(r["error"]) for r in result["results"]] == [True, True, True, False]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import inspect
 from typing import Optional
 
 from hermes_batch.interfaces import ToolContext
@@ -81,8 +82,12 @@ def _decode_data_url(source: str, max_bytes: int) -> bytes:
 
 
 async def _read_sandbox_file(ctx: ToolContext, path: str, max_bytes: int) -> bytes:
+    read = ctx.sandbox.read_file
     try:
-        data = await ctx.sandbox.read_file(path)
+        if "max_bytes" in inspect.signature(read).parameters:
+            data = await read(path, max_bytes=max_bytes + 1)  # one byte more tells "too large" from "just fits"
+        else:  # a sandbox written before read_file took max_bytes
+            data = await read(path)
     except FileNotFoundError:
         raise ImageError(f"There is no file {path} in your sandbox.") from None
     except IsADirectoryError:

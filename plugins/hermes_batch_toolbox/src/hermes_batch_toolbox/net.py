@@ -138,6 +138,8 @@ async def fetch(
         raise FetchError(f"Fetching {current} failed: {type(exc).__name__}: {exc}.") from None
     except OSError as exc:  # the resolver's refusal of private addresses
         raise FetchError(f"Could not fetch {current}: {exc}.") from None
+    except (ValueError, UnicodeError) as exc:  # a URL aiohttp cannot encode (lone surrogates, bad ports)
+        raise FetchError(f"{url!r} is not a valid URL ({type(exc).__name__}).") from None
 
 
 async def _read_limited(response: aiohttp.ClientResponse, max_bytes: int) -> tuple[bytes, bool]:
