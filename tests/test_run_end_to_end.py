@@ -18,6 +18,8 @@ from click.testing import CliRunner
 from conftest import API_KEY, Runner, write_dataset
 
 from hermes_batch.cli import cli
+from hermes_batch.default_plugins.distributions import SEED_DISTRIBUTIONS
+from hermes_batch.plugins import collect, get_plugin_manager
 from hermes_batch.testing import Reply, ScriptedModelServer, ToolLoopScript
 
 BUILTIN_DISTRIBUTIONS = (
@@ -81,7 +83,8 @@ def fifty(tmp_path_factory):
     script = PeakConcurrency(ToolLoopScript(tool_calls=2, command=SANDBOX_COMMAND))
     with ScriptedModelServer(script, api_key=API_KEY) as server:
         runner = Runner(tmp_path, server)
-        result = runner.invoke(dataset, "run", "--num_workers", "8", "--sandbox", "local")
+        # terminal_only: the record's tools must not depend on which toolset plugins are installed
+        result = runner.invoke(dataset, "run", "--num_workers", "8", "--sandbox", "local", "--distribution", "terminal_only")
         requests = [r for r in server.requests if not r.preflight]
     return runner, result, rows, requests, script.peak
 
@@ -318,7 +321,10 @@ def test_list_distributions_needs_no_other_option_and_matches_the_distributions_
     assert listed.exit_code == 0, listed.output
     names = re.findall(r"^(\w+): ", listed.output, re.MULTILINE)
     assert sorted(names) == sorted(BUILTIN_DISTRIBUTIONS)
-    assert "terminal" in listed.output and "(unavailable)" in listed.output
+    installed = set(collect(get_plugin_manager()).names("toolsets"))
+    seed_toolsets = {name for _description, percents in SEED_DISTRIBUTIONS.values() for name in percents}
+    assert "terminal" in listed.output
+    assert ("(unavailable)" in listed.output) == bool(seed_toolsets - installed)
     dashed = CliRunner().invoke(cli, ["run", "--list-distributions"])
     command = CliRunner().invoke(cli, ["distributions"])
     assert dashed.output == command.output == listed.output
