@@ -9,7 +9,6 @@ import signal
 import pytest
 
 from hermes_batch_toolbox.browser_tools import (
-from toolbox_fixtures import sandbox, site, toolsets  # noqa: F401 (fixtures)
     BrowserBackTool,
     BrowserClickTool,
     BrowserCloseTool,
@@ -22,6 +21,7 @@ from toolbox_fixtures import sandbox, site, toolsets  # noqa: F401 (fixtures)
     compact,
     shorten,
 )
+from toolbox_fixtures import sandbox, site, toolsets  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.skipif(not os.access("/usr/bin/chromium", os.X_OK), reason="needs Debian's chromium")
 
@@ -98,8 +98,11 @@ async def test_bad_refs_keys_and_urls_fail_the_call_only(browser, toolsets, sand
     assert browser.contexts_opened == 0 and browser.launches == 0  # only browser_navigate opens anything
     await call(BrowserNavigateTool, ctx, url=site.url + "/")
     assert (await call(BrowserClickTool, ctx, ref="the big button"))["error"].startswith("'the big button' is not an element reference")
+    started = asyncio.get_running_loop().time()
     missing = await call(BrowserClickTool, ctx, ref="@e999")
-    assert missing["success"] is False and missing["error"]
+    assert missing == {"success": False, "error": "There is no element @e999 on the page now; take a new browser_snapshot."}
+    assert asyncio.get_running_loop().time() - started < 10  # at once, not after the action timeout
+    assert (await call(BrowserTypeTool, ctx, ref="e998", text="x"))["error"].startswith("There is no element @e998")
     assert (await call(BrowserPressTool, ctx, key="NotAKey"))["success"] is False
     bad = await call(BrowserNavigateTool, ctx, url="file:///etc/passwd")
     assert bad == {"success": False, "error": "Only http and https URLs can be fetched, not 'file'."}
@@ -200,3 +203,12 @@ def test_compact_keeps_what_can_be_acted_on_and_shorten_cuts_at_lines():
     long = "\n".join(f"- line {i}" for i in range(1000))
     cut = shorten(long, 500)
     assert len(cut) <= 500 and cut.endswith("more lines cut; scroll or use browser_snapshot(full=false) ...]")
+
+
+async def test_a_huge_page_gives_a_bounded_snapshot(toolsets, sandbox, site):
+    runtime = await toolsets.start("browser", {"allow_private": True, "max_snapshot_chars": 3000})
+    ctx = toolsets.context(sandbox, browser=runtime)
+    assert (await call(BrowserNavigateTool, ctx, url=site.url + "/huge?bytes=2000000"))["success"] is True
+    snap = await call(BrowserSnapshotTool, ctx, full=True)
+    assert snap["success"] is True and len(snap["snapshot"]) <= 3000
+    assert "All work and no play" in snap["snapshot"] and snap["snapshot"].endswith("more lines cut; scroll or use browser_snapshot(full=false) ...]")

@@ -38,6 +38,15 @@ def _ref(value: str) -> str:
     return match.group(1)
 
 
+async def _element(page, value: str):
+    """(ref, locator) of an element of the last snapshot; fails at once, not after the timeout, when it is gone."""
+    ref = _ref(value)
+    target = page.locator(f"aria-ref={ref}")
+    if await target.count() == 0:
+        raise BrowserError(f"There is no element @{ref} on the page now; take a new browser_snapshot.")
+    return ref, target
+
+
 async def _act(ctx: ToolContext, action: Action, *, open_context: bool = False) -> dict:
     """Run ``action(page, session)`` within the toolset's timeout; any browser failure becomes an error result."""
     from playwright.async_api import Error as PlaywrightError
@@ -164,8 +173,7 @@ class BrowserClickTool(Tool):
 
     async def call(self, arguments: dict, ctx: ToolContext) -> dict:
         async def click(page, session):
-            ref = _ref(arguments["ref"])
-            target = page.locator(f"aria-ref={ref}")
+            ref, target = await _element(page, arguments["ref"])
             new_tab = await target.evaluate("el => !!el.closest('a[target]:not([target=_self])')", timeout=_ms(session))
             if new_tab:  # follow the tab it opens
                 async with page.context.expect_page(timeout=_ms(session)) as opened:
@@ -198,8 +206,8 @@ class BrowserTypeTool(Tool):
 
     async def call(self, arguments: dict, ctx: ToolContext) -> dict:
         async def type_(page, session):
-            ref = _ref(arguments["ref"])
-            await page.locator(f"aria-ref={ref}").fill(arguments["text"], timeout=_ms(session))
+            ref, target = await _element(page, arguments["ref"])
+            await target.fill(arguments["text"], timeout=_ms(session))
             return {"success": True, "typed": arguments["text"], "element": f"@{ref}"}
 
         return await _act(ctx, type_)
