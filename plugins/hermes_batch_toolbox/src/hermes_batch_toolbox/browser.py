@@ -22,6 +22,7 @@ import attrs
 from hermes_batch.interfaces import ToolsetRuntime, ToolsetSession
 
 from .net import FetchError, address_blocked, check_url
+from .options import positive
 
 log = logging.getLogger("hermes_batch_toolbox.browser")
 
@@ -42,21 +43,16 @@ class BrowserError(Exception):
     """A browser action failed; the message is one sentence for the model."""
 
 
-def _positive(_instance, attribute, value) -> None:
-    if value <= 0:
-        raise ValueError(f"{attribute.name} must be more than 0, got {value!r}")
-
-
 @attrs.frozen
 class BrowserConfig:
     """Options of the browser toolset (``-T browser.KEY=VALUE``)."""
 
     executable: str = "/usr/bin/chromium"  # Chromium or Chrome binary
     headless: bool = True
-    max_contexts: int = attrs.field(default=8, validator=_positive)  # prompts with an open browser context at once
-    timeout: float = attrs.field(default=30.0, validator=_positive)  # seconds per browser action
-    slot_timeout: float = attrs.field(default=300.0, validator=_positive)  # longest wait for a free context
-    max_snapshot_chars: int = attrs.field(default=8000, validator=_positive)
+    max_contexts: int = attrs.field(default=8, validator=positive)  # prompts with an open browser context at once
+    timeout: float = attrs.field(default=30.0, validator=positive)  # seconds per browser action
+    slot_timeout: float = attrs.field(default=300.0, validator=positive)  # longest wait for a free context
+    max_snapshot_chars: int = attrs.field(default=8000, validator=positive)
     allow_private: bool = False  # let pages reach loopback and private addresses
 
 

@@ -23,6 +23,7 @@ from hermes_batch.interfaces import Tool, ToolContext, ToolsetRuntime
 from .endpoint import Endpoint, call_error_text, read_secret
 from .images import ImageError, image_filename, load_image, sniff
 from .net import client_session
+from .options import positive
 
 ASPECT_RATIOS = ("landscape", "square", "portrait")
 # OpenAI sizes: gpt-image-* and dall-e-3 differ in their wide and tall sizes
@@ -31,11 +32,6 @@ _DALLE_SIZES = {"landscape": "1792x1024", "square": "1024x1024", "portrait": "10
 _FAL_SIZES = {"landscape": "landscape_16_9", "square": "square_hd", "portrait": "portrait_16_9"}
 PROVIDERS = {"openai": (None, None), "fal": ("https://fal.run", "FAL_KEY")}  # name -> (default URL, key variable)
 FAL_DEFAULT_MODEL = "fal-ai/flux/schnell"
-
-
-def _positive(_instance, attribute, value) -> None:
-    if value <= 0:
-        raise ValueError(f"{attribute.name} must be more than 0, got {value!r}")
 
 
 @attrs.frozen
@@ -48,8 +44,8 @@ class ImageGenConfig:
     api_key_env: Optional[str] = None  # openai: the run's key; fal: FAL_KEY
     download: bool = False  # also save images answered by URL into the sandbox
     folder: str = "generated_images"  # sandbox folder of saved images
-    max_image_bytes: int = attrs.field(default=25_000_000, validator=_positive)
-    timeout: float = attrs.field(default=180.0, validator=_positive)
+    max_image_bytes: int = attrs.field(default=25_000_000, validator=positive)
+    timeout: float = attrs.field(default=180.0, validator=positive)
 
 
 class ImageGenRuntime(ToolsetRuntime):

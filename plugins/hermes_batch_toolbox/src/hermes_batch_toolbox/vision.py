@@ -18,15 +18,11 @@ from hermes_batch.interfaces import Tool, ToolContext, ToolsetRuntime
 from .endpoint import Endpoint, call_error_text, read_secret
 from .images import ImageError, data_url, load_image
 from .net import client_session
+from .options import positive
 
 PROMPT = (
     "Fully describe and explain everything about this image, then answer the following question:\n\n{question}"
 )
-
-
-def _positive(_instance, attribute, value) -> None:
-    if value <= 0:
-        raise ValueError(f"{attribute.name} must be more than 0, got {value!r}")
 
 
 @attrs.frozen
@@ -36,9 +32,9 @@ class VisionConfig:
     model: Optional[str] = None  # a multimodal model; default: the run's --model
     base_url: Optional[str] = None  # an OpenAI-compatible endpoint; default: the run's --base_url
     api_key_env: Optional[str] = None  # variable holding its key; default: the run's key (with the run's endpoint)
-    max_tokens: int = attrs.field(default=2000, validator=_positive)
-    max_image_bytes: int = attrs.field(default=10_000_000, validator=_positive)
-    timeout: float = attrs.field(default=120.0, validator=_positive)  # seconds per image download and per model call
+    max_tokens: int = attrs.field(default=2000, validator=positive)
+    max_image_bytes: int = attrs.field(default=10_000_000, validator=positive)
+    timeout: float = attrs.field(default=120.0, validator=positive)  # seconds per image download and per model call
     allow_private: bool = False  # let image URLs point at loopback and private addresses
 
 

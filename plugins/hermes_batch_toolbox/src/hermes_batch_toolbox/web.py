@@ -19,6 +19,7 @@ from . import search
 from .endpoint import read_secret
 from .extract import cut, readable
 from .net import FetchError, client_session, fetch
+from .options import positive
 
 MAX_URLS = 5
 
@@ -28,11 +29,6 @@ def _provider_name(_instance, _attribute, value: Optional[str]) -> None:
         raise ValueError(f"provider must be one of {', '.join(sorted(search.providers()))}, got {value!r}")
 
 
-def _positive(_instance, attribute, value) -> None:
-    if value <= 0:
-        raise ValueError(f"{attribute.name} must be more than 0, got {value!r}")
-
-
 @attrs.frozen
 class WebConfig:
     """Options of the web toolset (``-T web.KEY=VALUE``)."""
@@ -40,10 +36,10 @@ class WebConfig:
     provider: Optional[str] = attrs.field(default=None, validator=_provider_name)  # searxng, brave, or a plugin's
     url: Optional[str] = None  # the provider's base URL: your SearXNG instance; for brave, its API by default
     api_key_env: Optional[str] = None  # environment variable holding the provider's key (brave: BRAVE_API_KEY)
-    max_results: int = attrs.field(default=5, validator=_positive)
-    timeout: float = attrs.field(default=20.0, validator=_positive)  # seconds per search or page
-    max_page_bytes: int = attrs.field(default=2_000_000, validator=_positive)  # bytes read of a page
-    max_chars: int = attrs.field(default=15_000, validator=_positive)  # characters of text kept per page
+    max_results: int = attrs.field(default=5, validator=positive)
+    timeout: float = attrs.field(default=20.0, validator=positive)  # seconds per search or page
+    max_page_bytes: int = attrs.field(default=2_000_000, validator=positive)  # bytes read of a page
+    max_chars: int = attrs.field(default=15_000, validator=positive)  # characters of text kept per page
     allow_private: bool = False  # let web_extract reach loopback and private addresses
 
 
