@@ -21,7 +21,7 @@ import attrs
 
 from hermes_batch.interfaces import ToolsetRuntime, ToolsetSession
 
-from .net import FetchError, address_blocked, check_url
+from .urls import FetchError, address_blocked, check_url
 from .options import positive
 
 log = logging.getLogger("hermes_batch_toolbox.browser")

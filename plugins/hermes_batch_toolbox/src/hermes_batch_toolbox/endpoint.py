@@ -12,7 +12,6 @@ import json
 import os
 from typing import Any, Optional
 
-import aiohttp
 import attrs
 
 from hermes_batch.errors import ModelCallError, PromptFailure, RetryableModelError
@@ -63,7 +62,7 @@ class Endpoint:
     limiter: Optional[CallLimiter] = None
     request_timeout: float = 300.0
     auth_scheme: str = "Bearer"  # FAL wants "Key"
-    _session: Optional[aiohttp.ClientSession] = None
+    _session: Any = None  # an aiohttp.ClientSession, made at the first call
 
     async def post(self, path: str, body: dict) -> tuple[dict, Usage]:
         """POST ``body`` to ``path`` with retries; raises ModelCallError (or PromptFailure after the retries)."""
@@ -76,6 +75,8 @@ class Endpoint:
         return self.limiter
 
     async def _send(self, path: str, body: dict) -> ModelResponse:
+        import aiohttp
+
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.request_timeout))
         headers = {"Content-Type": "application/json"}

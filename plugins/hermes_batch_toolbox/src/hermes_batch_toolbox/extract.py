@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from .net import Fetched
+if TYPE_CHECKING:
+    from .net import Fetched
 
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 TEXT_TYPES = frozenset({
@@ -15,7 +16,7 @@ TEXT_TYPES = frozenset({
 _TITLE = re.compile(rb"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 
 
-def readable(page: Fetched) -> tuple[str, str]:
+def readable(page: "Fetched") -> tuple[str, str]:
     """(title, text) of ``page``; raises ValueError for content that is not text.  CPU-bound: call in a thread."""
     kind = page.content_type.lower()
     if kind in HTML_TYPES or (not kind and page.body.lstrip()[:15].lower().startswith((b"<!doctype html", b"<html"))):
@@ -25,7 +26,7 @@ def readable(page: Fetched) -> tuple[str, str]:
     raise ValueError(f"its content type is {kind or 'unknown'}, which is not text")
 
 
-def _html(page: Fetched) -> tuple[str, str]:
+def _html(page: "Fetched") -> tuple[str, str]:
     import trafilatura  # imported on first use: it loads lxml and its language data
 
     html = page.text()

@@ -20,9 +20,8 @@ import attrs
 
 from hermes_batch.interfaces import Tool, ToolContext, ToolsetRuntime
 
-from .endpoint import Endpoint, call_error_text, read_secret
+from .endpoint import call_error_text, read_secret
 from .images import ImageError, image_filename, load_image, sniff
-from .net import client_session
 from .options import positive
 
 ASPECT_RATIOS = ("landscape", "square", "portrait")
@@ -57,7 +56,7 @@ class ImageGenRuntime(ToolsetRuntime):
         self.key_variable = config.api_key_env or key_variable
         self.base_url = config.base_url or default_url
         self.model_name = config.model or (FAL_DEFAULT_MODEL if config.provider == "fal" else None)
-        self.endpoint: Optional[Endpoint] = None
+        self.endpoint = None  # an Endpoint, made at start
         self.downloads = None
 
     def unavailable_reason(self) -> Optional[str]:
@@ -71,6 +70,9 @@ class ImageGenRuntime(ToolsetRuntime):
         return None
 
     async def start(self, run, client) -> None:
+        from .endpoint import Endpoint
+        from .net import client_session
+
         await super().start(run, client)
         cfg = self.config
         if cfg.provider == "fal":

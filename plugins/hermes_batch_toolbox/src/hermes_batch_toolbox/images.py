@@ -10,7 +10,6 @@ from typing import Optional
 
 from hermes_batch.interfaces import ToolContext
 
-from .net import FetchError, fetch
 
 _SIGNATURES = (
     (b"\x89PNG\r\n\x1a\n", "image/png"),
@@ -47,6 +46,8 @@ async def load_image(source: str, ctx: ToolContext, session, *, max_bytes: int, 
     if source.startswith("data:"):
         data = _decode_data_url(source, max_bytes)
     elif source.startswith(("http://", "https://")):
+        from .net import FetchError, fetch
+
         try:
             page = await fetch(
                 session, source, max_bytes=max_bytes + 1, timeout=timeout, allow_private=allow_private,

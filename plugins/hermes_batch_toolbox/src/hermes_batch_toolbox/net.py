@@ -1,16 +1,12 @@
-"""Fetching what a model asks for, safely: http(s) only, no private addresses, bounded size and time.
+"""Fetching what a model asks for, safely: checked URLs (see :mod:`.urls`), bounded size and time.
 
-The model is treated as hostile: a URL (or a redirect, or a DNS answer) that
-points at loopback, a private network, link-local metadata services and the
-like is refused unless the toolset's ``allow_private`` option is set (tests
-against local servers, or an intranet on purpose).  Redirects are followed by
-hand so that each hop is checked again.
+Redirects are followed by hand so that each hop is checked again, and the
+resolver drops private addresses from DNS answers (DNS rebinding).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 from typing import Optional
 from urllib.parse import urljoin, urlsplit
@@ -20,41 +16,12 @@ import attrs
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
+from .urls import FetchError, address_blocked, check_url
+
+__all__ = ["FetchError", "Fetched", "PublicOnlyResolver", "address_blocked", "check_url", "client_session", "fetch"]
+
 USER_AGENT = "Mozilla/5.0 (compatible; hermes-batch-toolbox/0.1; +https://github.com/NousResearch/hermes-agent)"
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-
-
-class FetchError(Exception):
-    """A page could not be fetched; the message is one sentence meant for the model."""
-
-
-def address_blocked(address: str) -> bool:
-    """True for loopback, private, link-local, multicast, reserved and unspecified addresses."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return not ip.is_global or ip.is_multicast
-
-
-def check_url(url: str, allow_private: bool) -> str:
-    """``url`` if it is an http(s) URL the toolset may reach; raises FetchError otherwise."""
-    if not isinstance(url, str) or not url.strip():
-        raise FetchError("The URL is empty.")
-    url = url.strip()
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise FetchError(f"Only http and https URLs can be fetched, not {parts.scheme or 'a URL without a scheme'!r}.")
-    if not parts.hostname:
-        raise FetchError(f"The URL {url!r} has no host.")
-    if not allow_private:
-        host = parts.hostname
-        try:
-            literal = ipaddress.ip_address(host)
-        except ValueError:
-            literal = None
-        if (literal is not None and address_blocked(host)) or host == "localhost" or host.endswith(".localhost"):
-            raise FetchError(f"{host} is a private or local address; only public addresses can be fetched.")
-    return url
 
 
 class PublicOnlyResolver(AbstractResolver):

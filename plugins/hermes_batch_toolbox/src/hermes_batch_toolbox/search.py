@@ -12,11 +12,13 @@ import html
 import importlib.metadata
 import json
 import re
-from typing import ClassVar, Optional
+from typing import TYPE_CHECKING, ClassVar, Optional
 from urllib.parse import urlsplit
 
-import aiohttp
 import attrs
+
+if TYPE_CHECKING:
+    import aiohttp
 
 ENTRY_POINT_GROUP = "hermes_batch_toolbox.search_providers"
 _TAGS = re.compile(r"<[^>]+>")
@@ -45,7 +47,7 @@ class SearchProvider:
     default_url: ClassVar[Optional[str]] = None  # None: the user must give -T web.url
     key_variable: ClassVar[Optional[str]] = None  # environment variable of its key by default; None: no key
 
-    def __init__(self, url: str, api_key: Optional[str], session: aiohttp.ClientSession, timeout: float):
+    def __init__(self, url: str, api_key: Optional[str], session: "aiohttp.ClientSession", timeout: float):
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.session = session
@@ -55,6 +57,8 @@ class SearchProvider:
         raise NotImplementedError
 
     async def _get_json(self, url: str, params: dict, headers: Optional[dict] = None):
+        import aiohttp
+
         try:
             async with self.session.get(
                 url, params=params, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=self.timeout)

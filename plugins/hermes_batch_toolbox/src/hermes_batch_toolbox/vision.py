@@ -15,9 +15,8 @@ import attrs
 
 from hermes_batch.interfaces import Tool, ToolContext, ToolsetRuntime
 
-from .endpoint import Endpoint, call_error_text, read_secret
+from .endpoint import call_error_text, read_secret
 from .images import ImageError, data_url, load_image
-from .net import client_session
 from .options import positive
 
 PROMPT = (
@@ -43,7 +42,7 @@ class VisionRuntime(ToolsetRuntime):
 
     def __init__(self, config: VisionConfig, model):
         super().__init__(config, model)
-        self.endpoint: Optional[Endpoint] = None
+        self.endpoint = None  # an Endpoint, made at start
         self.images = None
 
     @property
@@ -59,6 +58,9 @@ class VisionRuntime(ToolsetRuntime):
         return None
 
     async def start(self, run, client) -> None:
+        from .endpoint import Endpoint
+        from .net import client_session
+
         await super().start(run, client)
         cfg = self.config
         if cfg.base_url is None:  # the run's endpoint: its key and its limiter (rate limits, --max_cost)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Optional
 
-import aiohttp
 import attrs
 
 from hermes_batch.interfaces import Tool, ToolContext, ToolsetRuntime
@@ -18,7 +17,6 @@ from hermes_batch.interfaces import Tool, ToolContext, ToolsetRuntime
 from . import search
 from .endpoint import read_secret
 from .extract import cut, readable
-from .net import FetchError, client_session, fetch
 from .options import positive
 
 MAX_URLS = 5
@@ -51,8 +49,8 @@ class WebRuntime(ToolsetRuntime):
         self.provider_cls = search.providers().get(config.provider) if config.provider else None
         self.key_variable = config.api_key_env or (self.provider_cls.key_variable if self.provider_cls else None)
         self.provider: Optional[search.SearchProvider] = None
-        self._api: Optional[aiohttp.ClientSession] = None
-        self.pages: Optional[aiohttp.ClientSession] = None
+        self._api = None  # aiohttp sessions, made at start (aiohttp is imported only by runs that use the web)
+        self.pages = None
 
     def unavailable_reason(self) -> Optional[str]:
         cls, cfg = self.provider_cls, self.config
@@ -68,6 +66,10 @@ class WebRuntime(ToolsetRuntime):
         return None
 
     async def start(self, run, client) -> None:
+        import aiohttp
+
+        from .net import client_session
+
         await super().start(run, client)
         cfg = self.config
         self._api = aiohttp.ClientSession(headers={"User-Agent": "hermes-batch-toolbox"}, trust_env=False)
@@ -145,6 +147,8 @@ class WebExtractTool(Tool):
         return {"success": True, "results": results}
 
     async def _one(self, runtime: WebRuntime, url: str) -> dict[str, Any]:
+        from .net import FetchError, fetch
+
         cfg = runtime.config
         try:
             page = await fetch(
