@@ -136,6 +136,9 @@ def test_thirty_prompts_with_every_toolset(tmp_path, model_server, site, searxng
 
     stats = json.loads((folder / "statistics.json").read_text())
     usage = stats["kept"]["tool_usage"]
+    failures = [t["value"] for traj in trajectories for t in traj["conversations"]
+                if t["from"] == "tool" and '"success": false' in t["value"]]
+    assert failures == [], "\n".join(f[:2000] for f in failures)
     for tool in TOOLBOX_TOOLS | CORE_TOOLS:
         assert usage[tool]["count"] >= 10 and usage[tool]["failure"] == 0, (tool, usage[tool])
 

@@ -136,7 +136,7 @@ class BrowserSession(ToolsetSession):
 
     async def settle(self, navigations_before: int, loads_before: int) -> None:
         """After a click or a key press: if it started a navigation, wait (bounded) for the new document."""
-        await asyncio.sleep(0.05)  # a form submission or a link starts its request a moment later
+        await asyncio.sleep(0.1)  # a form submission or a link starts its request a moment later
         if self.navigations == navigations_before:
             return
         try:

@@ -88,8 +88,17 @@ class BrowserNavigateTool(Tool):
 
     async def call(self, arguments: dict, ctx: ToolContext) -> dict:
         async def go(page, session):
+            from playwright.async_api import Error as PlaywrightError
+
             url = checked_url(arguments["url"], session.config.allow_private)
-            response = await page.goto(url, wait_until="domcontentloaded", timeout=_ms(session))
+            try:
+                response = await page.goto(url, wait_until="domcontentloaded", timeout=_ms(session))
+            except PlaywrightError as exc:
+                # a navigation the previous action started late (a form sent by Enter) won the race: go again
+                if "interrupted by another navigation" not in str(exc):
+                    raise
+                await page.wait_for_load_state("domcontentloaded", timeout=_ms(session))
+                response = await page.goto(url, wait_until="domcontentloaded", timeout=_ms(session))
             result = {"success": True, **await _where(page)}
             if response is not None:
                 result["status"] = response.status
