@@ -11,7 +11,7 @@ import attrs
 
 from .errors import ModelOutcome, PromptFailure
 from .interfaces import ModelClient, Tool, ToolContext
-from .records import Message, ToolCall, ToolStat, Usage
+from .records import InvalidToolCall, Message, ToolCall, ToolStat, Usage
 from .schema import validate
 
 log = logging.getLogger("hermes_batch.agent")
@@ -46,9 +46,8 @@ class SessionResult:
     partial: bool
     end_reason: str
     tool_stats: dict
-    invalid_tool_calls: tuple
+    invalid_tool_calls: tuple  # of InvalidToolCall
     usage: Usage
-    providers: tuple
 
 
 @attrs.define
@@ -66,9 +65,8 @@ class SessionLog:
     calls: list = attrs.Factory(list)  # a CallRecord per model request, failed attempts included
     api_calls: int = 0
     usage: Usage = Usage()
-    providers: list = attrs.Factory(list)
     tallies: dict = attrs.Factory(dict)  # tool name -> _Tally
-    invalid: dict = attrs.Factory(dict)  # tool call id -> {"name", "reason"}
+    invalid: list = attrs.Factory(list)  # InvalidToolCall, in the order the calls were made
 
     def result(self, *, completed: bool, end_reason: str) -> SessionResult:
         """The session as it stands, ended for ``end_reason``."""
@@ -79,9 +77,8 @@ class SessionLog:
             partial=not completed,
             end_reason=end_reason,
             tool_stats={name: ToolStat(t.count, t.success, t.failure) for name, t in self.tallies.items()},
-            invalid_tool_calls=dict(self.invalid),
+            invalid_tool_calls=tuple(self.invalid),
             usage=self.usage,
-            providers=tuple(self.providers),
         )
 
 
@@ -126,8 +123,6 @@ async def run_session(
             break
         state.api_calls += 1
         state.usage = state.usage + response.usage
-        if response.provider:
-            state.providers.append(response.provider)
         message = response.message
         session.append(message)
         if say:
@@ -152,10 +147,10 @@ async def run_session(
     return state.result(completed=completed, end_reason=end_reason)
 
 
-async def _call_tool(call: ToolCall, tools, tallies, invalid: dict, ctx: ToolContext) -> dict:
+async def _call_tool(call: ToolCall, tools, tallies, invalid: list, ctx: ToolContext) -> dict:
     tool = tools.get(call.name)
     if tool is None:
-        invalid[call.id] = {"name": call.name, "reason": "unknown tool"}
+        invalid.append(InvalidToolCall(call.id, call.name, "unknown tool"))
         available = ", ".join(sorted(tools)) or "none"
         return {"error": f"Unknown tool {call.name!r}; the tools available are: {available}."}
     tally = tallies[call.name]
@@ -166,7 +161,7 @@ async def _call_tool(call: ToolCall, tools, tallies, invalid: dict, ctx: ToolCon
         problem = validate(call.arguments, tool.parameters)
     if problem:
         tally.failure += 1
-        invalid[call.id] = {"name": call.name, "reason": problem}
+        invalid.append(InvalidToolCall(call.id, call.name, problem))
         return {"error": f"Invalid arguments for {call.name}: {problem}."}
     limit = ctx.command_timeout + TOOL_GRACE_S
     try:

@@ -109,7 +109,6 @@ class PromptProcessor:
             invalid_tool_calls=result.invalid_tool_calls,
             duration_s=round(time.monotonic() - started, 3),
             usage=result.usage,
-            providers=result.providers,
             calls=tuple(state.calls),
         )
         trajectory = Trajectory(

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import attrs
 from attrs import field, frozen
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: invalid_tool_calls a list, row and tool-call arguments JSON text, no nulls
 
 
 def content_key(prompt: str, image: Optional[str], cwd: Optional[str]) -> str:
@@ -147,6 +147,15 @@ class ToolCallRecord:
 
 
 @frozen
+class InvalidToolCall:
+    """A tool call the agent refused: an unknown tool, or arguments that are not valid JSON or miss the schema."""
+
+    id: str
+    name: str
+    reason: str
+
+
+@frozen
 class Turn:
     """One ShareGPT turn: ``from`` is "system", "human", "gpt" or "tool"."""
 
@@ -163,8 +172,9 @@ class Metadata:
     timestamp: str
     model: str
     content_key: str
-    # Absent values are "" and {} rather than null: HuggingFace datasets fixes each column's type
-    # from the first block of the file, and a column that is null there cannot take values later.
+    # Every field has one JSON type in every record (see serialization.py): absent values are "", 0 or
+    # an empty tuple, never null, because Arrow readers (HuggingFace datasets) fix a column's type
+    # from the first block they read and cannot change it later.
     schema_version: int = SCHEMA_VERSION
     id: str = ""  # the row's id, as a string
     row: dict = field(factory=dict)
@@ -174,10 +184,9 @@ class Metadata:
     cwd: str = ""
     tools_offered: tuple[str, ...] = ()
     end_reason: str = ""  # "final_answer", "max_turns", "length", "timeout", ...
-    invalid_tool_calls: dict[str, dict] = field(factory=dict)  # tool call id -> {"name", "reason"}
+    invalid_tool_calls: tuple[InvalidToolCall, ...] = ()
     duration_s: float = 0.0
-    usage: Optional[Usage] = None
-    providers: tuple[str, ...] = ()
+    usage: Usage = Usage()
     calls: tuple[CallRecord, ...] = ()  # every request of the session, failed attempts included
 
 
@@ -225,7 +234,7 @@ class Failure:
     timestamp: str
     prompt: str = ""
     api_calls: int = 0  # model calls answered before the failure
-    usage: Optional[Usage] = None  # what those calls used and cost
+    usage: Usage = Usage()  # what those calls used and cost
     calls: tuple[CallRecord, ...] = ()
     schema_version: int = SCHEMA_VERSION
 

@@ -1,8 +1,19 @@
 """The one place where records become JSON and back (cattrs converters).
 
 ``record_converter`` reads leniently (unknown keys ignored, so files written by
-newer versions still load); ``config_converter`` is strict (unknown keys and
-wrong types are errors, ``"false"`` is not a bool).
+newer versions still load, and the shapes older versions wrote still read);
+``config_converter`` is strict (unknown keys and wrong types are errors,
+``"false"`` is not a bool).
+
+Records are written so that every field has one JSON type in every record,
+whatever the run holds: Arrow readers (pyarrow, HuggingFace ``datasets``) fix a
+column's type from the first block they read, and neither a ``null`` nor an
+empty list carries a type, so a later value of another type breaks the load.
+Hence: no nulls (an absent string is ``""``, an absent status ``0``, cost
+``0.0`` with ``cost_reported`` false), floats always written as floats, and
+the fields whose shape the model, the dataset or the run decides
+(``tool_calls[].arguments``, ``metadata.row``, ``metadata.invalid_tool_calls``)
+written as JSON text, which is one string type whatever it holds.
 """
 
 from __future__ import annotations
@@ -15,19 +26,129 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.v import format_exception
 
 from .errors import ConfigError
-from .records import Trajectory, Turn
+from .records import CallRecord, Failure, InvalidToolCall, Metadata, ToolCallRecord, Trajectory, Turn, Usage
 
 T = TypeVar("T")
 
 
+def _json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _unstructure_usage(usage: Usage) -> dict:
+    usage = usage or Usage()  # a plugin may still build records with usage=None
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "cost": float(usage.cost or 0.0),
+        "cost_reported": usage.cost is not None,
+    }
+
+
+def _structure_usage(data: Any, _type=None) -> Usage:
+    if data is None:  # written by versions before schema 2
+        return Usage()
+    cost = data.get("cost")
+    if data.get("cost_reported") is False or not isinstance(cost, (int, float)) or isinstance(cost, bool):
+        cost = None
+    return Usage(
+        int(data.get("prompt_tokens") or 0),
+        int(data.get("completion_tokens") or 0),
+        int(data.get("reasoning_tokens") or 0),
+        int(data.get("cached_tokens") or 0),
+        None if cost is None else float(cost),
+    )
+
+
+def _unstructure_call(call: CallRecord) -> dict:
+    return {"provider": call.provider or "", "latency_s": float(call.latency_s), "status": call.status or 0}
+
+
+def _structure_call(data: Any, _type=None) -> CallRecord:
+    return CallRecord(data.get("provider") or None, float(data.get("latency_s") or 0.0), data.get("status") or None)
+
+
+def _unstructure_tool_call(call: ToolCallRecord) -> dict:
+    arguments = call.arguments if isinstance(call.arguments, str) else _json_text(call.arguments)
+    return {"id": call.id, "name": call.name, "arguments": arguments}
+
+
+def _structure_tool_call(data: Any, _type=None) -> ToolCallRecord:
+    arguments = data.get("arguments")
+    if isinstance(arguments, str):
+        # the text of a JSON object reads back as the object; any other text is the raw (invalid) arguments
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            parsed = None
+        arguments = parsed if isinstance(parsed, dict) else arguments
+    return ToolCallRecord(str(data["id"]), str(data["name"]), arguments)
+
+
+def _structure_row(value: Any, _type=None) -> dict:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value else {}
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _structure_invalid_calls(value: Any, _type=None) -> tuple:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value else []
+        except ValueError:
+            return ()
+    if isinstance(value, dict):  # before schema 2: an object keyed by tool call id
+        value = [{"id": key, **(item if isinstance(item, dict) else {})} for key, item in value.items()]
+    if not isinstance(value, list):
+        return ()
+    return tuple(
+        InvalidToolCall(str(item.get("id", "")), str(item.get("name", "")), str(item.get("reason", "")))
+        for item in value
+        if isinstance(item, dict)
+    )
+
+
+def _unstructure_invalid_calls(calls: tuple) -> str:
+    return _json_text([{"id": c.id, "name": c.name, "reason": c.reason} for c in calls])
+
+
 def _make_record_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=False)
+    conv.register_unstructure_hook(Usage, _unstructure_usage)
+    conv.register_structure_hook(Usage, _structure_usage)
+    conv.register_unstructure_hook(CallRecord, _unstructure_call)
+    conv.register_structure_hook(CallRecord, _structure_call)
+    conv.register_unstructure_hook(ToolCallRecord, _unstructure_tool_call)
+    conv.register_structure_hook(ToolCallRecord, _structure_tool_call)
+    # after the hooks above: generated functions bind the hooks registered when they are made
     conv.register_unstructure_hook(
         Turn,
         make_dict_unstructure_fn(Turn, conv, from_=override(rename="from"), tool_calls=override(omit_if_default=True)),
     )
     conv.register_structure_hook(Turn, make_dict_structure_fn(Turn, conv, from_=override(rename="from")))
-    # tool_calls arguments and metadata.row are free JSON
+    conv.register_unstructure_hook(
+        Metadata,
+        make_dict_unstructure_fn(
+            Metadata, conv,
+            row=override(unstruct_hook=_json_text),
+            invalid_tool_calls=override(unstruct_hook=_unstructure_invalid_calls),
+            duration_s=override(unstruct_hook=float),
+        ),
+    )
+    conv.register_structure_hook(
+        Metadata,
+        make_dict_structure_fn(
+            Metadata, conv,
+            row=override(struct_hook=_structure_row),
+            invalid_tool_calls=override(struct_hook=_structure_invalid_calls),
+        ),
+    )
+    # the free JSON of records written before schema 2 (tool-call arguments, metadata.row)
     conv.register_structure_hook(Any, lambda v, _: v)
     return conv
 

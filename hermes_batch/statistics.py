@@ -129,10 +129,9 @@ def reported_cost(folder: RunFolder) -> float:
     """Cost reported for the run's records so far (finished and failed prompts), as statistics.json counts it."""
     cost = 0.0
     for record in iter_finished(folder):
-        usage = (record.trajectory if isinstance(record, Discarded) else record).metadata.usage
-        cost += (usage.cost or 0.0) if usage is not None else 0.0
+        cost += (record.trajectory if isinstance(record, Discarded) else record).metadata.usage.cost or 0.0
     for _line, failure in read_records(folder.failed, Failure):
-        cost += (failure.usage.cost or 0.0) if failure.usage is not None else 0.0
+        cost += failure.usage.cost or 0.0
     return cost
 
 
@@ -191,8 +190,7 @@ def build_statistics(
     for _line, failure in read_records(folder.failed, Failure):
         failure_records += 1
         requests.add(failure.calls)
-        if failure.usage is not None:
-            usage += failure.usage
+        usage += failure.usage
         session = clock.session_of(failure.timestamp)
         failed_by_key[failure.content_key][session] += 1
         kinds_by_key[failure.content_key][session][failure.error_kind] += 1
@@ -217,9 +215,8 @@ def build_statistics(
         meta = traj.metadata
         if meta.content_key in failed_by_key:
             finished_by_key[meta.content_key][clock.session_of(meta.timestamp)] += 1
-        if meta.usage is not None:
-            usage += meta.usage
-            usage_reported += 1
+        usage += meta.usage
+        usage_reported += bool(meta.usage.prompt_tokens or meta.usage.completion_tokens)
         requests.add(meta.calls)
         if meta.timestamp:
             first_ts = meta.timestamp if first_ts is None else min(first_ts, meta.timestamp)

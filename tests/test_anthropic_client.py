@@ -232,9 +232,11 @@ def test_usage_counts_cache_reads_as_prompt_tokens_and_thinking_tokens_as_reason
     assert run_anthropic(runner, server, dataset).exit_code == 0
     [kept] = runner.records("trajectories.jsonl")
     assert kept["metadata"]["usage"] == {
-        "prompt_tokens": 100, "completion_tokens": 20, "reasoning_tokens": 5, "cached_tokens": 30, "cost": None,
+        "prompt_tokens": 100, "completion_tokens": 20, "reasoning_tokens": 5, "cached_tokens": 30,
+        "cost": 0.0, "cost_reported": False,
     }
-    assert kept["metadata"]["providers"] == []  # only api.anthropic.com is known to be Anthropic
+    # only api.anthropic.com is known to be Anthropic
+    assert [c["provider"] for c in kept["metadata"]["calls"]] == [""]
 
 
 def test_anthropic_api_key_is_read_from_the_environment(model_server, runner, tmp_path, monkeypatch):

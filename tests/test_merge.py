@@ -10,7 +10,7 @@ from hermes_batch.default_plugins import jsonl_writer
 from hermes_batch.default_plugins.jsonl_writer import JsonlWriter
 from hermes_batch.interfaces import Writer
 from hermes_batch.merge import merge_run
-from hermes_batch.records import Discarded, Metadata, ToolCallRecord, ToolStat, Trajectory, Turn, Usage, content_key
+from hermes_batch.records import Discarded, InvalidToolCall, Metadata, ToolCallRecord, ToolStat, Trajectory, Turn, Usage, content_key
 from hermes_batch.runfolder import AppendLog, RunFolder
 from hermes_batch.serialization import to_json_line
 
@@ -144,15 +144,16 @@ def test_datasets_loads_a_big_file_whose_optional_fields_appear_late(tmp_path, m
                 row={"topic": "late"} if late else {},
                 image="img:1" if late else "",
                 cwd="/app" if late else "",
-                invalid_tool_calls={"call_1": {"name": "teleport", "reason": "unknown tool"}} if late else {},
+                invalid_tool_calls=(InvalidToolCall("call_1", "teleport", "unknown tool"),) if late else (),
             )
             t = attrs.evolve(t, metadata=meta, conversations=t.conversations + (Turn("gpt", padding),))
             f.write(to_json_line(t))
     ds = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=str(tmp_path / "hf-cache"))
     assert ds.num_rows == 12000
     last = ds[11999]["metadata"]
-    assert (last["id"], last["row"], last["image"], last["cwd"]) == ("row-11999", {"topic": "late"}, "img:1", "/app")
-    assert last["invalid_tool_calls"] == {"call_1": {"name": "teleport", "reason": "unknown tool"}}
+    assert (last["id"], last["image"], last["cwd"]) == ("row-11999", "img:1", "/app")
+    assert json.loads(last["row"]) == {"topic": "late"}
+    assert json.loads(last["invalid_tool_calls"]) == [{"id": "call_1", "name": "teleport", "reason": "unknown tool"}]
 
 
 def test_the_plugin_registers_the_jsonl_writer():

@@ -163,7 +163,7 @@ def test_every_field_of_the_trajectory_record(fifty):
         assert gpt["value"].startswith(f"<think>\nLet me think about step {step}.\n</think>")
         assert tool_call_blocks(gpt) == [{"name": "terminal", "arguments": {"command": command}}]
         (call,) = gpt["tool_calls"]
-        assert (call["name"], call["arguments"]) == ("terminal", {"command": command})
+        assert (call["name"], json.loads(call["arguments"])) == ("terminal", {"command": command})
         (response,) = tool_responses(tool)
         assert response["tool_call_id"] == call["id"] and response["name"] == "terminal"
         assert response["content"]["exit_code"] == 0
@@ -174,7 +174,7 @@ def test_every_field_of_the_trajectory_record(fifty):
     assert datetime.datetime.fromisoformat(meta["timestamp"]).year >= 2024
     assert meta["model"] == "scripted-model"
     assert meta["id"] == "row-17"
-    assert meta["row"] == {"topic": "shell", "difficulty": 17 % 3}
+    assert json.loads(meta["row"]) == {"topic": "shell", "difficulty": 17 % 3}
     assert meta["usage"]["prompt_tokens"] > 0 and meta["usage"]["completion_tokens"] > 0
     assert sorted(meta["tools_offered"]) == ALL_TOOLS
 

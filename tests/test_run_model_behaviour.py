@@ -86,8 +86,8 @@ def test_tool_errors_turn_limits_truncation_and_the_default_filters(misbehaving,
     teleport = discarded["Use the teleport tool."]
     assert teleport["filters"] == ["hallucinated-tools"]
     assert "teleport" in teleport["reasons"][0]
-    [invalid] = teleport["trajectory"]["metadata"]["invalid_tool_calls"].values()
-    assert invalid == {"name": "teleport", "reason": "unknown tool"}
+    [invalid] = json.loads(teleport["trajectory"]["metadata"]["invalid_tool_calls"])
+    assert invalid == {"id": invalid["id"], "name": "teleport", "reason": "unknown tool"} and invalid["id"]
 
     # invalid JSON and schema-mismatched arguments: error results, counted as failures
     bad = kept["Call the terminal badly."]
