@@ -64,6 +64,7 @@ class ModelClient(abc.ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     _limiter = None
+    journal = None  # the run's CallJournal (calls.jsonl), set by the runner
 
     def __init__(self, settings: ModelSettings):
         self.settings = settings
@@ -88,8 +89,11 @@ class ModelClient(abc.ABC):
     ) -> ModelResponse:
         """``send`` through the run's limiter: retries with backoff, adaptive concurrency, per-minute budgets.
 
-        Each attempt is appended to ``calls`` (a CallRecord: provider, latency, status).
+        Each attempt is appended to ``calls`` (a CallRecord: provider, latency, status), and to the run's
+        journal when there is one.
         """
+        if self.journal is not None:
+            return await self.journal.complete(self, messages, tools, calls)
         return await self.limiter.call(self.send, messages, tools, calls=calls)
 
     @property

@@ -14,6 +14,7 @@ from .agent import AgentSettings, SessionLog, run_session
 from .conversation import to_sharegpt
 from .errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeout
 from .interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
+from .journal import current_prompt
 from .records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
 from .toolsets import PromptToolsets
 
@@ -42,6 +43,7 @@ class PromptProcessor:
 
     async def process(self, job: PromptJob) -> Union[Trajectory, Failure]:
         row: PromptRow = job.row
+        current_prompt.set(row.prompt_index)  # for the call journal; each prompt runs in a task of its own
         started = time.monotonic()
         state = SessionLog()
         try:

@@ -21,6 +21,7 @@ from .config import RunConfig
 from .conversation import DEFAULT_SYSTEM_PROMPT
 from .errors import DatasetError, HermesBatchError, RunFolderError, UsageError
 from .interfaces import ModelSettings, PromptJob
+from .journal import CallJournal, journal_path
 from .merge import merge_run
 from .plugins import collect, describe_plugins, get_plugin_manager
 from .processor import PromptProcessor, now_iso
@@ -118,6 +119,7 @@ class Run:
         self.budget_reached = False
         self.client = None
         self.previous_cost = 0.0
+        self._recording: set = set()  # outcomes being written
 
     # --- before any model call -------------------------------------------------------------
 
@@ -233,6 +235,7 @@ class Run:
             return RunResult(exc.exit_code, None, str(exc))
         self.folder.create()
         self._write_run_json()
+        client.journal = self.journal = CallJournal(journal_path(self.folder.dir), self._session_number())
         if self.missing:
             log.warning(
                 "Distribution %r names toolsets that are not installed (%s); sampling among %s only.",
@@ -274,8 +277,11 @@ class Run:
                 await _quietly(runtime.shutdown())
             await _quietly(backend.shutdown())
             await _quietly(client.aclose())
+            if self._recording:  # outcomes being written when Ctrl-C came: they are saved, so they count
+                await asyncio.gather(*self._recording, return_exceptions=True)
             for log_ in (*self.batch_logs.values(), *self.failed_logs.values()):
                 log_.close()
+            self.journal.close()
         if fatal is not None and fresh and not self.counts:
             # Nothing was achieved: leave no folder behind, so the corrected command runs as typed.
             shutil.rmtree(self.folder.dir, ignore_errors=True)
@@ -336,6 +342,14 @@ class Run:
         self.tracker.end_of_jobs()
 
     async def _on_outcome(self, job: PromptJob, outcome) -> None:
+        # Shielded: a Ctrl-C that lands while the record is being written must not leave it written
+        # but uncounted; the runner waits for these before it saves the session.
+        recording = asyncio.ensure_future(self._record_outcome(job, outcome))
+        self._recording.add(recording)
+        recording.add_done_callback(self._recording.discard)
+        await asyncio.shield(recording)
+
+    async def _record_outcome(self, job: PromptJob, outcome) -> None:
         if isinstance(outcome, Failure):
             await self.failed_logs["failed"].append(to_json_line(outcome))
             kind = "failed"
@@ -369,6 +383,10 @@ class Run:
         self._save_checkpoint(interrupted=False)
 
     # --- bookkeeping -------------------------------------------------------------------------
+
+    def _session_number(self) -> int:
+        """0 for the first session of the run, then 1, 2, ... for each resume."""
+        return len(self.previous.sessions) if self.previous else 0
 
     def _session(self, interrupted: bool) -> SessionInfo:
         limiter = self.client.limiter

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .conversation import reasoning_counts
+from .journal import JournalTotals, journal_path, read_journal
 from .records import CallRecord, Discarded, Failure, SessionInfo, Trajectory, Usage
 from .resume import iter_finished
 from .runfolder import RunFolder, read_records
@@ -81,6 +82,16 @@ class _Requests:
         self.requests: Counter = Counter()
         self.errors: Counter = Counter()
         self.latency_ms: dict[str, Counter] = defaultdict(Counter)
+        self.rate_limited: Optional[int] = None  # None: the limiters' counts of the sessions
+        self.unanswered = 0
+
+    @classmethod
+    def from_journal(cls, journal: JournalTotals) -> "_Requests":
+        requests = cls()
+        requests.requests, requests.errors = journal.requests_by_provider, journal.errors_by_provider
+        requests.latency_ms = journal.latency_ms
+        requests.rate_limited, requests.unanswered = journal.rate_limited, journal.unanswered
+        return requests
 
     def add(self, calls: Iterable[CallRecord]) -> None:
         for call in calls:
@@ -95,7 +106,8 @@ class _Requests:
         return {
             "requests": sum(self.requests.values()),
             "errors": sum(self.errors.values()),
-            "rate_limited": sum(s.rate_limited_calls for s in sessions),
+            "rate_limited": sum(s.rate_limited_calls for s in sessions) if self.rate_limited is None else self.rate_limited,
+            "unanswered": self.unanswered,
             "concurrency_limit": {
                 "start": limits[-1].concurrency_start if limits else None,
                 "min": min(s.concurrency_min for s in limits) if limits else None,
@@ -126,7 +138,10 @@ def _median_ms(histogram: Counter) -> float:
 
 
 def reported_cost(folder: RunFolder) -> float:
-    """Cost reported for the run's records so far (finished and failed prompts), as statistics.json counts it."""
+    """Cost reported for the run so far, as statistics.json counts it: every call in the journal (else the records)."""
+    journal = read_journal(journal_path(folder.dir))
+    if journal.covers_run:
+        return journal.cost or 0.0
     cost = 0.0
     for record in iter_finished(folder):
         cost += (record.trajectory if isinstance(record, Discarded) else record).metadata.usage.cost or 0.0
@@ -231,6 +246,10 @@ def build_statistics(
             # why they fail now: the kinds seen in the last session that failed them
             failed_kinds.update(sorted(kinds_by_key[key][max(failed)].elements())[:still])
 
+    journal = read_journal(journal_path(folder.dir))
+    if journal.covers_run:
+        # every request the run made, also those of prompts a crash cut off, which no record holds
+        usage, requests = journal.usage, _Requests.from_journal(journal)
     total_tokens = usage.prompt_tokens + usage.completion_tokens
     return {
         "schema_version": STATISTICS_SCHEMA_VERSION,

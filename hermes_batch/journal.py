@@ -1,0 +1,193 @@
+"""calls.jsonl: every model request of the run, written as it is made.
+
+The records of a prompt are written when it ends, so the calls of prompts cut
+off by a crash (SIGKILL, power loss of the machine that runs the model client)
+were paid for but are in no record.  The journal has one ``sent`` line before
+each request goes out and one ``done`` line when it ends (status, provider,
+latency, usage), so the totals of statistics.json and the ``--max_cost``
+budget count every request the run made, finished or not.
+
+Lines are buffered and flushed per line (one ``write`` system call, no fsync):
+a killed process loses nothing it wrote, and the hot path pays a few
+microseconds per call.  The first line names the session that started the
+journal; only a journal started with the run's first session covers the whole
+run (folders of versions before the journal fall back to the records).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Optional
+
+import attrs
+
+from .records import CallRecord, ModelResponse, Usage
+from .runfolder import repair_torn_tail
+
+log = logging.getLogger(__name__)
+
+JOURNAL_NAME = "calls.jsonl"
+
+# The prompt a model call belongs to: set by the prompt processor, read when the call is journaled.
+current_prompt: contextvars.ContextVar[int] = contextvars.ContextVar("hermes_batch_prompt", default=-1)
+
+
+class CallJournal:
+    """Appends a line per model request of one session to the run's calls.jsonl."""
+
+    def __init__(self, path, session: int):
+        self.path = Path(path)
+        self.session = session
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        dropped = repair_torn_tail(self.path)
+        if dropped:
+            log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", self.path, dropped)
+        self._file = open(self.path, "a", encoding="utf-8")
+        if new:
+            self._write({"event": "journal", "first_session": session})
+
+    def _write(self, entry: dict) -> None:
+        self._file.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def sent(self) -> None:
+        """A request is about to go out."""
+        self._write({"event": "sent", "session": self.session, "prompt_index": current_prompt.get()})
+
+    def done(self, call: CallRecord, usage: Optional[Usage]) -> None:
+        """A request ended: answered (``usage`` given), refused, or cut off without an answer."""
+        entry = {
+            "event": "done",
+            "session": self.session,
+            "prompt_index": current_prompt.get(),
+            "status": call.status or 0,
+            "provider": call.provider or "",
+            "latency_s": call.latency_s,
+        }
+        if usage is not None:
+            entry.update(
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                reasoning_tokens=usage.reasoning_tokens,
+                cached_tokens=usage.cached_tokens,
+            )
+            if usage.cost is not None:
+                entry["cost"] = usage.cost
+        self._write(entry)
+
+    async def complete(self, client, messages: tuple, tools: tuple, calls: Optional[list]) -> ModelResponse:
+        """``client.complete`` with every attempt journaled: ``sent`` before it goes out, ``done`` when it ends."""
+        attempts: list = [] if calls is None else calls
+        first = len(attempts)
+
+        async def send(messages, tools):
+            self.sent()
+            return await client.send(messages, tools)
+
+        response = None
+        try:
+            response = await client.limiter.call(send, messages, tools, calls=attempts)
+            return response
+        finally:
+            # the limiter appends a CallRecord per attempt, the last one answered when a response came
+            ended = attempts[first:]
+            for i, call in enumerate(ended):
+                answered = response is not None and i == len(ended) - 1
+                self.done(call, response.usage if answered else None)
+
+    def close(self) -> None:
+        """Close the file; safe to call more than once."""
+        if not self._file.closed:
+            self._file.close()
+
+
+@attrs.define
+class JournalTotals:
+    """What calls.jsonl says the run requested and paid for."""
+
+    first_session: Optional[int] = None  # None: no journal
+    sent: int = 0
+    done: int = 0
+    errors: int = 0  # answered with a status other than 200, or ended without an answer
+    rate_limited: int = 0
+    usage: Usage = Usage()
+    cost_by_session: dict = attrs.Factory(dict)
+    requests_by_provider: Counter = attrs.Factory(Counter)
+    errors_by_provider: Counter = attrs.Factory(Counter)
+    latency_ms: dict = attrs.Factory(lambda: defaultdict(Counter))  # provider -> whole milliseconds -> count
+
+    @property
+    def covers_run(self) -> bool:
+        """True when the journal was started by the run's first session, so it holds every request."""
+        return self.first_session == 0
+
+    @property
+    def requests(self) -> int:
+        return max(self.sent, self.done)
+
+    @property
+    def unanswered(self) -> int:
+        """Requests sent whose end was never written: cut off by a crash."""
+        return max(0, self.sent - self.done)
+
+    @property
+    def cost(self) -> Optional[float]:
+        return self.usage.cost
+
+
+def read_journal(path) -> JournalTotals:
+    """Sum up a calls.jsonl; a missing file gives empty totals, a bad line is skipped."""
+    totals = JournalTotals()
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        return totals
+    usage = Usage()
+    with handle:
+        for raw in handle:
+            if not raw.endswith(b"\n"):
+                break  # a torn last line
+            try:
+                entry = json.loads(raw)
+                event = entry["event"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if event == "sent":
+                totals.sent += 1
+            elif event == "done":
+                totals.done += 1
+                status = entry.get("status") or 0
+                provider = entry.get("provider") or "unknown"
+                totals.requests_by_provider[provider] += 1
+                totals.latency_ms[provider][int(round(float(entry.get("latency_s") or 0.0) * 1000))] += 1
+                if status != 200:
+                    totals.errors += 1
+                    totals.errors_by_provider[provider] += 1
+                if status == 429:
+                    totals.rate_limited += 1
+                cost = entry.get("cost")
+                usage = usage + Usage(
+                    entry.get("prompt_tokens", 0), entry.get("completion_tokens", 0),
+                    entry.get("reasoning_tokens", 0), entry.get("cached_tokens", 0),
+                    float(cost) if isinstance(cost, (int, float)) else None,
+                )
+                if isinstance(cost, (int, float)):
+                    session = entry.get("session", 0)
+                    totals.cost_by_session[session] = totals.cost_by_session.get(session, 0.0) + cost
+            elif event == "journal" and totals.first_session is None:
+                totals.first_session = entry.get("first_session")
+    totals.usage = usage
+    unanswered = totals.unanswered
+    if unanswered:
+        totals.requests_by_provider["unknown"] += unanswered
+        totals.errors_by_provider["unknown"] += unanswered
+        totals.errors += unanswered
+    return totals
+
+
+def journal_path(run_dir) -> Path:
+    return Path(run_dir) / JOURNAL_NAME
