@@ -31,7 +31,7 @@ from .resume import plan_resume, scan_finished
 from .run_context import RunContext
 from .runfolder import AppendLog, RunFolder, atomic_write_text, read_records, repair_torn_tail, validate_run_name
 from .serialization import to_json_line
-from .statistics import build_statistics, render_statistics, reported_cost
+from .statistics import RunInfo, build_statistics, render_statistics, reported_cost
 
 log = logging.getLogger("hermes_batch.run")
 
@@ -407,14 +407,18 @@ class Run:
 
     def _save_checkpoint(self, interrupted: bool) -> Checkpoint:
         prev = self.previous
+        finished = self.previously_finished + self.counts["kept"] + self.counts["discarded"]
+        updated = now_iso()
         checkpoint = Checkpoint(
             run_name=self.config.run_name,
             batch_size=self.config.batch_size,
             completed_batches=tuple(sorted(self.completed_batches | set(prev.completed_batches if prev else ()))),
-            prompts_finished=self.previously_finished + self.counts["kept"] + self.counts["discarded"],
+            prompts_finished=finished,
             prompts_failed=self.counts["failed"],
             sessions=(prev.sessions if prev else ()) + (self._session(interrupted),),
-            updated_at=now_iso(),
+            updated_at=updated,
+            completed_prompts=finished,
+            last_updated=updated,
         )
         atomic_write_text(self.folder.checkpoint, to_json_line(checkpoint))
         return checkpoint
@@ -444,6 +448,10 @@ class Run:
             filters_run=tuple(f.name for f in self.filters),
             sessions=checkpoint.sessions,
             invalid_skipped_total=self.report.invalid,
+            run=RunInfo(
+                model=self.config.model, distribution=self.config.distribution, batch_size=self.config.batch_size,
+                total_prompts=self.report.valid, total_lines=self.report.total,
+            ),
         )
         atomic_write_text(self.folder.statistics, json.dumps(stats, indent=2) + "\n")
         self.pm.hook.hermes_batch_run_end(run=self.context, statistics=stats)

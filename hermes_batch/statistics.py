@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import bisect
 import datetime
+import math
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Optional, Sequence
 
+import attrs
 from rich.console import Console
 from rich.table import Table
 
@@ -20,8 +22,23 @@ from .serialization import record_converter
 STATISTICS_SCHEMA_VERSION = 1
 
 
+@attrs.frozen
+class RunInfo:
+    """What the run was: the seed tool's run-level statistics fields."""
+
+    model: Optional[str] = None
+    distribution: Optional[str] = None
+    batch_size: Optional[int] = None
+    total_prompts: Optional[int] = None  # valid rows of the dataset (up to --max_samples)
+    total_lines: Optional[int] = None  # rows considered, invalid ones included: prompt_index runs over these
+
+
 def _ratio(part: int, whole: int) -> Optional[float]:
     return round(part / whole, 4) if whole else None
+
+
+def _percent(part: int, whole: int) -> float:
+    return round(part / whole * 100, 2) if whole else 0.0
 
 
 class _Scope:
@@ -51,12 +68,34 @@ class _Scope:
             totals[1] += stat.success
             totals[2] += stat.failure
 
+    def seed_tool_statistics(self, tool_names: Iterable[str]) -> dict:
+        """Per tool as the seed's ``tool_statistics``: counts, and success and failure rates in percent."""
+        out = {}
+        for name in sorted(tool_names):
+            count, success, failure = self.tools.get(name, (0, 0, 0))
+            ended = success + failure
+            out[name] = {
+                "count": count, "success": success, "failure": failure,
+                "success_rate": _percent(success, ended), "failure_rate": _percent(failure, ended),
+            }
+        return out
+
+    def seed_reasoning_statistics(self) -> dict:
+        return {
+            "total_assistant_turns": self.turns_with + self.turns_without,
+            "turns_with_reasoning": self.turns_with,
+            "turns_without_reasoning": self.turns_without,
+        }
+
     def to_dict(self, tool_names: Iterable[str]) -> dict:
         turns = self.turns_with + self.turns_without
         usage = {}
         for name in sorted(tool_names):
             count, success, failure = self.tools.get(name, (0, 0, 0))
-            usage[name] = {"count": count, "success": success, "failure": failure, "success_rate": _ratio(success, count)}
+            usage[name] = {
+                "count": count, "success": success, "failure": failure,
+                "success_rate": _ratio(success, count), "failure_rate": _ratio(failure, count),
+            }
         return {
             "samples": self.samples,
             "completed": self.completed,
@@ -194,8 +233,9 @@ def build_statistics(
     invalid_skipped_total: int = 0,
     tool_names: Iterable[str] = (),
     now: Optional[str] = None,
+    run: RunInfo = RunInfo(),
 ) -> dict:
-    """Aggregate statistics of the whole run, from its batch, discarded and failed files."""
+    """Aggregate statistics of the whole run, from its batch, discarded and failed files and its call journal."""
     clock = _SessionClock(sessions)
     failed_by_key: dict[str, Counter] = defaultdict(Counter)
     kinds_by_key: dict[str, dict[int, Counter]] = defaultdict(lambda: defaultdict(Counter))
@@ -251,9 +291,24 @@ def build_statistics(
         # every request the run made, also those of prompts a crash cut off, which no record holds
         usage, requests = journal.usage, _Requests.from_journal(journal)
     total_tokens = usage.prompt_tokens + usage.completion_tokens
+    generated_at = now or datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds")
+    duration = round(sum(s.duration_s for s in sessions), 3)
+    total_batches = None
+    if run.total_lines is not None and run.batch_size:
+        total_batches = math.ceil(run.total_lines / run.batch_size)
     return {
         "schema_version": STATISTICS_SCHEMA_VERSION,
         "run_name": folder.run_name,
+        # the seed tool's run-level fields, so scripts written for its statistics.json keep working
+        "model": run.model,
+        "distribution": run.distribution,
+        "batch_size": run.batch_size,
+        "total_prompts": run.total_prompts,
+        "total_batches": total_batches,
+        "completed_at": generated_at,
+        "duration_seconds": round(duration, 2),
+        "tool_statistics": finished.seed_tool_statistics(all_tools),
+        "reasoning_statistics": finished.seed_reasoning_statistics(),
         "prompts": {
             "finished": finished.samples,
             "kept": kept.samples,
@@ -276,11 +331,11 @@ def build_statistics(
         "cost": None if usage.cost is None else round(usage.cost, 6),
         "model_requests": requests.to_dict(sessions),
         "duration": {
-            "total_s": round(sum(s.duration_s for s in sessions), 3),
+            "total_s": duration,
             "sessions": [record_converter.unstructure(s) for s in sessions],
         },
         "timestamps": {
-            "generated_at": now or datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds"),
+            "generated_at": generated_at,
             "started_at": sessions[0].started_at if sessions else None,
             "first_sample_at": first_ts,
             "last_sample_at": last_ts,

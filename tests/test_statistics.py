@@ -17,7 +17,7 @@ from hermes_batch.records import (
 from hermes_batch.runfolder import AppendLog, RunFolder
 from hermes_batch.serialization import to_json_line
 from hermes_batch.conversation import reasoning_counts
-from hermes_batch.statistics import build_statistics, render_statistics
+from hermes_batch.statistics import RunInfo, build_statistics, render_statistics
 
 DAY1 = "2026-01-01T10:00:00"
 DAY2 = "2026-01-02T10:00:00"
@@ -102,13 +102,33 @@ def test_tool_usage_kept_and_all_finished(folder):
     stats = build(folder)
     kept = stats["kept"]["tool_usage"]
     assert kept == {
-        "made_up": {"count": 0, "success": 0, "failure": 0, "success_rate": None},
-        "read_file": {"count": 1, "success": 1, "failure": 0, "success_rate": 1.0},
-        "terminal": {"count": 3, "success": 2, "failure": 1, "success_rate": 0.6667},
+        "made_up": {"count": 0, "success": 0, "failure": 0, "success_rate": None, "failure_rate": None},
+        "read_file": {"count": 1, "success": 1, "failure": 0, "success_rate": 1.0, "failure_rate": 0.0},
+        "terminal": {"count": 3, "success": 2, "failure": 1, "success_rate": 0.6667, "failure_rate": 0.3333},
     }
     every = stats["finished"]["tool_usage"]
-    assert every["terminal"] == {"count": 4, "success": 2, "failure": 2, "success_rate": 0.5}
-    assert every["made_up"] == {"count": 1, "success": 0, "failure": 1, "success_rate": 0.0}
+    assert every["terminal"] == {"count": 4, "success": 2, "failure": 2, "success_rate": 0.5, "failure_rate": 0.5}
+    assert every["made_up"] == {"count": 1, "success": 0, "failure": 1, "success_rate": 0.0, "failure_rate": 1.0}
+
+
+def test_the_seed_tools_run_level_fields_are_there(folder):
+    """Scripts written for the seed's statistics.json read the same names, with its percent rates."""
+    run = RunInfo(model="m/x", distribution="default", batch_size=10, total_prompts=23, total_lines=25)
+    stats = build(folder, run=run, now="2026-01-03T00:00:00")
+    assert {k: stats[k] for k in ("run_name", "distribution", "total_prompts", "total_batches", "batch_size", "model",
+                                  "completed_at", "duration_seconds")} == {
+        "run_name": "stats-run", "distribution": "default", "total_prompts": 23, "total_batches": 3, "batch_size": 10,
+        "model": "m/x", "completed_at": "2026-01-03T00:00:00", "duration_seconds": 150.5,
+    }
+    assert stats["tool_statistics"]["terminal"] == {
+        "count": 4, "success": 2, "failure": 2, "success_rate": 50.0, "failure_rate": 50.0,
+    }
+    assert stats["tool_statistics"]["made_up"] == {
+        "count": 1, "success": 0, "failure": 1, "success_rate": 0.0, "failure_rate": 100.0,
+    }
+    assert stats["reasoning_statistics"] == {
+        "total_assistant_turns": 7, "turns_with_reasoning": 4, "turns_without_reasoning": 3,
+    }
 
 
 def test_reasoning_coverage(folder):
