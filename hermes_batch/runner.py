@@ -15,7 +15,7 @@ from typing import Optional
 import attrs
 import pluggy
 
-from . import __version__, dataset, distributions, selection, toolsets
+from . import __version__, dataset, distributions, reindex, selection, toolsets
 from .agent import AgentSettings
 from .config import RunConfig
 from .conversation import DEFAULT_SYSTEM_PROMPT
@@ -213,7 +213,9 @@ class Run:
         loop.set_default_executor(pool)
         fresh = not self.folder.has_outputs()
         if cfg.resume:
+            reindex.recover(self.folder)
             self._repair_torn_tails()
+            self._reindex()
         finished = scan_finished(self.folder) if cfg.resume else collections.Counter()
         self.previously_finished = sum(finished.values())
         to_run = self._count_to_run(finished) if finished else self.report.valid
@@ -321,6 +323,17 @@ class Run:
             dropped = repair_torn_tail(path)
             if dropped:
                 log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", path, dropped)
+
+    def _reindex(self) -> None:
+        # prompt_index stays "the row of the current file": renumber the records if the file changed
+        cfg = self.config
+        if not reindex.needs_check(self.folder, self.report, cfg.batch_size):
+            return
+        result = reindex.reindex(self.folder, cfg.dataset_file, cfg.batch_size)
+        reindex.warn(result)
+        if result.rewritten and self.previous is not None:
+            # batch numbers changed meaning; the batches of this session will be recorded again
+            self.previous = attrs.evolve(self.previous, completed_batches=())
 
     def _count_to_run(self, finished: collections.Counter) -> int:
         rows = dataset.iter_rows(self.config.dataset_file, max_samples=self.config.max_samples)
@@ -431,6 +444,9 @@ class Run:
             "config": self.config.public() | {"seed": self.seed},
             "model_client": self.client_cls.name,
             "distribution": {"name": self.distribution.name, "probabilities": dict(self.distribution.probabilities)},
+            # a resume over a file whose fingerprint differs renumbers the records (reindex.py)
+            "dataset": {"path": str(self.config.dataset_file), "fingerprint": self.report.fingerprint,
+                        "lines": self.report.total, "valid": self.report.valid},
             "tools": list(self.all_tools),
             "toolsets": {
                 name: {"options": toolsets.describe_config(rt.config), "left_out": self.unconfigured.get(name)}

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from .conversation import reasoning_counts
 from .journal import JournalTotals, journal_path, read_journal
+from .reindex import count_unmatched
 from .records import CallRecord, Discarded, Failure, SessionInfo, Trajectory, Usage
 from .resume import iter_finished
 from .runfolder import RunFolder, read_records
@@ -316,6 +317,7 @@ def build_statistics(
             "failed": failed_prompts,
             "skipped_invalid": invalid_skipped_total,
         },
+        "unmatched_records": count_unmatched(folder),
         "discarded_by_filter": dict(sorted(by_filter.items())),
         "failures": {"prompts": failed_prompts, "by_kind": dict(sorted(failed_kinds.items())), "records": failure_records},
         "finished": finished.to_dict(all_tools),

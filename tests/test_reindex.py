@@ -1,0 +1,155 @@
+"""prompt_index across resumes over a changed dataset: unique in the merged output and joined to the current file."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from conftest import write_dataset
+
+from hermes_batch import reindex
+from hermes_batch.runfolder import RunFolder
+from hermes_batch.testing import ToolLoopScript
+
+BATCH = 5
+BASE = ("--distribution", "terminal_only", "--seed", "7")
+FAST = ToolLoopScript(tool_calls=1)
+
+
+def prompts(n, tag="task"):
+    return [f"{tag} {i}: list the files" for i in range(n)]
+
+
+def human(record):
+    record = record.get("trajectory", record)
+    return next(t["value"] for t in record["conversations"] if t["from"] == "human")
+
+
+def run(runner, server, rows, *extra):
+    data = write_dataset(runner.tmp_path / "data.jsonl", [{"prompt": p} for p in rows])
+    result = runner.invoke(data, "run", *BASE, *extra, server=server)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def check_joins(runner, rows, batch_size=BATCH):
+    """Every record's prompt_index is unique and names its row of ``rows``; batch files hold their range only."""
+    folder = runner.folder()
+    kept = runner.records("trajectories.jsonl")
+    discarded = [d["trajectory"] for d in runner.records("discarded.jsonl")]
+    indexes = [r["prompt_index"] for r in kept + discarded]
+    assert len(indexes) == len(set(indexes)), Counter(indexes).most_common(3)
+    for record in kept + discarded:
+        assert rows[record["prompt_index"]] == human(record)
+        assert record["metadata"]["batch_num"] == record["prompt_index"] // batch_size
+    for path in folder.glob("batch_*.jsonl"):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        number = int(path.stem.split("_")[1])
+        assert 0 < len(lines) <= batch_size, path.name
+        assert {r["prompt_index"] // batch_size for r in lines} == {number}
+    assert [r["prompt_index"] for r in kept] == sorted(r["prompt_index"] for r in kept)
+    return kept
+
+
+def test_a_row_inserted_at_the_top_renumbers_the_finished_records(runner, model_server):
+    first = prompts(10) + ["task 3: list the files"]  # a duplicate too
+    server = model_server(FAST)
+    run(runner, server, first)
+    before = server.request_count
+
+    second = ["a new first row"] + first
+    result = run(runner, server, second, "--resume")
+    assert "renumbered" in result.output
+    assert server.calls_for("a new first row") == 2
+    assert server.request_count - before == 2 + 1  # the new row, and the preflight
+    kept = check_joins(runner, second)
+    assert len(kept) == 12
+    run_json = json.loads((runner.folder() / "run.json").read_text())
+    assert run_json["dataset"]["lines"] == 12 and run_json["dataset"]["fingerprint"]
+
+
+def test_a_removed_row_sets_its_record_aside_and_a_restored_row_gets_it_back(runner, model_server):
+    first = prompts(10)
+    server = model_server(FAST)
+    run(runner, server, first)
+    gone = first[3]
+
+    second = first[:3] + first[4:]
+    result = run(runner, server, second, "--resume")
+    assert "unmatched.jsonl" in result.output
+    kept = check_joins(runner, second)
+    assert gone not in {human(r) for r in kept} and len(kept) == 9
+    [aside] = runner.records("unmatched.jsonl")
+    assert aside["kind"] == "kept" and human(aside["record"]) == gone
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["unmatched_records"] == 1 and stats["prompts"]["kept"] == 9
+
+    calls = server.request_count
+    run(runner, server, first, "--resume")
+    assert server.request_count == calls, "nothing ran: the restored row got its record back"
+    assert len(check_joins(runner, first)) == 10
+    assert runner.records("unmatched.jsonl") == []
+
+
+def test_reordered_rows_keep_indexes_unique_and_run_only_the_rest(runner, model_server):
+    first = prompts(10)
+    server = model_server(FAST)
+    run(runner, server, first, "--max_samples", "6")
+
+    second = first[::-1]
+    run(runner, server, second, "--resume")
+    for prompt in first:
+        assert server.calls_for(prompt) == 2, prompt  # each ran once
+    assert len(check_joins(runner, second)) == 10
+
+
+def test_a_changed_batch_size_regroups_the_batch_files(runner, model_server):
+    rows = prompts(12)
+    server = model_server(FAST)
+    run(runner, server, rows, "--max_samples", "7")
+    run(runner, server, rows, "--resume", "--batch_size", "3")
+    assert len(check_joins(runner, rows, batch_size=3)) == 12
+    assert sorted(p.name for p in runner.folder().glob("batch_*.jsonl")) == [f"batch_{i}.jsonl" for i in range(4)]
+
+
+def test_an_unchanged_dataset_is_not_rewritten(runner, model_server):
+    rows = prompts(8)
+    server = model_server(FAST)
+    run(runner, server, rows, "--max_samples", "4")
+    batch = runner.folder() / "batch_0.jsonl"
+    inode = batch.stat().st_ino
+    result = run(runner, server, rows, "--resume")
+    assert "renumbered" not in result.output
+    assert batch.stat().st_ino == inode
+
+
+def test_a_reindex_cut_off_by_a_crash_is_finished_on_the_next_start(runner, model_server, monkeypatch):
+    first = prompts(10)
+    server = model_server(FAST)
+    run(runner, server, first)
+    second = ["a new first row"] + first
+    data = write_dataset(runner.tmp_path / "data.jsonl", [{"prompt": p} for p in second])
+    folder = RunFolder(runner.tmp_path / "out", "run")
+
+    moved = []
+    real_replace = reindex.os.replace
+
+    def crash_after_one(src, dst):
+        if moved:
+            raise OSError("the machine went down")
+        moved.append(dst)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(reindex.os, "replace", crash_after_one)
+    with pytest.raises(OSError):
+        reindex.reindex(folder, data, BATCH)
+    monkeypatch.setattr(reindex.os, "replace", real_replace)
+    assert (folder.dir / reindex.STAGING).is_dir()
+
+    calls = server.request_count
+    run(runner, server, second, "--resume")
+    assert not (folder.dir / reindex.STAGING).exists()
+    assert server.request_count - calls == 2 + 1  # the new row and the preflight: nothing ran twice
+    assert len(check_joins(runner, second)) == 11
