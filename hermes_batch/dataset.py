@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any, Iterator, Optional, Union
@@ -10,7 +9,7 @@ from typing import Any, Iterator, Optional, Union
 import attrs
 
 from .errors import DatasetError, UsageError
-from .records import PromptRow, content_key
+from .records import PromptRow
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -45,7 +44,6 @@ class DatasetReport:
     problems: tuple[str, ...]  # the first MAX_PROBLEMS, each "FILE:LINE: reason"
     total: int  # non-blank lines considered
     images: tuple[str, ...]  # sorted, distinct
-    fingerprint: str = ""  # changes when any valid row's prompt_index -> content key changes (resume re-indexes)
 
     @property
     def ok(self) -> bool:
@@ -60,21 +58,18 @@ def validate_dataset(path: PathLike, *, max_samples: Optional[int] = None) -> Da
     valid = invalid = total = 0
     problems: list[str] = []
     images: set[str] = set()
-    digest = hashlib.sha256()
-    for line_number, index, row, reason in _scan(name, max_samples):
+    for line_number, _index, row, reason in _scan(name, max_samples):
         total += 1
         if reason is None:
             valid += 1
             image = row.get("image") or row.get("docker_image")
             if image is not None:
                 images.add(image)
-            digest.update(f"{index}:{content_key(row['prompt'], image, row.get('cwd'))}\n".encode())
         else:
             invalid += 1
             if len(problems) < MAX_PROBLEMS:
                 problems.append(f"{name}:{line_number}: {reason}")
-    digest.update(f"{total}".encode())
-    return DatasetReport(name, valid, invalid, tuple(problems), total, tuple(sorted(images)), digest.hexdigest()[:32])
+    return DatasetReport(name, valid, invalid, tuple(problems), total, tuple(sorted(images)))
 
 
 def iter_rows(path: PathLike, *, max_samples: Optional[int] = None) -> Iterator[PromptRow]:

@@ -23,6 +23,7 @@ switch to the new files finish on the next start if a crash interrupts it.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import os
@@ -68,14 +69,19 @@ def recorded_dataset(folder: RunFolder) -> dict:
     return out
 
 
-def needs_check(folder: RunFolder, report, batch_size: int) -> bool:
+def fingerprint(dataset_file) -> str:
+    """A hash of the dataset file's bytes: read at disk speed, it changes whenever any row may have moved."""
+    digest = hashlib.sha256()
+    with open(dataset_file, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()[:32]
+
+
+def needs_check(folder: RunFolder, dataset_fingerprint: str, batch_size: int) -> bool:
     """True when the dataset or the batch size may have changed since the records were written."""
     recorded = recorded_dataset(folder)
-    return (
-        recorded.get("fingerprint") != report.fingerprint
-        or recorded.get("lines") != report.total
-        or recorded.get("batch_size") != batch_size
-    )
+    return recorded.get("fingerprint") != dataset_fingerprint or recorded.get("batch_size") != batch_size
 
 
 # --- reading the records as they are ---------------------------------------------------------------------

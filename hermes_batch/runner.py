@@ -157,6 +157,7 @@ class Run:
         if self.report.valid == 0:
             raise DatasetError(f"{cfg.dataset_file} holds no valid prompt; add rows with a non-empty \"prompt\".")
 
+        self.dataset_fingerprint = reindex.fingerprint(cfg.dataset_file)
         self._check_folder()
         self.previous = self._load_checkpoint()
         self.seed = self._choose_seed()
@@ -327,7 +328,7 @@ class Run:
     def _reindex(self) -> None:
         # prompt_index stays "the row of the current file": renumber the records if the file changed
         cfg = self.config
-        if not reindex.needs_check(self.folder, self.report, cfg.batch_size):
+        if not reindex.needs_check(self.folder, self.dataset_fingerprint, cfg.batch_size):
             return
         result = reindex.reindex(self.folder, cfg.dataset_file, cfg.batch_size)
         reindex.warn(result)
@@ -445,7 +446,7 @@ class Run:
             "model_client": self.client_cls.name,
             "distribution": {"name": self.distribution.name, "probabilities": dict(self.distribution.probabilities)},
             # a resume over a file whose fingerprint differs renumbers the records (reindex.py)
-            "dataset": {"path": str(self.config.dataset_file), "fingerprint": self.report.fingerprint,
+            "dataset": {"path": str(self.config.dataset_file), "fingerprint": self.dataset_fingerprint,
                         "lines": self.report.total, "valid": self.report.valid},
             "tools": list(self.all_tools),
             "toolsets": {
