@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${HERMES_BATCH_VENV:-.venv}
 ensure_venv "$VENV"
-"$VENV/bin/pip" install --quiet --disable-pip-version-check -e '.[testing]'
+quietly "$VENV/bin/pip" install --disable-pip-version-check -e '.[testing]'
 
 args=(--dataset_file examples/prompts.jsonl --batch_size 2 --run_name demo --num_workers 4 --overwrite "$@")
 if [ -n "${OPENROUTER_API_KEY:-}" ]; then

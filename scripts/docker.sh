@@ -23,10 +23,22 @@ _hb_apt_updated=
 _hb_apt_install() {
     command -v apt-get >/dev/null 2>&1 || return 1
     if [ -z "$_hb_apt_updated" ]; then
-        _hb_as_root apt-get update -qq >/dev/null || return 1
+        _hb_quietly _hb_as_root apt-get -o DPkg::Lock::Timeout=600 update -qq || return 1
         _hb_apt_updated=1
     fi
-    DEBIAN_FRONTEND=noninteractive _hb_as_root apt-get install -y -qq "$@" >/dev/null
+    DEBIAN_FRONTEND=noninteractive _hb_quietly _hb_as_root apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$@"
+}
+
+# apt's notes go to stderr even with -qq: keep them (and any output) aside unless the step fails
+_hb_quietly() {
+    local log
+    log=$(mktemp "${TMPDIR:-/tmp}/hermes-batch-docker-setup.XXXXXX") || return 1
+    "$@" >"$log" 2>&1 && { rm -f "$log"; return 0; }
+    local status=$?
+    _hb_say "failed (exit status $status): $*"
+    cat "$log" >&2
+    rm -f "$log"
+    return $status
 }
 
 # ensure_docker_engine: an engine that answers `docker info`, installed and started if needed.
@@ -118,7 +130,8 @@ ensure_test_images() {
 ensure_docker_for_tests() {
     local started=$SECONDS
     if ensure_docker_engine && ensure_test_images; then
-        _hb_say "Docker engine and test images ready ($((SECONDS - started)) s)"
+        # quiet when there was nothing to do; the steps that did something said so
+        [ $((SECONDS - started)) -lt 2 ] || _hb_say "Docker engine and test images ready ($((SECONDS - started)) s)"
         return 0
     fi
     if [ "${CI:-}" = true ]; then

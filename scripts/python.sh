@@ -1,5 +1,18 @@
 # Sourced by the scripts: create (or repair) the project's virtual environment.
 
+# quietly CMD...: run CMD with its output set aside, shown only if it fails, so a successful
+# setup prints nothing (apt's and pip's notes and warnings included).
+quietly() {
+    local log
+    log=$(mktemp "${TMPDIR:-/tmp}/hermes-batch-setup.XXXXXX") || return 1
+    "$@" >"$log" 2>&1 && { rm -f "$log"; return 0; }
+    local status=$?
+    echo "failed (exit status $status): $*" >&2
+    cat "$log" >&2
+    rm -f "$log"
+    return $status
+}
+
 # The first python3 that can make a venv and open TLS connections (pip needs both).
 find_python() {
     for candidate in ${PYTHON:-} python3 /usr/bin/python3 python3.13 python3.12 python3.11; do
@@ -10,7 +23,8 @@ find_python() {
         fi
     done
     if command -v apt-get >/dev/null 2>&1; then
-        apt-get update -qq >/dev/null && apt-get install -y -qq python3 python3-venv >/dev/null
+        quietly apt-get -o DPkg::Lock::Timeout=600 update -qq \
+            && DEBIAN_FRONTEND=noninteractive quietly apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3 python3-venv
         command -v /usr/bin/python3 && return 0
     fi
     echo "no usable Python 3.11+ with venv and ssl found; set PYTHON=/path/to/python3" >&2

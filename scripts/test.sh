@@ -10,15 +10,13 @@ cd "$(dirname "$0")/.."
 
 VENV=${HERMES_BATCH_VENV:-.venv}
 ensure_venv "$VENV"
-# justext asks for lxml[html_clean], an extra lxml 6 spells html-clean: pip's warning about it is noise
-"$VENV/bin/pip" install --quiet --disable-pip-version-check \
+quietly "$VENV/bin/pip" install --disable-pip-version-check \
     -e '.[test]' \
     -e plugins/hermes_batch_example \
     -e hermes_batch_docker \
     -e hermes_batch_singularity \
     -e hermes_batch_modal \
-    -e plugins/hermes_batch_toolbox \
-    2> >(grep -v "does not provide the extra 'html_clean'" >&2)
+    -e plugins/hermes_batch_toolbox
 ensure_docker_for_tests
 ensure_apptainer_for_tests
 ensure_chromium
