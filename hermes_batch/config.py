@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -108,6 +109,26 @@ def resolve_api_key(
     if "openrouter.ai" in base_url and environ.get("OPENROUTER_API_KEY"):
         return environ["OPENROUTER_API_KEY"]
     return environ.get("OPENAI_API_KEY") or None
+
+
+# Hosted APIs that refuse every request without a key: their host -> the variable the key is read from.
+_KEYED_HOSTS = {"openrouter.ai": "OPENROUTER_API_KEY", "api.openai.com": "OPENAI_API_KEY", "api.anthropic.com": "ANTHROPIC_API_KEY"}
+
+
+def require_api_key(api_key: Optional[str], base_url: str, model_client: Optional[str] = None) -> None:
+    """Raise UsageError at once when ``base_url`` is a hosted API that needs a key and none was found."""
+    if api_key:
+        return
+    try:
+        host = urlsplit(base_url).hostname or ""
+    except ValueError:
+        return
+    variable = next((v for h, v in _KEYED_HOSTS.items() if host == h or host.endswith("." + h)), None)
+    if variable is None:
+        return  # a local or self-hosted endpoint may need no key
+    if model_client == "anthropic":
+        variable = "ANTHROPIC_API_KEY"
+    raise UsageError(f"No API key for {base_url}: set {variable} or pass --api_key.")
 
 
 def split_list(value: Optional[str]) -> tuple:

@@ -29,3 +29,55 @@ def test_statistics_and_checkpoint_carry_the_seed_fields(runner, model_server, t
     assert checkpoint["completed_prompts"] == checkpoint["prompts_finished"] == 7
     assert datetime.datetime.fromisoformat(checkpoint["last_updated"]) == datetime.datetime.fromisoformat(
         checkpoint["updated_at"])
+
+
+def test_seed_style_boolean_values_are_accepted(runner, model_server, tmp_path):
+    runner.server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(3)])
+    result = runner.invoke(data, "run", "--verbose=false", "--max_samples", "2")
+    assert result.exit_code == 0, result.output
+    assert "[B0:P0]" not in result.output
+    result = runner.invoke(data, "run", "--resume=True", "--verbose=true", "--skip_invalid=False")
+    assert result.exit_code == 0, result.output
+    assert "[B0:P2]" in result.output  # --verbose=true logs each prompt's turns
+    assert runner.server.calls_for("task 0") == 3  # --resume=True resumed: the finished prompts did not run again
+    result = runner.invoke(data, "run", "--resume=maybe")
+    assert result.exit_code == 2 and "'maybe' is not a valid boolean" in result.output
+
+
+def test_list_distributions_reads_the_distribution_file_wherever_it_is_given(tmp_path):
+    from click.testing import CliRunner
+
+    from hermes_batch.cli import cli
+
+    path = tmp_path / "mine.toml"
+    path.write_text('[mine]\ndescription = "Mine"\ntoolsets = { terminal = 50 }\n')
+    for args in (
+        ["run", "--list_distributions", "--distribution_file", str(path)],
+        ["run", "--distribution_file", str(path), "--list_distributions"],
+        ["run", "--list_distributions=True", f"--distribution-file={path}"],
+    ):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, (args, result.output)
+        assert "mine: Mine" in result.output and "default:" in result.output, args
+
+
+def test_a_missing_key_for_a_hosted_endpoint_is_reported_at_once(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from hermes_batch.cli import cli
+
+    for name in ("OPENROUTER_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": "hello"}])
+    base = ["run", "--dataset_file", str(data), "--batch_size", "1", "--run_name", "r", "--output_dir", str(tmp_path / "out")]
+    for extra, variable in (([], "OPENROUTER_API_KEY"), (["--base_url", "https://api.openai.com/v1"], "OPENAI_API_KEY"),
+                            (["--base_url", "https://api.anthropic.com"], "ANTHROPIC_API_KEY")):
+        result = CliRunner().invoke(cli, base + extra)
+        assert result.exit_code == 2, result.output
+        [line] = result.output.strip().splitlines()
+        assert line.startswith("Error: No API key for ") and f"set {variable} or pass --api_key." in line
+        assert not (tmp_path / "out").exists()
+    # a local server may need no key: no complaint before the run (here it fails later, at the preflight)
+    result = CliRunner().invoke(cli, base + ["--base_url", "http://127.0.0.1:9/v1", "--max_retries", "0"])
+    assert "No API key" not in result.output

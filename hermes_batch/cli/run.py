@@ -12,7 +12,16 @@ from pathlib import Path
 import attrs
 import click
 
-from ..config import DEFAULT_BASE_URL, DEFAULT_MODEL, PROVIDER_SORTS, REASONING_EFFORTS, RunConfig, resolve_api_key, split_list
+from ..config import (
+    DEFAULT_BASE_URL,
+    DEFAULT_MODEL,
+    PROVIDER_SORTS,
+    REASONING_EFFORTS,
+    RunConfig,
+    require_api_key,
+    resolve_api_key,
+    split_list,
+)
 from ..errors import HermesBatchError
 from ..serialization import parse_key_values
 from ..toolsets import parse_tool_options
@@ -20,17 +29,36 @@ from .listing import print_distributions
 
 
 def _opt(name: str, *args, **kwargs):
-    """An option spelled as in the seed (``--dataset_file``) and with dashes (``--dataset-file``)."""
+    """An option spelled as in the seed (``--dataset_file``) and with dashes (``--dataset-file``).
+
+    A flag also takes the seed's explicit values (``--resume=True``, ``--verbose=false``).
+    """
     names = [f"--{name}"]
     if "_" in name:
         names.append(f"--{name.replace('_', '-')}")
+    if kwargs.pop("is_flag", False):
+        kwargs.update(is_flag=False, flag_value=True, default=False, type=click.BOOL, metavar="[true|false]")
     return click.option(*names, *args, name, **kwargs)
+
+
+class _RunCommand(click.Command):
+    """Keeps what was parsed, so --list_distributions sees a --distribution_file given after it."""
+
+    def parse_args(self, ctx, args):
+        try:
+            opts, _rest, _order = self.make_parser(ctx).parse_args(args=list(args))
+        except click.UsageError:
+            opts = {}  # reported by the real parse below
+        ctx.meta["hermes_batch.parsed"] = opts
+        return super().parse_args(ctx, args)
 
 
 def _list_distributions(ctx, _param, value):
     if not value or ctx.resilient_parsing:
         return
-    print_distributions(ctx.params.get("distribution_file"))
+    # eager options act in the order they were typed: the file may not have been processed yet
+    distribution_file = ctx.params.get("distribution_file") or ctx.meta.get("hermes_batch.parsed", {}).get("distribution_file")
+    print_distributions(distribution_file)
     ctx.exit(0)
 
 
@@ -56,7 +84,7 @@ def _setup_logging(verbose: bool) -> None:
     logging.getLogger("hermes_batch.progress").setLevel(logging.INFO)
 
 
-@click.command("run", context_settings={"show_default": True})
+@click.command("run", cls=_RunCommand, context_settings={"show_default": True})
 @_opt("dataset_file", type=click.Path(path_type=Path, dir_okay=True), required=True, help="JSONL file of prompts.")
 @_opt("batch_size", type=int, required=True, help="Prompts per batch file and checkpoint unit.")
 @_opt("run_name", required=True, help="Name of the run folder and checkpoint identity.")
@@ -110,6 +138,8 @@ def run_command(**options):
     _setup_logging(verbose)
     if options["no_filters"] and options["filter_"]:
         raise click.UsageError("--no_filters and --filter contradict each other; pass one of them.")
+    api_key = resolve_api_key(options["api_key"], options["base_url"], model_client=options["model_client"])
+    require_api_key(api_key, options["base_url"], options["model_client"])
     config = RunConfig(
         dataset_file=options["dataset_file"],
         batch_size=options["batch_size"],
@@ -118,7 +148,7 @@ def run_command(**options):
         distribution_file=options["distribution_file"],
         model=options["model"],
         base_url=options["base_url"],
-        api_key=resolve_api_key(options["api_key"], options["base_url"], model_client=options["model_client"]),
+        api_key=api_key,
         max_turns=options["max_turns"],
         num_workers=options["num_workers"],
         resume=options["resume"],
