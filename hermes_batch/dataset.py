@@ -79,6 +79,15 @@ def iter_rows(path: PathLike, *, max_samples: Optional[int] = None) -> Iterator[
     return _rows(name, max_samples)
 
 
+def iter_problems(path: PathLike, *, max_samples: Optional[int] = None) -> Iterator[str]:
+    """Every invalid line as ``FILE:LINE: reason``, streaming (a report keeps only the first MAX_PROBLEMS)."""
+    name = os.fspath(path)
+    _check_arguments(name, max_samples)
+    for line_number, _index, _row, reason in _scan(name, max_samples):
+        if reason is not None:
+            yield f"{name}:{line_number}: {reason}"
+
+
 def dataset_error(report: DatasetReport) -> DatasetError:
     """The DatasetError that stops a run over an invalid dataset: a summary line, then the problems."""
     return DatasetError(format_problems(report), report.problems)
@@ -152,10 +161,13 @@ def _parse(raw: bytes) -> tuple[Any, Optional[str]]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         return None, f"invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+    text = text.rstrip("\r\n")  # else an error at the end of the line is placed on the next one, at column 1
     try:
         row = _decode_json(text)
     except json.JSONDecodeError as exc:
-        return None, f"invalid JSON: {exc.msg} at column {exc.colno}"
+        if exc.pos >= len(text) or exc.msg.startswith("Unterminated string"):
+            return None, f"invalid JSON: the line ends at column {len(text)} before the JSON does (cut short?)"
+        return None, f"invalid JSON: {exc.msg.removesuffix(' at')} at column {exc.pos + 1}"
     except RecursionError:
         return None, "invalid JSON: nested too deeply"
     if type(row) is not dict:

@@ -29,6 +29,11 @@ from .interfaces import Distribution
 PathLike = Union[str, "os.PathLike[str]"]
 
 _FILE_KEYS = frozenset({"description", "toolsets"})
+
+# The seed's toolsets that come with a first-party plugin rather than the core: toolset -> distribution.
+PLUGIN_TOOLSETS = {name: "hermes-batch-toolbox" for name in ("web", "browser", "vision", "image_gen", "moa")}
+# How to install a first-party plugin from a checkout of this repository (it is not on a package index yet).
+PLUGIN_INSTALL = {"hermes-batch-toolbox": "pip install . ./plugins/hermes_batch_toolbox"}
 _JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "a table"}
 
 
@@ -60,6 +65,25 @@ def unavailable_toolsets(distribution: Distribution, available: Iterable[str]) -
     return tuple(name for name, _ in distribution.probabilities if name not in have)
 
 
+def where_to_get(toolsets: Iterable[str]) -> str:
+    """Which plugin provides ``toolsets`` and how to install it: 'hermes-batch-toolbox provides web, moa (pip ...)'."""
+    by_plugin: dict[str, list[str]] = {}
+    unknown = []
+    for name in toolsets:
+        plugin = PLUGIN_TOOLSETS.get(name)
+        if plugin is None:
+            unknown.append(name)
+        else:
+            by_plugin.setdefault(plugin, []).append(name)
+    parts = [
+        f"{plugin} provides {', '.join(names)} (from this repository: {PLUGIN_INSTALL[plugin]})"
+        for plugin, names in by_plugin.items()
+    ]
+    if unknown:
+        parts.append(f"no known plugin provides {', '.join(unknown)}")
+    return "; ".join(parts)
+
+
 def unavailable_warning(distribution: Distribution, available: Iterable[str]) -> Optional[str]:
     """The one warning a run prints when its distribution names missing toolsets, or None."""
     have = set(available)
@@ -69,7 +93,8 @@ def unavailable_warning(distribution: Distribution, available: Iterable[str]) ->
     usable = [name for name, _ in distribution.probabilities if name in have]
     return (
         f"The distribution {distribution.name!r} names toolsets no installed plugin provides "
-        f"({', '.join(missing)}); sampling only among {', '.join(usable) or 'none'}."
+        f"({', '.join(missing)}), so prompts sample only among {', '.join(usable) or 'none'}; "
+        f"{where_to_get(missing)}."
     )
 
 
@@ -128,14 +153,19 @@ def format_distributions(distributions: Iterable[Distribution], available_toolse
     """The text of ``--list_distributions``: each distribution, its description, its toolsets highest first."""
     have = set(available_toolsets)
     blocks = []
+    missing: dict[str, None] = {}
     for dist in distributions:
         lines = [f"{dist.name}: {dist.description}" if dist.description else dist.name]
         ranked = _ranked(dist)
         width = max(len(name) for name, _ in ranked)
         for toolset, p in ranked:
             mark = "" if toolset in have else "  (unavailable)"
+            if toolset not in have:
+                missing[toolset] = None
             lines.append(f"    {toolset:<{width}}  {_percent_text(p):>5}{mark}")
         blocks.append("\n".join(lines))
+    if missing:
+        blocks.append(f"Unavailable toolsets are not installed: {where_to_get(missing)}.")
     return "\n\n".join(blocks)
 
 
@@ -148,6 +178,7 @@ def distributions_as_json(distributions: Iterable[Distribution], available_tools
             "description": dist.description,
             "toolsets": [
                 {"name": toolset, "probability": p, "percent": _percent(p), "available": toolset in have}
+                | ({} if toolset in have else {"plugin": PLUGIN_TOOLSETS.get(toolset)})
                 for toolset, p in _ranked(dist)
             ],
             "unavailable": list(unavailable_toolsets(dist, have)),

@@ -169,6 +169,11 @@ class Sandbox(abc.ABC):
         """The working directory commands start in, as the sandbox sees it."""
         return "."
 
+    @property
+    def image(self) -> str:
+        """The container image the sandbox actually runs (the row's, or the backend's default), "" for none."""
+        return ""
+
 
 class SandboxBackend(abc.ABC):
     """Opens one sandbox per prompt. One instance per run."""
@@ -176,6 +181,7 @@ class SandboxBackend(abc.ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     Config: ClassVar[type] = NoOptions
+    ignores_images: ClassVar[bool] = False  # True: rows' images are not used (the run warns once)
 
     def __init__(self, config: Any, run: "RunContext"):
         self.config = config

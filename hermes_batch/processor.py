@@ -104,7 +104,7 @@ class PromptProcessor:
             row=row.extra,
             seed=self.seed,
             sandbox=self.backend.name,
-            image=row.image or "",
+            image=(sandbox.image if sandbox is not None else "") or row.image or "",  # -S image=... too
             cwd=row.cwd or "",
             tools_offered=tuple(tools),
             end_reason=result.end_reason,

@@ -15,7 +15,7 @@ from typing import Optional
 import attrs
 import pluggy
 
-from . import __version__, dataset, distributions, reindex, selection, toolsets
+from . import __version__, dataset, distributions, notices, reindex, selection, toolsets
 from .agent import AgentSettings
 from .config import RunConfig
 from .conversation import DEFAULT_SYSTEM_PROMPT
@@ -135,12 +135,11 @@ class Run:
         available = set(self.registry.names("toolsets"))
         self.available = {name for name, _p in self.distribution.probabilities if name in available}
         if not self.available:
-            wanted = ", ".join(name for name, _p in self.distribution.probabilities)
+            wanted = [name for name, _p in self.distribution.probabilities]
             raise UsageError(
-                f"None of the toolsets of distribution {cfg.distribution!r} is installed ({wanted}); "
-                "install a plugin that provides them or choose another distribution."
+                f"None of the toolsets of distribution {cfg.distribution!r} is installed ({', '.join(wanted)}): "
+                f"{distributions.where_to_get(wanted)}; install it or choose another --distribution."
             )
-        self.missing = distributions.unavailable_toolsets(self.distribution, available)
         self._prepare_toolsets()
         self.toolsets = selection.toolset_tools(self.registry, sorted(self.available))
         self.all_tools = tuple(sorted(t.name for tools in self.toolsets.values() for t in tools))
@@ -150,13 +149,14 @@ class Run:
         self.writers = selection.writers(self.registry, cfg.writers)
         self.executor = selection.executor(self.registry, cfg.executor, cfg.executor_options)
         self.prefill = load_prefill(cfg.prefill_messages_file)
+        notices.routing_elsewhere(cfg)
 
         self.report = dataset.validate_dataset(cfg.dataset_file, max_samples=cfg.max_samples)
         if self.report.invalid and not cfg.skip_invalid:
             raise DatasetError(dataset.format_problems(self.report), self.report.problems)
         if self.report.valid == 0:
             raise DatasetError(f"{cfg.dataset_file} holds no valid prompt; add rows with a non-empty \"prompt\".")
-
+        notices.ignored_images(self.report, self.backend_cls, cfg.dataset_file)
         self.dataset_fingerprint = reindex.fingerprint(cfg.dataset_file)
         self._check_folder()
         self.previous = self._load_checkpoint()
@@ -239,13 +239,13 @@ class Run:
         self.folder.create()
         self._write_run_json()
         client.journal = self.journal = CallJournal(journal_path(self.folder.dir), self._session_number())
-        if self.missing:
-            log.warning(
-                "Distribution %r names toolsets that are not installed (%s); sampling among %s only.",
-                cfg.distribution, ", ".join(self.missing), ", ".join(sorted(self.available)),
-            )
+        # uninstalled toolsets first (one warning naming the plugins), then installed but unconfigured ones
+        warning = distributions.unavailable_warning(self.distribution, self.registry.names("toolsets"))
+        if warning:
+            log.warning("%s", warning)
         for name, reason in self.unconfigured.items():
             log.warning("Toolset %s is left out of sampling: %s", name, reason)
+        notices.skipped_lines(self.report, self.folder, cfg.dataset_file, cfg.max_samples)
         # on record from the start, so a session killed before its first batch completes still counts
         self._save_checkpoint(interrupted=False)
         self.progress = Progress(total=to_run, enabled=cfg.progress)

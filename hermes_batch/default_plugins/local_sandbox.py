@@ -61,6 +61,7 @@ class LocalSandboxBackend(SandboxBackend):
         "(isolates files between prompts; not a security boundary)."
     )
     Config = LocalSandboxConfig
+    ignores_images = True
 
     def __init__(self, config: LocalSandboxConfig, run):
         super().__init__(config, run)

@@ -6,6 +6,7 @@ import json
 import logging
 import re
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 import openai
 
@@ -30,7 +31,12 @@ def register_model_clients(register):
 
 
 def is_openrouter(base_url: str) -> bool:
-    return "openrouter.ai" in base_url
+    """True for OpenRouter's API, the one endpoint that understands the ``provider`` routing object."""
+    try:
+        host = urlsplit(base_url).hostname or ""
+    except ValueError:
+        return False
+    return host == "openrouter.ai" or host.endswith(".openrouter.ai")
 
 
 class OpenAIClient(ModelClient):
@@ -66,7 +72,7 @@ class OpenAIClient(ModelClient):
             provider["order"] = list(settings.providers_order)
         if settings.provider_sort:
             provider["sort"] = settings.provider_sort
-        if provider:
+        if provider and is_openrouter(settings.base_url):  # strict OpenAI-compatible servers refuse unknown fields
             body["provider"] = provider
         if settings.reasoning_disabled or settings.reasoning_effort == "none":
             body["reasoning"] = {"enabled": False} if is_openrouter(settings.base_url) else {"effort": "none"}

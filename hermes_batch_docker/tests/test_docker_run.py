@@ -89,6 +89,7 @@ def test_twenty_prompts_run_each_in_the_image_its_row_names(tmp_path, runner, mo
         assert pwd == cwd
         hostnames.add(hostname)
         assert trajectory["metadata"]["sandbox"] == "docker"
+        assert trajectory["metadata"]["image"] == image  # the image actually used, -S image=... included
     assert len(hostnames) == 20  # one container per prompt
     assert all(server.calls_for(row["prompt"]) == 2 for row in rows)
     assert runner.records("failed.jsonl") == []

@@ -240,7 +240,7 @@ class DockerBackend(SandboxBackend):
                 # The thread goes on and may still create the container: remove it when it does.
                 future.add_done_callback(self._remove_orphan)
                 raise
-        sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index)
+        sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image)
         self._open.add(sandbox)
         return sandbox
 

@@ -51,9 +51,12 @@ class _Outcome:
 class DockerSandbox(Sandbox):
     """A container of its own; each command is a ``/bin/sh -c`` exec with the container's environment only."""
 
-    def __init__(self, backend: "DockerBackend", container_id: str, name: str, workdir: str, prompt_index: int):
+    def __init__(
+        self, backend: "DockerBackend", container_id: str, name: str, workdir: str, prompt_index: int, image: str = ""
+    ):
         self.id = container_id
         self.name = name
+        self._image = image
         self.prompt_index = prompt_index
         self._workdir = workdir
         self._backend = backend
@@ -63,6 +66,10 @@ class DockerSandbox(Sandbox):
     @property
     def workdir(self) -> str:
         return self._workdir
+
+    @property
+    def image(self) -> str:
+        return self._image
 
     # --- commands ------------------------------------------------------------------------
 
