@@ -34,7 +34,7 @@ from typing import Iterator, Optional
 import attrs
 
 from . import dataset
-from .runfolder import RunFolder
+from .runfolder import RunFolder, _fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -257,14 +257,6 @@ class _Writers:
         while self.open:
             _name, handle = self.open.popitem(last=False)
             self._close(handle)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _line(data) -> str:

@@ -75,33 +75,31 @@ def _unstructure_tool_call(call: ToolCallRecord) -> dict:
     return {"id": call.id, "name": call.name, "arguments": arguments}
 
 
+def _from_text(value: Any) -> Any:
+    """A field written as JSON text, decoded (None if it is not JSON); older records hold the value itself."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return None
+
+
 def _structure_tool_call(data: Any, _type=None) -> ToolCallRecord:
     arguments = data.get("arguments")
-    if isinstance(arguments, str):
-        # the text of a JSON object reads back as the object; any other text is the raw (invalid) arguments
-        try:
-            parsed = json.loads(arguments)
-        except ValueError:
-            parsed = None
-        arguments = parsed if isinstance(parsed, dict) else arguments
+    parsed = _from_text(arguments)
+    # the text of a JSON object reads back as the object; any other text is the raw (invalid) arguments
+    arguments = parsed if isinstance(parsed, dict) else arguments
     return ToolCallRecord(str(data["id"]), str(data["name"]), arguments)
 
 
 def _structure_row(value: Any, _type=None) -> dict:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value else {}
-        except ValueError:
-            return {}
+    value = _from_text(value)
     return value if isinstance(value, dict) else {}
 
 
 def _structure_invalid_calls(value: Any, _type=None) -> tuple:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value else []
-        except ValueError:
-            return ()
+    value = _from_text(value)
     if isinstance(value, dict):  # before schema 2: an object keyed by tool call id
         value = [{"id": key, **(item if isinstance(item, dict) else {})} for key, item in value.items()]
     if not isinstance(value, list):

@@ -8,6 +8,8 @@
 # No image registry is needed: the images are built locally from busybox-static and fed to
 # `docker import`, so nothing is pulled.
 
+. "$(dirname "${BASH_SOURCE[0]}")/python.sh"  # quietly
+
 HERMES_DOCKERD_LOG=${HERMES_DOCKERD_LOG:-/tmp/hermes-batch-dockerd.log}
 HERMES_TEST_IMAGES=(hermes-batch-test/busybox-a:1 hermes-batch-test/busybox-b:1)
 
@@ -23,22 +25,10 @@ _hb_apt_updated=
 _hb_apt_install() {
     command -v apt-get >/dev/null 2>&1 || return 1
     if [ -z "$_hb_apt_updated" ]; then
-        _hb_quietly _hb_as_root apt-get -o DPkg::Lock::Timeout=600 update -qq || return 1
+        quietly _hb_as_root apt-get -o DPkg::Lock::Timeout=600 update -qq || return 1
         _hb_apt_updated=1
     fi
-    DEBIAN_FRONTEND=noninteractive _hb_quietly _hb_as_root apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$@"
-}
-
-# apt's notes go to stderr even with -qq: keep them (and any output) aside unless the step fails
-_hb_quietly() {
-    local log
-    log=$(mktemp "${TMPDIR:-/tmp}/hermes-batch-docker-setup.XXXXXX") || return 1
-    "$@" >"$log" 2>&1 && { rm -f "$log"; return 0; }
-    local status=$?
-    _hb_say "failed (exit status $status): $*"
-    cat "$log" >&2
-    rm -f "$log"
-    return $status
+    DEBIAN_FRONTEND=noninteractive quietly _hb_as_root apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$@"
 }
 
 # ensure_docker_engine: an engine that answers `docker info`, installed and started if needed.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 
@@ -49,17 +48,7 @@ def records_saved(folder) -> int:
     return lines
 
 
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-
-
-def test_sigkill_then_resume_counts_every_request_the_endpoint_served(tmp_path, runner, model_server, procs):
+def test_sigkill_then_resume_counts_every_request_the_endpoint_served(tmp_path, runner, model_server):
     prompts = [f"task {i}: count the files" for i in range(40)]
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
     stuck = set(prompts[20:28])  # eight prompts whose second request hangs: all eight workers end up waiting there
@@ -70,16 +59,14 @@ def test_sigkill_then_resume_counts_every_request_the_endpoint_served(tmp_path, 
         hang=lambda r: hanging.is_set() and r.prompt in stuck and r.turn == 1,
     )
     proc = runner.spawn(data, "run", *BASE, "--num_workers", "8", server=server)
-    procs.append(proc)
-
-    def waiting_requests():
-        return sum(1 for r in server.requests if r.prompt in stuck and r.turn == 1)
-
-    # every worker waits on a hung request, so no request is on its way: the server saw all that was sent
-    wait_for(lambda: waiting_requests() == 8, 120, "eight requests hanging", proc)
-    proc.kill()
-    proc.communicate(timeout=30)
-    hanging.clear()
+    try:
+        # every worker waits on a hung request, so no request is on its way: the server saw all that was sent
+        wait_for(lambda: sum(r.prompt in stuck and r.turn == 1 for r in server.requests) == 8, 120,
+                 "eight requests hanging", proc)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+        hanging.clear()
     folder = runner.folder()
 
     def served():
