@@ -24,6 +24,7 @@ from hermes_batch.serialization import from_json, to_json_line
 from hermes_batch.testing import Reply
 
 pa_json = pytest.importorskip("pyarrow.json")
+pytestmark = pytest.mark.slow  # a run of 2,900 prompts: a couple of minutes
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 PROMPT_TIMEOUT = 2.0
