@@ -8,13 +8,27 @@ import shlex
 import tomllib
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from conftest import write_dataset
 
+from hermes_batch import plugins
 from hermes_batch.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def without_toolbox(monkeypatch):
+    """As on a machine where hermes-batch-toolbox is not installed (the test environment has it)."""
+    load = plugins._load_entry_points
+
+    def load_all_but_toolbox(pm, strict):
+        pm.set_blocked("toolbox")
+        load(pm, strict)
+
+    monkeypatch.setattr(plugins, "_load_entry_points", load_all_but_toolbox)
 READMES = [ROOT / "README.md", *ROOT.glob("hermes_batch_*/README.md"), *ROOT.glob("plugins/*/README.md")]
 
 
@@ -54,7 +68,7 @@ def test_every_pip_command_that_installs_a_plugin_from_the_checkout_installs_the
     assert checked >= 3
 
 
-def test_the_distribution_listing_names_the_plugin_of_unavailable_toolsets():
+def test_the_distribution_listing_names_the_plugin_of_unavailable_toolsets(without_toolbox):
     result = CliRunner().invoke(cli, ["distributions"])
     assert result.exit_code == 0
     assert result.output.count("hermes-batch-toolbox provides") == 1
@@ -65,7 +79,7 @@ def test_the_distribution_listing_names_the_plugin_of_unavailable_toolsets():
         ["web", "vision", "image_gen", "moa", "browser"], "hermes-batch-toolbox")
 
 
-def test_a_run_says_once_which_plugin_provides_the_missing_toolsets(runner, model_server, tmp_path):
+def test_a_run_says_once_which_plugin_provides_the_missing_toolsets(runner, model_server, tmp_path, without_toolbox):
     runner.server = model_server()
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(6)])
     result = runner.invoke(data, "run", "--distribution", "default")
