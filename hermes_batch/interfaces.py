@@ -136,6 +136,7 @@ class ModelClient(abc.ABC):
         """
         other = type(self)(attrs.evolve(self.settings, model=model))
         other._limiter = self.limiter
+        other.journal = self.journal  # its requests are the run's requests
         return other
 
     async def aclose(self) -> None:
@@ -282,10 +283,15 @@ class ToolContext:
             raise LookupError(f"No toolset sessions in this context, so none for {toolset!r}.")
         return self.toolsets.session(toolset)
 
-    def report_usage(self, usage: Usage) -> None:
-        """Count a model call the tool made (tokens, cost) in the prompt's usage."""
+    def report_usage(self, usage: Usage, *, journaled: bool = False) -> None:
+        """Count a model call the tool made (tokens, cost) in the prompt's usage and the run's totals.
+
+        Pass ``journaled=True`` when the call went through a ModelClient of the
+        run (the tool's ``model.client`` or its ``for_model``): the run's call
+        journal already counted it as a request, so only the prompt's usage grows.
+        """
         if self.toolsets is not None:
-            self.toolsets.report_usage(usage)
+            self.toolsets.report_usage(usage, journaled=journaled)
 
 
 class Tool(abc.ABC):

@@ -48,6 +48,7 @@ class CallJournal:
         if dropped:
             log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", self.path, dropped)
         self._file = open(self.path, "a", encoding="utf-8")
+        self.cost: Optional[float] = None  # reported cost of what this session journaled, for --max_cost
         if new:
             self._write({"event": "journal", "first_session": session})
 
@@ -58,6 +59,17 @@ class CallJournal:
     def sent(self) -> None:
         """A request is about to go out."""
         self._write({"event": "sent", "session": self.session, "prompt_index": current_prompt.get()})
+
+    def tool_usage(self, usage: Usage) -> None:
+        """A tool made a model call of its own (vision, mixture of agents): its tokens and cost count too."""
+        entry = {"event": "usage", "session": self.session, "prompt_index": current_prompt.get()}
+        self._count(usage)
+        entry.update(_usage_fields(usage))
+        self._write(entry)
+
+    def _count(self, usage: Usage) -> None:
+        if usage.cost is not None:
+            self.cost = (self.cost or 0.0) + usage.cost
 
     def done(self, call: CallRecord, usage: Optional[Usage]) -> None:
         """A request ended: answered (``usage`` given), refused, or cut off without an answer."""
@@ -70,14 +82,8 @@ class CallJournal:
             "latency_s": call.latency_s,
         }
         if usage is not None:
-            entry.update(
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                reasoning_tokens=usage.reasoning_tokens,
-                cached_tokens=usage.cached_tokens,
-            )
-            if usage.cost is not None:
-                entry["cost"] = usage.cost
+            self._count(usage)
+            entry.update(_usage_fields(usage))
         self._write(entry)
 
     async def complete(self, client, messages: tuple, tools: tuple, calls: Optional[list]) -> ModelResponse:
@@ -104,6 +110,19 @@ class CallJournal:
         """Close the file; safe to call more than once."""
         if not self._file.closed:
             self._file.close()
+
+
+def _usage_fields(usage: Usage) -> dict:
+    """The journal's fields for ``usage``; the cost only when the endpoint reported one."""
+    fields = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+        "cached_tokens": usage.cached_tokens,
+    }
+    if usage.cost is not None:
+        fields["cost"] = usage.cost
+    return fields
 
 
 @attrs.define
@@ -173,6 +192,7 @@ def read_journal(path) -> JournalTotals:
                     totals.errors_by_provider[provider] += 1
                 if status == 429:
                     totals.rate_limited += 1
+            if event in ("done", "usage"):  # "usage": a model call a tool made, counted in tokens and cost only
                 cost = entry.get("cost")
                 usage = usage + Usage(
                     entry.get("prompt_tokens", 0), entry.get("completion_tokens", 0),
@@ -182,7 +202,7 @@ def read_journal(path) -> JournalTotals:
                 if isinstance(cost, (int, float)):
                     session = entry.get("session", 0)
                     totals.cost_by_session[session] = totals.cost_by_session.get(session, 0.0) + cost
-            elif event == "journal" and totals.first_session is None:
+            if event == "journal" and totals.first_session is None:
                 totals.first_session = entry.get("first_session")
     totals.usage = usage
     unanswered = totals.unanswered

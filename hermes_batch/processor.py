@@ -64,8 +64,10 @@ class PromptProcessor:
         await self.backend.prepare_image(row.image)  # shared by every prompt of the image, so not on its clock
         sandbox = None
 
-        def count_usage(usage):  # model calls made by tools count in the prompt's usage
+        def count_usage(usage, journaled):  # model calls made by tools count in the prompt's usage and the run's
             state.usage = state.usage + usage
+            if not journaled and self.client.journal is not None:
+                self.client.journal.tool_usage(usage)
 
         sessions = PromptToolsets({n: self.runtimes[n] for n in job.toolsets if n in self.runtimes}, count_usage)
         try:

@@ -117,6 +117,7 @@ class Run:
         self.batch_logs: dict[int, AppendLog] = {}
         self.completed_batches: set[int] = set()
         self.budget_reached = False
+        self.journal: Optional[CallJournal] = None  # calls.jsonl, opened with the run folder
         self.client = None
         self.previous_cost = 0.0
         self._recording: set = set()  # outcomes being written
@@ -302,7 +303,9 @@ class Run:
         return RunResult(status, statistics)
 
     def _cost_so_far(self) -> float:
-        return self.previous_cost + (self.client.limiter.cost or 0.0)
+        # the journal counts every request of this session and the model calls tools made on other endpoints
+        journaled = self.journal.cost if self.journal is not None else None
+        return self.previous_cost + (journaled or 0.0)
 
     def _over_budget(self) -> bool:
         return self.config.max_cost is not None and self._cost_so_far() >= self.config.max_cost

@@ -72,7 +72,7 @@ def describe_config(config: Any) -> dict:
 class PromptToolsets:
     """The toolset sessions of one prompt: each created at its first use, all closed when the prompt ends."""
 
-    def __init__(self, runtimes: Mapping[str, ToolsetRuntime], on_usage: Optional[Callable[[Usage], None]] = None):
+    def __init__(self, runtimes: Mapping[str, ToolsetRuntime], on_usage: Optional[Callable[[Usage, bool], None]] = None):
         self._runtimes = runtimes
         self._sessions: dict[str, ToolsetSession] = {}
         self._on_usage = on_usage
@@ -86,9 +86,9 @@ class PromptToolsets:
             session = self._sessions[toolset] = runtime.session()
         return session
 
-    def report_usage(self, usage: Usage) -> None:
+    def report_usage(self, usage: Usage, journaled: bool = False) -> None:
         if self._on_usage is not None:
-            self._on_usage(usage)
+            self._on_usage(usage, journaled)
 
     async def aclose(self) -> None:
         """Close every session that was opened; a failing close is logged, never raised."""

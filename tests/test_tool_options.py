@@ -153,6 +153,10 @@ def test_options_reach_the_toolset_and_its_sessions_close_with_each_prompt(tmp_p
         assert "Journal: hello" in result_turn["value"] and f'"key_length": {len(SECRET)}' in result_turn["value"]
         # the tool's own model call counts in the prompt's usage
         assert traj["metadata"]["usage"]["cost"] >= 0.5 and traj["metadata"]["usage"]["prompt_tokens"] >= 1000
+    # ... and in the run's totals, which come from the call journal
+    stats = json.loads((tmp_path / "out" / "notes" / "statistics.json").read_text())
+    assert stats["cost"] == pytest.approx(sum(t["metadata"]["usage"]["cost"] for t in trajectories))
+    assert stats["cost"] >= 3 * 0.5 and stats["tokens"]["prompt"] >= 3 * 1000
     run_json = json.loads((tmp_path / "out" / "notes" / "run.json").read_text())
     assert run_json["config"]["tool_options"] == {"notes": {"label": "Journal", "api_key_env": "HB_NOTES_KEY"}}
     assert run_json["toolsets"]["notes"] == {"options": {"label": "Journal", "api_key_env": "HB_NOTES_KEY", "delay": 0.0},

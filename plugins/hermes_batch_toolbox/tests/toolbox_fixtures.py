@@ -59,7 +59,7 @@ class Toolsets:
         return runtime
 
     def context(self, sandbox, **runtimes) -> ToolContext:
-        def count(usage):
+        def count(usage, journaled=False):
             self.usage = self.usage + usage
 
         return ToolContext(sandbox, command_timeout=30, toolsets=PromptToolsets(runtimes, count))
