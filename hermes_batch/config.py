@@ -15,6 +15,7 @@ DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 PROVIDER_SORTS = ("price", "throughput", "latency")
+HTTP_BACKENDS = ("aiohttp", "httpx")
 
 
 @attrs.frozen
@@ -66,6 +67,7 @@ class RunConfig:
     max_tokens_per_minute: Optional[float] = None
     max_cost: Optional[float] = None  # USD; stop starting prompts once the run's reported cost reaches it
     preflight: bool = True
+    http_backend: str = "aiohttp"  # the SDKs' transport; httpx for proxies and TLS setups aiohttp does not handle
 
     def __attrs_post_init__(self):
         for name in ("batch_size", "max_turns", "num_workers"):
@@ -81,6 +83,8 @@ class RunConfig:
             raise UsageError(f"--reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}.")
         if self.provider_sort is not None and self.provider_sort not in PROVIDER_SORTS:
             raise UsageError(f"--provider_sort must be one of {', '.join(PROVIDER_SORTS)}.")
+        if self.http_backend not in HTTP_BACKENDS:
+            raise UsageError(f"--http_backend must be one of {', '.join(HTTP_BACKENDS)}.")
         if self.resume and self.overwrite:
             raise UsageError("--resume and --overwrite contradict each other; pass one of them.")
         for name in ("request_timeout", "prompt_timeout", "max_requests_per_minute", "max_tokens_per_minute"):

@@ -49,6 +49,7 @@ class ModelSettings:
     max_concurrent_requests: Optional[int] = None  # starting limit of calls in flight; None: no limit until a 429
     max_requests_per_minute: Optional[float] = None
     max_tokens_per_minute: Optional[float] = None
+    http_backend: str = "aiohttp"  # transport under the SDKs: "aiohttp", or "httpx" for its proxy and TLS handling
 
 
 # The probe sent by ModelClient.preflight; the scripted test server answers it without calling the script.

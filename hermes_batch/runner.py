@@ -487,6 +487,7 @@ class Run:
             request_timeout=cfg.request_timeout,
             max_concurrent_requests=cfg.max_concurrent_requests or cfg.num_workers,
             max_requests_per_minute=cfg.max_requests_per_minute, max_tokens_per_minute=cfg.max_tokens_per_minute,
+            http_backend=cfg.http_backend,
         )
 
     def _agent_settings(self) -> AgentSettings:

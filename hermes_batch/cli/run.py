@@ -15,6 +15,7 @@ import click
 from ..config import (
     DEFAULT_BASE_URL,
     DEFAULT_MODEL,
+    HTTP_BACKENDS,
     PROVIDER_SORTS,
     REASONING_EFFORTS,
     RunConfig,
@@ -129,6 +130,7 @@ def _setup_logging(verbose: bool) -> None:
 @_opt("max_requests_per_minute", type=float, default=None, help="Budget of model requests per minute [default: none].")
 @_opt("max_tokens_per_minute", type=float, default=None, help="Budget of prompt + completion tokens per minute [default: none].")
 @_opt("max_cost", type=float, default=None, help="Stop starting new prompts once the run's reported cost (USD, across resumes) reaches this [default: none].")
+@_opt("http_backend", type=click.Choice(HTTP_BACKENDS), default="aiohttp", help="HTTP transport of the model SDKs; httpx for SOCKS proxies, HTTP/2 or a proxy/TLS setup that aiohttp does not handle.")
 @_opt("no_preflight", is_flag=True, help="Skip the one minimal request that checks endpoint, key and model before the run.")
 @click.option("--progress/--no-progress", default=None, help="Live progress display [default: when stderr is a terminal].")
 @_opt("list_distributions", is_flag=True, is_eager=True, expose_value=False, callback=_list_distributions, help="Print the distributions and exit.")
@@ -186,6 +188,7 @@ def run_command(**options):
         max_tokens_per_minute=options["max_tokens_per_minute"],
         max_cost=options["max_cost"],
         preflight=not options["no_preflight"],
+        http_backend=options["http_backend"],
     )
     sys.exit(execute(config))
 

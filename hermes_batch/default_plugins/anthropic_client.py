@@ -23,6 +23,7 @@ import attrs
 import hermes_batch
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
 from hermes_batch.interfaces import ModelClient, ModelSettings
+from hermes_batch.model_http import WireCache, http_client, json_array, json_bytes, transport_error_text
 from hermes_batch.reasoning import split_inline_reasoning
 from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
 from hermes_batch.retry import RETRYABLE_STATUS, api_error_text, choose_reset_wait, retry_after_seconds
@@ -111,44 +112,57 @@ class AnthropicClient(ModelClient):
         import anthropic
 
         self._sdk = anthropic
+        from anthropic.types import Message as AnthropicMessage
+
+        self._response_type = AnthropicMessage
         # The SDK's own retries know nothing of our run-wide stop on auth errors.
         self._client = anthropic.AsyncAnthropic(
             api_key=api_key,
             base_url=sdk_base_url(settings.base_url),
             max_retries=0,
             timeout=settings.request_timeout,
+            http_client=http_client(anthropic, settings),
         )
         self._budget, self._max_tokens = thinking_limits(settings)
         self._provider = "Anthropic" if is_anthropic_url(settings.base_url) else None
+        # The parts of every body that do not change during the run, serialized once, in create()'s order.
+        self._body_head = b'{"max_tokens":' + json_bytes(self._max_tokens) + b',"messages":'
+        self._model = b',"model":' + json_bytes(settings.model)
+        self._thinking = (
+            b',"thinking":' + json_bytes({"type": "enabled", "budget_tokens": self._budget}) if self._budget is not None else b""
+        )
+        self._options = {"timeout": settings.request_timeout}  # as create() was given it
+        self._part_json = WireCache(_part_json)
+        self._tool_json = WireCache(lambda t: json_bytes({"name": t.name, "description": t.description, "input_schema": t.parameters}))
 
     @classmethod
     def handles_base_url(cls, base_url: str) -> bool:
         return is_anthropic_url(base_url)
 
-    def _request(self, messages, tools) -> dict:
-        system, wire = to_wire(messages)
-        kwargs: dict[str, Any] = {
-            "model": self.settings.model,
-            "messages": wire,
-            "max_tokens": self._max_tokens,
-            "timeout": self.settings.request_timeout,
-        }
+    def _request(self, messages, tools) -> bytes:
+        """The JSON body of a Messages API call: only messages new since the last turn are serialized."""
+        system, items = _group(map(self._part_json, messages))
+        wire = (b'{"role":"user","content":' + json_array(item) + b"}" if isinstance(item, list) else item for item in items)
+        parts = [self._body_head, json_array(wire), self._model]
         if system:
-            kwargs["system"] = system
+            parts += [b',"system":', json_bytes("\n\n".join(system))]
+        parts.append(self._thinking)
         if tools:
-            kwargs["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools]
-        if self._budget is not None:
-            kwargs["thinking"] = {"type": "enabled", "budget_tokens": self._budget}
-        return kwargs
+            parts += [b',"tools":', json_array(map(self._tool_json, tools))]
+        parts.append(b"}")
+        return b"".join(parts)
 
     async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
         try:
-            response = await self._client.messages.create(**self._request(messages, tools))
+            # post() rather than messages.create(): our body as it is, the SDK's auth, base URL, timeouts and errors.
+            response = await self._client.post(
+                "/v1/messages", cast_to=self._response_type, content=self._request(messages, tools), options=self._options
+            )
         except self._sdk.APIStatusError as exc:
             raise self._classify(exc) from exc
         except (self._sdk.APITimeoutError, self._sdk.APIConnectionError) as exc:
             raise RetryableModelError(
-                f"The Anthropic endpoint at {self.settings.base_url} could not be reached: {exc}"
+                f"The Anthropic endpoint at {self.settings.base_url} could not be reached: {transport_error_text(exc)}"
             ) from exc
         return from_wire(response, self._provider)
 
@@ -240,6 +254,43 @@ def _assistant_content(message: Message) -> Any:
     return blocks or message.content
 
 
+def _wire_part(message: Message) -> tuple[str, Any]:
+    """What ``message`` adds to a request: ("system", text), ("tool", tool_result block) or ("message", message)."""
+    if message.role == "system":
+        return "system", message.content
+    if message.role == "tool":
+        return "tool", _tool_result(message)
+    if message.role == "assistant":
+        return "message", {"role": "assistant", "content": _assistant_content(message)}
+    return "message", {"role": "user", "content": message.content}
+
+
+def _part_json(message: Message) -> tuple[str, Any]:
+    kind, value = _wire_part(message)
+    return kind, value if kind == "system" else json_bytes(value)
+
+
+def _group(parts) -> tuple[list, list]:
+    """(system texts, messages), each run of tool results gathered into one list: the user message that carries them."""
+    system: list = []
+    items: list = []
+    results = None
+    for kind, value in parts:
+        if kind == "tool":
+            if results is None:
+                results = []
+                items.append(results)
+            results.append(value)
+            continue
+        results = None
+        if kind == "system":
+            if value:
+                system.append(value)
+        else:
+            items.append(value)
+    return system, items
+
+
 def to_wire(messages) -> tuple[str, list]:
     """(system prompt, Messages API messages) for a conversation.
 
@@ -247,25 +298,8 @@ def to_wire(messages) -> tuple[str, list]:
     follow one assistant turn become one user message of ``tool_result`` blocks,
     in order.
     """
-    system: list[str] = []
-    wire: list[dict] = []
-    results: list[dict] = []
-    for message in messages:
-        if message.role == "tool":
-            results.append(_tool_result(message))
-            continue
-        if results:
-            wire.append({"role": "user", "content": results})
-            results = []
-        if message.role == "system":
-            if message.content:
-                system.append(message.content)
-        elif message.role == "assistant":
-            wire.append({"role": "assistant", "content": _assistant_content(message)})
-        else:
-            wire.append({"role": "user", "content": message.content})
-    if results:
-        wire.append({"role": "user", "content": results})
+    system, items = _group(map(_wire_part, messages))
+    wire = [{"role": "user", "content": item} if isinstance(item, list) else item for item in items]
     return "\n\n".join(system), wire
 
 

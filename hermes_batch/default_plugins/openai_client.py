@@ -9,10 +9,12 @@ from typing import Any, Optional
 from urllib.parse import urlsplit
 
 import openai
+from openai.types.chat import ChatCompletion
 
 import hermes_batch
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
 from hermes_batch.interfaces import ModelClient, ModelSettings
+from hermes_batch.model_http import WireCache, http_client, json_array, json_bytes, json_fields, transport_error_text
 from hermes_batch.reasoning import extract_reasoning
 from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
 from hermes_batch.retry import RETRYABLE_STATUS, api_error_text, rate_limit_reset_seconds, retry_after_seconds
@@ -23,6 +25,8 @@ _CONTEXT_TOO_LONG = re.compile(r"context.{0,20}(length|window)|maximum context|t
 # OpenRouter answers an unknown model with 400, not 404
 _UNKNOWN_MODEL = re.compile(r"not a valid model|model\b[^.]{0,80}\b(not found|does not exist)|unknown model|no such model", re.I)
 _CONTENT_FILTERED = re.compile(r"content[ _-]?(filter|management policy)", re.I)
+# What create() passes: the bearer key only.
+_OPTIONS = {"security": {"bearer_auth": True}}
 
 
 @hermes_batch.hookimpl
@@ -53,8 +57,15 @@ class OpenAIClient(ModelClient):
             base_url=settings.base_url,
             max_retries=0,
             timeout=settings.request_timeout,
+            http_client=http_client(openai, settings),
         )
         self._extra_body = self._routing_body(settings)
+        # The parts of every body that do not change during the run, serialized once, in create()'s order.
+        self._body_head = b'{"model":' + json_bytes(settings.model) + b',"messages":'
+        self._max_tokens = b',"max_tokens":' + json_bytes(settings.max_tokens) if settings.max_tokens else b""
+        self._body_tail = json_fields(self._extra_body)
+        self._message_json = WireCache(lambda message: json_bytes(_to_wire(message)))
+        self._tool_json = WireCache(lambda tool: json_bytes(_tool_to_wire(tool)))
 
     @classmethod
     def handles_base_url(cls, base_url: str) -> bool:
@@ -82,30 +93,26 @@ class OpenAIClient(ModelClient):
             body["usage"] = {"include": True}  # OpenRouter's usage accounting: cost and cached tokens per call
         return body
 
-    def _request(self, messages, tools) -> dict:
-        kwargs: dict[str, Any] = {
-            "model": self.settings.model,
-            "messages": [_to_wire(m) for m in messages],
-        }
+    def _request(self, messages, tools) -> bytes:
+        """The JSON body of a chat completion: only messages new since the last turn are serialized."""
+        parts = [self._body_head, json_array(map(self._message_json, messages)), self._max_tokens]
         if tools:
-            kwargs["tools"] = [
-                {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
-                for t in tools
-            ]
-        if self.settings.max_tokens:
-            kwargs["max_tokens"] = self.settings.max_tokens
-        if self._extra_body:
-            kwargs["extra_body"] = self._extra_body
-        return kwargs
+            parts += [b',"tools":', json_array(map(self._tool_json, tools))]
+        parts.append(self._body_tail)
+        return b"".join(parts)
 
     async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
         try:
-            response = await self._client.chat.completions.create(**self._request(messages, tools))
+            # The SDK's create() would re-validate the whole conversation on every call; post() sends our
+            # body with the SDK's auth, base URL, timeouts and errors, and parses the answer into its types.
+            response = await self._client.post(
+                "/chat/completions", cast_to=ChatCompletion, content=self._request(messages, tools), options=_OPTIONS
+            )
         except openai.APIStatusError as exc:
             raise self._classify(exc) from exc
         except (openai.APITimeoutError, openai.APIConnectionError) as exc:
             raise RetryableModelError(
-                f"The model endpoint at {self.settings.base_url} could not be reached: {exc}"
+                f"The model endpoint at {self.settings.base_url} could not be reached: {transport_error_text(exc)}"
             ) from exc
         return _from_wire(response)
 
@@ -161,6 +168,10 @@ def _error_provider(exc: openai.APIStatusError) -> Optional[str]:
     metadata = _error_field(exc).get("metadata")
     name = metadata.get("provider_name") if isinstance(metadata, dict) else None
     return name if isinstance(name, str) else None
+
+
+def _tool_to_wire(tool: ToolSpec) -> dict:
+    return {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}
 
 
 def _to_wire(message: Message) -> dict:
