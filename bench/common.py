@@ -37,16 +37,17 @@ def write_prompts(path: Path, count: int, **extra) -> Path:
     return path
 
 
-def measure_run(args: list[str]) -> dict:
-    """Run ``hermes-batch`` as a child; wall time, CPU of its whole process tree, peak RSS."""
+def measure_run(args: list[str], *, module: str | None = "hermes_batch", env: dict | None = None) -> dict:
+    """Run ``python -m module args`` (``python args`` without a module) as a child; wall time, CPU of its whole process tree, peak RSS."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "hermes_batch", *args], capture_output=True, text=True)
+    command = [sys.executable, *(["-m", module] if module else []), *args]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"hermes-batch exited with {proc.returncode}")
+        raise SystemExit(f"{' '.join(command[:4])} exited with {proc.returncode}")
     return {
         "wall_s": wall,
         "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
