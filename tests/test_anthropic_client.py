@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from conftest import API_KEY, write_dataset
 
 from hermes_batch.cli import cli
-from hermes_batch.config import resolve_api_key
+from hermes_batch.config import HTTP_BACKENDS, resolve_api_key
 from hermes_batch.default_plugins.anthropic_client import (
     AnthropicClient,
     from_wire,
@@ -274,6 +274,7 @@ def _rfc3339(seconds_from_now: float) -> str:
     return moment.isoformat().replace("+00:00", "Z")
 
 
+@pytest.mark.parametrize("http_backend", HTTP_BACKENDS)
 @pytest.mark.parametrize(
     "reply, error, check",
     [
@@ -287,10 +288,10 @@ def _rfc3339(seconds_from_now: float) -> str:
          lambda e: type(e) is ModelCallError and "input_schema is invalid" in str(e)),
     ],
 )
-async def test_send_raises_the_typed_error_of_each_status(reply, error, check):
+async def test_send_raises_the_typed_error_of_each_status(reply, error, check, http_backend):
     async with ScriptedModelServer(lambda r: reply) as server:
         with pytest.raises(error) as caught:
-            await _send(server)
+            await _send(server, http_backend=http_backend)
     assert check(caught.value) if callable(check) else check in str(caught.value)
 
 
@@ -316,11 +317,13 @@ async def test_rate_limit_reset_headers_give_the_wait_when_there_is_no_retry_aft
     assert 25 < caught.value.retry_after <= 30
 
 
-async def test_nothing_listening_is_retryable():
+@pytest.mark.parametrize("http_backend", HTTP_BACKENDS)
+async def test_nothing_listening_is_retryable(http_backend):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    client = AnthropicClient(ModelSettings(model="m", base_url=f"http://127.0.0.1:{port}", api_key="k"))
+    settings = ModelSettings(model="m", base_url=f"http://127.0.0.1:{port}", api_key="k", http_backend=http_backend)
+    client = AnthropicClient(settings)
     try:
         with pytest.raises(RetryableModelError, match="could not be reached"):
             await client.send((Message("user", "q"),), ())

@@ -19,6 +19,7 @@ import conftest
 from conftest import write_dataset
 
 from hermes_batch import agent
+from hermes_batch.config import HTTP_BACKENDS
 from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend
 from hermes_batch.default_plugins.openai_client import OpenAIClient
 from hermes_batch.errors import ModelEndpointError, RetryableModelError, SandboxError
@@ -80,13 +81,17 @@ PREFLIGHT_FAILURES = {
 }
 
 
+@pytest.mark.parametrize("http_backend", HTTP_BACKENDS)
 @pytest.mark.parametrize("case", PREFLIGHT_FAILURES)
-def test_preflight_failures_exit_2_before_any_sandbox_or_run_folder(case, model_server, runner, tmp_path, sandbox_starts):
+def test_preflight_failures_exit_2_before_any_sandbox_or_run_folder(
+    case, http_backend, model_server, runner, tmp_path, sandbox_starts
+):
     options, words = PREFLIGHT_FAILURES[case]
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(20)])
     server = model_server(**options) if options is not None else None
     base_url = server.base_url if server else f"http://127.0.0.1:{_free_port()}/v1"
-    result = runner.invoke(dataset, "run", "--base_url", base_url, "--num_workers", "4", "--max_retries", "1")
+    result = runner.invoke(dataset, "run", "--base_url", base_url, "--num_workers", "4", "--max_retries", "1",
+                           "--http_backend", http_backend)
     assert result.exit_code == 2, result.output
     message = result.stderr.strip().splitlines()[-1]
     assert message.startswith("Error: ")

@@ -1,0 +1,446 @@
+"""How the model clients talk HTTP: the aiohttp and httpx transports, bodies we build, connections.
+
+The bodies the clients assemble from cached fragments are compared byte for
+byte with what the SDKs' own ``create()`` sends, and whole runs with the way
+the clients sent before (``create()`` on httpx).  Faults a transport must turn
+into retries (dropped connections, a response cut short, a hung request, 429s
+and 5xx with their headers) run through both transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import re
+import socket
+import threading
+
+import anthropic
+import openai
+import pytest
+from aiohttp import web
+from conftest import write_dataset
+
+from hermes_batch.config import HTTP_BACKENDS, RunConfig
+from hermes_batch.default_plugins import anthropic_client, openai_client
+from hermes_batch.default_plugins.anthropic_client import AnthropicClient
+from hermes_batch.default_plugins.openai_client import OpenAIClient
+from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError, UsageError
+from hermes_batch.interfaces import ModelSettings
+from hermes_batch.model_http import WireCache
+from hermes_batch.records import Message, ToolCall, ToolSpec
+from hermes_batch.testing import ErrorRule, Reply, ScriptedModelServer, ToolLoopScript
+from hermes_batch.testing.fixtures import TEST_API_KEY
+
+TOOLS = (
+    ToolSpec("terminal", "Run a command ☃.", {"type": "object", "properties": {"command": {"type": "string"}},
+                                               "required": ["command"]}),
+    ToolSpec("read_file", "Read a file.", {"type": "object", "properties": {"path": {"type": "string"}}}),
+)
+CALLS = (
+    ToolCall("c1", "terminal", {"command": "printf 'a\\tb' | wc -c"}, '{"command": "printf \'a\\\\tb\' | wc -c"}'),
+    ToolCall("c2", "read_file", None, '{"path": '),  # not valid JSON: sent back as it came
+)
+CONVERSATION = (
+    Message("system", "Be brief. Ünïcode, \u2028 line separator, \x00 NUL."),
+    Message("user", "Count the bytes 🙂 of a\tb"),
+    Message("assistant", "", reasoning="Let me think.", tool_calls=CALLS,
+            provider_data=[{"type": "reasoning.text", "text": "Let me think.", "signature": "sig=="}]),
+    Message("tool", json.dumps({"output": "3\n", "exit_code": 0}), tool_call_id="c1", name="terminal"),
+    Message("tool", json.dumps({"error": "Invalid arguments"}), tool_call_id="c2", name="read_file"),
+    Message("assistant", "It is 3 bytes.", reasoning="Done."),
+    Message("user", "Thanks"),
+)
+
+
+@pytest.fixture(params=HTTP_BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+# --- the body we build is the body create() sends ----------------------------------------------------------
+
+
+class CaptureServer:
+    """A bare HTTP endpoint that keeps each raw request body and answers with a fixed response."""
+
+    def __init__(self, answers: dict):
+        self.bodies: list[bytes] = []
+        self._answers = answers
+
+    async def __aenter__(self) -> "CaptureServer":
+        app = web.Application()
+        for path, answer in self._answers.items():
+            app.router.add_post(path, self._handler(answer))
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    def _handler(self, answer):
+        async def handle(request):
+            self.bodies.append(await request.read())
+            return web.json_response(answer)
+
+        return handle
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self._runner.cleanup()
+
+
+OPENAI_ANSWER = {"id": "c", "object": "chat.completion", "created": 1, "model": "m", "usage": None, "choices": [
+    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}]}
+ANTHROPIC_ANSWER = {"id": "m", "type": "message", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+                    "content": [{"type": "text", "text": "ok"}], "usage": {"input_tokens": 1, "output_tokens": 1}}
+
+
+@pytest.mark.parametrize("base_url, settings", [
+    ("http://x/v1", dict(max_tokens=100, reasoning_effort="high", providers_order=("a", "b"))),
+    ("https://openrouter.ai/api/v1", dict(reasoning_disabled=True, providers_allowed=("a",), provider_sort="price")),
+    ("http://x/v1", dict()),
+])
+async def test_openai_bodies_are_byte_for_byte_what_create_sends(base_url, settings):
+    async with CaptureServer({"/v1/chat/completions": OPENAI_ANSWER}) as server:
+        client = OpenAIClient(ModelSettings("some/model", server.url + "/v1", api_key="k", **settings))
+        # the routing fields depend on the URL the user gave, not on where this test sends
+        client._extra_body = OpenAIClient._routing_body(ModelSettings("some/model", base_url, **settings))
+        client._body_tail = openai_client.json_fields(client._extra_body)
+        try:
+            for conversation, tools in ((CONVERSATION[:2], TOOLS), (CONVERSATION, TOOLS), (CONVERSATION, ())):
+                await client.send(conversation, tools)
+                create = {"model": "some/model", "messages": [openai_client._to_wire(m) for m in conversation]}
+                if settings.get("max_tokens"):
+                    create["max_tokens"] = settings["max_tokens"]
+                if tools:
+                    create["tools"] = [openai_client._tool_to_wire(t) for t in tools]
+                await client._client.chat.completions.create(**create, extra_body=client._extra_body)
+                ours, sdks = server.bodies[-2:]
+                assert ours == sdks
+        finally:
+            await client.aclose()
+
+
+@pytest.mark.parametrize("settings", [dict(max_tokens=20000, reasoning_effort="low"), dict(reasoning_disabled=True)])
+async def test_anthropic_bodies_are_byte_for_byte_what_create_sends(settings):
+    thinking_turn = Message("assistant", "", tool_calls=CALLS[:1], provider_data={"anthropic_content": [
+        {"type": "thinking", "thinking": "Hmm.", "signature": "c2lnbmF0dXJl"},
+        {"type": "tool_use", "id": "c1", "name": "terminal", "input": {"command": "ls", "n": [1, 2.5, None, True]}},
+    ]})
+    conversation = CONVERSATION[:2] + (thinking_turn,) + CONVERSATION[3:]
+    async with CaptureServer({"/v1/messages": ANTHROPIC_ANSWER}) as server:
+        client = AnthropicClient(ModelSettings("claude-x", server.url, api_key="k", **settings))
+        try:
+            for messages, tools in ((conversation[:2], TOOLS), (conversation, TOOLS), (conversation[1:], ())):
+                await client.send(messages, tools)
+                system, wire = anthropic_client.to_wire(messages)
+                create = {"model": "claude-x", "messages": wire, "max_tokens": client._max_tokens,
+                          "timeout": client.settings.request_timeout}
+                if system:
+                    create["system"] = system
+                if tools:
+                    create["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters}
+                                       for t in tools]
+                if client._budget is not None:
+                    create["thinking"] = {"type": "enabled", "budget_tokens": client._budget}
+                await client._client.messages.create(**create)
+                ours, sdks = server.bodies[-2:]
+                assert ours == sdks
+        finally:
+            await client.aclose()
+
+
+def test_each_message_is_serialized_once_across_the_turns_of_a_session(monkeypatch):
+    converted = []
+    to_wire = openai_client._to_wire
+    monkeypatch.setattr(openai_client, "_to_wire", lambda m: converted.append(m) or to_wire(m))
+    client = OpenAIClient(ModelSettings("m", "http://127.0.0.1:9/v1"))
+    for turn in range(2, len(CONVERSATION) + 1):
+        body = json.loads(client._request(CONVERSATION[:turn], TOOLS))
+        assert body["messages"] == [to_wire(m) for m in CONVERSATION[:turn]]
+    assert converted == list(CONVERSATION)
+
+
+def test_the_cache_forgets_a_message_once_nothing_else_holds_it():
+    cache = WireCache(lambda m: m.content.encode())
+    kept = Message("user", "kept")
+    session = [Message("user", f"turn {i}") for i in range(50)]
+    assert [cache(m) for m in (kept, *session)] == [b"kept"] + [f"turn {i}".encode() for i in range(50)]
+    del session
+    gc.collect()
+    assert len(cache) == 1
+    # a new object that happens to get a freed id is converted afresh, never given another's form
+    assert [cache(Message("user", f"new {i}")) for i in range(50)] == [f"new {i}".encode() for i in range(50)]
+    assert cache(kept) == b"kept"
+
+
+# --- whole runs: the same requests and records as before ------------------------------------------------------
+
+_VARIES = re.compile(r'"(timestamp|duration_s|latency_s)":("[^"]*"|[0-9.e+-]+)')
+
+
+def _masked(runner, run_name) -> list[str]:
+    lines = (runner.folder(run_name) / "trajectories.jsonl").read_text().splitlines()
+    return [_VARIES.sub(r'"\1":0', line) for line in lines]
+
+
+async def _openai_send_through_create(self, messages, tools):
+    """How OpenAIClient sent before it built its own bodies (with --http_backend httpx: the old transport)."""
+    kwargs = {"model": self.settings.model, "messages": [openai_client._to_wire(m) for m in messages]}
+    if tools:
+        kwargs["tools"] = [openai_client._tool_to_wire(t) for t in tools]
+    if self.settings.max_tokens:
+        kwargs["max_tokens"] = self.settings.max_tokens
+    try:
+        response = await self._client.chat.completions.create(**kwargs, extra_body=self._extra_body or None)
+    except openai.APIStatusError as exc:
+        raise self._classify(exc) from exc
+    return openai_client._from_wire(response)
+
+
+async def _anthropic_send_through_create(self, messages, tools):
+    """How AnthropicClient sent before it built its own bodies."""
+    system, wire = anthropic_client.to_wire(messages)
+    kwargs = {"model": self.settings.model, "messages": wire, "max_tokens": self._max_tokens,
+              "timeout": self.settings.request_timeout}
+    if system:
+        kwargs["system"] = system
+    if tools:
+        kwargs["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools]
+    if self._budget is not None:
+        kwargs["thinking"] = {"type": "enabled", "budget_tokens": self._budget}
+    try:
+        response = await self._client.messages.create(**kwargs)
+    except anthropic.APIStatusError as exc:
+        raise self._classify(exc) from exc
+    return anthropic_client.from_wire(response, self._provider)
+
+
+@pytest.mark.parametrize("client_name", ["openai", "anthropic"])
+def test_a_run_sends_the_same_requests_and_writes_the_same_records_as_through_create(
+    client_name, model_server, runner, tmp_path, monkeypatch
+):
+    prompts = [{"prompt": f"Task {i}: count to {i} ✓"} for i in range(4)]
+    dataset = write_dataset(tmp_path / "prompts.jsonl", prompts)
+    script = dict(tool_calls=2, calls_per_turn=2, command="echo {prompt_hash}-{turn}-{call}")
+    options = ["--num_workers", "1", "--seed", "7", "--reasoning_effort", "low", "--max_tokens", "4000"]
+
+    def run(run_name, *extra):
+        server = model_server(ToolLoopScript(**script))
+        url = server.anthropic_base_url if client_name == "anthropic" else server.base_url
+        result = runner.invoke(dataset, run_name, *options, "--model_client", client_name, "--base_url", url, *extra)
+        assert result.exit_code == 0, result.output
+        return server
+
+    new = run("new")
+    with monkeypatch.context() as patched:
+        cls, send = {"openai": (OpenAIClient, _openai_send_through_create),
+                     "anthropic": (AnthropicClient, _anthropic_send_through_create)}[client_name]
+        patched.setattr(cls, "send", send)
+        old = run("old", "--http_backend", "httpx")
+    assert [r.body for r in new.requests] == [r.body for r in old.requests]
+    assert len(new.requests) == 1 + 4 * 3
+    assert _masked(runner, "new") == _masked(runner, "old")
+
+
+# --- faults through both transports ---------------------------------------------------------------------------
+
+
+class CuttingProxy:
+    """A TCP proxy in front of a model server: counts connections and cuts the ones ``cut`` names.
+
+    ``cut(n)`` for the n-th connection (from 0): None to pass it through,
+    ``"before_response"`` to read the request and close, ``"mid_response"`` to
+    pass the request on and close after the first bytes of the answer.
+    """
+
+    def __init__(self, port: int, cut=lambda n: None):
+        self.port = port
+        self.cut = cut
+        self.connections = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def __enter__(self) -> "CuttingProxy":
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop
+        ).result(10)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        async def stop():
+            self._server.close()
+            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+                task.cancel()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def _handle(self, reader, writer) -> None:
+        n = self.connections
+        self.connections += 1
+        how = self.cut(n)
+        try:
+            if how == "before_response":
+                await reader.read(1024)
+                return
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+            try:
+                if how == "mid_response":
+                    sending = asyncio.ensure_future(self._pipe(reader, up_writer))
+                    try:
+                        writer.write(await up_reader.readexactly(20))  # "HTTP/1.1 200 OK\r\nCo"
+                        await writer.drain()
+                    finally:
+                        sending.cancel()
+                    return
+                await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            finally:
+                up_writer.close()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    @staticmethod
+    async def _pipe(reader, writer) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize("client_name, backend", [("openai", "aiohttp"), ("openai", "httpx"), ("anthropic", "aiohttp")])
+def test_dropped_connections_and_cut_responses_are_retried(client_name, backend, model_server, runner, tmp_path):
+    server = model_server(ToolLoopScript(tool_calls=1))
+    cuts = {0: "before_response", 1: "mid_response"}
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "First"}, {"prompt": "Second"}])
+    with CuttingProxy(server.port, cuts.get) as proxy:
+        url = proxy.url if client_name == "anthropic" else proxy.url + "/v1"
+        result = runner.invoke(dataset, "run", "--base_url", url, "--model_client", client_name, "--num_workers", "1",
+                               "--no_preflight", "--no_filters", "--request_timeout", "30", "--http_backend", backend)
+    assert result.exit_code == 0, result.output
+    first, second = runner.records("trajectories.jsonl")
+    assert first["completed"] and second["completed"]
+    assert [c["status"] for c in first["metadata"]["calls"]] == [None, None, 200, 200]
+    assert [c["status"] for c in second["metadata"]["calls"]] == [200, 200]
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["model_requests"]["errors"] == 2
+
+
+def test_one_kept_alive_connection_carries_a_sequential_run(backend, model_server, runner, tmp_path):
+    server = model_server(ToolLoopScript(tool_calls=2))
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(4)])
+    with CuttingProxy(server.port) as proxy:
+        result = runner.invoke(dataset, "run", "--base_url", proxy.url + "/v1", "--num_workers", "1",
+                               "--no_preflight", "--http_backend", backend)
+    assert result.exit_code == 0, result.output
+    assert server.request_count == 12
+    # one connection for twelve calls (two if the machine stalls past the 5 s keep-alive once)
+    assert proxy.connections <= 2
+
+
+def test_a_hung_request_times_out_and_is_retried(backend, model_server, runner, tmp_path):
+    hung = []
+
+    def hang(request):
+        if request.preflight or hung:
+            return False
+        hung.append(request.prompt)
+        return True
+
+    server = model_server(ToolLoopScript(tool_calls=1), hang=hang)
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "Hangs once"}])
+    result = runner.invoke(dataset, "run", "--base_url", server.base_url, "--request_timeout", "1",
+                           "--http_backend", backend)
+    assert result.exit_code == 0, result.output
+    [kept] = runner.records("trajectories.jsonl")
+    cut, *answered = kept["metadata"]["calls"]
+    assert cut["status"] is None and cut["latency_s"] >= 0.9
+    assert [c["status"] for c in answered] == [200, 200]
+
+
+def test_429s_and_500s_with_retry_after_are_retried_on_each_transport(backend, model_server, runner, tmp_path):
+    server = model_server(ToolLoopScript(tool_calls=1), errors=[
+        ErrorRule(status=429, first_attempts=1, retry_after=0.1, match=lambda r: not r.preflight and r.turn == 0),
+        ErrorRule(status=503, first_attempts=1, retry_after=0, match=lambda r: not r.preflight and r.turn == 1),
+    ])
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(3)])
+    result = runner.invoke(dataset, "run", "--base_url", server.base_url, "--num_workers", "3", "--http_backend", backend)
+    assert result.exit_code == 0, result.output
+    for record in runner.records("trajectories.jsonl"):
+        assert [c["status"] for c in record["metadata"]["calls"]] == [429, 200, 503, 200]
+
+
+async def _send(server, backend, **settings):
+    options = dict(model="scripted-model", base_url=server.base_url, api_key="k", http_backend=backend)
+    client = OpenAIClient(ModelSettings(**{**options, **settings}))
+    try:
+        return await client.send((Message("user", "q"),), ())
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("reply, error, check", [
+    (Reply(status=401, error_message="bad key"), FatalModelError, lambda e: "--api_key" in str(e)),
+    (Reply(status=404, error_message="no such model"), FatalModelError, lambda e: "--model" in str(e)),
+    (Reply(status=429, headers={"retry-after-ms": "1500"}), RetryableModelError,
+     lambda e: e.retry_after == 1.5 and e.rate_limited),
+    (Reply(status=429, headers={"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "6m0.5s"}),
+     RetryableModelError, lambda e: e.retry_after == 360.5),
+    (Reply(status=502, error_message="Upstream error.", provider="ProvB"), RetryableModelError,
+     lambda e: (e.status, e.provider) == (502, "ProvB")),
+    (Reply(status=400, error_message="This model's maximum context length is 8192 tokens"), ModelOutcome,
+     lambda e: e.reason == "context_length"),
+    (Reply(status=400, error_message="Unsupported parameter: tools."), ModelCallError,
+     lambda e: type(e) is ModelCallError and e.status == 400),
+])
+async def test_errors_and_their_headers_are_read_the_same_on_each_transport(backend, reply, error, check):
+    async with ScriptedModelServer(lambda r: reply) as server:
+        with pytest.raises(error) as caught:
+            await _send(server, backend)
+    assert check(caught.value)
+
+
+async def test_an_endpoint_that_is_not_listening_is_retryable_on_each_transport(backend):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = OpenAIClient(ModelSettings("m", f"http://127.0.0.1:{port}/v1", http_backend=backend))
+    try:
+        with pytest.raises(RetryableModelError, match="could not be reached"):
+            await client.send((Message("user", "q"),), ())
+    finally:
+        await client.aclose()
+
+
+# --- the option ------------------------------------------------------------------------------------------------
+
+
+async def test_the_connection_pool_opens_one_connection_per_call_the_run_allows_in_flight(backend, model_server):
+    server = model_server(lambda r: Reply(content="ok"), latency=0.3)
+    with CuttingProxy(server.port) as proxy:
+        settings = ModelSettings("scripted-model", proxy.url + "/v1", api_key=TEST_API_KEY,
+                                 max_concurrent_requests=3, http_backend=backend)
+        client = OpenAIClient(settings)
+        try:
+            # the limiter is bypassed: ten calls at once wait for the pool's three connections, then reuse them
+            answers = await asyncio.gather(*(client.send((Message("user", f"q{i}"),), ()) for i in range(10)))
+        finally:
+            await client.aclose()
+    assert [a.message.content for a in answers] == ["ok"] * 10
+    assert proxy.connections == 3
+
+
+def test_an_unknown_http_backend_is_a_usage_error(runner, tmp_path):
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "p"}])
+    result = runner.invoke(dataset, "run", "--http_backend", "curl")
+    assert result.exit_code == 2 and "--http_backend" in result.output and "aiohttp" in result.output
+    with pytest.raises(UsageError, match="--http_backend must be one of aiohttp, httpx"):
+        RunConfig(dataset_file=dataset, batch_size=1, run_name="r", http_backend="curl")
