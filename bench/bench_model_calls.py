@@ -61,7 +61,8 @@ async def _minimal(url: str, prompts: int, sessions: int, mode: str) -> None:
 
     limits = httpx2.Limits(max_connections=sessions, max_keepalive_connections=sessions)
     transport = openai.DefaultAsyncHttpxClient if mode == "create-httpx" else openai.DefaultAioHttpClient
-    client = openai.AsyncOpenAI(api_key="bench", base_url=url, max_retries=0, http_client=transport(limits=limits))
+    client = openai.AsyncOpenAI(api_key="bench", base_url=url, max_retries=0, timeout=600.0,
+                                http_client=transport(limits=limits, timeout=600.0))
     tools = [{"type": "function", "function": {"name": TerminalTool.name, "description": TerminalTool.description,
                                                "parameters": TerminalTool.parameters}}]
     slots = asyncio.Semaphore(sessions)

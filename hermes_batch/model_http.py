@@ -58,11 +58,13 @@ def http_client(sdk, settings):
 
 
 def transport_error_text(exc: BaseException) -> str:
-    """The SDK's message for a failed connection plus the cause underneath ("Request timed out." says little)."""
-    text = str(exc)
-    cause = exc.__cause__
-    detail = str(cause).strip() if cause is not None else ""
-    return f"{text} ({detail})" if detail and detail not in text else text
+    """What went wrong underneath an SDK's connection error ("Request timed out." for a dropped connection says little)."""
+    root, cause = None, exc.__cause__
+    while cause is not None:
+        if str(cause).strip():
+            root = cause
+        cause = cause.__cause__
+    return f"{type(root).__name__}: {root}" if root is not None else str(exc)
 
 
 class WireCache(Generic[T]):
