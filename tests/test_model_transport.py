@@ -279,6 +279,7 @@ class CuttingProxy:
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
 
     async def _handle(self, reader, writer) -> None:
         n = self.connections
