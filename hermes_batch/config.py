@@ -67,7 +67,7 @@ class RunConfig:
     max_tokens_per_minute: Optional[float] = None
     max_cost: Optional[float] = None  # USD; stop starting prompts once the run's reported cost reaches it
     preflight: bool = True
-    http_backend: str = "aiohttp"  # the SDKs' transport; httpx for proxies and TLS setups aiohttp does not handle
+    http_backend: str = "aiohttp"  # the model SDKs' HTTP transport (HTTP_BACKENDS)
 
     def __attrs_post_init__(self):
         for name in ("batch_size", "max_turns", "num_workers"):

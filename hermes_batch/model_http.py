@@ -1,8 +1,8 @@
 """The HTTP side of the model clients: the transport of ``--http_backend`` and request bodies built once per message.
 
-Both SDKs send through an ``httpx2.AsyncClient``; by default its transport is
-aiohttp's (the SDKs' ``DefaultAioHttpClient``), whose connection pool costs far
-less CPU than httpx's at hundreds of calls in flight.  ``--http_backend httpx``
+Both SDKs send through an httpx ``AsyncClient`` (httpx2's in recent SDKs); by
+default its transport is aiohttp's (the SDKs' ``DefaultAioHttpClient``), whose
+connection pool costs far less CPU than httpx's at hundreds of calls in flight.  ``--http_backend httpx``
 keeps the SDKs' own default transport.
 
 Request bodies are JSON we assemble ourselves: each message of a conversation
@@ -58,7 +58,7 @@ def http_client(sdk, settings):
 
 
 def transport_error_text(exc: BaseException) -> str:
-    """What went wrong underneath an SDK's connection error ("Request timed out." for a dropped connection says little)."""
+    """The error underneath an SDK's connection error: "Request timed out." may mean a dropped connection."""
     root, cause = None, exc.__cause__
     while cause is not None:
         if str(cause).strip():

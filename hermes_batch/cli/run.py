@@ -130,7 +130,7 @@ def _setup_logging(verbose: bool) -> None:
 @_opt("max_requests_per_minute", type=float, default=None, help="Budget of model requests per minute [default: none].")
 @_opt("max_tokens_per_minute", type=float, default=None, help="Budget of prompt + completion tokens per minute [default: none].")
 @_opt("max_cost", type=float, default=None, help="Stop starting new prompts once the run's reported cost (USD, across resumes) reaches this [default: none].")
-@_opt("http_backend", type=click.Choice(HTTP_BACKENDS), default="aiohttp", help="HTTP transport of the model SDKs; httpx for SOCKS proxies, HTTP/2 or a proxy/TLS setup that aiohttp does not handle.")
+@_opt("http_backend", type=click.Choice(HTTP_BACKENDS), default="aiohttp", help="HTTP transport of the model SDKs; httpx for a SOCKS proxy or a proxy/TLS setup aiohttp does not handle.")
 @_opt("no_preflight", is_flag=True, help="Skip the one minimal request that checks endpoint, key and model before the run.")
 @click.option("--progress/--no-progress", default=None, help="Live progress display [default: when stderr is a terminal].")
 @_opt("list_distributions", is_flag=True, is_eager=True, expose_value=False, callback=_list_distributions, help="Print the distributions and exit.")

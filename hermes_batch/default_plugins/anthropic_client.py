@@ -111,9 +111,9 @@ class AnthropicClient(ModelClient):
         # Imported here: the SDK costs ~40 MB, which runs with other clients should not pay.
         import anthropic
 
-        self._sdk = anthropic
         from anthropic.types import Message as AnthropicMessage
 
+        self._sdk = anthropic
         self._response_type = AnthropicMessage
         # The SDK's own retries know nothing of our run-wide stop on auth errors.
         self._client = anthropic.AsyncAnthropic(
@@ -128,12 +128,11 @@ class AnthropicClient(ModelClient):
         # The parts of every body that do not change during the run, serialized once, in create()'s order.
         self._body_head = b'{"max_tokens":' + json_bytes(self._max_tokens) + b',"messages":'
         self._model = b',"model":' + json_bytes(settings.model)
-        self._thinking = (
-            b',"thinking":' + json_bytes({"type": "enabled", "budget_tokens": self._budget}) if self._budget is not None else b""
-        )
+        thinking = {"type": "enabled", "budget_tokens": self._budget}
+        self._thinking = b',"thinking":' + json_bytes(thinking) if self._budget is not None else b""
         self._options = {"timeout": settings.request_timeout}  # as create() was given it
         self._part_json = WireCache(_part_json)
-        self._tool_json = WireCache(lambda t: json_bytes({"name": t.name, "description": t.description, "input_schema": t.parameters}))
+        self._tool_json = WireCache(lambda tool: json_bytes(_tool_param(tool)))
 
     @classmethod
     def handles_base_url(cls, base_url: str) -> bool:
@@ -142,7 +141,8 @@ class AnthropicClient(ModelClient):
     def _request(self, messages, tools) -> bytes:
         """The JSON body of a Messages API call: only messages new since the last turn are serialized."""
         system, items = _group(map(self._part_json, messages))
-        wire = (b'{"role":"user","content":' + json_array(item) + b"}" if isinstance(item, list) else item for item in items)
+        # a list is a run of tool results: one user message
+        wire = (b'{"role":"user","content":' + json_array(i) + b"}" if isinstance(i, list) else i for i in items)
         parts = [self._body_head, json_array(wire), self._model]
         if system:
             parts += [b',"system":', json_bytes("\n\n".join(system))]
@@ -155,9 +155,8 @@ class AnthropicClient(ModelClient):
     async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
         try:
             # post() rather than messages.create(): our body as it is, the SDK's auth, base URL, timeouts and errors.
-            response = await self._client.post(
-                "/v1/messages", cast_to=self._response_type, content=self._request(messages, tools), options=self._options
-            )
+            body = self._request(messages, tools)
+            response = await self._client.post("/v1/messages", cast_to=self._response_type, content=body, options=self._options)
         except self._sdk.APIStatusError as exc:
             raise self._classify(exc) from exc
         except (self._sdk.APITimeoutError, self._sdk.APIConnectionError) as exc:
@@ -252,6 +251,10 @@ def _assistant_content(message: Message) -> Any:
         arguments = call.arguments if call.arguments is not None else {}
         blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments})
     return blocks or message.content
+
+
+def _tool_param(tool: ToolSpec) -> dict:
+    return {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
 
 
 def _wire_part(message: Message) -> tuple[str, Any]:

@@ -105,9 +105,8 @@ class OpenAIClient(ModelClient):
         try:
             # The SDK's create() would re-validate the whole conversation on every call; post() sends our
             # body with the SDK's auth, base URL, timeouts and errors, and parses the answer into its types.
-            response = await self._client.post(
-                "/chat/completions", cast_to=ChatCompletion, content=self._request(messages, tools), options=_OPTIONS
-            )
+            body = self._request(messages, tools)
+            response = await self._client.post("/chat/completions", cast_to=ChatCompletion, content=body, options=_OPTIONS)
         except openai.APIStatusError as exc:
             raise self._classify(exc) from exc
         except (openai.APITimeoutError, openai.APIConnectionError) as exc:
@@ -171,7 +170,8 @@ def _error_provider(exc: openai.APIStatusError) -> Optional[str]:
 
 
 def _tool_to_wire(tool: ToolSpec) -> dict:
-    return {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}
+    function = {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+    return {"type": "function", "function": function}
 
 
 def _to_wire(message: Message) -> dict:
