@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Optional
@@ -70,6 +71,11 @@ class RunConfig:
     http_backend: str = "aiohttp"  # the model SDKs' HTTP transport (HTTP_BACKENDS)
 
     def __attrs_post_init__(self):
+        for field in attrs.fields(RunConfig):
+            value = getattr(self, field.name)
+            # NaN passes every comparison below and inf is no limit at all: refused for every float option
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UsageError(f"--{field.name} must be a finite number, got {value}.")
         for name in ("batch_size", "max_turns", "num_workers"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}.")
@@ -87,7 +93,9 @@ class RunConfig:
             raise UsageError(f"--http_backend must be one of {', '.join(HTTP_BACKENDS)}.")
         if self.resume and self.overwrite:
             raise UsageError("--resume and --overwrite contradict each other; pass one of them.")
-        for name in ("request_timeout", "prompt_timeout", "max_requests_per_minute", "max_tokens_per_minute"):
+        for name in (
+            "command_timeout", "request_timeout", "prompt_timeout", "max_requests_per_minute", "max_tokens_per_minute",
+        ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise UsageError(f"--{name} must be more than 0, got {value:g}.")

@@ -19,6 +19,7 @@ written as JSON text, which is one string type whatever it holds.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, TypeVar
 
 import cattrs
@@ -172,8 +173,14 @@ def _make_config_converter() -> cattrs.Converter:
 
         return hook
 
+    def finite_float(value, _type):
+        value = strict_scalar((int, float))(value, _type)
+        if not math.isfinite(value):
+            raise TypeError(f"expected a finite number, got {value!r}")
+        return value
+
     conv.register_structure_hook(int, strict_scalar(int))
-    conv.register_structure_hook(float, strict_scalar((int, float)))
+    conv.register_structure_hook(float, finite_float)
     conv.register_structure_hook(str, strict_scalar(str))
     return conv
 
@@ -218,6 +225,10 @@ def structure_config(data: dict, cls: type[T], what: str) -> T:
         raise ConfigError(f"Invalid {what}: {describe_structure_error(exc, path='')}.") from exc
 
 
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def parse_key_values(items: tuple[str, ...], option: str) -> dict:
     """``("a=1", "b=x")`` -> ``{"a": 1, "b": "x"}``; values are JSON when they parse as JSON."""
     out: dict[str, Any] = {}
@@ -226,8 +237,10 @@ def parse_key_values(items: tuple[str, ...], option: str) -> dict:
         if not sep or not key:
             raise ConfigError(f"{option} expects KEY=VALUE, got {item!r}.")
         try:
-            value = json.loads(raw)
+            value = json.loads(raw, parse_constant=_refuse_constant)
         except ValueError:
-            value = raw
+            value = raw  # NaN and Infinity stay text, so a number option refuses them
+        if isinstance(value, float) and not math.isfinite(value):
+            value = raw  # 1e999
         out[key.strip()] = value
     return out
