@@ -9,6 +9,7 @@ from typing import Any, Iterator, Optional, Union
 import attrs
 
 from .errors import DatasetError, UsageError
+from .jsonguard import MAX_DEPTH, value_problem
 from .records import PromptRow
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -16,12 +17,22 @@ PathLike = Union[str, "os.PathLike[str]"]
 MAX_PROBLEMS = 50
 """How many problem lines a report keeps; the counts stay exact beyond it."""
 
+MAX_LINE_BYTES = 16 << 20
+"""Longest line of one row; a longer one is reported without ever being held in memory whole."""
+
 _KNOWN_FIELDS = frozenset({"prompt", "image", "docker_image", "cwd", "id"})
+_NOT_RANGE_CHECKED = frozenset({"id"})  # saved as a string, so any integer is fine
 _BUFFER = 1 << 20
 _BOM = b"\xef\xbb\xbf"
 _MISSING = object()
 _OPTIONAL_STRINGS = ("image", "docker_image", "cwd")
-_decode_json = json.JSONDecoder().decode
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON can hold; use null or a string")
+
+
+_decode_json = json.JSONDecoder(parse_constant=_refuse_constant).decode
 
 _TYPE_NAMES = {
     type(None): "null",
@@ -139,21 +150,31 @@ def _scan(name: str, max_samples: Optional[int]) -> Iterator[tuple[int, int, Any
         handle = open(name, "rb", buffering=_BUFFER)
     except OSError as exc:
         raise DatasetError(f"The dataset file {name} cannot be opened: {exc.strerror or exc}.") from exc
-    index = 0
+    index = line_number = 0
     try:
         with handle:
-            for line_number, raw in enumerate(handle, 1):
+            while raw := handle.readline(MAX_LINE_BYTES + 1):
+                line_number += 1
                 if line_number == 1 and raw.startswith(_BOM):
                     raw = raw[len(_BOM) :]
-                if not raw or raw.isspace():
+                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                    _skip_rest_of_line(handle)
+                    row, reason = None, f"the line is longer than {MAX_LINE_BYTES >> 20} MiB, the limit for one row"
+                elif raw.isspace():
                     continue
-                row, reason = _parse(raw)
+                else:
+                    row, reason = _parse(raw)
                 yield line_number, index, row, reason
                 index += 1
                 if max_samples is not None and index >= max_samples:
                     return
     except OSError as exc:
         raise DatasetError(f"Reading the dataset file {name} failed: {exc.strerror or exc}.") from exc
+
+
+def _skip_rest_of_line(handle) -> None:
+    while (chunk := handle.readline(_BUFFER)) and not chunk.endswith(b"\n"):
+        pass
 
 
 def _parse(raw: bytes) -> tuple[Any, Optional[str]]:
@@ -169,10 +190,16 @@ def _parse(raw: bytes) -> tuple[Any, Optional[str]]:
             return None, f"invalid JSON: the line ends at column {len(text)} before the JSON does (cut short?)"
         return None, f"invalid JSON: {exc.msg.removesuffix(' at')} at column {exc.pos + 1}"
     except RecursionError:
-        return None, "invalid JSON: nested too deeply"
+        return None, f"$: is nested more than {MAX_DEPTH} levels deep; flatten the field"
+    except ValueError as exc:  # NaN or Infinity; an integer of more than 4300 digits
+        text = str(exc)
+        if "integer string conversion" in text:
+            text = "an integer has more than 4300 digits; quote it as a string"
+        return None, f"invalid JSON: {text}"
     if type(row) is not dict:
         return None, f"expected a JSON object, got {_type_name(row)}"
-    return row, _check_row(row)
+    # every row is checked alike at validation and at run time, so a row that passed is never skipped later
+    return row, _check_row(row) or value_problem(row, skip=_NOT_RANGE_CHECKED)
 
 
 def _check_row(row: dict) -> Optional[str]:

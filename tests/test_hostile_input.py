@@ -69,3 +69,106 @@ def test_plugin_options_refuse_non_finite_numbers(raw):
     with pytest.raises(ConfigError, match="cpus"):
         structure_config(parse_key_values((f"cpus={raw}",), "-S/--sandbox_option"), Options, "sandbox options")
     assert parse_key_values(("cpus=1.5",), "-S")["cpus"] == 1.5
+
+
+# --- dataset rows ----------------------------------------------------------------------------
+
+
+def nested(depth: int, leaf="x") -> str:
+    """A JSON object ``depth`` levels deep, as text (the row object around it adds one more level)."""
+    return '{"a": ' * depth + json.dumps(leaf) + "}" * depth
+
+
+BAD_ROWS = [
+    ('{"prompt": "half an emoji \\ud83d"}', "$.prompt: holds a lone surrogate (\\ud83d)"),
+    ('{"prompt": "low half \\udc00 alone"}', "$.prompt: holds a lone surrogate (\\udc00)"),
+    ('{"prompt": "x", "image": "img\\ud800"}', "$.image: holds a lone surrogate"),
+    ('{"prompt": "x", "cwd": "/w\\udfff"}', "$.cwd: holds a lone surrogate"),
+    ('{"prompt": "x", "meta": {"tags": ["ok", "bad\\ud800"]}}', "$.meta.tags[1]: holds a lone surrogate"),
+    ('{"prompt": "x", "k\\ud800": 1}', "$: a key holds a lone surrogate (\\ud800)"),
+    ('{"prompt": "x", "deep": ' + nested(100) + "}", "is nested more than 100 levels deep"),
+    ('{"prompt": "x", "deep": ' + "[" * 150 + "]" * 150 + "}", "$.deep[0][0]"),
+    ('{"prompt": "x", "deep": ' + nested(50_000) + "}", "is nested more than 100 levels deep"),
+    ('{"prompt": "x", "score": NaN}', "invalid JSON: NaN is not a number JSON can hold"),
+    ('{"prompt": "x", "score": -Infinity}', "invalid JSON: -Infinity is not a number JSON can hold"),
+    ('{"prompt": "x", "score": 1e999}', "$.score: inf is not a number JSON can hold"),
+    ('{"prompt": "x", "n": ' + "9" * 5000 + "}", "an integer has more than 4300 digits"),
+    ('{"prompt": "x", "n": 18446744073709551616}', "$.n: the integer 18446744073709551616"),
+]
+
+
+@pytest.mark.parametrize(("line", "reason"), BAD_ROWS, ids=[r for _, r in BAD_ROWS])
+def test_rows_no_record_could_carry_are_bad_input_with_file_and_line(tmp_path, line, reason):
+    from hermes_batch.dataset import iter_rows, validate_dataset
+
+    path = write_dataset(tmp_path / "d.jsonl", [{"prompt": "first"}, line, {"prompt": "last"}])
+    report = validate_dataset(path)
+    assert (report.valid, report.invalid) == (2, 1), report.problems
+    assert report.problems[0].startswith(f"{path}:2: ") and reason in report.problems[0], report.problems
+    assert len(report.problems[0]) < 300
+    assert [r.prompt for r in iter_rows(path)] == ["first", "last"]
+
+
+def test_the_depth_limit_is_exactly_one_hundred_levels_and_ids_may_be_any_integer(tmp_path):
+    from hermes_batch.dataset import iter_rows, validate_dataset
+
+    fits = '{"prompt": "x", "deep": ' + nested(99) + ', "id": 18446744073709551616}'  # 1 + 99 levels
+    path = write_dataset(tmp_path / "d.jsonl", [fits])
+    assert validate_dataset(path).problems == ()
+    (row,) = iter_rows(path)
+    assert row.id == 2**64
+
+
+def test_a_line_over_the_size_limit_is_reported_without_being_read_whole(tmp_path):
+    import tracemalloc
+
+    from hermes_batch import dataset
+
+    path = tmp_path / "d.jsonl"
+    with open(path, "w") as handle:
+        handle.write('{"prompt": "first"}\n')
+        handle.write('{"prompt": "' + "x" * (100 << 20) + '"}\n')  # 100 MiB
+        handle.write('{"prompt": "last"}\n')
+    tracemalloc.start()
+    report = dataset.validate_dataset(path)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert (report.valid, report.invalid) == (2, 1)
+    assert report.problems == (f"{path}:2: the line is longer than 16 MiB, the limit for one row",)
+    assert peak < 2 * dataset.MAX_LINE_BYTES + (4 << 20), peak  # the limit's worth, never the 100 MiB
+    assert [(r.prompt, r.prompt_index, r.line_number) for r in dataset.iter_rows(path)] == [
+        ("first", 0, 1), ("last", 2, 3)]
+
+
+def test_hostile_rows_stop_the_run_before_any_model_call_and_skip_invalid_runs_the_rest(model_server, runner, tmp_path):
+    server = runner.server = model_server()
+    lines = [{"prompt": "fine one"}] + [line for line, _ in BAD_ROWS] + [{"prompt": "fine two"}]
+    dataset = write_dataset(tmp_path / "d.jsonl", lines)
+    result = runner.invoke(dataset, "run", "--distribution", "terminal_only")
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    for number, (_line, reason) in enumerate(BAD_ROWS, start=2):
+        assert f"{dataset}:{number}: " in result.output and reason in result.output
+    assert server.request_count == 0 and not runner.folder().exists()
+
+    result = runner.invoke(dataset, "run", "--distribution", "terminal_only", "--skip_invalid")
+    assert result.exit_code == 0, result.output
+    kept = runner.records("trajectories.jsonl") + [r["trajectory"] for r in runner.records("discarded.jsonl")]
+    assert sorted(t["prompt_index"] for t in kept) == [0, len(BAD_ROWS) + 1]
+    assert json.loads((runner.folder() / "statistics.json").read_text())["prompts"]["skipped_invalid"] == len(BAD_ROWS)
+
+
+def test_rows_at_the_limits_run_and_keep_their_fields_whole(model_server, runner, tmp_path):
+    # 1 + 99 levels: the deepest row validation accepts must be written (no RecursionError), never skipped
+    runner.server = model_server()
+    deep = json.loads(nested(99))
+    rows = [{"prompt": "deep row", "deep": deep}, {"prompt": "big id", "id": 2**64}, {"prompt": "plain"},
+            {"prompt": "\u00e9t\u00e9 \U0001f600 \ud55c\uad6d\uc5b4"}]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    result = runner.invoke(dataset, "run", "--distribution", "terminal_only", "--no_filters")
+    assert result.exit_code == 0, result.output
+    merged = {t["prompt_index"]: t for t in runner.records("trajectories.jsonl")}
+    assert sorted(merged) == [0, 1, 2, 3]
+    assert merged[0]["metadata"]["row"] == {"deep": deep}
+    assert merged[1]["metadata"]["id"] == str(2**64)
+    assert merged[3]["conversations"][1]["value"] == rows[3]["prompt"]

@@ -1,0 +1,156 @@
+"""JSON every part of a run can hash, write and read back: nesting depth, lone surrogates, numbers.
+
+Python's ``json`` accepts things the rest of a run cannot carry: a ``\\ud800``
+escape decodes to a lone surrogate that no UTF-8 encoder takes, nesting a few
+hundred levels deep overflows the recursion of whatever serializes the record,
+and ``NaN``, ``Infinity`` or ``1e999`` come back out as tokens JSON does not
+have.  Dataset rows with any of them are bad input (reported as ``FILE:LINE``
+before a model is called); text from the model is repaired instead (a lone
+surrogate becomes U+FFFD) so the sample is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+MAX_DEPTH = 100
+"""Most levels of nesting in one dataset row (the row's object is level 1) or one tool call's arguments.
+
+Records add a few levels around them (``metadata.row``), and the result stays
+under the 128 that common JSON parsers accept by default.
+"""
+
+INT_RANGE = (-(2**63), 2**63 - 1)
+"""Integers dataset loaders (HuggingFace ``datasets``, Arrow) accept in a column: 64-bit signed."""
+
+REPLACEMENT = "\ufffd"
+_PATH_CHARS = 60
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """True when ``text`` holds a code point U+D800..U+DFFF, which UTF-8 cannot encode."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def scrub_text(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD; a pair split in two code points is joined again."""
+    if not has_lone_surrogate(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _first_surrogate(text: str) -> str:
+    for char in text:
+        if 0xD800 <= ord(char) <= 0xDFFF:
+            return f"\\u{ord(char):04x}"
+    return ""
+
+
+def _path(parts: list) -> str:
+    text = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
+    if len(text) > _PATH_CHARS:
+        text = text[: _PATH_CHARS - 3] + "..."
+    return scrub_text(text)
+
+
+def value_problem(value: Any, *, int_range: bool = True, skip: frozenset = frozenset()) -> Optional[str]:
+    """What makes decoded JSON ``value`` unfit for a record, as ``$.path: reason``; None when it is fine.
+
+    Checks nesting (at most MAX_DEPTH levels), lone surrogates in strings and
+    keys, non-finite floats and (with ``int_range``) integers beyond 64 bits.
+    Top-level keys in ``skip`` are not looked into.  Iterative, so any depth is safe.
+    """
+    if type(value) is dict and _flat_and_plain(value, int_range):
+        return None  # the common dataset row, checked without the walk below
+    # each entry: (value, depth, index of the parent entry, key or index in the parent)
+    entries: list = [(value, 1, -1, None)]
+    todo = [0]
+    while todo:
+        at = todo.pop()
+        item, depth, _parent, _key = entries[at]
+        kind = type(item)
+        problem = None
+        if kind is str:
+            if has_lone_surrogate(item):
+                problem = (f"holds a lone surrogate ({_first_surrogate(item)}), half of a UTF-16 pair that is not "
+                           "text; fix or remove that escape")
+        elif kind is dict or kind is list:
+            if depth > MAX_DEPTH:
+                problem = f"is nested more than {MAX_DEPTH} levels deep; flatten the field"
+            else:
+                pairs = item.items() if kind is dict else enumerate(item)
+                for key, child in pairs:
+                    if kind is dict and has_lone_surrogate(key):
+                        return (f"{_path(_trail(entries, at))}: a key holds a lone surrogate "
+                                f"({_first_surrogate(key)}); fix or remove that escape")
+                    if depth == 1 and key in skip:
+                        continue
+                    child_kind = type(child)
+                    if child_kind is str or child_kind is dict or child_kind is list or child_kind is float or (
+                        int_range and child_kind is int
+                    ):
+                        entries.append((child, depth + 1, at, key))
+                        todo.append(len(entries) - 1)
+        elif kind is float:
+            if not math.isfinite(item):
+                problem = f"{item} is not a number JSON can hold; use null or a string"
+        elif kind is int and not INT_RANGE[0] <= item <= INT_RANGE[1]:
+            problem = (f"the integer {str(item)[:20]}... ({len(str(abs(item)))} digits) is beyond the 64-bit range "
+                       "dataset loaders accept; quote it as a string")
+        if problem is not None:
+            return f"{_path(_trail(entries, at))}: {problem}"
+    return None
+
+
+def _flat_and_plain(row: dict, int_range: bool) -> bool:
+    low, high = INT_RANGE
+    for child in row.values():
+        kind = type(child)
+        if kind is str:
+            if not child.isascii() and has_lone_surrogate(child):
+                return False
+        elif kind is int:
+            if int_range and not low <= child <= high:
+                return False
+        elif kind is not bool and child is not None:
+            return False
+    keys = "".join(row)
+    return keys.isascii() or not has_lone_surrogate(keys)
+
+
+def _trail(entries: list, at: int) -> list:
+    parts = []
+    while at > 0:
+        _item, _depth, parent, key = entries[at]
+        parts.append(key)
+        at = parent
+    return parts[::-1]
+
+
+def scrub_value(value: Any) -> Any:
+    """Decoded JSON with every lone surrogate (in strings and keys) replaced; ``value`` itself when clean.
+
+    Meant for values already checked to be at most MAX_DEPTH deep.
+    """
+    kind = type(value)
+    if kind is str:
+        return scrub_text(value)
+    if kind is dict:
+        out, changed = {}, False
+        for key, item in value.items():
+            new_key = scrub_text(key) if type(key) is str else key
+            new_item = scrub_value(item)
+            changed = changed or new_key is not key or new_item is not item
+            out[new_key] = new_item
+        return out if changed else value
+    if kind is list or kind is tuple:
+        items = [scrub_value(item) for item in value]
+        return kind(items) if any(a is not b for a, b in zip(items, value)) else value
+    return value
