@@ -11,6 +11,7 @@ import attrs
 
 from .errors import ModelOutcome, PromptFailure
 from .interfaces import ModelClient, Tool, ToolContext
+from .jsonguard import arguments_problem, safe_message, scrub_text
 from .records import InvalidToolCall, Message, ToolCall, ToolStat, Usage
 from .schema import validate
 
@@ -123,7 +124,7 @@ async def run_session(
             break
         state.api_calls += 1
         state.usage = state.usage + response.usage
-        message = response.message
+        message = safe_message(response.message)  # half an emoji must not crash the record or the next request
         session.append(message)
         if say:
             said = message.content or ("(reasoning) " + message.reasoning if message.reasoning else "")
@@ -138,7 +139,7 @@ async def run_session(
             break
         for call in message.tool_calls:
             result = await _call_tool(call, tools, state.tallies, state.invalid, ctx)
-            content = json.dumps(result, ensure_ascii=False)
+            content = scrub_text(json.dumps(result, ensure_ascii=False))  # a tool may return any text
             if say:
                 say(f"  {call.name}({_preview(call.raw_arguments, settings.log_prefix_chars)}) -> "
                     f"{_preview(content, settings.log_prefix_chars)}")
@@ -156,7 +157,7 @@ async def _call_tool(call: ToolCall, tools, tallies, invalid: list, ctx: ToolCon
     tally = tallies[call.name]
     tally.count += 1
     if call.arguments is None:
-        problem = "arguments are not valid JSON"
+        problem = arguments_problem(call.raw_arguments)
     else:
         problem = validate(call.arguments, tool.parameters)
     if problem:

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from .errors import UsageError
+from .jsonguard import has_lone_surrogate
 
 DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
@@ -76,6 +77,10 @@ class RunConfig:
             # NaN passes every comparison below and inf is no limit at all: refused for every float option
             if isinstance(value, float) and not math.isfinite(value):
                 raise UsageError(f"--{field.name} must be a finite number, got {value}.")
+            # bytes that are not UTF-8 in argv arrive as lone surrogates, which no request or file can carry
+            texts = value if isinstance(value, tuple) else (value,)
+            if any(isinstance(text, str) and has_lone_surrogate(text) for text in texts):
+                raise UsageError(f"--{field.name} holds bytes that are not UTF-8 text; pass it as UTF-8.")
         for name in ("batch_size", "max_turns", "num_workers"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}.")

@@ -11,8 +11,13 @@ surrogate becomes U+FFFD) so the sample is kept.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Optional
+
+import attrs
+
+from .records import Message, ToolCall
 
 MAX_DEPTH = 100
 """Most levels of nesting in one dataset row (the row's object is level 1) or one tool call's arguments.
@@ -60,14 +65,16 @@ def _path(parts: list) -> str:
     return scrub_text(text)
 
 
-def value_problem(value: Any, *, int_range: bool = True, skip: frozenset = frozenset()) -> Optional[str]:
+def value_problem(
+    value: Any, *, int_range: bool = True, text: bool = True, skip: frozenset = frozenset()
+) -> Optional[str]:
     """What makes decoded JSON ``value`` unfit for a record, as ``$.path: reason``; None when it is fine.
 
-    Checks nesting (at most MAX_DEPTH levels), lone surrogates in strings and
-    keys, non-finite floats and (with ``int_range``) integers beyond 64 bits.
+    Checks nesting (at most MAX_DEPTH levels), non-finite floats, (with ``text``)
+    lone surrogates in strings and keys and (with ``int_range``) integers beyond 64 bits.
     Top-level keys in ``skip`` are not looked into.  Iterative, so any depth is safe.
     """
-    if type(value) is dict and _flat_and_plain(value, int_range):
+    if type(value) is dict and text and _flat_and_plain(value, int_range):
         return None  # the common dataset row, checked without the walk below
     # each entry: (value, depth, index of the parent entry, key or index in the parent)
     entries: list = [(value, 1, -1, None)]
@@ -78,7 +85,7 @@ def value_problem(value: Any, *, int_range: bool = True, skip: frozenset = froze
         kind = type(item)
         problem = None
         if kind is str:
-            if has_lone_surrogate(item):
+            if text and has_lone_surrogate(item):
                 problem = (f"holds a lone surrogate ({_first_surrogate(item)}), half of a UTF-16 pair that is not "
                            "text; fix or remove that escape")
         elif kind is dict or kind is list:
@@ -87,13 +94,13 @@ def value_problem(value: Any, *, int_range: bool = True, skip: frozenset = froze
             else:
                 pairs = item.items() if kind is dict else enumerate(item)
                 for key, child in pairs:
-                    if kind is dict and has_lone_surrogate(key):
+                    if kind is dict and text and has_lone_surrogate(key):
                         return (f"{_path(_trail(entries, at))}: a key holds a lone surrogate "
                                 f"({_first_surrogate(key)}); fix or remove that escape")
                     if depth == 1 and key in skip:
                         continue
                     child_kind = type(child)
-                    if child_kind is str or child_kind is dict or child_kind is list or child_kind is float or (
+                    if (text and child_kind is str) or child_kind is dict or child_kind is list or child_kind is float or (
                         int_range and child_kind is int
                     ):
                         entries.append((child, depth + 1, at, key))
@@ -154,3 +161,52 @@ def scrub_value(value: Any) -> Any:
         items = [scrub_value(item) for item in value]
         return kind(items) if any(a is not b for a, b in zip(items, value)) else value
     return value
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON can hold")
+
+
+def safe_message(message: Message) -> Message:
+    """A model's message fit for every record and the next request; ``message`` itself when it already is.
+
+    Lone surrogates (half an emoji) become U+FFFD.  Tool-call arguments nested
+    deeper than MAX_DEPTH or holding NaN or Infinity become None, as invalid
+    JSON does: the tool is not called and the raw text is what gets saved.
+    """
+    content, reasoning = scrub_text(message.content), message.reasoning
+    if reasoning is not None:
+        reasoning = scrub_text(reasoning)
+    calls = tuple(_safe_call(call) for call in message.tool_calls)
+    changed = content is not message.content or reasoning is not message.reasoning or any(
+        a is not b for a, b in zip(calls, message.tool_calls)
+    )
+    return attrs.evolve(message, content=content, reasoning=reasoning, tool_calls=calls) if changed else message
+
+
+def _safe_call(call: ToolCall) -> ToolCall:
+    arguments = call.arguments
+    if arguments is not None:
+        arguments = None if value_problem(arguments, int_range=False, text=False) else scrub_value(arguments)
+    fields = {"id": scrub_text(call.id), "name": scrub_text(call.name), "raw_arguments": scrub_text(call.raw_arguments)}
+    if arguments is call.arguments and all(fields[k] is getattr(call, k) for k in fields):
+        return call
+    return attrs.evolve(call, arguments=arguments, **fields)
+
+
+def arguments_problem(raw: str) -> str:
+    """Why the raw arguments of a tool call could not be used, for the model and ``invalid_tool_calls``."""
+    try:
+        value = json.loads(raw, parse_constant=_refuse_constant)
+    except RecursionError:
+        return f"arguments are nested more than {MAX_DEPTH} levels deep"
+    except ValueError as exc:
+        if "is not a number JSON can hold" in str(exc):
+            return f"arguments are not valid JSON ({exc})"
+        return "arguments are not valid JSON"
+    problem = value_problem(value, int_range=False, text=False)
+    if problem is not None:
+        if "nested more than" in problem:
+            return f"arguments are nested more than {MAX_DEPTH} levels deep"
+        return f"arguments are not valid JSON ({problem.partition(': ')[2].partition(';')[0]})"
+    return "arguments are not valid JSON"

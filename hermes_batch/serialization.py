@@ -27,6 +27,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.v import format_exception
 
 from .errors import ConfigError
+from .jsonguard import scrub_text
 from .records import CallRecord, Failure, InvalidToolCall, Metadata, ToolCallRecord, Trajectory, Turn, Usage
 
 T = TypeVar("T")
@@ -189,8 +190,12 @@ config_converter = _make_config_converter()
 
 
 def to_json_line(record: Any) -> str:
-    """One record as one JSON line (with the trailing newline)."""
-    return json.dumps(record_converter.unstructure(record), ensure_ascii=False, separators=(",", ":")) + "\n"
+    """One record as one JSON line (with the trailing newline), always encodable as UTF-8.
+
+    A lone surrogate that reached the record some way (a plugin's text, a file name) becomes U+FFFD.
+    """
+    line = json.dumps(record_converter.unstructure(record), ensure_ascii=False, separators=(",", ":")) + "\n"
+    return line if line.isascii() else scrub_text(line)
 
 
 def from_json(data: Any, cls: type[T]) -> T:

@@ -13,6 +13,8 @@ import pytest
 
 from conftest import write_dataset
 
+from hermes_batch.testing import Reply
+
 from hermes_batch.config import RunConfig
 from hermes_batch.errors import ConfigError, UsageError
 from hermes_batch.serialization import parse_key_values, structure_config
@@ -172,3 +174,89 @@ def test_rows_at_the_limits_run_and_keep_their_fields_whole(model_server, runner
     assert merged[0]["metadata"]["row"] == {"deep": deep}
     assert merged[1]["metadata"]["id"] == str(2**64)
     assert merged[3]["conversations"][1]["value"] == rows[3]["prompt"]
+
+
+# --- model text --------------------------------------------------------------------------------
+
+HALF_EMOJI = "\ud83d"  # the first half of U+1F600, as a model cut off mid-emoji sends it
+
+
+def half_emoji_script(request):
+    """A model whose text ends in half an emoji, in every field a reply has."""
+    if request.turn == 0:
+        return Reply(content=f"Let me look {HALF_EMOJI}", reasoning=f"thinking \udc00 {HALF_EMOJI}",
+                     tool_calls=[("terminal", {"command": f"echo 'a{HALF_EMOJI}b'"})],
+                     provider=f"Prov{HALF_EMOJI}")
+    return Reply(content=f"All done {HALF_EMOJI}", reasoning="Finished.")
+
+
+def deep_arguments_script(request):
+    """Tool-call arguments nested far beyond any sane depth, then NaN, then a final answer."""
+    if request.turn == 0:
+        return Reply(reasoning="Deep.", tool_calls=[("terminal", '{"command": "ls", "x": ' + nested(300) + "}")])
+    if request.turn == 1:
+        return Reply(reasoning="Not a number.", tool_calls=[("terminal", '{"command": "ls", "timeout": NaN}')])
+    return Reply(content="Gave up.", reasoning="Done.")
+
+
+def test_half_an_emoji_from_the_model_is_stored_as_a_replacement_character(model_server, runner, tmp_path):
+    from hermes_batch.testing import RoutedScript
+
+    runner.server = model_server(RoutedScript({"emoji": half_emoji_script, "deep": deep_arguments_script}))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "emoji"}, {"prompt": "deep"}])
+    result = runner.invoke(dataset, "run", "--distribution", "terminal_only", "--no_filters")
+    assert result.exit_code == 0, result.output
+    for name in ("batch_0.jsonl", "trajectories.jsonl", "statistics.json", "checkpoint.json"):
+        (runner.folder() / name).read_bytes().decode("utf-8")  # strict: every byte is UTF-8
+    by_prompt = {t["conversations"][1]["value"]: t for t in runner.records("trajectories.jsonl")}
+    emoji = by_prompt["emoji"]
+    gpt = [turn for turn in emoji["conversations"] if turn["from"] == "gpt"]
+    assert gpt[0]["value"].startswith("<think>\nthinking \ufffd \ufffd\n</think>\nLet me look \ufffd")
+    assert gpt[0]["tool_calls"][0]["arguments"] == {"command": "echo 'a\ufffdb'"}
+    assert gpt[-1]["value"].endswith("All done \ufffd")
+    assert emoji["metadata"]["providers"][0] == "Prov\ufffd"
+    assert emoji["tool_stats"]["terminal"] == {"count": 1, "success": 1, "failure": 0}
+
+    deep = by_prompt["deep"]
+    invalid = deep["metadata"]["invalid_tool_calls"]
+    reasons = sorted(entry["reason"] for entry in invalid.values())
+    assert reasons == ["arguments are nested more than 100 levels deep",
+                       "arguments are not valid JSON (NaN is not a number JSON can hold)"]
+    calls = [c for turn in deep["conversations"] if turn.get("tool_calls") for c in turn["tool_calls"]]
+    assert all(isinstance(c["arguments"], str) for c in calls)  # kept as the raw text, never as a deep object
+
+
+@pytest.mark.parametrize("option", ["--ephemeral_system_prompt", "--model", "--providers_order"])
+def test_option_text_that_is_not_utf8_is_refused_before_any_model_call(model_server, runner, tmp_path, option):
+    # on Linux argv bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape)
+    server = runner.server = model_server()
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    result = runner.invoke(dataset, "run", option, b"caf\xe9".decode("utf-8", "surrogateescape"))
+    assert result.exit_code == 2, result.output
+    assert f"Error: {option} holds bytes that are not UTF-8 text; pass it as UTF-8." in result.output
+    assert server.request_count == 0
+
+
+def test_resume_over_records_holding_lone_surrogates_works(model_server, runner, tmp_path):
+    # Files written by another tool, an older version or a hand edit may hold \ud83d escapes (ensure_ascii JSON).
+    runner.server = model_server()
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "one"}, {"prompt": "two"}])
+    assert runner.invoke(dataset, "run", "--distribution", "terminal_only", "--no_filters").exit_code == 0
+    batch = runner.folder() / "batch_0.jsonl"
+    records = [json.loads(line) for line in batch.read_text().splitlines()]
+    for record in records:
+        record["conversations"][-1]["value"] += HALF_EMOJI
+        record["metadata"]["row"] = {"note": "\udc00"}
+    batch.write_text("".join(json.dumps(r) + "\n" for r in records))  # ensure_ascii: "\\ud83d" escapes
+    write_dataset(dataset, [{"prompt": "one"}, {"prompt": "two"}, {"prompt": "three"}])
+
+    server = runner.server = model_server()
+    result = runner.invoke(dataset, "run", "--distribution", "terminal_only", "--no_filters", "--resume")
+    assert result.exit_code == 0, result.output
+    assert {r.prompt for r in server.requests if not r.preflight} == {"three"}
+    text = (runner.folder() / "trajectories.jsonl").read_bytes().decode("utf-8")
+    merged = [json.loads(line) for line in text.splitlines()]
+    assert [t["conversations"][1]["value"] for t in merged] == ["one", "two", "three"]
+    assert merged[0]["conversations"][-1]["value"].endswith("\ufffd")
+    assert merged[0]["metadata"]["row"] == {"note": "\ufffd"}
+    json.loads((runner.folder() / "statistics.json").read_bytes().decode("utf-8"))

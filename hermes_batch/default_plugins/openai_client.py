@@ -197,7 +197,7 @@ def _parse_arguments(raw: Optional[str]) -> Optional[dict]:
         return {}
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested beyond the decoder's limit
         return None
     return value if isinstance(value, dict) else None
 
