@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Any, Iterator, Optional, Union
 
 import attrs
@@ -138,6 +139,8 @@ def _check_arguments(name: str, max_samples: Optional[int]) -> None:
         raise DatasetError(f"The dataset {name} is a folder; pass the path of a JSONL file to --dataset_file.")
     if not os.path.exists(name):
         raise DatasetError(f"The dataset file {name} does not exist; check the --dataset_file path.")
+    if not stat.S_ISREG(os.stat(name).st_mode):  # opening a FIFO would wait for a writer, and it is read twice
+        raise DatasetError(f"The dataset {name} is not a regular file (a pipe, socket or device); pass a JSONL file.")
     if not os.access(name, os.R_OK):
         raise DatasetError(f"The dataset file {name} cannot be read; check its permissions.")
 

@@ -24,7 +24,9 @@ import random
 from typing import Any, Iterable, Mapping, Optional, Union
 
 from .errors import ConfigError
+from .inputfiles import read_text_file
 from .interfaces import Distribution
+from .jsonguard import value_problem
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -205,31 +207,26 @@ def _read_file(name: str) -> Any:
     ext = os.path.splitext(name)[1].lower()
     if ext not in (".toml", ".json"):
         raise ConfigError(f"The distribution file {name} must end in .toml or .json.")
-    try:
-        with open(name, "rb") as handle:
-            raw = handle.read()
-    except FileNotFoundError:
-        raise ConfigError(f"The distribution file {name} does not exist; check the --distribution_file path.") from None
-    except IsADirectoryError:
-        raise ConfigError(f"The distribution file {name} is a folder; pass a .toml or .json file.") from None
-    except OSError as exc:
-        raise ConfigError(f"The distribution file {name} cannot be read: {exc.strerror or exc}.") from exc
+    text = read_text_file(name, "distribution file", "--distribution_file", ConfigError)
     if ext == ".json":
         try:
-            return json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{name}: not valid UTF-8 ({exc.reason} at byte {exc.start}).") from exc
+            data = json.loads(text, object_pairs_hook=_no_duplicates)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{name}:{exc.lineno}: invalid JSON: {exc.msg} at column {exc.colno}.") from exc
         except _DuplicateKey as exc:
             raise ConfigError(f"{name}: the key {exc.args[0]!r} is given twice in one object; keep one.") from exc
-    tomllib = _tomllib()
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{name}: not valid UTF-8 ({exc.reason} at byte {exc.start}).") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{name}: invalid TOML: {exc}.") from exc
+        except (ValueError, RecursionError) as exc:  # an integer of 4300 digits; nesting past the decoder's limit
+            raise ConfigError(f"{name}: invalid JSON ({str(exc) or 'nested too deeply'}).") from exc
+    else:
+        tomllib = _tomllib()
+        try:
+            data = tomllib.loads(text)
+        except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:
+            raise ConfigError(f"{name}: invalid TOML: {str(exc) or 'nested too deeply'}.") from exc
+    problem = value_problem(data, int_range=False)
+    if problem is not None:
+        raise ConfigError(f"{name}: {problem}.")
+    return data
 
 
 def _tomllib() -> Any:
