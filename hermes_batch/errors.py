@@ -31,6 +31,12 @@ class RunFolderError(HermesBatchError):
     """The run folder is in a state this command cannot continue from."""
 
 
+class RunFolderWriteError(HermesBatchError):
+    """Writing the run folder failed (disk full, file too large, quota, I/O error): the run stops, nothing finished is lost."""
+
+    exit_code = 74  # EX_IOERR of sysexits.h
+
+
 class FatalModelError(HermesBatchError):
     """The model endpoint refused the whole run (bad key, unknown model): stop at once."""
 

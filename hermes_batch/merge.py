@@ -9,7 +9,7 @@ import attrs
 
 from .interfaces import Writer
 from .records import Trajectory
-from .runfolder import RunFolder, read_records
+from .runfolder import RunFolder, check_stop, read_records
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ def iter_merged(folder: RunFolder, tool_names: Iterable[str] = ()) -> Iterator[T
             log.warning("%s: prompt indexes overlap earlier batches; the merged file is not fully ordered.", path)
         previous_max = batch[-1].prompt_index
         for traj in batch:
+            check_stop()  # Ctrl-C: the writer consuming this gives up its temporary file
             yield traj.with_tools(tool_names)
 
 

@@ -8,16 +8,18 @@ anything is appended, and readers skip it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import errno
 import json
 import logging
 import os
 import re
-import tempfile
+import secrets
 import threading
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, TypeVar, Union
 
-from .errors import UsageError
+from .errors import RunFolderError, RunFolderWriteError, UsageError
 from .serialization import describe_structure_error, from_json
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,100 @@ MAX_RUN_NAME_LENGTH = 128
 _RUN_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 _BATCH_RE = re.compile(r"batch_(\d+)\.jsonl")
 _TAIL_CHUNK = 64 * 1024
+TEMP_MARK = ".hermes-batch-"
+"""In the name of every temporary file of an atomic replace: ``.<name>.hermes-batch-<random>.tmp``."""
+_TEMP_RE = re.compile(r"\..+" + re.escape(TEMP_MARK) + r"[0-9a-f]{16}\.tmp")
+_IO_THREADS = 4
+
+_io_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_io_pool_lock = threading.Lock()
+
+
+def io_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that write the run folder, apart from the pool sandboxes and tools use.
+
+    A tool blocked for ever (a FIFO, a hung mount) can take every thread of that
+    pool; the records of the prompts that do finish must still be written.
+    """
+    global _io_pool
+    with _io_pool_lock:
+        if _io_pool is None:
+            _io_pool = concurrent.futures.ThreadPoolExecutor(_IO_THREADS, thread_name_prefix="hermes-batch-io")
+        return _io_pool
+
+
+class Stopped(Exception):
+    """Work started by :func:`run_off_loop` was cancelled (Ctrl-C) and stopped, its files as they were."""
+
+
+_off_loop = threading.local()
+
+
+def check_stop() -> None:
+    """Raise Stopped if the :func:`run_off_loop` call running in this thread was cancelled; cheap, call it often."""
+    stop = getattr(_off_loop, "stop", None)
+    if stop is not None and stop.is_set():
+        raise Stopped()
+
+
+async def run_off_loop(fn, *args):
+    """``fn(*args)`` on the run folder's threads, where the event loop does not wait for it.
+
+    Cancelling it (Ctrl-C) makes :func:`check_stop` raise Stopped in ``fn``'s thread
+    (``read_records`` and the merge call it as they go) and still waits for ``fn``
+    to end, so whatever it was replacing is left whole and its temporary file
+    removed; the process could not exit before that thread ends anyway.  The
+    cancellation is then raised.
+    """
+    stop = threading.Event()
+
+    def call():
+        _off_loop.stop = stop
+        try:
+            return fn(*args)
+        finally:
+            _off_loop.stop = None
+
+    future = asyncio.get_running_loop().run_in_executor(io_executor(), call)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        stop.set()
+        while not future.done():
+            try:
+                await asyncio.wait((future,))
+            except asyncio.CancelledError:  # a second Ctrl-C: still wait, the files come first
+                pass
+        if not future.cancelled():
+            future.exception()  # retrieved: Stopped is expected
+        raise
+
+
+def is_temp_file(name: str) -> bool:
+    """True for a temporary file an atomic replace of ours left behind (interrupted, killed)."""
+    return _TEMP_RE.fullmatch(name) is not None
+
+
+_ADVICE = {
+    errno.ENOSPC: "free some space on that disk",
+    errno.EDQUOT: "free some space or raise your disk quota",
+    errno.EFBIG: "the file reached the largest size the file system or 'ulimit -f' allows; raise that limit",
+    errno.EIO: "check the disk and its kernel log",
+    errno.EROFS: "the file system is read-only; remount it writable or choose another --output_dir",
+    errno.EACCES: "check the run folder's permissions",
+    errno.EPERM: "check the run folder's permissions",
+}
+
+
+def write_error(path: PathLike, exc: OSError) -> RunFolderWriteError:
+    """The one-sentence error for a failed write of ``path`` in the run folder."""
+    what = exc.strerror or str(exc)
+    name = errno.errorcode.get(exc.errno, "")
+    advice = _ADVICE.get(exc.errno, "fix the cause")
+    return RunFolderWriteError(
+        f"Writing {path} failed: {what}{f' ({name})' if name else ''}; finished prompts are saved, so {advice}, "
+        "then run the same command with --resume to continue."
+    )
 
 
 def validate_run_name(name: str) -> str:
@@ -155,6 +251,7 @@ class AppendLog:
         self.path = Path(path)
         self.dropped_bytes = 0  # total cut off torn tails, for the runner to report
         self._fd: Optional[int] = None
+        self._size = 0  # where the next record starts, to cut off a record a failed write left half written
         self._thread_lock = threading.Lock()
         self._async_lock = asyncio.Lock()
 
@@ -178,25 +275,46 @@ class AppendLog:
         if dropped:
             log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", self.path, dropped)
             self.dropped_bytes += dropped
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # 0o666: the user's umask decides, as for every file of the run folder
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        self._size = os.fstat(self._fd).st_size
         if not existed:
             _fsync_dir(self.path.parent)  # so the new file itself survives a crash
         return dropped
 
     def append_sync(self, line: str) -> None:
-        """Write ``line`` (one record, with or without its newline) as one write, then fsync."""
+        """Write ``line`` (one record, with or without its newline) as one write, then fsync.
+
+        Raises RunFolderWriteError when the disk is full (or any write fails), after
+        cutting off what part of the record was written, so the file stays whole lines.
+        """
         data = line.encode("utf-8") if line.endswith("\n") else (line + "\n").encode("utf-8")
         if data.count(b"\n") != 1:
             raise ValueError(f"{self.path}: a record must be a single line")
         with self._thread_lock:
-            self._open_locked()
-            _write_all(self._fd, data)
-            os.fsync(self._fd)
+            try:
+                self._open_locked()
+                _write_all(self._fd, data)
+                os.fsync(self._fd)
+            except OSError as exc:
+                self._cut_back()
+                raise write_error(self.path, exc) from exc
+            self._size += len(data)
+
+    def _cut_back(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, self._size)  # shrinking needs no space
+        except OSError:
+            log.warning("%s: could not cut off a half-written record; the next start repairs it.", self.path)
+            fd, self._fd = self._fd, None  # reopened (and repaired) by the next append
+            os.close(fd)
 
     async def append(self, line: str) -> None:
-        """Like :meth:`append_sync`, in the default executor; appends to one file are serialised."""
+        """Like :meth:`append_sync`, on the run folder's own threads; appends to one file are serialised."""
         async with self._async_lock:
-            await asyncio.get_running_loop().run_in_executor(None, self.append_sync, line)
+            await asyncio.get_running_loop().run_in_executor(io_executor(), self.append_sync, line)
 
     def close(self) -> None:
         """Close the file; a later append opens it again. Safe to call more than once."""
@@ -206,12 +324,26 @@ class AppendLog:
                 os.close(fd)
 
 
+def _create_temp(path: Path) -> tuple[int, Path]:
+    # Not mkstemp: its files are 0600, and these replace files that must get the user's umask like the others.
+    while True:
+        tmp = path.parent / f".{path.name}{TEMP_MARK}{secrets.token_hex(8)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def atomic_write_lines(path: PathLike, lines: Iterable[str]) -> int:
-    """Replace ``path`` with ``lines`` (each with its newline) so readers see the old or the new file, never part."""
+    """Replace ``path`` with ``lines`` (each with its newline) so readers see the old or the new file, never part.
+
+    A failed write (disk full) raises RunFolderWriteError and leaves the old file and no temporary file.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     count = 0
     try:
+        fd, tmp = _create_temp(path)
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             for line in lines:
                 fh.write(line)
@@ -219,13 +351,16 @@ def atomic_write_lines(path: PathLike, lines: Iterable[str]) -> int:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _fsync_dir(path.parent)
+    except BaseException as exc:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        if isinstance(exc, OSError):
+            raise write_error(path, exc) from exc
         raise
-    _fsync_dir(path.parent)
     return count
 
 
@@ -240,8 +375,14 @@ def read_records(path: PathLike, cls: type[T]) -> Iterator[tuple[int, T]]:
         fh = open(path, "rb")
     except FileNotFoundError:
         return
+    except OSError as exc:
+        raise RunFolderError(
+            f"{path} cannot be read ({exc.strerror or exc}); it must be a file a run wrote, so move it away."
+        ) from None
     with fh:
         for line_no, raw in enumerate(fh, start=1):
+            if not line_no & 0xFF:
+                check_stop()
             if not raw.endswith(b"\n"):
                 # an unterminated last line is a torn write: AppendLog.open cuts it, so never count it
                 log.warning("%s:%d: ignored an incomplete last line (interrupted write).", path, line_no)

@@ -8,20 +8,22 @@ import concurrent.futures
 import json
 import logging
 import random
-import shutil
 import time
 from typing import Optional
 
 import attrs
 import pluggy
 
-from . import __version__, dataset, distributions, notices, reindex, selection, toolsets
+from . import __version__, cleanup, dataset, distributions, notices, reindex, runfolder, selection, toolsets
 from .agent import AgentSettings
 from .config import RunConfig
 from .conversation import DEFAULT_SYSTEM_PROMPT
-from .errors import DatasetError, HermesBatchError, RunFolderError, UsageError
+from .errors import DatasetError, HermesBatchError, RunFolderError, RunFolderWriteError, UsageError
+from .lock import RunFolderLock
+from .inputfiles import read_text_file
 from .interfaces import ModelSettings, PromptJob
 from .journal import CallJournal, journal_path
+from .jsonguard import value_problem
 from .merge import merge_run
 from .plugins import collect, describe_plugins, get_plugin_manager
 from .processor import PromptProcessor, now_iso
@@ -29,13 +31,23 @@ from .progress import Progress
 from .records import Checkpoint, Discarded, Failure, Message, SessionInfo
 from .resume import plan_resume, scan_finished
 from .run_context import RunContext
-from .runfolder import AppendLog, RunFolder, atomic_write_text, read_records, repair_torn_tail, validate_run_name
+from .runfolder import (
+    AppendLog,
+    RunFolder,
+    Stopped,
+    atomic_write_text,
+    read_records,
+    repair_torn_tail,
+    run_off_loop,
+    validate_run_name,
+)
 from .serialization import to_json_line
 from .statistics import RunInfo, build_statistics, render_statistics, reported_cost
 
 log = logging.getLogger("hermes_batch.run")
 
 EXIT_OK, EXIT_FAILED_PROMPTS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 3, 2, 130
+EXIT_WRITE_ERROR = RunFolderWriteError.exit_code  # 74
 
 
 @attrs.frozen
@@ -49,12 +61,14 @@ def load_prefill(path) -> tuple:
     """The few-shot messages of --prefill_messages_file: a JSON list of {role, content}."""
     if path is None:
         return ()
+    text = read_text_file(path, "prefill messages file", "--prefill_messages_file", UsageError)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"The prefill messages file {path} does not exist.") from None
-    except ValueError as exc:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise UsageError(f"The prefill messages file {path} is not valid JSON ({exc}).") from None
+    problem = value_problem(data, int_range=False)
+    if problem is not None:
+        raise UsageError(f"The prefill messages file {path} cannot be sent: {problem}.")
     if not isinstance(data, list):
         raise UsageError(f"The prefill messages file {path} must hold a JSON list of {{role, content}} objects.")
     out = []
@@ -121,6 +135,7 @@ class Run:
         self.client = None
         self.previous_cost = 0.0
         self._recording: set = set()  # outcomes being written
+        self.lock: Optional[RunFolderLock] = None
 
     # --- before any model call -------------------------------------------------------------
 
@@ -179,13 +194,30 @@ class Run:
 
     def _check_folder(self) -> None:
         cfg = self.config
-        if self.folder.has_outputs() and not cfg.resume:
-            if not cfg.overwrite:
-                raise RunFolderError(
-                    f"{self.folder.dir} already holds the outputs of a run; pass --resume to continue it "
-                    "or --overwrite to start afresh."
-                )
-            shutil.rmtree(self.folder.dir)
+        # Held until the run ends: a second run on this folder would write every prompt twice.
+        self.lock = RunFolderLock(self.folder.dir)
+        self.lock.acquire()
+        try:
+            if self.folder.has_outputs() and not cfg.resume:
+                if not cfg.overwrite:
+                    raise RunFolderError(
+                        f"{self.folder.dir} already holds the outputs of a run; pass --resume to continue it "
+                        "or --overwrite to start afresh."
+                    )
+                # the run's own files only: the folder may hold the user's notes or the dataset itself
+                cleanup.remove_outputs(self.folder, self._writer_files())
+            cleanup.remove_leftovers(self.folder)
+        except BaseException:
+            self.close()
+            raise
+
+    def _writer_files(self) -> list:
+        return [name for w in self.writers if isinstance(name := getattr(w, "filename", None), str)]
+
+    def close(self) -> None:
+        """Release the run folder (idempotent); ``execute`` does it when it ends."""
+        if self.lock is not None:
+            self.lock.release()
 
     def _load_checkpoint(self) -> Optional[Checkpoint]:
         if not self.config.resume:
@@ -202,17 +234,28 @@ class Run:
                 recorded = json.loads(self.folder.run_json.read_text())["seed"]
                 if isinstance(recorded, int):
                     return recorded
-            except (ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError):
                 pass
         return random.SystemRandom().randrange(2**32)
 
     # --- the run -----------------------------------------------------------------------------
 
     async def execute(self) -> RunResult:
+        try:
+            return await self._execute()
+        finally:
+            self.close()
+
+    async def _execute(self) -> RunResult:
         cfg = self.config
         loop = asyncio.get_running_loop()
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.num_workers + 4, thread_name_prefix="hermes-batch")
-        loop.set_default_executor(pool)
+        # Sandboxes and tools get a pool of their own: a tool stuck for ever (a FIFO) may take all of it, but
+        # not the threads the SDKs need (DNS lookups, the openai SDK's platform probe: the default executor)
+        # nor those that write the run folder (runfolder.io_executor).  Threads start only when needed.
+        pool = concurrent.futures.ThreadPoolExecutor(cfg.num_workers + 4, thread_name_prefix="hermes-batch-tools")
+        loop.set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(cfg.num_workers + 4, thread_name_prefix="hermes-batch")
+        )
         fresh = not self.folder.has_outputs()
         if cfg.resume:
             reindex.recover(self.folder)
@@ -237,18 +280,27 @@ class Run:
             if isinstance(exc, asyncio.CancelledError):
                 return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
             return RunResult(exc.exit_code, None, str(exc))
-        self.folder.create()
-        self._write_run_json()
-        client.journal = self.journal = CallJournal(journal_path(self.folder.dir), self._session_number())
+        try:
+            self.folder.create()
+            self._write_run_json()
+            client.journal = self.journal = CallJournal(journal_path(self.folder.dir), self._session_number())
+            notices.skipped_lines(self.report, self.folder, cfg.dataset_file, cfg.max_samples)
+            # on record from the start, so a session killed before its first batch completes still counts
+            self._save_checkpoint(interrupted=False)
+        except RunFolderWriteError as exc:
+            await _quietly(backend.shutdown())
+            await _quietly(client.aclose())
+            if self.journal is not None:
+                self.journal.close()
+            if fresh:
+                cleanup.remove_outputs(self.folder, kept=False)
+            return RunResult(exc.exit_code, None, str(exc))
         # uninstalled toolsets first (one warning naming the plugins), then installed but unconfigured ones
         warning = distributions.unavailable_warning(self.distribution, self.registry.names("toolsets"))
         if warning:
             log.warning("%s", warning)
         for name, reason in self.unconfigured.items():
             log.warning("Toolset %s is left out of sampling: %s", name, reason)
-        notices.skipped_lines(self.report, self.folder, cfg.dataset_file, cfg.max_samples)
-        # on record from the start, so a session killed before its first batch completes still counts
-        self._save_checkpoint(interrupted=False)
         self.progress = Progress(total=to_run, enabled=cfg.progress)
         self.progress.watch(client.limiter.summary)
         self.failed_logs = {
@@ -287,10 +339,20 @@ class Run:
                 log_.close()
             self.journal.close()
         if fatal is not None and fresh and not self.counts:
-            # Nothing was achieved: leave no folder behind, so the corrected command runs as typed.
-            shutil.rmtree(self.folder.dir, ignore_errors=True)
+            # Nothing was achieved: leave nothing of this run behind, so the corrected command runs as typed.
+            # Only the files it wrote: the folder may hold the user's own (the lock removes the folder if
+            # this run created it).
+            cleanup.remove_outputs(self.folder, self._writer_files(), kept=False)
             return RunResult(fatal.exit_code, None, str(fatal))
-        statistics = self._finish(interrupted)
+        try:
+            statistics = await self._finish(interrupted)
+        except RunFolderWriteError as exc:
+            fatal, statistics = fatal or exc, None
+        except (asyncio.CancelledError, Stopped):
+            return RunResult(
+                EXIT_INTERRUPTED, None,
+                "Interrupted while merging; finished prompts are saved, run again with --resume to merge them.",
+            )
         if fatal is not None:
             return RunResult(fatal.exit_code, statistics, str(fatal))
         if interrupted:
@@ -460,9 +522,18 @@ class Run:
         }
         atomic_write_text(self.folder.run_json, json.dumps(data, indent=2, default=str) + "\n")
 
-    def _finish(self, interrupted: bool) -> dict:
+    async def _finish(self, interrupted: bool) -> dict:
         checkpoint = self._save_checkpoint(interrupted)
-        merge_run(self.folder, self.writers)
+        # off the event loop, so Ctrl-C is heard at once: it stops the merge, which removes its temporary files
+        stats = await run_off_loop(self._merge_and_count, checkpoint)
+        self.pm.hook.hermes_batch_run_end(run=self.context, statistics=stats)
+        return stats
+
+    def _merge_and_count(self, checkpoint: Checkpoint) -> dict:
+        try:
+            merge_run(self.folder, self.writers)
+        except OSError as exc:  # a writer plugin's own write
+            raise runfolder.write_error(self.folder.dir, exc) from exc
         stats = build_statistics(
             self.folder,
             filters_run=tuple(f.name for f in self.filters),
@@ -473,8 +544,8 @@ class Run:
                 total_prompts=self.report.valid, total_lines=self.report.total,
             ),
         )
+        runfolder.check_stop()
         atomic_write_text(self.folder.statistics, json.dumps(stats, indent=2) + "\n")
-        self.pm.hook.hermes_batch_run_end(run=self.context, statistics=stats)
         return stats
 
     def _model_settings(self) -> ModelSettings:

@@ -1,4 +1,5 @@
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -6,7 +7,7 @@ import os
 import pytest
 
 from hermes_batch import runfolder
-from hermes_batch.errors import UsageError
+from hermes_batch.errors import RunFolderWriteError, UsageError
 from hermes_batch.records import Failure
 from hermes_batch.runfolder import (
     AppendLog,
@@ -203,10 +204,10 @@ def test_failure_at_rename_leaves_the_old_file(tmp_path, monkeypatch):
     path.write_text('{"old": true}')
 
     def failing_replace(src, dst):
-        raise OSError("disk gone")
+        raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(runfolder.os, "replace", failing_replace)
-    with pytest.raises(OSError):
+    with pytest.raises(RunFolderWriteError, match=r"checkpoint.json failed: Input/output error \(EIO\)"):
         atomic_write_text(path, '{"new": true}')
     assert json.loads(path.read_text()) == {"old": True}
     assert os.listdir(tmp_path) == ["checkpoint.json"]

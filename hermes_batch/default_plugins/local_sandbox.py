@@ -314,6 +314,13 @@ class LocalSandbox(Sandbox):
             _kill_group(pgid)
         self._groups.clear()
         if self._keep:
+            # renamed, so the next session's start tells it from a folder a killed session left (removed then)
+            kept = self.root.with_name("kept-" + self.root.name)
+            try:
+                os.rename(self.root, kept)
+                self.root = kept
+            except OSError:
+                pass
             log.info("Kept the local sandbox folder %s.", self.root)
             return
         await asyncio.get_running_loop().run_in_executor(self._pool, _remove_tree, self.root)

@@ -1,0 +1,99 @@
+"""Removing what runs wrote to a run folder, and never anything else.
+
+A run folder may also hold the user's own files (notes, the dataset itself), so
+nothing here removes a folder whole: ``--overwrite`` and a fresh run that fails
+at once remove the files a run writes by name, and each start removes what a
+killed session left behind (temporary files of an atomic replace, working
+folders of local sandboxes).  Call these only while holding the folder's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Iterable
+
+from .runfolder import RunFolder, is_temp_file, write_error
+
+log = logging.getLogger(__name__)
+
+# The working folders the local sandbox makes under scratch/ (``p<index>-<content key>-<mkdtemp suffix>``), and
+# the ``kept-`` name a folder kept with ``-S keep=true`` gets at close.  tests/test_run_folder_safety.py checks
+# that the local sandbox's folders match.
+_SANDBOX_FOLDER_RE = re.compile(r"(kept-)?p\d+-[0-9a-f]{8}-[a-z0-9_]{8}")
+
+
+def is_sandbox_folder(name: str, *, kept: bool = True) -> bool:
+    """True for the name of a prompt's working folder under scratch/ (with ``kept``: also a kept one)."""
+    match = _SANDBOX_FOLDER_RE.fullmatch(name)
+    return match is not None and (kept or match.group(1) is None)
+
+
+def output_files(folder: RunFolder, writer_files: Iterable[str] = ()) -> list[Path]:
+    """The files of ``folder`` that a run writes: batch files, the fixed outputs, the writers' files."""
+    fixed = [folder.trajectories, folder.discarded, folder.failed, folder.checkpoint, folder.statistics, folder.run_json]
+    fixed += [folder.dir / name for name in writer_files]
+    return [path for _num, path in folder.iter_batch_files()] + [p for p in fixed if os.path.lexists(p)]
+
+
+def remove_outputs(folder: RunFolder, writer_files: Iterable[str] = (), *, kept: bool = True) -> int:
+    """Remove every file a run writes and its sandbox folders (with ``kept``: kept ones too); return how many went."""
+    removed = 0
+    for path in output_files(folder, writer_files) + _temp_files(folder):
+        removed += _unlink(path)
+    removed += _remove_sandbox_folders(folder, kept=kept)
+    return removed
+
+
+def remove_leftovers(folder: RunFolder) -> None:
+    """Remove what a killed session left: temporary files of an atomic replace and unkept sandbox folders."""
+    temps = sum(_unlink(path) for path in _temp_files(folder))
+    sandboxes = _remove_sandbox_folders(folder, kept=False)
+    if temps or sandboxes:
+        log.warning(
+            "Removed what an interrupted session left in %s: %d temporary file(s), %d sandbox folder(s).",
+            folder.dir, temps, sandboxes,
+        )
+
+
+def _temp_files(folder: RunFolder) -> list[Path]:
+    if not folder.dir.is_dir():
+        return []
+    return [Path(entry.path) for entry in os.scandir(folder.dir) if is_temp_file(entry.name)]
+
+
+def _unlink(path: Path) -> int:
+    try:
+        os.unlink(path)  # a symlink goes, never what it points to
+    except FileNotFoundError:
+        return 0
+    except IsADirectoryError:
+        log.warning("Left %s alone: it is a folder, not a file a run writes.", path)
+        return 0
+    except OSError as exc:
+        raise write_error(path, exc) from exc
+    return 1
+
+
+def _remove_sandbox_folders(folder: RunFolder, *, kept: bool) -> int:
+    from .default_plugins.local_sandbox import _remove_tree  # copes with folders a command made unreadable
+
+    scratch = folder.scratch
+    if scratch.is_symlink() or not scratch.is_dir():
+        return 0
+    removed = 0
+    for entry in os.scandir(scratch):
+        if not is_sandbox_folder(entry.name, kept=kept):
+            continue
+        if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
+            removed += _unlink(Path(entry.path))
+        else:
+            _remove_tree(Path(entry.path))
+            removed += 1
+    try:
+        scratch.rmdir()  # only when empty: anything else in it stays
+    except OSError:
+        pass
+    return removed

@@ -1,0 +1,554 @@
+"""The run folder under stress: starved thread pools, full disks, two runs at once, the user's own files.
+
+Every test drives a real run (in-process through the CLI or the Run API, or as a
+subprocess when a signal, an rlimit or a kill is needed) against the scripted
+model server, with the local sandbox, inside pytest's tmp_path only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import hermes_batch
+from hermes_batch import runfolder
+from hermes_batch.cleanup import is_sandbox_folder
+from hermes_batch.config import RunConfig
+from hermes_batch.errors import RunFolderError, RunFolderWriteError
+from hermes_batch.lock import LOCK_NAME, RunFolderLock
+from hermes_batch.plugins import get_plugin_manager
+from hermes_batch.records import Failure, content_key
+from hermes_batch.runfolder import AppendLog, RunFolder, read_records
+from hermes_batch.runner import Run
+from hermes_batch.serialization import to_json_line
+from hermes_batch.testing import ToolLoopScript
+from hermes_batch.testing.fixtures import wait_for
+
+from conftest import API_KEY, write_dataset
+
+BASE = ("--distribution", "terminal_only", "--seed", "7", "--no_filters")
+FAST = ToolLoopScript(tool_calls=1)
+
+
+def prompts(n: int, tag: str = "task") -> list[dict]:
+    return [{"prompt": f"{tag} {i}"} for i in range(n)]
+
+
+def merged_prompts(runner) -> Counter:
+    return Counter(t["conversations"][1]["value"] for t in runner.records("trajectories.jsonl"))
+
+
+def assert_whole_lines(folder: Path) -> None:
+    for path in folder.glob("*.jsonl"):
+        data = path.read_bytes()
+        assert not data or data.endswith(b"\n"), f"{path.name} ends in a torn line"
+        for line in data.splitlines():
+            json.loads(line)
+
+
+def temp_files(folder: Path) -> list[str]:
+    return [p.name for p in folder.iterdir() if runfolder.is_temp_file(p.name)]
+
+
+def last_line(output: str) -> str:
+    return output.strip().splitlines()[-1]
+
+
+# --- item 1: the run folder's writes have threads of their own ------------------------------------
+
+
+class PoolHog:
+    """Takes every thread of the run's shared pool at start, as tools stuck on FIFOs would."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.taken = threading.Semaphore(0)
+        self.size = 0
+
+    @hermes_batch.hookimpl
+    def hermes_batch_run_start(self, run):
+        self.size = run.thread_pool._max_workers
+        for _ in range(self.size):
+            run.thread_pool.submit(self._block)
+        for _ in range(self.size):
+            assert self.taken.acquire(timeout=10)
+
+    def _block(self):
+        self.taken.release()
+        self.release.wait()
+
+
+def test_records_are_written_and_the_run_ends_while_tools_hold_every_pool_thread(tmp_path, model_server):
+    server = model_server(FAST)
+    hog = PoolHog()
+    config = RunConfig(
+        dataset_file=write_dataset(tmp_path / "d.jsonl", prompts(12)), batch_size=5, run_name="run",
+        base_url=server.base_url, model="m", api_key=API_KEY, output_dir=tmp_path / "out",
+        distribution="terminal_only", progress=False, num_workers=3, filters=(),
+        sandbox_options={"keep": True},  # closing a sandbox would itself need the hogged pool
+    )
+    run = Run(config, get_plugin_manager(extra_plugins=[hog]))
+    run.prepare()
+    outcome = {}
+    ended = threading.Event()
+
+    async def main():
+        outcome["result"] = await run.execute()
+        ended.set()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    try:
+        assert ended.wait(60), "the run did not end while the shared pool was taken"
+        assert hog.size >= 3
+        result = outcome["result"]
+        assert result.exit_code == 0, result.message
+        folder = tmp_path / "out" / "run"
+        merged = [json.loads(line) for line in (folder / "trajectories.jsonl").read_text().splitlines()]
+        assert sorted(t["prompt_index"] for t in merged) == list(range(12))
+        assert (folder / "statistics.json").exists()
+    finally:
+        hog.release.set()
+        thread.join(30)
+
+
+# --- item 4: write errors ------------------------------------------------------------------------
+
+
+def test_a_failed_append_leaves_no_half_record_and_says_what_happened(tmp_path, monkeypatch):
+    path = tmp_path / "batch_0.jsonl"
+    log = AppendLog(path)
+    log.append_sync(to_json_line(Failure(0, "k0", 0, "E", "sandbox", "first", "t")))
+    real_write = os.write
+    calls = []
+
+    def disk_fills_up(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[:10]))  # part of the record lands, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runfolder.os, "write", disk_fills_up)
+    with pytest.raises(RunFolderWriteError) as info:
+        log.append_sync(to_json_line(Failure(1, "k1", 0, "E", "sandbox", "second", "t")))
+    monkeypatch.undo()
+    message = str(info.value)
+    assert message.startswith(f"Writing {path} failed: No space left on device (ENOSPC); ")
+    assert message.endswith("run the same command with --resume to continue.") and message.count(".") >= 1
+    assert info.value.exit_code == 74
+    log.append_sync(to_json_line(Failure(2, "k2", 0, "E", "sandbox", "third", "t")))
+    log.close()
+    assert [r.prompt_index for _, r in read_records(path, Failure)] == [0, 2]
+    assert path.read_bytes().count(b"\n") == 2
+
+
+def test_a_failed_atomic_replace_leaves_the_old_file_and_no_temporary_file(tmp_path, monkeypatch):
+    path = tmp_path / "statistics.json"
+    path.write_text("old\n")
+    real_fsync = os.fsync
+
+    def full(fd):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    monkeypatch.setattr(runfolder.os, "fsync", full)
+    with pytest.raises(RunFolderWriteError, match=r"Disk quota exceeded \(EDQUOT\); .*raise your disk quota"):
+        runfolder.atomic_write_text(path, "new\n")
+    monkeypatch.setattr(runfolder.os, "fsync", real_fsync)
+    assert path.read_text() == "old\n"
+    assert os.listdir(tmp_path) == ["statistics.json"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 600 KiB tmpfs mounted inside tmp_path (we are root); unmounted afterwards."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k,mode=0755", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_disk_full_stops_the_run_with_its_own_status_and_resume_finishes(tmp_path, runner, model_server, small_disk):
+    # 30 prompts with 30 KB answers cannot fit in 600 KiB; the dataset lives outside the small disk
+    server = model_server(ToolLoopScript(tool_calls=1, final="x" * 30_000 + " {prompt}"))
+    data = write_dataset(tmp_path / "d.jsonl", prompts(30))
+    args = runner.args(data, "run", *BASE, "--num_workers", "4", server=server)
+    out = small_disk / "out"
+    args[args.index("--output_dir") + 1] = str(out)
+    from click.testing import CliRunner
+
+    from hermes_batch.cli import cli
+
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    folder = out / "run"
+    assert result.exit_code == 74, result.output
+    message = last_line(result.output)
+    assert message.startswith(f"Error: Writing {folder}/") and "No space left on device (ENOSPC)" in message
+    assert message.endswith("then run the same command with --resume to continue.")
+    assert "internal error" not in result.output and "Traceback" not in result.output
+    assert_whole_lines(folder)
+    assert temp_files(folder) == []
+    saved = sum(1 for p in folder.glob("batch_*.jsonl") for _ in p.read_text().splitlines())
+    assert 0 < saved < 30
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    second = model_server(ToolLoopScript(tool_calls=1, final="x" * 30_000 + " {prompt}"))
+    args[args.index("--base_url") + 1] = second.base_url
+    result = CliRunner().invoke(cli, args + ["--resume"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    merged = Counter(json.loads(line)["conversations"][1]["value"] for line in
+                     (folder / "trajectories.jsonl").read_text().splitlines())
+    assert merged == Counter(f"task {i}" for i in range(30))
+    assert len({r.prompt for r in second.requests if not r.preflight}) == 30 - saved  # none paid twice
+    assert_whole_lines(folder)
+
+
+def test_a_file_size_limit_is_reported_as_a_write_error_and_resume_finishes(tmp_path, runner, model_server):
+    server = model_server(ToolLoopScript(tool_calls=1, final="y" * 20_000 + " {prompt}"))
+    data = write_dataset(tmp_path / "d.jsonl", prompts(12))
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    proc = runner.spawn(data, "run", *BASE, "--batch_size", "100", server=server, preexec_fn=small_files)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 74, err
+    assert "File too large (EFBIG)" in err and "ulimit -f" in err and "Traceback" not in err
+    assert_whole_lines(runner.folder())
+
+    second = model_server(ToolLoopScript(tool_calls=1, final="y" * 20_000 + " {prompt}"))
+    result = runner.invoke(data, "run", *BASE, "--batch_size", "100", "--resume", server=second)
+    assert result.exit_code == 0, result.output
+    assert merged_prompts(runner) == Counter(f"task {i}" for i in range(12))
+
+
+# --- item 4: files the run reads ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "not utf-8", "lone surrogate", "deep"])
+def test_a_prefill_file_that_cannot_be_used_gets_one_sentence(tmp_path, runner, model_server, kind):
+    server = runner.server = model_server()
+    prefill = tmp_path / "prefill.json"
+    expected = {
+        "folder": "is a directory.",  # click's own check of the option
+        "fifo": "is not a regular file (a pipe, socket or device); pass a file to --prefill_messages_file.",
+        "not utf-8": "is not valid UTF-8 (byte 0xe9 at offset 33); save it as UTF-8.",
+        "lone surrogate": "cannot be sent: $[0].content: holds a lone surrogate (\\ud800)",
+        "deep": "cannot be sent: $[0].content",
+    }[kind]
+    if kind == "folder":
+        prefill.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(prefill)  # opening it to read would wait for a writer for ever
+    elif kind == "not utf-8":
+        prefill.write_bytes(b'[{"role": "user", "content": "caf\xe9"}]')
+    elif kind == "lone surrogate":
+        prefill.write_text('[{"role": "user", "content": "x\\ud800"}]')
+    else:
+        prefill.write_text('[{"role": "user", "content": ' + "[" * 200 + "]" * 200 + "}]")
+    data = write_dataset(tmp_path / "d.jsonl", prompts(1))
+    result = runner.invoke(data, "run", "--prefill_messages_file", str(prefill))
+    assert result.exit_code == 2, result.output
+    message = last_line(result.output)
+    assert message.startswith("Error: ") and message.endswith(".") and expected in message, message
+    assert "Traceback" not in result.output and server.request_count == 0
+    if kind != "folder":
+        assert message.startswith(f"Error: The prefill messages file {prefill} ")
+
+
+def test_the_prefill_file_is_checked_the_same_through_the_api(tmp_path):
+    from hermes_batch.errors import UsageError
+    from hermes_batch.runner import load_prefill
+
+    with pytest.raises(UsageError, match="is a folder; pass a file to --prefill_messages_file.$"):
+        load_prefill(tmp_path)
+
+
+def test_a_dataset_that_is_a_pipe_is_refused_at_once(tmp_path, runner):
+    fifo = tmp_path / "d.jsonl"
+    os.mkfifo(fifo)
+    result = runner.invoke(fifo, "run")
+    assert result.exit_code == 2
+    assert last_line(result.output) == (
+        f"Error: The dataset {fifo} is not a regular file (a pipe, socket or device); pass a JSONL file."
+    )
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe", b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", b'{"x": NaN}'])
+def test_a_distribution_file_that_cannot_be_used_gets_one_sentence(tmp_path, runner, content):
+    path = tmp_path / "dists.json"
+    path.write_bytes(content)
+    result = runner.invoke(write_dataset(tmp_path / "d.jsonl", prompts(1)), "run", "--distribution_file", str(path))
+    assert result.exit_code == 2, result.output
+    assert last_line(result.output).startswith(("Error: The distribution file", f"Error: {path}:"))
+    assert "Traceback" not in result.output
+
+
+# --- item 7: only ever delete what the run wrote --------------------------------------------------
+
+
+def users_files(folder: Path, data_rows) -> dict:
+    """The user's own files inside the run folder: notes, a subfolder, and the dataset itself."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "notes.txt").write_text("my notes")
+    (folder / "mine").mkdir()
+    (folder / "mine" / "keep.md").write_text("keep me")
+    (folder / ".notes.tmp").write_text("mine too")
+    write_dataset(folder / "dataset.jsonl", data_rows)
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def assert_users_files_intact(folder: Path, before: dict) -> None:
+    for relative, data in before.items():
+        assert (folder / relative).read_bytes() == data, relative
+
+
+def test_a_fatal_error_early_in_a_run_deletes_only_what_the_run_wrote(tmp_path, runner, model_server):
+    server = model_server(api_key="the-right-key")
+    folder = runner.folder()
+    before = users_files(folder, prompts(3))
+    result = runner.invoke(folder / "dataset.jsonl", "run", *BASE, "--no_preflight", server=server)
+    assert result.exit_code == 2, result.output  # the key is refused at the first prompt: the whole run stops
+    assert_users_files_intact(folder, before)
+    left = {p.relative_to(folder) for p in folder.rglob("*")}
+    assert left == set(before) | {Path("mine")}
+
+
+def test_overwrite_replaces_the_outputs_and_keeps_the_users_files(tmp_path, runner, model_server):
+    runner.server = model_server(FAST)
+    folder = runner.folder()
+    before = users_files(folder, prompts(7, "old"))
+    data = folder / "dataset.jsonl"
+    assert runner.invoke(data, "run", *BASE, "-S", "keep=true").exit_code == 0
+    assert (folder / "batch_1.jsonl").exists() and list((folder / "scratch").iterdir())
+
+    write_dataset(data, prompts(3, "new"))
+    before[Path("dataset.jsonl")] = data.read_bytes()
+    result = runner.invoke(data, "run", *BASE, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert merged_prompts(runner) == Counter(f"new {i}" for i in range(3))
+    assert not (folder / "batch_1.jsonl").exists()  # the old run's batch, which the new one never wrote
+    assert not (folder / "scratch").exists()
+    assert_users_files_intact(folder, before)
+
+
+def test_overwrite_never_follows_a_link_out_of_the_folder(tmp_path, runner, model_server):
+    runner.server = model_server(FAST)
+    data = write_dataset(tmp_path / "d.jsonl", prompts(2))
+    assert runner.invoke(data, "run", *BASE).exit_code == 0
+    precious = tmp_path / "precious.jsonl"
+    precious.write_text("do not touch\n")
+    batch = runner.folder() / "batch_9.jsonl"
+    batch.symlink_to(precious)
+    (runner.folder() / "scratch").mkdir()
+    (runner.folder() / "scratch" / "p1-0123abcd-abcdefgh").symlink_to(tmp_path, target_is_directory=True)
+    assert runner.invoke(data, "run", *BASE, "--overwrite").exit_code == 0
+    assert precious.read_text() == "do not touch\n" and not batch.exists()
+    assert (tmp_path / "d.jsonl").exists()
+
+
+def test_leftovers_of_a_killed_session_are_removed_at_the_next_start_and_nothing_else(tmp_path, runner, model_server):
+    runner.server = model_server(FAST)
+    data = write_dataset(tmp_path / "d.jsonl", prompts(2))
+    assert runner.invoke(data, "run", *BASE).exit_code == 0
+    folder = runner.folder()
+    scratch = folder / "scratch"
+    scratch.mkdir()
+    leftovers = [folder / ".trajectories.jsonl.hermes-batch-0123456789abcdef.tmp",
+                 folder / ".statistics.json.hermes-batch-fedcba9876543210.tmp"]
+    for path in leftovers:
+        path.write_text("half a merge")
+    (scratch / "p0-0123abcd-x1y2z3_w").mkdir()
+    (scratch / "p0-0123abcd-x1y2z3_w" / "file").write_text("a killed prompt's work")
+    kept = scratch / "kept-p1-0123abcd-abcdefgh"
+    kept.mkdir()
+    users = [folder / ".trajectories.jsonl.tmp", folder / ".x.hermes-batch-short.tmp", scratch / "mine"]
+    for path in users:
+        path.write_text("the user's")
+    result = runner.invoke(data, "run", *BASE, "--resume")
+    assert result.exit_code == 0, result.output
+    assert not any(p.exists() for p in leftovers) and not (scratch / "p0-0123abcd-x1y2z3_w").exists()
+    assert kept.is_dir() and all(p.read_text() == "the user's" for p in users)
+
+
+async def test_the_local_sandbox_makes_folders_cleanup_recognises_and_renames_kept_ones(tmp_path):
+    from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
+    from hermes_batch.records import SandboxSpec
+    from hermes_batch.run_context import RunContext
+
+    backend = LocalSandboxBackend(LocalSandboxConfig(keep=True), RunContext("r", tmp_path, 1))
+    await backend.start()
+    sandbox = await backend.open(SandboxSpec("r", 123, content_key("p", None, None)))
+    assert is_sandbox_folder(sandbox.root.name, kept=False)
+    await sandbox.close()
+    await backend.shutdown()
+    assert sandbox.root.name.startswith("kept-p123-") and sandbox.root.is_dir()
+    assert is_sandbox_folder(sandbox.root.name) and not is_sandbox_folder(sandbox.root.name, kept=False)
+
+
+# --- item 8: one run per folder ------------------------------------------------------------------
+
+
+def test_a_second_run_on_the_same_folder_refuses_at_once_naming_the_first(tmp_path, runner, model_server, cleanup):
+    first_server = model_server(ToolLoopScript(tool_calls=1), latency=0.3)
+    data = write_dataset(tmp_path / "d.jsonl", prompts(8))
+    first = runner.spawn(data, "run", *BASE, "--num_workers", "2", server=first_server)
+    cleanup.append(first)
+    wait_for(lambda: first_server.request_count > 2, 60, "the first run to be under way", first)
+
+    second_server = model_server(FAST)
+    started = time.monotonic()
+    result = runner.invoke(data, "run", *BASE, "--resume", server=second_server)
+    assert time.monotonic() - started < 10
+    assert result.exit_code == 2, result.output
+    assert last_line(result.output) == (
+        f"Error: The run folder {runner.folder()} is in use by another run (pid {first.pid} on host "
+        f"{socket.gethostname()}, since {json.loads((runner.folder() / LOCK_NAME).read_text())['started_at']} UTC); "
+        "wait for it to end or stop it, then run the command again."
+    )
+    assert second_server.request_count == 0  # not even the preflight
+
+    _out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert merged_prompts(runner) == Counter(f"task {i}" for i in range(8))
+    assert not (runner.folder() / LOCK_NAME).exists()
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, runner, model_server, cleanup):
+    server = model_server(ToolLoopScript(tool_calls=1, command="sleep 30"))
+    data = write_dataset(tmp_path / "d.jsonl", prompts(4))
+    first = runner.spawn(data, "run", *BASE, server=server)
+    cleanup.append(first)
+    wait_for(lambda: (runner.folder() / LOCK_NAME).exists() and server.request_count > 1, 60, "the run", first)
+    first.kill()
+    first.communicate()
+    assert json.loads((runner.folder() / LOCK_NAME).read_text())["pid"] == first.pid  # left behind
+
+    result = runner.invoke(data, "run", *BASE, "--resume", server=model_server(FAST))
+    assert result.exit_code == 0, result.output
+    assert merged_prompts(runner) == Counter(f"task {i}" for i in range(4))
+
+
+def test_the_lock_refuses_a_second_holder_in_the_same_process_and_is_released(tmp_path):
+    folder = tmp_path / "run"
+    with RunFolderLock(folder) as lock:
+        assert lock.held and (folder / LOCK_NAME).exists()
+        with pytest.raises(RunFolderError, match=f"pid {os.getpid()} on host"):
+            RunFolderLock(folder).acquire()
+    assert not folder.exists()  # the lock made the folder and leaves it as it found it
+    folder.mkdir()
+    (folder / "notes.txt").write_text("x")
+    with RunFolderLock(folder):
+        pass
+    assert os.listdir(folder) == ["notes.txt"]
+
+
+def test_the_lock_falls_back_to_the_recorded_pid_where_flock_is_missing(tmp_path, monkeypatch):
+    import fcntl
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / LOCK_NAME).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    with pytest.raises(RunFolderError, match="in use by another run"):
+        RunFolderLock(folder).acquire()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (folder / LOCK_NAME).write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname()}))
+    with RunFolderLock(folder) as lock:
+        assert json.loads((folder / LOCK_NAME).read_text())["pid"] == os.getpid() and lock.held
+
+
+# --- item 14: file modes -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_every_file_of_the_run_folder_gets_the_users_umask(tmp_path, runner, model_server, umask):
+    runner.server = model_server(FAST)
+    data = write_dataset(tmp_path / "d.jsonl", prompts(3))
+    old = os.umask(umask)
+    try:
+        result = runner.invoke(data, "run", *BASE)
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.output
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in runner.folder().iterdir() if p.is_file()}
+    assert {"batch_0.jsonl", "trajectories.jsonl", "statistics.json", "checkpoint.json", "run.json"} <= set(modes)
+    assert set(modes.values()) == {0o666 & ~umask}, modes
+
+
+# --- also: the merge -----------------------------------------------------------------------------
+
+
+def big_finished_run(runner, tmp_path, count: int) -> Path:
+    """A run folder whose batch file already holds ``count`` finished prompts, and the dataset that matches."""
+    folder = runner.folder()
+    folder.mkdir(parents=True)
+    data = write_dataset(tmp_path / "d.jsonl", prompts(count))
+    template = {
+        "prompt_index": 0, "conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": ""},
+                                             {"from": "gpt", "value": "<think>\nok\n</think>\n" + "z" * 400}],
+        "metadata": {"batch_num": 0, "timestamp": "2026-01-01T00:00:00.000", "model": "m", "content_key": ""},
+        "completed": True, "partial": False, "api_calls": 1, "toolsets_used": ["terminal"],
+        "tool_stats": {"terminal": {"count": 0, "success": 0, "failure": 0}}, "tool_error_counts": {"terminal": 0},
+    }
+    with open(folder / "batch_0.jsonl", "w") as handle:
+        for i in range(count):
+            template["prompt_index"] = i
+            template["conversations"][1]["value"] = f"task {i}"
+            template["metadata"]["content_key"] = content_key(f"task {i}", None, None)
+            handle.write(json.dumps(template) + "\n")
+    return data
+
+
+def test_ctrl_c_during_the_merge_stops_it_at_once_and_leaves_consistent_files(tmp_path, runner, model_server, cleanup):
+    data = big_finished_run(runner, tmp_path, 30_000)
+    folder = runner.folder()
+    proc = runner.spawn(data, "run", *BASE, "--batch_size", "100000", "--resume", server=model_server(FAST))
+    cleanup.append(proc)
+    merging = lambda: [name for name in temp_files(folder) if name.startswith(".trajectories.jsonl.")]  # noqa: E731
+    wait_for(merging, 300, "the merge to start writing", proc)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Interrupted while merging" in err and "Traceback" not in err
+    # the merge stopped where it was (on the event loop it ran to the end before the signal was even seen)
+    assert not (folder / "trajectories.jsonl").exists()
+    assert temp_files(folder) == []
+    json.loads((folder / "checkpoint.json").read_text())
+
+    result = runner.invoke(data, "run", *BASE, "--batch_size", "100000", "--resume", server=model_server(FAST))
+    assert result.exit_code == 0, result.output
+    assert sum(1 for _ in open(folder / "trajectories.jsonl")) == 30_000
+
+
+@pytest.fixture
+def cleanup():
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
