@@ -14,7 +14,7 @@ from typing import Optional
 import attrs
 import pluggy
 
-from . import __version__, cleanup, dataset, distributions, notices, reindex, runfolder, selection, toolsets
+from . import __version__, cleanup, dataset, distributions, limits, notices, reindex, runfolder, selection, toolsets
 from .agent import AgentSettings
 from .config import RunConfig
 from .conversation import DEFAULT_SYSTEM_PROMPT
@@ -174,6 +174,12 @@ class Run:
             raise DatasetError(f"{cfg.dataset_file} holds no valid prompt; add rows with a non-empty \"prompt\".")
         notices.ignored_images(self.report, self.backend_cls, cfg.dataset_file)
         self.dataset_fingerprint = reindex.fingerprint(cfg.dataset_file)
+
+        # files and threads for the concurrency asked, said before any model call rather than as EMFILE after it
+        fit = limits.fit_concurrency(cfg.num_workers)
+        if fit.reasons:
+            log.warning("%s", limits.describe(cfg.num_workers, fit))
+        self.concurrency = fit.concurrency
         self._check_folder()
         self.previous = self._load_checkpoint()
         self.seed = self._choose_seed()
@@ -252,9 +258,9 @@ class Run:
         # Sandboxes and tools get a pool of their own: a tool stuck for ever (a FIFO) may take all of it, but
         # not the threads the SDKs need (DNS lookups, the openai SDK's platform probe: the default executor)
         # nor those that write the run folder (runfolder.io_executor).  Threads start only when needed.
-        pool = concurrent.futures.ThreadPoolExecutor(cfg.num_workers + 4, thread_name_prefix="hermes-batch-tools")
+        pool = concurrent.futures.ThreadPoolExecutor(self.concurrency + 4, thread_name_prefix="hermes-batch-tools")
         loop.set_default_executor(
-            concurrent.futures.ThreadPoolExecutor(cfg.num_workers + 4, thread_name_prefix="hermes-batch")
+            concurrent.futures.ThreadPoolExecutor(self.concurrency + 4, thread_name_prefix="hermes-batch")
         )
         fresh = not self.folder.has_outputs()
         if cfg.resume:
@@ -322,7 +328,7 @@ class Run:
                 await runtime.start(self.context, client)
             self.progress.start()
             jobs = self._jobs(plan_resume(dataset.iter_rows(cfg.dataset_file, max_samples=cfg.max_samples), finished))
-            await self.executor.run(jobs, processor, self._on_outcome, cfg.num_workers)
+            await self.executor.run(jobs, processor, self._on_outcome, self.concurrency)
         except asyncio.CancelledError:
             interrupted = True
         except HermesBatchError as exc:
@@ -556,7 +562,7 @@ class Run:
             providers_allowed=cfg.providers_allowed, providers_ignored=cfg.providers_ignored,
             providers_order=cfg.providers_order, provider_sort=cfg.provider_sort, max_retries=cfg.max_retries,
             request_timeout=cfg.request_timeout,
-            max_concurrent_requests=cfg.max_concurrent_requests or cfg.num_workers,
+            max_concurrent_requests=cfg.max_concurrent_requests or self.concurrency,
             max_requests_per_minute=cfg.max_requests_per_minute, max_tokens_per_minute=cfg.max_tokens_per_minute,
             http_backend=cfg.http_backend,
         )
