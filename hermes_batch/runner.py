@@ -7,6 +7,7 @@ import collections
 import concurrent.futures
 import json
 import logging
+import os
 import random
 import time
 from typing import Optional
@@ -181,8 +182,12 @@ class Run:
             log.warning("%s", limits.describe(cfg.num_workers, fit))
         self.concurrency = fit.concurrency
         self._check_folder()
-        self.previous = self._load_checkpoint()
-        self.seed = self._choose_seed()
+        try:
+            self.previous = self._load_checkpoint()
+            self.seed = self._choose_seed()
+        except BaseException:
+            self.close()
+            raise
 
     def _prepare_toolsets(self) -> None:
         """Structure the -T options; leave out the toolsets whose provider is not configured."""
@@ -211,6 +216,12 @@ class Run:
                         "or --overwrite to start afresh."
                     )
                 # the run's own files only: the folder may hold the user's notes or the dataset itself
+                doomed = cleanup.output_files(self.folder, self._writer_files())
+                if any(os.path.samefile(cfg.dataset_file, path) for path in doomed if path.exists()):
+                    raise RunFolderError(
+                        f"The dataset {cfg.dataset_file} is an output of the run in {self.folder.dir}, which "
+                        "--overwrite would delete; copy it out of the run folder first."
+                    )
                 cleanup.remove_outputs(self.folder, self._writer_files())
             cleanup.remove_leftovers(self.folder)
         except BaseException:

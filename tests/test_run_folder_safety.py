@@ -352,6 +352,19 @@ def test_overwrite_replaces_the_outputs_and_keeps_the_users_files(tmp_path, runn
     assert_users_files_intact(folder, before)
 
 
+def test_overwrite_refuses_to_delete_the_dataset_it_is_about_to_read(tmp_path, runner, model_server):
+    runner.server = model_server(FAST)
+    assert runner.invoke(write_dataset(tmp_path / "d.jsonl", prompts(3)), "run", *BASE).exit_code == 0
+    data = write_dataset(runner.folder() / "batch_9.jsonl", prompts(2, "next"))  # named like a batch file
+    result = runner.invoke(data, "run", *BASE, "--overwrite")
+    assert result.exit_code == 2, result.output
+    assert last_line(result.output) == (
+        f"Error: The dataset {data} is an output of the run in {runner.folder()}, which --overwrite would "
+        "delete; copy it out of the run folder first."
+    )
+    assert data.exists() and (runner.folder() / "batch_0.jsonl").exists()
+
+
 def test_overwrite_never_follows_a_link_out_of_the_folder(tmp_path, runner, model_server):
     runner.server = model_server(FAST)
     data = write_dataset(tmp_path / "d.jsonl", prompts(2))
@@ -552,3 +565,18 @@ def cleanup():
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+def test_a_run_folder_file_that_is_a_folder_is_one_sentence_and_the_lock_is_released(tmp_path, runner, model_server):
+    runner.server = model_server(FAST)
+    data = write_dataset(tmp_path / "d.jsonl", prompts(2))
+    assert runner.invoke(data, "run", *BASE).exit_code == 0
+    checkpoint = runner.folder() / "checkpoint.json"
+    checkpoint.unlink()
+    checkpoint.mkdir()
+    result = runner.invoke(data, "run", *BASE, "--resume")
+    assert result.exit_code == 2, result.output
+    assert last_line(result.output) == (
+        f"Error: {checkpoint} cannot be read (Is a directory); it must be a file a run wrote, so move it away."
+    )
+    assert not (runner.folder() / LOCK_NAME).exists()
