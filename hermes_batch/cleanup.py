@@ -33,7 +33,8 @@ def is_sandbox_folder(name: str, *, kept: bool = True) -> bool:
 
 def output_files(folder: RunFolder, writer_files: Iterable[str] = ()) -> list[Path]:
     """The files of ``folder`` that a run writes: batch files, the fixed outputs, the writers' files."""
-    fixed = [folder.trajectories, folder.discarded, folder.failed, folder.checkpoint, folder.statistics, folder.run_json]
+    fixed = [folder.trajectories, folder.discarded, folder.failed, folder.checkpoint, folder.statistics,
+             folder.run_json]
     fixed += [folder.dir / name for name in writer_files]
     return [path for _num, path in folder.iter_batch_files()] + [p for p in fixed if os.path.lexists(p)]
 

@@ -202,7 +202,7 @@ def _parse(raw: bytes) -> tuple[Any, Optional[str]]:
     if type(row) is not dict:
         return None, f"expected a JSON object, got {_type_name(row)}"
     # every row is checked alike at validation and at run time, so a row that passed is never skipped later
-    return row, _check_row(row) or value_problem(row, skip=_NOT_RANGE_CHECKED)
+    return row, _check_row(row) or value_problem(row, any_int=_NOT_RANGE_CHECKED)
 
 
 def _check_row(row: dict) -> Optional[str]:

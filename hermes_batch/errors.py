@@ -32,7 +32,7 @@ class RunFolderError(HermesBatchError):
 
 
 class RunFolderWriteError(HermesBatchError):
-    """Writing the run folder failed (disk full, file too large, quota, I/O error): the run stops, nothing finished is lost."""
+    """Writing the run folder failed (disk full, file too large, quota, I/O error): the run stops, nothing is lost."""
 
     exit_code = 74  # EX_IOERR of sysexits.h
 

@@ -13,7 +13,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def read_text_file(path: PathLike, what: str, option: str, error: type = HermesBatchError) -> str:
-    """The UTF-8 text of ``path``; ``error`` with one sentence if it is missing, a folder, a pipe, unreadable or not UTF-8.
+    """The UTF-8 text of ``path``; ``error`` (one sentence) if it is missing, a folder, a pipe, unreadable or not UTF-8.
 
     ``what`` names the file for the user ("prefill messages file"), ``option`` is the option that gave it.
     """
@@ -44,7 +44,8 @@ def read_text_file(path: PathLike, what: str, option: str, error: type = HermesB
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(
-            f"The {what} {name} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save it as UTF-8."
+            f"The {what} {name} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+            "save it as UTF-8."
         ) from None
 
 

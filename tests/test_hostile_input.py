@@ -96,6 +96,7 @@ BAD_ROWS = [
     ('{"prompt": "x", "score": 1e999}', "$.score: inf is not a number JSON can hold"),
     ('{"prompt": "x", "n": ' + "9" * 5000 + "}", "an integer has more than 4300 digits"),
     ('{"prompt": "x", "n": 18446744073709551616}', "$.n: the integer 18446744073709551616"),
+    ('{"prompt": "x", "id": "a\\ud800"}', "$.id: holds a lone surrogate"),
 ]
 
 

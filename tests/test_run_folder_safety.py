@@ -40,6 +40,7 @@ from hermes_batch.testing import ToolLoopScript
 from hermes_batch.testing.fixtures import wait_for
 
 from conftest import API_KEY, write_dataset
+from test_resume_durability import cleanup_procs  # noqa: F401 (fixture)
 
 BASE = ("--distribution", "terminal_only", "--seed", "7", "--no_filters")
 FAST = ToolLoopScript(tool_calls=1)
@@ -422,11 +423,13 @@ async def test_the_local_sandbox_makes_folders_cleanup_recognises_and_renames_ke
 # --- item 8: one run per folder ------------------------------------------------------------------
 
 
-def test_a_second_run_on_the_same_folder_refuses_at_once_naming_the_first(tmp_path, runner, model_server, cleanup):
+def test_a_second_run_on_the_same_folder_refuses_at_once_naming_the_first(
+    tmp_path, runner, model_server, cleanup_procs
+):
     first_server = model_server(ToolLoopScript(tool_calls=1), latency=0.3)
     data = write_dataset(tmp_path / "d.jsonl", prompts(8))
     first = runner.spawn(data, "run", *BASE, "--num_workers", "2", server=first_server)
-    cleanup.append(first)
+    cleanup_procs.append(first)
     wait_for(lambda: first_server.request_count > 2, 60, "the first run to be under way", first)
 
     second_server = model_server(FAST)
@@ -447,11 +450,11 @@ def test_a_second_run_on_the_same_folder_refuses_at_once_naming_the_first(tmp_pa
     assert not (runner.folder() / LOCK_NAME).exists()
 
 
-def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, runner, model_server, cleanup):
+def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, runner, model_server, cleanup_procs):
     server = model_server(ToolLoopScript(tool_calls=1, command="sleep 30"))
     data = write_dataset(tmp_path / "d.jsonl", prompts(4))
     first = runner.spawn(data, "run", *BASE, server=server)
-    cleanup.append(first)
+    cleanup_procs.append(first)
     wait_for(lambda: (runner.folder() / LOCK_NAME).exists() and server.request_count > 1, 60, "the run", first)
     first.kill()
     first.communicate()
@@ -536,11 +539,13 @@ def big_finished_run(runner, tmp_path, count: int) -> Path:
     return data
 
 
-def test_ctrl_c_during_the_merge_stops_it_at_once_and_leaves_consistent_files(tmp_path, runner, model_server, cleanup):
+def test_ctrl_c_during_the_merge_stops_it_at_once_and_leaves_consistent_files(
+    tmp_path, runner, model_server, cleanup_procs
+):
     data = big_finished_run(runner, tmp_path, 30_000)
     folder = runner.folder()
     proc = runner.spawn(data, "run", *BASE, "--batch_size", "100000", "--resume", server=model_server(FAST))
-    cleanup.append(proc)
+    cleanup_procs.append(proc)
     merging = lambda: [name for name in temp_files(folder) if name.startswith(".trajectories.jsonl.")]  # noqa: E731
     wait_for(merging, 300, "the merge to start writing", proc)
     proc.send_signal(signal.SIGINT)
@@ -555,16 +560,6 @@ def test_ctrl_c_during_the_merge_stops_it_at_once_and_leaves_consistent_files(tm
     result = runner.invoke(data, "run", *BASE, "--batch_size", "100000", "--resume", server=model_server(FAST))
     assert result.exit_code == 0, result.output
     assert sum(1 for _ in open(folder / "trajectories.jsonl")) == 30_000
-
-
-@pytest.fixture
-def cleanup():
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
 
 
 def test_a_run_folder_file_that_is_a_folder_is_one_sentence_and_the_lock_is_released(tmp_path, runner, model_server):
