@@ -74,7 +74,7 @@ def _unlink(path: Path) -> int:
         log.warning("Left %s alone: it is a folder, not a file a run writes.", path)
         return 0
     except OSError as exc:
-        raise write_error(path, exc) from exc
+        raise write_error(path, exc, started=False, doing="Removing") from exc
     return 1
 
 

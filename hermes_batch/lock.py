@@ -60,12 +60,12 @@ class RunFolderLock:
             self.created_folder = not self.folder.exists()
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise write_error(self.folder, exc) from exc
+            raise write_error(self.folder, exc, started=False) from exc
         while True:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
             except OSError as exc:
-                raise write_error(self.path, exc) from exc
+                raise write_error(self.path, exc, started=False) from exc
             try:
                 self._lock(fd)
                 # the holder before us may have removed the file between our open and our lock
@@ -100,7 +100,7 @@ class RunFolderLock:
             raise self._busy(_read_holder(fd)) from None
         except OSError as exc:
             if exc.errno not in _NO_FLOCK:
-                raise write_error(self.path, exc) from exc
+                raise write_error(self.path, exc, started=False) from exc
         holder = _read_holder(fd)
         if holder and holder.get("host") == socket.gethostname() and _alive(holder.get("pid")):
             raise self._busy(holder)

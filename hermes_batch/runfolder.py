@@ -116,13 +116,15 @@ _ADVICE = {
 }
 
 
-def write_error(path: PathLike, exc: OSError) -> RunFolderWriteError:
-    """The one-sentence error for a failed write of ``path`` in the run folder."""
+def write_error(path: PathLike, exc: OSError, *, started: bool = True, doing: str = "Writing") -> RunFolderWriteError:
+    """The one-sentence error for a failed change of ``path`` in the run folder (``started``: by a run under way)."""
     what = exc.strerror or str(exc)
     name = errno.errorcode.get(exc.errno, "")
     advice = _ADVICE.get(exc.errno, "fix the cause")
+    if not started:
+        return RunFolderWriteError(f"{doing} {path} failed: {what}{f' ({name})' if name else ''}; {advice}.")
     return RunFolderWriteError(
-        f"Writing {path} failed: {what}{f' ({name})' if name else ''}; finished prompts are saved, so {advice}, "
+        f"{doing} {path} failed: {what}{f' ({name})' if name else ''}; finished prompts are saved, so {advice}, "
         "then run the same command with --resume to continue."
     )
 

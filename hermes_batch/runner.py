@@ -20,11 +20,11 @@ from .agent import AgentSettings
 from .config import RunConfig
 from .conversation import DEFAULT_SYSTEM_PROMPT
 from .errors import DatasetError, HermesBatchError, RunFolderError, RunFolderWriteError, UsageError
-from .lock import RunFolderLock
 from .inputfiles import read_text_file
 from .interfaces import ModelSettings, PromptJob
 from .journal import CallJournal, journal_path
 from .jsonguard import value_problem
+from .lock import RunFolderLock
 from .merge import merge_run
 from .plugins import collect, describe_plugins, get_plugin_manager
 from .processor import PromptProcessor, now_iso
@@ -48,7 +48,6 @@ from .statistics import RunInfo, build_statistics, render_statistics, reported_c
 log = logging.getLogger("hermes_batch.run")
 
 EXIT_OK, EXIT_FAILED_PROMPTS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 3, 2, 130
-EXIT_WRITE_ERROR = RunFolderWriteError.exit_code  # 74
 
 
 @attrs.frozen

@@ -575,3 +575,13 @@ def test_a_run_folder_file_that_is_a_folder_is_one_sentence_and_the_lock_is_rele
         f"Error: {checkpoint} cannot be read (Is a directory); it must be a file a run wrote, so move it away."
     )
     assert not (runner.folder() / LOCK_NAME).exists()
+
+
+def test_an_output_folder_that_cannot_be_created_is_one_sentence(tmp_path, runner, model_server):
+    server = runner.server = model_server()
+    (tmp_path / "out").write_text("a file where the output folder should be")
+    out = tmp_path / "out" / "below"
+    result = runner.invoke(write_dataset(tmp_path / "d.jsonl", prompts(1)), "run", *BASE, "--output_dir", str(out))
+    assert result.exit_code == 74, result.output
+    assert last_line(result.output) == f"Error: Writing {out / 'run'} failed: Not a directory (ENOTDIR); fix the cause."
+    assert server.request_count == 0

@@ -232,8 +232,8 @@ def execute(config: RunConfig) -> int:
     if result.statistics is not None:
         render(result.statistics, Console(stderr=True))
     if result.message:
-        failed = result.exit_code not in (0, 3, 130, 128 + signal.SIGTERM)  # 2 and 74: the run could not go on
-        click.echo(f"{'Error' if failed else 'Note'}: {result.message}", err=True)
+        stopped = result.exit_code not in (0, 3, 130, 128 + signal.SIGTERM)  # 2 and 74: the run could not go on
+        click.echo(f"{'Error' if stopped else 'Note'}: {result.message}", err=True)
     elif result.exit_code == 3:
         failed = result.statistics["prompts"]["failed"]
         click.echo(
