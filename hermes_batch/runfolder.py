@@ -221,29 +221,40 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def repair_torn_tail(path: PathLike) -> int:
-    """Cut a file back to just after its last newline; return the number of bytes dropped."""
+    """Cut a file back to just after its last newline; return the number of bytes dropped.
+
+    Raises RunFolderWriteError if the file cannot be opened for writing or cut (a read-only disk).
+    """
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
         return 0
+    except OSError as exc:
+        raise write_error(path, exc) from exc
     try:
-        size = os.fstat(fd).st_size
-        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
-            return 0
-        end = size
-        keep = 0
-        while end > 0:
-            start = max(0, end - _TAIL_CHUNK)
-            pos = os.pread(fd, end - start, start).rfind(b"\n")
-            if pos >= 0:
-                keep = start + pos + 1
-                break
-            end = start
-        os.ftruncate(fd, keep)
-        os.fsync(fd)
-        return size - keep
+        return _cut_after_last_newline(fd)
+    except OSError as exc:
+        raise write_error(path, exc) from exc
     finally:
         os.close(fd)
+
+
+def _cut_after_last_newline(fd: int) -> int:
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return 0
+    end = size
+    keep = 0
+    while end > 0:
+        start = max(0, end - _TAIL_CHUNK)
+        pos = os.pread(fd, end - start, start).rfind(b"\n")
+        if pos >= 0:
+            keep = start + pos + 1
+            break
+        end = start
+    os.ftruncate(fd, keep)
+    os.fsync(fd)
+    return size - keep
 
 
 class AppendLog:

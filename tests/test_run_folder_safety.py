@@ -585,3 +585,31 @@ def test_an_output_folder_that_cannot_be_created_is_one_sentence(tmp_path, runne
     assert result.exit_code == 74, result.output
     assert last_line(result.output) == f"Error: Writing {out / 'run'} failed: Not a directory (ENOTDIR); fix the cause."
     assert server.request_count == 0
+
+
+def test_a_run_folder_that_cannot_be_repaired_or_read_is_one_sentence(tmp_path, monkeypatch):
+    from hermes_batch.errors import UsageError
+    from hermes_batch.inputfiles import read_text_file
+
+    torn = tmp_path / "batch_0.jsonl"
+    torn.write_bytes(b'{"whole": 1}\n{"torn')
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if flags & os.O_RDWR or flags & os.O_WRONLY:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(RunFolderWriteError, match=r"Read-only file system \(EROFS\); .*remount it writable"):
+        runfolder.repair_torn_tail(torn)
+
+    def no_permission(path, flags, *args):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(os, "open", no_permission)
+    with pytest.raises(UsageError) as info:
+        read_text_file(tmp_path / "p.json", "prefill messages file", "--prefill_messages_file", UsageError)
+    assert str(info.value) == (
+        f"The prefill messages file {tmp_path / 'p.json'} cannot be read (Permission denied); check its permissions."
+    )
