@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 from typing import Union
 
-from .errors import HermesBatchError
+from .errors import HermesBatchError, UsageError
+from .jsonguard import value_problem
+from .records import Message
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -52,3 +55,31 @@ def read_text_file(path: PathLike, what: str, option: str, error: type = HermesB
 def _unreadable(error: type, what: str, name: str, exc: OSError) -> HermesBatchError:
     fix = "check its permissions" if exc.errno in (errno.EACCES, errno.EPERM) else "check the path"
     return error(f"The {what} {name} cannot be read ({exc.strerror or exc}); {fix}.")
+
+
+def load_prefill(path) -> tuple:
+    """The few-shot messages of --prefill_messages_file: a JSON list of {role, content}."""
+    if path is None:
+        return ()
+    text = read_text_file(path, "prefill messages file", "--prefill_messages_file", UsageError)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"The prefill messages file {path} is not valid JSON ({exc}).") from None
+    problem = value_problem(data, int_range=False)
+    if problem is not None:
+        raise UsageError(f"The prefill messages file {path} cannot be sent: {problem}.")
+    if not isinstance(data, list):
+        raise UsageError(f"The prefill messages file {path} must hold a JSON list of {{role, content}} objects.")
+    out = []
+    for i, item in enumerate(data):
+        if (
+            not isinstance(item, dict)
+            or item.get("role") not in ("system", "user", "assistant")
+            or not isinstance(item.get("content"), str)
+        ):
+            raise UsageError(
+                f"{path}: message {i} must be an object with role system, user or assistant and a string content."
+            )
+        out.append(Message(item["role"], item["content"]))
+    return tuple(out)

@@ -20,16 +20,15 @@ from .agent import AgentSettings
 from .config import RunConfig
 from .conversation import DEFAULT_SYSTEM_PROMPT
 from .errors import DatasetError, HermesBatchError, RunFolderError, RunFolderWriteError, UsageError
-from .inputfiles import read_text_file
+from .inputfiles import load_prefill
 from .interfaces import ModelSettings, PromptJob
 from .journal import CallJournal, journal_path
-from .jsonguard import value_problem
 from .lock import RunFolderLock
 from .merge import merge_run
 from .plugins import collect, describe_plugins, get_plugin_manager
 from .processor import PromptProcessor, now_iso
 from .progress import Progress
-from .records import Checkpoint, Discarded, Failure, Message, SessionInfo
+from .records import Checkpoint, Discarded, Failure, SessionInfo
 from .resume import plan_resume, scan_finished
 from .run_context import RunContext
 from .runfolder import (
@@ -55,34 +54,6 @@ class RunResult:
     exit_code: int
     statistics: Optional[dict] = None
     message: Optional[str] = None
-
-
-def load_prefill(path) -> tuple:
-    """The few-shot messages of --prefill_messages_file: a JSON list of {role, content}."""
-    if path is None:
-        return ()
-    text = read_text_file(path, "prefill messages file", "--prefill_messages_file", UsageError)
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise UsageError(f"The prefill messages file {path} is not valid JSON ({exc}).") from None
-    problem = value_problem(data, int_range=False)
-    if problem is not None:
-        raise UsageError(f"The prefill messages file {path} cannot be sent: {problem}.")
-    if not isinstance(data, list):
-        raise UsageError(f"The prefill messages file {path} must hold a JSON list of {{role, content}} objects.")
-    out = []
-    for i, item in enumerate(data):
-        if (
-            not isinstance(item, dict)
-            or item.get("role") not in ("system", "user", "assistant")
-            or not isinstance(item.get("content"), str)
-        ):
-            raise UsageError(
-                f"{path}: message {i} must be an object with role system, user or assistant and a string content."
-            )
-        out.append(Message(item["role"], item["content"]))
-    return tuple(out)
 
 
 class BatchTracker:

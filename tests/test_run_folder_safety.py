@@ -279,7 +279,7 @@ def test_a_prefill_file_that_cannot_be_used_gets_one_sentence(tmp_path, runner, 
 
 def test_the_prefill_file_is_checked_the_same_through_the_api(tmp_path):
     from hermes_batch.errors import UsageError
-    from hermes_batch.runner import load_prefill
+    from hermes_batch.inputfiles import load_prefill
 
     with pytest.raises(UsageError, match="is a folder; pass a file to --prefill_messages_file.$"):
         load_prefill(tmp_path)
