@@ -113,6 +113,11 @@ class Run:
     def prepare(self) -> None:
         cfg = self.config
         validate_run_name(cfg.run_name)
+        # files and threads for the concurrency asked, said before any model call rather than as EMFILE after it
+        fit = limits.fit_concurrency(cfg.num_workers)
+        if fit.reasons:
+            log.warning("%s", limits.describe(cfg.num_workers, fit))
+        self.concurrency = fit.concurrency
         self.folder = RunFolder(cfg.output_dir, cfg.run_name)
         self.registry = collect(self.pm)
         if cfg.distribution_file is not None:
@@ -146,11 +151,6 @@ class Run:
         notices.ignored_images(self.report, self.backend_cls, cfg.dataset_file)
         self.dataset_fingerprint = reindex.fingerprint(cfg.dataset_file)
 
-        # files and threads for the concurrency asked, said before any model call rather than as EMFILE after it
-        fit = limits.fit_concurrency(cfg.num_workers)
-        if fit.reasons:
-            log.warning("%s", limits.describe(cfg.num_workers, fit))
-        self.concurrency = fit.concurrency
         self._check_folder()
         try:
             self.previous = self._load_checkpoint()
