@@ -19,6 +19,7 @@ import time
 from typing import Awaitable, Callable, Optional
 
 from .errors import FatalModelError, ModelCallError, ModelEndpointError, ModelOutcome, RetryableModelError
+from .jsonguard import scrub_text
 from .records import CallRecord, ModelResponse
 from .retry import backoff_delay
 
@@ -198,7 +199,8 @@ class CallLimiter:
             self.errors += 1
         if calls is not None:
             latency = round(time.monotonic() - started, 3) if started else 0.0
-            calls.append(CallRecord(provider, latency, status))
+            # the provider is the endpoint's text: half an emoji in it must not reach records or the journal
+            calls.append(CallRecord(scrub_text(provider) if provider else provider, latency, status))
         if response is None:
             if estimate:
                 self._tokens += estimate  # refused or unanswered: assume nothing was used

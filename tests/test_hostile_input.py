@@ -172,7 +172,7 @@ def test_rows_at_the_limits_run_and_keep_their_fields_whole(model_server, runner
     assert result.exit_code == 0, result.output
     merged = {t["prompt_index"]: t for t in runner.records("trajectories.jsonl")}
     assert sorted(merged) == [0, 1, 2, 3]
-    assert merged[0]["metadata"]["row"] == {"deep": deep}
+    assert json.loads(merged[0]["metadata"]["row"]) == {"deep": deep}
     assert merged[1]["metadata"]["id"] == str(2**64)
     assert merged[3]["conversations"][1]["value"] == rows[3]["prompt"]
 
@@ -207,24 +207,27 @@ def test_half_an_emoji_from_the_model_is_stored_as_a_replacement_character(model
     dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "emoji"}, {"prompt": "deep"}])
     result = runner.invoke(dataset, "run", "--distribution", "terminal_only", "--no_filters")
     assert result.exit_code == 0, result.output
-    for name in ("batch_0.jsonl", "trajectories.jsonl", "statistics.json", "checkpoint.json"):
-        (runner.folder() / name).read_bytes().decode("utf-8")  # strict: every byte is UTF-8
+    for name in ("batch_0.jsonl", "trajectories.jsonl", "statistics.json", "checkpoint.json", "calls.jsonl"):
+        text = (runner.folder() / name).read_bytes().decode("utf-8")  # strict: every byte is UTF-8
+        assert "\\ud83d" not in text.lower()  # nor an escaped lone surrogate, which strict readers refuse
     by_prompt = {t["conversations"][1]["value"]: t for t in runner.records("trajectories.jsonl")}
     emoji = by_prompt["emoji"]
     gpt = [turn for turn in emoji["conversations"] if turn["from"] == "gpt"]
     assert gpt[0]["value"].startswith("<think>\nthinking \ufffd \ufffd\n</think>\nLet me look \ufffd")
-    assert gpt[0]["tool_calls"][0]["arguments"] == {"command": "echo 'a\ufffdb'"}
+    assert json.loads(gpt[0]["tool_calls"][0]["arguments"]) == {"command": "echo 'a\ufffdb'"}
     assert gpt[-1]["value"].endswith("All done \ufffd")
-    assert emoji["metadata"]["providers"][0] == "Prov\ufffd"
+    assert [call["provider"] for call in emoji["metadata"]["calls"]] == ["Prov\ufffd", ""]
     assert emoji["tool_stats"]["terminal"] == {"count": 1, "success": 1, "failure": 0}
 
     deep = by_prompt["deep"]
-    invalid = deep["metadata"]["invalid_tool_calls"]
-    reasons = sorted(entry["reason"] for entry in invalid.values())
+    invalid = json.loads(deep["metadata"]["invalid_tool_calls"])
+    reasons = sorted(entry["reason"] for entry in invalid)
     assert reasons == ["arguments are nested more than 100 levels deep",
                        "arguments are not valid JSON (NaN is not a number JSON can hold)"]
     calls = [c for turn in deep["conversations"] if turn.get("tool_calls") for c in turn["tool_calls"]]
-    assert all(isinstance(c["arguments"], str) for c in calls)  # kept as the raw text, never as a deep object
+    # kept as the raw text the model sent, never as a deep object
+    assert [c["arguments"] for c in calls] == ['{"command": "ls", "x": ' + nested(300) + "}",
+                                               '{"command": "ls", "timeout": NaN}']
 
 
 @pytest.mark.parametrize("option", ["--ephemeral_system_prompt", "--model", "--providers_order"])
@@ -247,7 +250,7 @@ def test_resume_over_records_holding_lone_surrogates_works(model_server, runner,
     records = [json.loads(line) for line in batch.read_text().splitlines()]
     for record in records:
         record["conversations"][-1]["value"] += HALF_EMOJI
-        record["metadata"]["row"] = {"note": "\udc00"}
+        record["metadata"]["row"] = json.dumps({"note": "\udc00"})
     batch.write_text("".join(json.dumps(r) + "\n" for r in records))  # ensure_ascii: "\\ud83d" escapes
     write_dataset(dataset, [{"prompt": "one"}, {"prompt": "two"}, {"prompt": "three"}])
 
@@ -259,5 +262,5 @@ def test_resume_over_records_holding_lone_surrogates_works(model_server, runner,
     merged = [json.loads(line) for line in text.splitlines()]
     assert [t["conversations"][1]["value"] for t in merged] == ["one", "two", "three"]
     assert merged[0]["conversations"][-1]["value"].endswith("\ufffd")
-    assert merged[0]["metadata"]["row"] == {"note": "\ufffd"}
+    assert json.loads(merged[0]["metadata"]["row"]) == {"note": "\ufffd"}
     json.loads((runner.folder() / "statistics.json").read_bytes().decode("utf-8"))
