@@ -15,6 +15,9 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from .journal import JOURNAL_NAME
+from .notices import SKIPPED_LINES
+from .reindex import STAGING, UNMATCHED
 from .runfolder import RunFolder, is_temp_file, write_error
 
 log = logging.getLogger(__name__)
@@ -31,11 +34,16 @@ def is_sandbox_folder(name: str, *, kept: bool = True) -> bool:
     return match is not None and (kept or match.group(1) is None)
 
 
+# Outputs named outside runfolder.py.  Each must go with the rest: a journal left behind would count the old
+# run's calls in the new run's totals, and unmatched records would come back into it at a later resume.
+_OTHER_OUTPUTS = (JOURNAL_NAME, UNMATCHED, SKIPPED_LINES)
+
+
 def output_files(folder: RunFolder, writer_files: Iterable[str] = ()) -> list[Path]:
     """The files of ``folder`` that a run writes: batch files, the fixed outputs, the writers' files."""
     fixed = [folder.trajectories, folder.discarded, folder.failed, folder.checkpoint, folder.statistics,
              folder.run_json]
-    fixed += [folder.dir / name for name in writer_files]
+    fixed += [folder.dir / name for name in (*_OTHER_OUTPUTS, *writer_files)]
     return [path for _num, path in folder.iter_batch_files()] + [p for p in fixed if os.path.lexists(p)]
 
 
@@ -44,8 +52,28 @@ def remove_outputs(folder: RunFolder, writer_files: Iterable[str] = (), *, kept:
     removed = 0
     for path in output_files(folder, writer_files) + _temp_files(folder):
         removed += _unlink(path)
+    removed += _remove_staging(folder)
     removed += _remove_sandbox_folders(folder, kept=kept)
     return removed
+
+
+def _remove_staging(folder: RunFolder) -> int:
+    """The staging folder of an interrupted re-index (reindex.py): every file in it is a run's."""
+    staging = folder.dir / STAGING
+    if staging.is_symlink() or staging.is_file():
+        return _unlink(staging)
+    if not staging.is_dir():
+        return 0
+    for entry in os.scandir(staging):
+        if entry.is_dir(follow_symlinks=False):
+            log.warning("Left %s alone: it is a folder, not a file a run writes.", entry.path)
+        else:
+            _unlink(Path(entry.path))
+    try:
+        staging.rmdir()
+    except OSError:
+        pass
+    return 1
 
 
 def remove_leftovers(folder: RunFolder) -> None:

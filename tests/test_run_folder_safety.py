@@ -343,6 +343,14 @@ def test_overwrite_replaces_the_outputs_and_keeps_the_users_files(tmp_path, runn
     assert runner.invoke(data, "run", *BASE, "-S", "keep=true").exit_code == 0
     assert (folder / "batch_1.jsonl").exists() and list((folder / "scratch").iterdir())
 
+    # what a resume over a changed dataset and --skip_invalid leave, and a re-index a crash cut short
+    (folder / "unmatched.jsonl").write_text((folder / "batch_0.jsonl").read_text())
+    (folder / "skipped_lines.txt").write_text("d.jsonl:3: not JSON\n")
+    (folder / ".reindex").mkdir()
+    (folder / ".reindex" / "batch_0.jsonl").write_text("{}\n")
+    old_requests = json.loads((folder / "statistics.json").read_text())["model_requests"]["requests"]
+    assert old_requests >= 7
+
     write_dataset(data, prompts(3, "new"))
     before[Path("dataset.jsonl")] = data.read_bytes()
     result = runner.invoke(data, "run", *BASE, "--overwrite")
@@ -350,6 +358,12 @@ def test_overwrite_replaces_the_outputs_and_keeps_the_users_files(tmp_path, runn
     assert merged_prompts(runner) == Counter(f"new {i}" for i in range(3))
     assert not (folder / "batch_1.jsonl").exists()  # the old run's batch, which the new one never wrote
     assert not (folder / "scratch").exists()
+    for name in ("unmatched.jsonl", "skipped_lines.txt", ".reindex"):
+        assert not (folder / name).exists(), name
+    # the journal is the new run's alone: the old run's calls are not counted again
+    requests = json.loads((folder / "statistics.json").read_text())["model_requests"]["requests"]
+    assert requests == sum('"event":"sent"' in line for line in (folder / "calls.jsonl").read_text().splitlines())
+    assert 3 <= requests < old_requests
     assert_users_files_intact(folder, before)
 
 
