@@ -9,7 +9,7 @@ from typing import Callable, Mapping, Optional
 
 import attrs
 
-from .errors import ModelOutcome, PromptFailure
+from .errors import ModelOutcome, PromptFailure, RunFolderWriteError
 from .interfaces import ModelClient, Tool, ToolContext
 from .jsonguard import arguments_problem, safe_message, scrub_text
 from .records import InvalidToolCall, Message, ToolCall, ToolStat, Usage
@@ -168,7 +168,7 @@ async def _call_tool(call: ToolCall, tools, tallies, invalid: list, ctx: ToolCon
     try:
         async with asyncio.timeout(limit) as deadline:
             result = await tool.call(call.arguments, ctx)
-    except PromptFailure:
+    except (PromptFailure, RunFolderWriteError):  # the journal of a tool's model call could not be written
         raise
     except Exception as exc:  # a tool bug must not kill the session; the model sees the error
         if isinstance(exc, TimeoutError) and deadline.expired():

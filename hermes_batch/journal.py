@@ -7,9 +7,9 @@ each request goes out and one ``done`` line when it ends (status, provider,
 latency, usage), so the totals of statistics.json and the ``--max_cost``
 budget count every request the run made, finished or not.
 
-Lines are buffered and flushed per line (one ``write`` system call, no fsync):
-a killed process loses nothing it wrote, and the hot path pays a few
-microseconds per call.  The first line names the session that started the
+Each line is one ``write`` system call (no fsync): a killed process loses
+nothing it wrote, and the hot path pays a few microseconds per call.  A write
+that fails (disk full) stops the run like any write of the run folder.  The first line names the session that started the
 journal; only a journal started with the run's first session covers the whole
 run (folders of versions before the journal fall back to the records).
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import os
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Optional
@@ -26,7 +27,7 @@ from typing import Optional
 import attrs
 
 from .records import CallRecord, ModelResponse, Usage
-from .runfolder import repair_torn_tail
+from .runfolder import repair_torn_tail, write_all, write_error
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +44,33 @@ class CallJournal:
     def __init__(self, path, session: int):
         self.path = Path(path)
         self.session = session
-        new = not self.path.exists() or self.path.stat().st_size == 0
+        self._fd: Optional[int] = None
         dropped = repair_torn_tail(self.path)
         if dropped:
             log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", self.path, dropped)
-        self._file = open(self.path, "a", encoding="utf-8")
+        try:
+            # 0o666: the user's umask decides, as for every file of the run folder
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            self._size = os.fstat(self._fd).st_size  # where the next line starts
+        except OSError as exc:
+            raise write_error(self.path, exc) from exc
         self.cost: Optional[float] = None  # reported cost of what this session journaled, for --max_cost
-        if new:
+        if self._size == 0:
             self._write({"event": "journal", "first_session": session})
 
     def _write(self, entry: dict) -> None:
-        self._file.write(json.dumps(entry, separators=(",", ":")) + "\n")
-        self._file.flush()
+        data = (json.dumps(entry, separators=(",", ":")) + "\n").encode()  # ensure_ascii: always encodable
+        try:
+            write_all(self._fd, data)
+        except OSError as exc:
+            # Disk full or file too large: cut off the part of the line that landed, and stop the run (exit 74)
+            # rather than fail the prompt that was about to pay for a request.
+            try:
+                os.ftruncate(self._fd, self._size)
+            except OSError:
+                pass  # the next start cuts a torn tail
+            raise write_error(self.path, exc) from exc
+        self._size += len(data)
 
     def sent(self) -> None:
         """A request is about to go out."""
@@ -108,8 +124,9 @@ class CallJournal:
 
     def close(self) -> None:
         """Close the file; safe to call more than once."""
-        if not self._file.closed:
-            self._file.close()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 def _usage_fields(usage: Usage) -> dict:

@@ -12,7 +12,7 @@ import attrs
 
 from .agent import AgentSettings, SessionLog, run_session
 from .conversation import to_sharegpt
-from .errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeout
+from .errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeout, RunFolderWriteError
 from .interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
 from .journal import current_prompt
 from .records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
@@ -48,7 +48,7 @@ class PromptProcessor:
         state = SessionLog()
         try:
             return await self._run(job, row, started, state)
-        except FatalModelError:
+        except (FatalModelError, RunFolderWriteError):  # the run stops: no prompt can go on
             raise
         except PromptFailure as exc:
             return self._failure(job, exc, type(exc).kind, state)

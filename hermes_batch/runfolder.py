@@ -213,7 +213,8 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (os.write may take only part of it)."""
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
@@ -307,7 +308,7 @@ class AppendLog:
         with self._thread_lock:
             try:
                 self._open_locked()
-                _write_all(self._fd, data)
+                write_all(self._fd, data)
                 os.fsync(self._fd)
             except OSError as exc:
                 self._cut_back()

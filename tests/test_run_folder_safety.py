@@ -243,6 +243,57 @@ def test_a_file_size_limit_is_reported_as_a_write_error_and_resume_finishes(tmp_
     assert merged_prompts(runner) == Counter(f"task {i}" for i in range(12))
 
 
+def test_a_journal_that_cannot_be_written_stops_the_run_as_a_write_error(tmp_path, runner, model_server, monkeypatch):
+    # calls.jsonl is written on the event loop before each request: a failure there is the run folder's, not
+    # the prompt's ("internal error"), and must not leave half a line in the journal
+    server = model_server(FAST)
+    data = write_dataset(tmp_path / "d.jsonl", prompts(6))
+    journal = runner.folder() / "calls.jsonl"
+    real_write = os.write
+    lines = []
+
+    def journal_fills_the_disk(fd, chunk):
+        if os.readlink(f"/proc/self/fd/{fd}") == str(journal):
+            lines.append(len(chunk))
+            if len(lines) > 6:
+                real_write(fd, bytes(chunk[:7]))
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, chunk)
+
+    monkeypatch.setattr(os, "write", journal_fills_the_disk)
+    result = runner.invoke(data, "run", *BASE, "--num_workers", "1", server=server)
+    monkeypatch.undo()
+    assert result.exit_code == 74, result.output
+    assert last_line(result.output).startswith(f"Error: Writing {journal} failed: No space left on device (ENOSPC)")
+    assert "internal error" not in result.output and "Traceback" not in result.output
+    assert not (runner.folder() / "failed.jsonl").exists() or not runner.records("failed.jsonl")
+    assert_whole_lines(runner.folder())
+
+    second = model_server(FAST)
+    result = runner.invoke(data, "run", *BASE, "--resume", server=second)
+    assert result.exit_code == 0, result.output
+    assert merged_prompts(runner) == Counter(f"task {i}" for i in range(6))
+
+
+def test_a_tools_model_call_that_cannot_be_journaled_stops_the_run(tmp_path, model_server, monkeypatch):
+    # the usage a tool reports is journaled inside its call: the error must stop the run, not reach the model
+    from test_tool_options import NotesPlugin, run_api
+
+    server = model_server(ToolLoopScript(tool_calls=1, tool="note", command="hello"))
+    real_write = os.write
+
+    def usage_lines_fail(fd, chunk):
+        if bytes(chunk).startswith(b'{"event":"usage"'):
+            raise OSError(errno.EFBIG, "File too large")
+        return real_write(fd, chunk)
+
+    monkeypatch.setattr(os, "write", usage_lines_fail)
+    _run, result = run_api(tmp_path, server, [{"prompt": "p"}], NotesPlugin(), distribution="notes_only")
+    monkeypatch.undo()
+    assert result.exit_code == 74, result.message
+    assert result.message.startswith(f"Writing {tmp_path / 'out' / 'notes' / 'calls.jsonl'} failed: File too large")
+
+
 # --- item 4: files the run reads ----------------------------------------------------------------
 
 
