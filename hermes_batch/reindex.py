@@ -34,7 +34,8 @@ from typing import Iterator, Optional
 import attrs
 
 from . import dataset
-from .runfolder import RunFolder, _fsync_dir
+from .jsonguard import scrub_text
+from .runfolder import RunFolder, _fsync_dir, write_error
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ def _unreadable(raw: bytes) -> _Entry:
 def _decode(raw: bytes, kind: str) -> _Entry:
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return _unreadable(raw)
     aside = kind == "unmatched"
     if aside:
@@ -245,13 +246,23 @@ class _Writers:
                 self._close(oldest)
             handle = open(self.staging / name, "a", encoding="utf-8")
         self.open[name] = handle
-        handle.write(line)
+        try:
+            handle.write(line)
+        except OSError as exc:  # a write error names the file it was writing
+            raise write_error(handle.name, exc, doing="Re-indexing") from exc
 
     @staticmethod
     def _close(handle) -> None:
-        handle.flush()
-        os.fsync(handle.fileno())
-        handle.close()
+        try:
+            handle.flush()
+            os.fsync(handle.fileno())
+        except OSError as exc:
+            raise write_error(handle.name, exc, doing="Re-indexing") from exc
+        finally:
+            try:
+                handle.close()
+            except OSError:
+                pass  # the write that failed was reported above
 
     def close(self) -> None:
         while self.open:
@@ -260,7 +271,8 @@ class _Writers:
 
 
 def _line(data) -> str:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n"
+    # records of older versions or other tools may hold \ud83d escapes: written back as U+FFFD, as to_json_line does
+    return scrub_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n")
 
 
 def _target(entry: _Entry, index: Optional[int], batch_size: int) -> tuple[str, str]:
@@ -282,7 +294,17 @@ def _replaced(folder: RunFolder) -> list[Path]:
 
 
 def reindex(folder: RunFolder, dataset_file, batch_size: int) -> ReindexResult:
-    """Renumber the run's records by content against the current dataset file (see the module docstring)."""
+    """Renumber the run's records by content against the current dataset file (see the module docstring).
+
+    A failed write (disk full) raises RunFolderWriteError; the next start drops the unfinished staging.
+    """
+    try:
+        return _reindex(folder, dataset_file, batch_size)
+    except OSError as exc:
+        raise write_error(exc.filename or folder.dir, exc, doing="Re-indexing") from exc
+
+
+def _reindex(folder: RunFolder, dataset_file, batch_size: int) -> ReindexResult:
     assignment, result = _plan(folder, dataset.iter_rows(dataset_file), batch_size)
     if not result.rewritten:
         return result
@@ -304,6 +326,13 @@ def reindex(folder: RunFolder, dataset_file, batch_size: int) -> ReindexResult:
 
 def recover(folder: RunFolder) -> None:
     """Finish a re-index a crash interrupted after its staging was complete; drop one that was not."""
+    try:
+        _recover(folder)
+    except OSError as exc:
+        raise write_error(exc.filename or folder.dir, exc, doing="Re-indexing") from exc
+
+
+def _recover(folder: RunFolder) -> None:
     staging = folder.dir / STAGING
     if not staging.is_dir():
         return

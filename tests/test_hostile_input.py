@@ -241,7 +241,8 @@ def test_option_text_that_is_not_utf8_is_refused_before_any_model_call(model_ser
     assert server.request_count == 0
 
 
-def test_resume_over_records_holding_lone_surrogates_works(model_server, runner, tmp_path):
+@pytest.mark.parametrize("new_row", ["appended", "inserted"])  # inserted: the records are renumbered (reindex.py)
+def test_resume_over_records_holding_lone_surrogates_works(model_server, runner, tmp_path, new_row):
     # Files written by another tool, an older version or a hand edit may hold \ud83d escapes (ensure_ascii JSON).
     runner.server = model_server()
     dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "one"}, {"prompt": "two"}])
@@ -252,7 +253,8 @@ def test_resume_over_records_holding_lone_surrogates_works(model_server, runner,
         record["conversations"][-1]["value"] += HALF_EMOJI
         record["metadata"]["row"] = json.dumps({"note": "\udc00"})
     batch.write_text("".join(json.dumps(r) + "\n" for r in records))  # ensure_ascii: "\\ud83d" escapes
-    write_dataset(dataset, [{"prompt": "one"}, {"prompt": "two"}, {"prompt": "three"}])
+    rows = [{"prompt": "one"}, {"prompt": "two"}]
+    write_dataset(dataset, rows + [{"prompt": "three"}] if new_row == "appended" else [{"prompt": "three"}] + rows)
 
     server = runner.server = model_server()
     result = runner.invoke(dataset, "run", "--distribution", "terminal_only", "--no_filters", "--resume")
@@ -260,7 +262,9 @@ def test_resume_over_records_holding_lone_surrogates_works(model_server, runner,
     assert {r.prompt for r in server.requests if not r.preflight} == {"three"}
     text = (runner.folder() / "trajectories.jsonl").read_bytes().decode("utf-8")
     merged = [json.loads(line) for line in text.splitlines()]
-    assert [t["conversations"][1]["value"] for t in merged] == ["one", "two", "three"]
-    assert merged[0]["conversations"][-1]["value"].endswith("\ufffd")
-    assert json.loads(merged[0]["metadata"]["row"]) == {"note": "\ufffd"}
+    by_prompt = {t["conversations"][1]["value"]: t for t in merged}
+    order = ["one", "two", "three"] if new_row == "appended" else ["three", "one", "two"]
+    assert [t["conversations"][1]["value"] for t in merged] == order
+    assert by_prompt["one"]["conversations"][-1]["value"].endswith("\ufffd")
+    assert json.loads(by_prompt["one"]["metadata"]["row"]) == {"note": "\ufffd"}
     json.loads((runner.folder() / "statistics.json").read_bytes().decode("utf-8"))

@@ -10,6 +10,7 @@ import pytest
 from conftest import write_dataset
 
 from hermes_batch import reindex
+from hermes_batch.errors import RunFolderWriteError
 from hermes_batch.runfolder import RunFolder
 from hermes_batch.testing import ToolLoopScript
 
@@ -143,7 +144,7 @@ def test_a_reindex_cut_off_by_a_crash_is_finished_on_the_next_start(runner, mode
         real_replace(src, dst)
 
     monkeypatch.setattr(reindex.os, "replace", crash_after_one)
-    with pytest.raises(OSError):
+    with pytest.raises(RunFolderWriteError, match="the machine went down"):
         reindex.reindex(folder, data, BATCH)
     monkeypatch.setattr(reindex.os, "replace", real_replace)
     assert (folder.dir / reindex.STAGING).is_dir()

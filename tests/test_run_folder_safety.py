@@ -243,6 +243,32 @@ def test_a_file_size_limit_is_reported_as_a_write_error_and_resume_finishes(tmp_
     assert merged_prompts(runner) == Counter(f"task {i}" for i in range(12))
 
 
+def test_a_reindex_that_cannot_write_is_a_write_error_and_the_old_files_stay(tmp_path, runner, model_server):
+    # a resume over a changed dataset renumbers the records (reindex.py): its writes fail like any other
+    server = model_server(ToolLoopScript(tool_calls=1, final="z" * 20_000 + " {prompt}"))
+    data = write_dataset(tmp_path / "d.jsonl", prompts(4))
+    assert runner.invoke(data, "run", *BASE, "--batch_size", "100", server=server).exit_code == 0
+    before = {p.name: p.read_bytes() for p in runner.folder().glob("batch_*.jsonl")}
+    write_dataset(data, [{"prompt": "new first"}] + prompts(4))  # every record moves down one row
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))
+
+    proc = runner.spawn(data, "run", *BASE, "--batch_size", "100", "--resume", server=server, preexec_fn=small_files)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 74, err
+    assert f"Error: Re-indexing {runner.folder()}/.reindex/batch_0.jsonl failed: File too large (EFBIG)" in err
+    assert "Traceback" not in err and "internal error" not in err
+    assert {p.name: p.read_bytes() for p in runner.folder().glob("batch_*.jsonl")} == before
+
+    second = model_server(ToolLoopScript(tool_calls=1, final="z" * 20_000 + " {prompt}"))
+    result = runner.invoke(data, "run", *BASE, "--batch_size", "100", "--resume", server=second)
+    assert result.exit_code == 0, result.output
+    assert merged_prompts(runner) == Counter(["new first"] + [f"task {i}" for i in range(4)])
+    assert {r.prompt for r in second.requests if not r.preflight} == {"new first"}
+    assert not (runner.folder() / ".reindex").exists()
+
+
 def test_a_journal_that_cannot_be_written_stops_the_run_as_a_write_error(tmp_path, runner, model_server, monkeypatch):
     # calls.jsonl is written on the event loop before each request: a failure there is the run folder's, not
     # the prompt's ("internal error"), and must not leave half a line in the journal
