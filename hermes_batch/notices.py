@@ -6,6 +6,7 @@ import logging
 
 from . import dataset
 from .default_plugins.openai_client import is_openrouter
+from .jsonguard import scrub_text
 from .runfolder import RunFolder, atomic_write_lines
 
 log = logging.getLogger("hermes_batch.run")
@@ -45,7 +46,8 @@ def skipped_lines(report, folder: RunFolder, dataset_file, max_samples) -> None:
     else:  # the report keeps the first ones only
         problems = dataset.iter_problems(dataset_file, max_samples=max_samples)
     path = folder.dir / SKIPPED_LINES
-    atomic_write_lines(path, (f"{problem}\n" for problem in problems))
+    # scrubbed: a dataset file name that is not UTF-8 holds lone surrogates, which no UTF-8 file can
+    atomic_write_lines(path, (scrub_text(f"{problem}\n") for problem in problems))
     shown = report.problems[:SKIPPED_SHOWN]
     more = f"\n  ... and {report.invalid - len(shown)} more" if report.invalid > len(shown) else ""
     log.warning(

@@ -161,6 +161,17 @@ def test_hostile_rows_stop_the_run_before_any_model_call_and_skip_invalid_runs_t
     assert json.loads((runner.folder() / "statistics.json").read_text())["prompts"]["skipped_invalid"] == len(BAD_ROWS)
 
 
+def test_a_dataset_whose_file_name_is_not_utf8_is_listed_safely(model_server, runner, tmp_path):
+    # a file name's bytes that are not UTF-8 reach Python as lone surrogates, and FILE:LINE goes into a file
+    runner.server = model_server()
+    dataset = write_dataset(tmp_path / "rows-\udcff.jsonl", [{"prompt": "fine"}, "{broken"])
+    result = runner.invoke(dataset, "run", "--distribution", "terminal_only", "--skip_invalid")
+    assert result.exit_code == 0, result.output
+    listed = (runner.folder() / "skipped_lines.txt").read_bytes().decode("utf-8")
+    assert listed.startswith(f"{tmp_path}/rows-\ufffd.jsonl:2: ")
+    assert len(runner.records("trajectories.jsonl")) == 1
+
+
 def test_rows_at_the_limits_run_and_keep_their_fields_whole(model_server, runner, tmp_path):
     # 1 + 99 levels: the deepest row validation accepts must be written (no RecursionError), never skipped
     runner.server = model_server()
