@@ -594,15 +594,16 @@ def test_the_lock_falls_back_to_the_recorded_pid_where_flock_is_missing(tmp_path
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
 def test_every_file_of_the_run_folder_gets_the_users_umask(tmp_path, runner, model_server, umask):
     runner.server = model_server(FAST)
-    data = write_dataset(tmp_path / "d.jsonl", prompts(3))
+    data = write_dataset(tmp_path / "d.jsonl", prompts(3) + ["{broken"])
     old = os.umask(umask)
     try:
-        result = runner.invoke(data, "run", *BASE)
+        result = runner.invoke(data, "run", *BASE, "--skip_invalid")
     finally:
         os.umask(old)
     assert result.exit_code == 0, result.output
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in runner.folder().iterdir() if p.is_file()}
-    assert {"batch_0.jsonl", "trajectories.jsonl", "statistics.json", "checkpoint.json", "run.json"} <= set(modes)
+    assert {"batch_0.jsonl", "trajectories.jsonl", "statistics.json", "checkpoint.json", "run.json", "calls.jsonl",
+            "skipped_lines.txt"} <= set(modes)
     assert set(modes.values()) == {0o666 & ~umask}, modes
 
 
