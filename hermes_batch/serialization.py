@@ -27,7 +27,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.v import format_exception
 
 from .errors import ConfigError
-from .jsonguard import scrub_text
+from .jsonguard import MAX_DEPTH, has_lone_surrogate, scrub_text, value_problem
 from .records import CallRecord, Failure, InvalidToolCall, Metadata, ToolCallRecord, Trajectory, Turn, Usage
 
 T = TypeVar("T")
@@ -241,11 +241,26 @@ def parse_key_values(items: tuple[str, ...], option: str) -> dict:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"{option} expects KEY=VALUE, got {item!r}.")
+        key = key.strip()
         try:
             value = json.loads(raw, parse_constant=_refuse_constant)
         except ValueError:
             value = raw  # NaN and Infinity stay text, so a number option refuses them
+        except RecursionError:  # nested beyond what the decoder takes
+            value = _TOO_DEEP
         if isinstance(value, float) and not math.isfinite(value):
             value = raw  # 1e999
-        out[key.strip()] = value
+        # the options go into run.json and plugins' configs: the same limits as a dataset row
+        if has_lone_surrogate(key):
+            raise ConfigError(f"The key {scrub_text(key)!r} of {option} holds bytes that are not UTF-8; pass it as UTF-8.")
+        if value is _TOO_DEEP:
+            problem = f"$: is nested more than {MAX_DEPTH} levels deep; flatten the field"
+        else:
+            problem = value_problem(value, int_range=False)
+        if problem is not None:
+            raise ConfigError(f"The value of {option} {key} {problem.partition(': ')[2]}.")
+        out[key] = value
     return out
+
+
+_TOO_DEEP = object()

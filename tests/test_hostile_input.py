@@ -73,6 +73,22 @@ def test_plugin_options_refuse_non_finite_numbers(raw):
     assert parse_key_values(("cpus=1.5",), "-S")["cpus"] == 1.5
 
 
+@pytest.mark.parametrize("option", ["-S", "-T", "-E"])
+@pytest.mark.parametrize("item, expected", [
+    ("x=" + "[" * 5000 + "]" * 5000, "x is nested more than 100 levels deep; flatten the field."),
+    ("x=" + "[" * 150 + "]" * 150, "x is nested more than 100 levels deep; flatten the field."),
+    ("x=caf\udce9", "x holds a lone surrogate (\\udce9)"),  # argv bytes that are not UTF-8
+])
+def test_plugin_option_values_no_record_can_carry_are_one_sentence(runner, tmp_path, option, item, expected):
+    if option == "-T":
+        item = "terminal." + item
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    result = runner.invoke(dataset, "run", option, item)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "Error: The value of " in result.output
+    assert expected in result.output
+
+
 # --- dataset rows ----------------------------------------------------------------------------
 
 
