@@ -35,7 +35,7 @@ import attrs
 
 from . import dataset
 from .jsonguard import scrub_text
-from .runfolder import RunFolder, _fsync_dir, write_error
+from .runfolder import RunFolder, _fsync_dir, stoppable, write_error
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def _entries(folder: RunFolder) -> Iterator[tuple[int, _Entry]]:
     """Every record of the run, numbered in a fixed order (so a second pass finds them again)."""
     number = 0
     for path, kind in _sources(folder):
-        for raw in _lines(path):
+        for raw in stoppable(_lines(path)):  # Ctrl-C stops a re-index: the next start drops its staging
             yield number, _decode(raw, kind)
             number += 1
 

@@ -100,6 +100,14 @@ async def run_off_loop(fn, *args):
         raise
 
 
+def stoppable(items: Iterable[T], every: int = 1024) -> Iterator[T]:
+    """``items``, calling :func:`check_stop` every ``every`` of them."""
+    for count, item in enumerate(items):
+        if count % every == 0:
+            check_stop()
+        yield item
+
+
 def is_temp_file(name: str) -> bool:
     """True for a temporary file an atomic replace of ours left behind (interrupted, killed)."""
     return _TEMP_RE.fullmatch(name) is not None

@@ -244,13 +244,14 @@ class Run:
             concurrent.futures.ThreadPoolExecutor(self.concurrency + 4, thread_name_prefix="hermes-batch")
         )
         fresh = not self.folder.has_outputs()
+        finished, to_run = collections.Counter(), self.report.valid
         if cfg.resume:
-            reindex.recover(self.folder)
-            self._repair_torn_tails()
-            self._reindex()
-        finished = scan_finished(self.folder) if cfg.resume else collections.Counter()
+            try:
+                # off the event loop, like the merge: reading a big run folder must not make Ctrl-C wait
+                finished, to_run = await run_off_loop(self._read_run_folder)
+            except (asyncio.CancelledError, Stopped):
+                return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
         self.previously_finished = sum(finished.values())
-        to_run = self._count_to_run(finished) if finished else self.report.valid
         client = self.client = self.client_cls(self._model_settings())
         self.context = RunContext(cfg.run_name, self.folder.dir, self.seed, cfg.verbose, cfg.log_prefix_chars, pool)
         backend = self.backend_cls(self.backend_config, self.context)
@@ -369,6 +370,14 @@ class Run:
             "--max_cost to continue."
         )
 
+    def _read_run_folder(self) -> tuple:
+        """What a resume starts from: (finished content keys, prompts still to run), the folder repaired."""
+        reindex.recover(self.folder)
+        self._repair_torn_tails()
+        self._reindex()
+        finished = scan_finished(self.folder)
+        return finished, (self._count_to_run(finished) if finished else self.report.valid)
+
     def _repair_torn_tails(self) -> None:
         # also in files this session will never append to, so every file parses when the resume ends
         paths = [path for _num, path in self.folder.iter_batch_files()] + [self.folder.discarded, self.folder.failed]
@@ -390,7 +399,7 @@ class Run:
 
     def _count_to_run(self, finished: collections.Counter) -> int:
         rows = dataset.iter_rows(self.config.dataset_file, max_samples=self.config.max_samples)
-        return sum(1 for _ in plan_resume(rows, collections.Counter(finished)))
+        return sum(1 for _ in plan_resume(runfolder.stoppable(rows), collections.Counter(finished)))
 
     def _jobs(self, rows):
         size = self.config.batch_size

@@ -654,6 +654,46 @@ def test_ctrl_c_during_the_merge_stops_it_at_once_and_leaves_consistent_files(
     assert sum(1 for _ in open(folder / "trajectories.jsonl")) == 30_000
 
 
+def test_ctrl_c_while_a_resume_reads_the_run_folder_is_heard_at_once(tmp_path, runner, model_server, monkeypatch):
+    from hermes_batch import resume, runner as runner_module
+
+    data = big_finished_run(runner, tmp_path, 30_000)
+    folder = RunFolder(runner.folder().parent, "run")
+    started = time.perf_counter()
+    resume.scan_finished(folder)
+    whole_scan = time.perf_counter() - started
+
+    scanning = threading.Event()
+    scan_started = []
+    real_scan = runner_module.scan_finished
+
+    def scan(folder):
+        scan_started.append(time.perf_counter())
+        scanning.set()
+        return real_scan(folder)
+
+    monkeypatch.setattr(runner_module, "scan_finished", scan)
+    config = RunConfig(
+        dataset_file=data, batch_size=100_000, run_name="run", output_dir=runner.folder().parent, resume=True,
+        base_url=model_server(FAST).base_url, model="scripted-model", api_key=API_KEY, distribution="terminal_only",
+        progress=False,
+    )
+    run = Run(config, get_plugin_manager())
+    run.prepare()
+
+    async def interrupt():
+        task = asyncio.create_task(run.execute())
+        while not scanning.is_set():  # on the event loop (before the fix) this loop only ran after the scan
+            await asyncio.sleep(0.005)
+        task.cancel()
+        return await task, time.perf_counter() - scan_started[0]
+
+    result, waited = asyncio.run(interrupt())
+    assert result.exit_code == 130 and result.message == "Interrupted before any prompt ran."
+    assert waited < whole_scan / 3, (waited, whole_scan)
+    assert not (folder.dir / "trajectories.jsonl").exists() and not os.path.exists(folder.dir / LOCK_NAME)
+
+
 def test_a_run_folder_file_that_is_a_folder_is_one_sentence_and_the_lock_is_released(tmp_path, runner, model_server):
     runner.server = model_server(FAST)
     data = write_dataset(tmp_path / "d.jsonl", prompts(2))
