@@ -9,9 +9,10 @@ budget count every request the run made, finished or not.
 
 Each line is one ``write`` system call (no fsync): a killed process loses
 nothing it wrote, and the hot path pays a few microseconds per call.  A write
-that fails (disk full) stops the run like any write of the run folder.  The first line names the session that started the
-journal; only a journal started with the run's first session covers the whole
-run (folders of versions before the journal fall back to the records).
+that fails (disk full) stops the run like any write of the run folder.  The
+first line names the session that started the journal; only a journal started
+with the run's first session covers the whole run (folders of versions before
+the journal fall back to the records).
 """
 
 from __future__ import annotations
