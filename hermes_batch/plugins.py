@@ -27,6 +27,7 @@ DEFAULT_PLUGINS = (
     "hermes_batch.default_plugins.filters",
     "hermes_batch.default_plugins.jsonl_writer",
     "hermes_batch.default_plugins.local_executor",
+    "hermes_batch.default_plugins.report",
 )
 
 # registration hook name -> key of the registry it fills

@@ -1,0 +1,539 @@
+"""An index of a run folder's records, built by streaming: where each record is, plus a few small fields.
+
+The report and the viewer never hold the run in memory.  One pass over the
+record files (``batch_*.jsonl``, ``discarded.jsonl``, ``failed.jsonl``) keeps,
+per record, its file and byte offset and the handful of fields the viewer
+filters and sorts on, each in a compact ``array`` column (about 60 bytes a
+record); strings that repeat (end reasons, tool sets, filters, error kinds)
+are interned.  The prompt and final answer, casefolded, go to a search file
+that is scanned with ``mmap.find``.  Run-wide aggregates (tool calls, reasoning
+turns, latencies, discard reasons, providers) are summed in the same pass.
+
+The record files only ever grow (one whole line per record), so
+:meth:`RunIndex.refresh` reads just the bytes appended since the last pass:
+that is how the viewer is live.  A file that was replaced (``--overwrite``,
+a reindex) is noticed by its inode and first bytes, and the index is rebuilt.
+
+The index is cached in ``RUN_DIR/.hermes-batch-view/`` (elsewhere when the run
+folder is read-only), so the second start is a load, not a pass.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import json
+import logging
+import mmap
+import os
+import re
+import shutil
+import tempfile
+import threading
+from bisect import bisect_right
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+log = logging.getLogger(__name__)
+
+INDEX_VERSION = 1
+CACHE_DIR_NAME = ".hermes-batch-view"
+STATUSES = ("kept", "discarded", "failed")
+KEPT, DISCARDED, FAILED = range(3)
+SEARCH_FIELD_CHARS = 4096  # of the prompt and of the answer: what the search looks at
+_BATCH_RE = re.compile(r"batch_(\d+)\.jsonl")
+_HEAD_BYTES = 256
+_CHUNK = 4 * 1024 * 1024
+_MAX_REASONS = 2000  # distinct discard reasons counted one by one; the rest are summed
+
+# column name -> array typecode
+COLUMNS = {
+    "file": "H",  # index into RunIndex.files
+    "offset": "Q",
+    "length": "I",
+    "prompt": "q",  # prompt_index
+    "status": "B",  # KEPT, DISCARDED or FAILED
+    "turns": "I",  # model calls
+    "duration": "f",  # seconds
+    "tokens": "I",  # prompt + completion
+    "tools": "I",  # interned tuple of the tools called
+    "toolsets": "I",  # interned tuple of toolsets_used
+    "end": "H",  # interned end reason (finished records)
+    "filters": "H",  # interned tuple of filters (discarded records)
+    "error": "H",  # interned error kind (failed records)
+    "key": "Q",  # 64 bits of the content key: tells which failures were finished later
+    "text": "Q",  # offset of the record's line in the search file
+}
+
+
+class Vocabulary:
+    """Interned values (strings or tuples of strings) and their ids, in first-seen order."""
+
+    def __init__(self, values: Iterable = ()):
+        self.values: list = []
+        self._ids: dict = {}
+        for value in values:
+            self.id(value)
+
+    def id(self, value) -> int:
+        found = self._ids.get(value)
+        if found is None:
+            found = self._ids[value] = len(self.values)
+            self.values.append(value)
+        return found
+
+    def ids_where(self, predicate) -> set:
+        return {i for i, value in enumerate(self.values) if predicate(value)}
+
+
+class Aggregates:
+    """Run-wide sums the columns cannot give: tool calls, reasoning turns, latencies, reasons, providers."""
+
+    def __init__(self, data: Optional[dict] = None):
+        data = data or {}
+        self.tools: dict[str, list[int]] = data.get("tools", {})  # name -> [calls, success, failure], finished
+        self.kept_tools: dict[str, list[int]] = data.get("kept_tools", {})
+        self.reasoning: dict[str, list[int]] = data.get("reasoning", {"finished": [0, 0, 0], "kept": [0, 0, 0]})
+        self.latency_ms = Counter({int(k): v for k, v in data.get("latency_ms", {}).items()})
+        self.reasons = Counter({tuple(k.split("\x1f", 1)): v for k, v in data.get("reasons", {}).items()})
+        self.providers: dict[str, list[int]] = data.get("providers", {})  # name -> [requests, errors, rate-limited]
+        self.usage: dict[str, float] = data.get("usage", {"prompt": 0, "completion": 0, "reasoning": 0, "cached": 0})
+        self.cost = data.get("cost")
+        self.partial = data.get("partial", 0)
+
+    def to_dict(self) -> dict:
+        return {
+            "tools": self.tools, "kept_tools": self.kept_tools, "reasoning": self.reasoning,
+            "latency_ms": {str(k): v for k, v in self.latency_ms.items()},
+            "reasons": {"\x1f".join(k): v for k, v in self.reasons.items()},
+            "providers": self.providers, "usage": self.usage, "cost": self.cost, "partial": self.partial,
+        }
+
+    def add_calls(self, calls) -> None:
+        for call in calls or ():
+            provider = call.get("provider") or "unknown"
+            row = self.providers.setdefault(provider, [0, 0, 0])
+            status = call.get("status")
+            row[0] += 1
+            row[1] += status != 200
+            row[2] += status == 429
+            self.latency_ms[int(round(float(call.get("latency_s") or 0) * 1000))] += 1
+
+    def add_usage(self, usage) -> None:
+        usage = usage or {}
+        for ours, theirs in (("prompt", "prompt_tokens"), ("completion", "completion_tokens"),
+                             ("reasoning", "reasoning_tokens"), ("cached", "cached_tokens")):
+            self.usage[ours] += int(usage.get(theirs) or 0)
+        if usage.get("cost") is not None and usage.get("cost_reported", True):
+            self.cost = (self.cost or 0.0) + float(usage["cost"])
+
+    def add_finished(self, traj: dict, kept: bool) -> None:
+        scopes = ("finished", "kept") if kept else ("finished",)
+        with_, without = 0, 0
+        for turn in traj.get("conversations") or ():
+            if turn.get("from") == "gpt":
+                if str(turn.get("value", "")).startswith("<think>"):
+                    with_ += 1
+                else:
+                    without += 1
+        for scope in scopes:
+            row = self.reasoning[scope]
+            row[0] += with_
+            row[1] += without
+            row[2] += with_ == 0
+        for name, stat in (traj.get("tool_stats") or {}).items():
+            for table in (self.tools, self.kept_tools) if kept else (self.tools,):
+                row = table.setdefault(name, [0, 0, 0])
+                row[0] += int(stat.get("count") or 0)
+                row[1] += int(stat.get("success") or 0)
+                row[2] += int(stat.get("failure") or 0)
+        self.partial += bool(traj.get("partial"))
+
+    def add_reasons(self, filters, reasons) -> None:
+        for name, reason in zip(filters or (), reasons or ()):
+            key = (str(name), str(reason)[:300])
+            if key in self.reasons or len(self.reasons) < _MAX_REASONS:
+                self.reasons[key] += 1
+            else:
+                self.reasons[(str(name), "(other reasons)")] += 1
+
+
+class _Columns:
+    """The per-record arrays; swapped as a whole on a rebuild so readers never see half of one."""
+
+    def __init__(self):
+        for name, code in COLUMNS.items():
+            setattr(self, name, array.array(code))
+
+    def __len__(self) -> int:
+        return len(self.key)  # the column appended last: only whole rows count
+
+
+def _key_hash(content_key: str) -> int:
+    try:
+        return int(content_key[:16], 16)
+    except (TypeError, ValueError):
+        return int.from_bytes(hashlib.sha256(str(content_key).encode()).digest()[:8], "big")
+
+
+def _clip(text, limit: int = SEARCH_FIELD_CHARS) -> str:
+    return str(text or "")[:limit]
+
+
+def prompt_of(traj: dict) -> str:
+    for turn in traj.get("conversations") or ():
+        if turn.get("from") == "human":
+            return str(turn.get("value", ""))
+    return ""
+
+
+def answer_of(traj: dict) -> str:
+    for turn in reversed(traj.get("conversations") or ()):
+        if turn.get("from") == "gpt":
+            return str(turn.get("value", ""))
+    return ""
+
+
+def unwrap(status: int, data: dict) -> dict:
+    """The trajectory (or failure) dict of a parsed record line."""
+    return data.get("trajectory") or {} if status == DISCARDED else data
+
+
+def _source_status(name: str) -> Optional[int]:
+    if _BATCH_RE.fullmatch(name):
+        return KEPT
+    return {"discarded.jsonl": DISCARDED, "failed.jsonl": FAILED}.get(name)
+
+
+def _source_order(name: str):
+    match = _BATCH_RE.fullmatch(name)
+    return (0, int(match.group(1))) if match else (1 if name == "discarded.jsonl" else 2, 0)
+
+
+def _head(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read(_HEAD_BYTES)).hexdigest()[:16]
+
+
+class RunIndex:
+    """The index of one run folder; :meth:`refresh` brings it up to date with what was appended."""
+
+    def __init__(self, run_dir, cache_dir: Optional[Path] = None, persist: bool = True):
+        self.run_dir = Path(run_dir)
+        self._tmp: Optional[str] = None
+        if cache_dir is None:
+            cache_dir = self.run_dir / CACHE_DIR_NAME
+            try:
+                cache_dir.mkdir(exist_ok=True)
+                probe = cache_dir / ".probe"
+                probe.write_bytes(b"")
+                probe.unlink()
+            except OSError:  # a read-only run folder: keep the index for this process only
+                self._tmp = tempfile.mkdtemp(prefix="hermes-batch-view-")
+                cache_dir, persist = Path(self._tmp), False
+        self.cache_dir = Path(cache_dir)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.persist = persist
+        self._lock = threading.Lock()  # one refresh at a time; readers do not take it
+        self._reset()
+        if persist:
+            self._load()
+
+    # -- state --------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self.files: list[str] = []
+        self.sources: dict[str, dict] = {}  # file name -> {"ino", "head", "offset"}
+        self.vocab = {name: Vocabulary() for name in ("tools", "toolsets", "end", "filters", "error")}
+        for name in ("tools", "toolsets", "filters"):
+            self.vocab[name].id(())
+        for name in ("end", "error"):
+            self.vocab[name].id("")
+        self.aggregates = Aggregates()
+        self.columns = _Columns()
+        self.generation = 0  # bumps when records are added or the index is rebuilt
+        blob = self.cache_dir / "search.txt"
+        blob.write_bytes(b"")
+        self._blob_size = 0
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    @property
+    def search_path(self) -> Path:
+        return self.cache_dir / "search.txt"
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    # -- building -------------------------------------------------------------------------
+
+    def _list_sources(self) -> list[str]:
+        try:
+            names = [e.name for e in os.scandir(self.run_dir) if e.is_file() and _source_status(e.name) is not None]
+        except FileNotFoundError:
+            return []
+        return sorted(names, key=_source_order)
+
+    def _stale(self, names: list[str]) -> bool:
+        """True when a file already indexed was replaced or cut, so appending to the index would be wrong."""
+        for name, state in self.sources.items():
+            path = self.run_dir / name
+            try:
+                st = path.stat()
+                if st.st_ino != state["ino"] or st.st_size < state["offset"]:
+                    return True
+                # a file replaced by one of another size can reuse the inode: compare its first bytes
+                if st.st_size != state.get("size") and _head(path) != state["head"]:
+                    return True
+            except FileNotFoundError:
+                return True
+        return False
+
+    def refresh(self) -> int:
+        """Index what was appended since the last call (everything, the first time); return the records added."""
+        with self._lock:
+            names = self._list_sources()
+            if self._stale(names):
+                log.info("%s: a record file was replaced; rebuilding the view index.", self.run_dir)
+                self._reset()
+            added = 0
+            with open(self.search_path, "ab") as self._blob:
+                for name in names:
+                    added += self._index_file(name)
+            if added:
+                self.generation += 1
+            return added
+
+    def _index_file(self, name: str) -> int:
+        path = self.run_dir / name
+        status = _source_status(name)
+        try:
+            fh = open(path, "rb")
+        except FileNotFoundError:
+            return 0
+        with fh:
+            st = os.fstat(fh.fileno())
+            state = self.sources.get(name)
+            if state is None:
+                if st.st_size == 0:
+                    return 0
+                state = {"ino": st.st_ino, "head": _head(path), "offset": 0}
+            if st.st_size <= state["offset"]:
+                return 0
+            if name not in self.files:
+                self.files.append(name)
+            file_id = self.files.index(name)
+            fh.seek(state["offset"])
+            offset, added, rest = state["offset"], 0, b""
+            while True:
+                chunk = fh.read(_CHUNK)
+                if not chunk:
+                    break
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()  # incomplete: the next chunk, or a line still being written
+                for line in lines:
+                    length = len(line) + 1
+                    if line.strip():
+                        added += self._add(file_id, status, offset, line)
+                    offset += length
+            state["offset"], state["size"] = offset, st.st_size
+            self.sources[name] = state
+            return added
+
+    def _add(self, file_id: int, status: int, offset: int, line: bytes) -> int:
+        try:
+            data = json.loads(line)
+            rec = unwrap(status, data)
+            if not isinstance(rec, dict):
+                raise ValueError("not an object")
+        except (ValueError, RecursionError):
+            log.warning("%s: skipped a line that is not a JSON record at byte %d.", self.files[file_id], offset)
+            return 0
+        try:
+            fields = self._fields(status, data, rec)
+        except (TypeError, ValueError, AttributeError) as exc:  # a record of an unexpected shape: list it anyway
+            log.warning("%s: a record at byte %d has an unexpected shape (%s).", self.files[file_id], offset, exc)
+            fields = (0, 0, 0, 0, 0, 0, 0.0, 0, "", ("", ""), 0)
+        return self._append(file_id, status, offset, len(line), fields)
+
+    def _fields(self, status: int, data: dict, rec: dict) -> tuple:
+        agg, vocab = self.aggregates, self.vocab
+        if status == FAILED:
+            meta, usage = {}, rec.get("usage") or {}
+            texts = (str(rec.get("prompt", "")), str(rec.get("message", "")))
+            key = rec.get("content_key", "")
+            tools = toolsets = filters = 0
+            end = 0
+            error = vocab["error"].id(str(rec.get("error_kind") or rec.get("error_class") or "unknown"))
+            duration = 0.0
+            agg.add_calls(rec.get("calls"))
+        else:
+            meta = rec.get("metadata") or {}
+            usage = meta.get("usage") or {}
+            texts = (prompt_of(rec), answer_of(rec))
+            key = meta.get("content_key", "")
+            called = tuple(sorted(n for n, s in (rec.get("tool_stats") or {}).items() if (s or {}).get("count")))
+            tools = vocab["tools"].id(called)
+            toolsets = vocab["toolsets"].id(tuple(rec.get("toolsets_used") or ()))
+            end = vocab["end"].id(str(meta.get("end_reason") or ""))
+            filters = vocab["filters"].id(tuple(data.get("filters") or ())) if status == DISCARDED else 0
+            error = 0
+            duration = float(meta.get("duration_s") or 0.0)
+            if not 0 <= duration < 1e9:
+                duration = 0.0
+            agg.add_finished(rec, kept=status == KEPT)
+            agg.add_calls(meta.get("calls"))
+            if status == DISCARDED:
+                agg.add_reasons(data.get("filters"), data.get("reasons"))
+        agg.add_usage(usage)
+        ident = str(meta.get("id", "")) if meta else ""
+        turns = min(0xFFFFFFFF, max(0, int(rec.get("api_calls") or 0)))
+        tokens = min(0xFFFFFFFF, max(0, int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)))
+        prompt = max(-(2**63), min(2**63 - 1, int(rec.get("prompt_index") or 0)))
+        return (tools, toolsets, end, filters, error, turns, duration, tokens, key, (ident,) + texts, prompt)
+
+    def _append(self, file_id: int, status: int, offset: int, length: int, fields: tuple) -> int:
+        tools, toolsets, end, filters, error, turns, duration, tokens, key, texts, prompt = fields
+        cols = self.columns
+        text = " ".join((texts[0], _clip(texts[1]), "\x1f", _clip(texts[-1]))).casefold() if len(texts) == 3 else ""
+        data_bytes = text.replace("\n", " ").replace("\r", " ").encode("utf-8", "replace") + b"\n"
+        cols.text.append(self._blob_size)
+        self._blob.write(data_bytes)
+        self._blob_size += len(data_bytes)
+        cols.file.append(file_id)
+        cols.offset.append(offset)
+        cols.length.append(min(length, 0xFFFFFFFF))
+        cols.prompt.append(prompt)
+        cols.status.append(status)
+        cols.turns.append(turns)
+        cols.duration.append(duration)
+        cols.tokens.append(tokens)
+        cols.tools.append(tools)
+        cols.toolsets.append(toolsets)
+        cols.end.append(end)
+        cols.filters.append(filters)
+        cols.error.append(error)
+        cols.key.append(_key_hash(str(key)))  # last: len(columns) counts whole rows only
+        return 1
+
+    # -- the cache ------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Write the columns, then the manifest (atomically): a crash in between leaves the old manifest valid."""
+        if not self.persist:
+            return
+        with self._lock:
+            count = len(self.columns)
+            for name in COLUMNS:
+                col = getattr(self.columns, name)
+                with open(self.cache_dir / f"{name}.bin", "wb") as fh:
+                    col[:count].tofile(fh)
+            manifest = {
+                "version": INDEX_VERSION, "count": count, "blob_size": self._blob_size, "files": self.files,
+                "sources": self.sources, "aggregates": self.aggregates.to_dict(),
+                "vocab": {name: v.values for name, v in self.vocab.items()},
+            }
+            tmp = self.cache_dir / "manifest.json.tmp"
+            tmp.write_text(json.dumps(manifest), encoding="utf-8")
+            os.replace(tmp, self.cache_dir / "manifest.json")
+
+    def _load(self) -> None:
+        path = self.cache_dir / "manifest.json"
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+            if manifest.get("version") != INDEX_VERSION:
+                return
+            count = manifest["count"]
+            columns = _Columns()
+            for name in COLUMNS:
+                with open(self.cache_dir / f"{name}.bin", "rb") as fh:
+                    getattr(columns, name).fromfile(fh, count)
+            with open(self.search_path, "r+b") as fh:
+                fh.truncate(manifest["blob_size"])
+            if os.path.getsize(self.search_path) != manifest["blob_size"]:
+                raise ValueError("search file too short")
+        except (OSError, ValueError, KeyError, EOFError) as exc:
+            log.info("%s: no usable view index cache (%s); building it.", self.cache_dir, exc)
+            self._reset()
+            return
+        self.files = manifest["files"]
+        self.sources = manifest["sources"]
+        self.aggregates = Aggregates(manifest["aggregates"])
+        self.vocab = {
+            name: Vocabulary(tuple(v) if isinstance(v, list) else v for v in values)
+            for name, values in manifest["vocab"].items()
+        }
+        self._blob_size = manifest["blob_size"]
+        self.columns = columns
+        self.generation += 1
+
+    # -- reading --------------------------------------------------------------------------
+
+    def read(self, i: int) -> dict:
+        """The parsed record ``i`` (one positioned read of one line)."""
+        cols = self.columns
+        path = self.run_dir / self.files[cols.file[i]]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            raw = os.pread(fd, cols.length[i], cols.offset[i])
+        finally:
+            os.close(fd)
+        return json.loads(raw)
+
+    def read_ref(self, ref: str) -> tuple[str, dict]:
+        """``(status, record)`` of a link's ``FILE:OFFSET``; only record files of this run, only at a line start."""
+        name, _, offset_text = str(ref).rpartition(":")
+        status = _source_status(name)
+        if status is None or name not in self.files or not offset_text.isdigit():
+            raise LookupError(f"no record {ref!r} in this run")
+        offset = int(offset_text)
+        with open(self.run_dir / name, "rb") as fh:
+            if offset:
+                fh.seek(offset - 1)
+                if fh.read(1) != b"\n":
+                    raise LookupError(f"no record starts at {ref!r}")
+            fh.seek(offset)
+            line = fh.readline()
+        if not line.endswith(b"\n"):
+            raise LookupError(f"no record {ref!r} in this run")
+        return STATUSES[status], json.loads(line)
+
+    def search(self, query: str, within: Optional[int] = None) -> Iterator[int]:
+        """Record numbers whose prompt, answer or id contains ``query`` (case-insensitive), in index order."""
+        needle = query.casefold().replace("\n", " ").encode("utf-8")
+        count = len(self.columns) if within is None else within
+        if not needle or not count:
+            return
+        texts = self.columns.text
+        end = self._blob_size if count == len(texts) else texts[count]
+        with open(self.search_path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                return
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+                pos = 0
+                while True:
+                    hit = blob.find(needle, pos, end)
+                    if hit < 0:
+                        return
+                    i = bisect_right(texts, hit, 0, count) - 1
+                    yield i
+                    pos = texts[i + 1] if i + 1 < count else end
+
+    def still_failed(self) -> set:
+        """Record numbers of failures whose prompt has no finished record (a later retry did not succeed)."""
+        cols = self.columns
+        status, keys = cols.status, cols.key
+        failed = [i for i in range(len(cols)) if status[i] == FAILED]
+        if not failed:
+            return set()
+        failed_keys = {keys[i] for i in failed}
+        finished = Counter(keys[i] for i in range(len(cols)) if status[i] != FAILED and keys[i] in failed_keys)
+        latest = {}  # a prompt that failed in several sessions counts once, by its last failure
+        for i in failed:
+            if not finished[keys[i]]:
+                latest[keys[i]] = i
+        return set(latest.values())

@@ -1,0 +1,114 @@
+// hermes-batch view: the list, the filters and the live refresh. Everything is rendered by the server;
+// this script only asks for pages of rows, record fragments and the summary, and follows the run.
+"use strict";
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const FIELDS = ["q", "status", "tool", "toolset", "end", "filter", "error", "sort"];
+  const PAGE = 50;
+  let offset = 0, total = 0, generation = null, selected = null, summaryShown = false, summaryGeneration = null;
+
+  function params() {
+    const p = new URLSearchParams();
+    for (const f of FIELDS) { const v = $(f).value.trim(); if (v) p.set(f, v); }
+    if ($("desc").checked) p.set("desc", "1");
+    p.set("offset", offset); p.set("limit", PAGE);
+    return p;
+  }
+
+  function text(tag, cls, value) {
+    const el = document.createElement(tag);
+    if (cls) el.className = cls;
+    el.textContent = value;
+    return el;
+  }
+
+  async function loadList() {
+    const res = await fetch("/api/records?" + params());
+    const data = await res.json();
+    total = data.total;
+    const list = $("list");
+    list.replaceChildren();
+    for (const row of data.rows) {
+      const a = document.createElement("a");
+      a.className = "row" + (row.ref === selected ? " selected" : "");
+      a.href = "#/" + row.ref;
+      a.dataset.ref = row.ref;
+      a.dataset.status = row.status;
+      const line1 = document.createElement("div");
+      line1.className = "line1";
+      line1.append(text("span", "st-" + row.status, row.status), text("span", "", "#" + row.prompt_index),
+        text("span", "", row.turns + " calls"), text("span", "", row.duration + " s"),
+        text("span", "", row.tokens.toLocaleString() + " tok"), text("span", "", row.detail || ""));
+      a.append(line1, text("div", "prompt", row.preview));
+      list.append(a);
+    }
+    const last = Math.min(offset + data.rows.length, total);
+    $("total").textContent = total ? `${offset + 1}–${last} of ${total.toLocaleString()} (${data.elapsed_ms} ms)` : "no match";
+    $("prev").disabled = offset === 0;
+    $("next").disabled = last >= total;
+  }
+
+  async function openRecord(ref) {
+    selected = ref;
+    for (const row of document.querySelectorAll(".list .row")) row.classList.toggle("selected", row.dataset.ref === ref);
+    const res = await fetch("/api/record?ref=" + encodeURIComponent(ref));
+    $("detail").innerHTML = await res.text();
+  }
+
+  async function loadSummary() {
+    const res = await fetch("/api/summary");
+    $("pane-summary").innerHTML = await res.text();
+    summaryGeneration = generation;
+  }
+
+  function fillFacets(facets) {
+    for (const select of document.querySelectorAll("select[data-facet]")) {
+      const have = new Set([...select.options].map((o) => o.value));
+      for (const value of facets[select.dataset.facet] || []) {
+        if (!have.has(value)) select.append(new Option(value, value));
+      }
+    }
+  }
+
+  async function poll() {
+    try {
+      const res = await fetch("/api/state");
+      const state = await res.json();
+      $("live").textContent = `${state.counts.kept.toLocaleString()} kept · ${state.counts.discarded.toLocaleString()} discarded · ` +
+        `${state.counts.failed.toLocaleString()} failure records · live`;
+      fillFacets(state.facets);
+      if (state.generation !== generation) {
+        const first = generation === null;
+        generation = state.generation;
+        if (!first) await loadList();
+        if (summaryShown) await loadSummary();
+      }
+    } catch (e) {
+      $("live").textContent = "viewer stopped";
+    }
+  }
+
+  function restart() { offset = 0; loadList(); }
+  let timer = null;
+  $("q").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(restart, 250); });
+  for (const f of FIELDS.slice(1)) $(f).addEventListener("change", restart);
+  $("desc").addEventListener("change", restart);
+  $("prev").addEventListener("click", () => { offset = Math.max(0, offset - PAGE); loadList(); });
+  $("next").addEventListener("click", () => { offset += PAGE; loadList(); });
+  window.addEventListener("hashchange", () => { if (location.hash.startsWith("#/")) openRecord(decodeURIComponent(location.hash.slice(2))); });
+  function tab(name) {
+    summaryShown = name === "summary";
+    $("tab-records").classList.toggle("on", !summaryShown);
+    $("tab-summary").classList.toggle("on", summaryShown);
+    $("pane-records").hidden = summaryShown;
+    $("pane-summary").hidden = !summaryShown;
+    if (summaryShown && summaryGeneration !== generation) loadSummary();
+  }
+  $("tab-records").addEventListener("click", () => tab("records"));
+  $("tab-summary").addEventListener("click", () => tab("summary"));
+
+  poll().then(loadList).then(() => {
+    if (location.hash.startsWith("#/")) openRecord(decodeURIComponent(location.hash.slice(2)));
+  });
+  setInterval(poll, 1500);
+})();
