@@ -236,13 +236,13 @@ class RunIndex:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.persist = persist
         self._lock = threading.Lock()  # one refresh at a time; readers do not take it
-        self._reset()
+        self._reset(clear=not persist)
         if persist:
             self._load()
 
     # -- state --------------------------------------------------------------------------
 
-    def _reset(self) -> None:
+    def _reset(self, clear: bool = True) -> None:
         self.files: list[str] = []
         self.sources: dict[str, dict] = {}  # file name -> {"ino", "head", "offset"}
         self.vocab = {name: Vocabulary() for name in ("tools", "toolsets", "end", "filters", "error")}
@@ -253,8 +253,8 @@ class RunIndex:
         self.aggregates = Aggregates()
         self.columns = _Columns()
         self.generation = 0  # bumps when records are added or the index is rebuilt
-        blob = self.cache_dir / "search.txt"
-        blob.write_bytes(b"")
+        if clear:
+            self.search_path.write_bytes(b"")
         self._blob_size = 0
 
     def __len__(self) -> int:

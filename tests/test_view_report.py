@@ -1,0 +1,98 @@
+"""report.html: written at the end of every run and by `hermes-batch report`, read in a real browser offline."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from click.testing import CliRunner
+
+from hermes_batch.cli import cli
+from view_rig import browser, demo_run_dir, needs_chromium, page, read_jsonl, run_copy  # noqa: F401 (fixtures)
+
+
+def _finished(run_dir) -> list[dict]:
+    kept = [r for p in sorted(run_dir.glob("batch_*.jsonl")) for r in read_jsonl(p)]
+    return kept + [r["trajectory"] for r in read_jsonl(run_dir / "discarded.jsonl")]
+
+
+def test_every_run_ends_with_a_report(demo_run_dir):
+    html = (demo_run_dir / "report.html").read_text()
+    assert "Count the lines of a small file" in html
+    # self-contained: nothing is loaded from anywhere
+    for needle in ("<script src", "<link", "@import", "url(http", 'src="http'):
+        assert needle not in html
+
+
+def test_report_command_writes_and_says_where(run_copy):
+    (run_copy / "report.html").unlink()
+    result = CliRunner().invoke(cli, ["report", str(run_copy)])
+    assert result.exit_code == 0, result.output
+    assert f"Wrote {run_copy / 'report.html'}" in result.output
+    assert (run_copy / "report.html").stat().st_size > 10_000
+
+
+def test_report_and_view_refuse_a_folder_that_is_not_a_run(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    for command in (["report", str(tmp_path)], ["view", str(tmp_path)], ["report", str(tmp_path / "missing")]):
+        result = CliRunner().invoke(cli, command)
+        assert result.exit_code == 2
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: ") and "run folder" in lines[0], result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_a_report_is_written_for_a_run_still_going(run_copy):
+    """`hermes-batch report` on a folder with records but no statistics.json (the run has not ended)."""
+    (run_copy / "statistics.json").unlink()
+    (run_copy / "report.html").unlink()
+    result = CliRunner().invoke(cli, ["report", str(run_copy)])
+    assert result.exit_code == 0, result.output
+    assert "Keep listing files forever." in (run_copy / "report.html").read_text()
+
+
+@needs_chromium
+def test_report_in_a_browser_with_the_network_blocked(demo_run_dir, page):
+    stats = json.loads((demo_run_dir / "statistics.json").read_text())
+    finished = _finished(demo_run_dir)
+    blocked = []
+
+    def block(route):
+        if route.request.url.startswith("file://"):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", block)
+    page.goto((demo_run_dir / "report.html").as_uri())
+
+    def card(name):
+        return page.locator(f'.card[data-count="{name}"] .num').inner_text()
+
+    assert card("kept") == str(stats["prompts"]["kept"]) == "8"
+    assert card("discarded") == str(stats["prompts"]["discarded"]) == "2"
+    assert card("failed") == str(stats["prompts"]["failed"]) == "1"
+    assert card("calls") == str(stats["finished"]["model_calls"])
+
+    # one bar per value of model calls per prompt, from the fewest to the most
+    turns = Counter(r["api_calls"] for r in finished)
+    bars = page.locator("#chart-turns rect.bar")
+    assert bars.count() == max(turns) - min(turns) + 1
+    titles = [bars.nth(i).locator("title").text_content() for i in range(bars.count())]
+    assert titles[0] == f"{min(turns)}: {turns[min(turns)]} prompts"
+    # one row per end reason, one per filter that discarded something
+    assert page.locator("#chart-end rect.bar").count() == len({r["metadata"]["end_reason"] for r in finished})
+    assert page.locator("#chart-discards rect.bar").count() == len(stats["discarded_by_filter"]) == 2
+    assert "called tools that were not offered: teleport" in page.locator("#chart-discards table").inner_text()
+    # the sampler check: terminal_only samples terminal (and file, its dependency) for every prompt
+    assert page.locator("#chart-toolsets .marker").count() >= 1
+
+    # a sample trajectory opens and shows its tool call and its result
+    sample = page.locator("details.sample", has_text="#0: Count the lines of a small file")
+    assert not sample.locator(".tool-call").is_visible()
+    sample.locator("summary").first.click()
+    assert sample.locator(".tool-call").first.is_visible()
+    assert sample.locator(".tool-call .tool-name").first.inner_text().startswith("terminal")
+    assert "step-0-" in sample.locator(".tool-result pre.output").first.inner_text()
+    assert blocked == []

@@ -1,0 +1,97 @@
+"""Fixtures of the report and viewer tests: the demo run, a running viewer, Debian's Chromium through Playwright."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hermes_batch.testing.demo_run import make_demo_run
+
+CHROMIUM = os.environ.get("HERMES_CHROMIUM", "/usr/bin/chromium")
+needs_chromium = pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason="needs Debian's chromium (scripts/chromium.sh)")
+CHROMIUM_FLAGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--disable-dev-shm-usage")
+
+
+@pytest.fixture(scope="session")
+def demo_run_dir(tmp_path_factory) -> Path:
+    """One demo run for the whole session; tests that change a run copy it first (``run_copy``)."""
+    return make_demo_run(tmp_path_factory.mktemp("view") / "out")
+
+
+@pytest.fixture
+def run_copy(demo_run_dir, tmp_path) -> Path:
+    """A copy of the demo run this test may change (its view index cache left out)."""
+    target = tmp_path / "out" / "demo"
+    shutil.copytree(demo_run_dir, target, ignore=shutil.ignore_patterns(".hermes-batch-view"))
+    return target
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+class ViewerProcess:
+    """``hermes-batch view RUN_DIR --port 0`` as a child process; ``url`` once it said where it listens."""
+
+    def __init__(self, run_dir: Path, *extra: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hermes_batch", "view", str(run_dir), "--port", "0", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        self.announcement = self.proc.stdout.readline()
+        match = re.search(r"at (http://\S+/) ", self.announcement)
+        if not match:
+            self.stop()
+            raise AssertionError(f"the viewer did not start: {self.announcement!r} {self.proc.stderr.read()[-2000:]}")
+        self.url = match.group(1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def viewer():
+    """Factory: ``viewer(run_dir)`` starts the viewer, stopped after the test."""
+    started = []
+
+    def start(run_dir, *extra):
+        v = ViewerProcess(run_dir, *extra)
+        started.append(v)
+        return v
+
+    yield start
+    for v in started:
+        v.stop()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=list(CHROMIUM_FLAGS))
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    p = context.new_page()
+    p.set_default_timeout(15_000)
+    yield p
+    context.close()
