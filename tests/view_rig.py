@@ -78,6 +78,16 @@ def viewer():
         v.stop()
 
 
+@pytest.fixture(scope="module")
+def shared_viewer(demo_run_dir, tmp_path_factory):
+    """One viewer over a copy of the demo run, for the tests of a module that only read."""
+    target = tmp_path_factory.mktemp("shared") / "demo"
+    shutil.copytree(demo_run_dir, target, ignore=shutil.ignore_patterns(".hermes-batch-view"))
+    v = ViewerProcess(target)
+    yield v
+    v.stop()
+
+
 @pytest.fixture(scope="session")
 def browser():
     from playwright.sync_api import sync_playwright
