@@ -149,4 +149,4 @@ def test_plugins_add_commands():
     add_plugin_commands(group, pm)
     assert CliRunner().invoke(group, ["hello"]).output == "hello from a plugin\n"
     with pytest.raises(PluginError, match="'Commands' registers the command 'hello'"):
-        add_plugin_commands(group, pm)
+        add_plugin_commands(click.Group(commands={"hello": hello}), pm)
