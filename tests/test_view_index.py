@@ -103,6 +103,9 @@ def test_query_filters_sorts_and_pages(run_copy):
     assert run_query(index, Query(filter="no-reasoning"))["total"] == 1
     assert run_query(index, Query(end="max_turns"))["rows"][0]["preview"] == "Keep listing files forever."
     assert run_query(index, Query(error="model_endpoint"))["total"] == 1
+    # filter reasons and error messages are searched too
+    assert run_query(index, Query(q="not offered: teleport"))["rows"][0]["status"] == "discarded"
+    assert run_query(index, Query(q="answered 503"))["rows"][0]["status"] == "failed"
     by_turns = run_query(index, Query(sort="turns", desc=True, limit=3))["rows"]
     assert [r["turns"] for r in by_turns] == sorted((r["turns"] for r in by_turns), reverse=True)
     assert by_turns[0]["turns"] == max(index.columns.turns)

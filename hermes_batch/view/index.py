@@ -5,7 +5,8 @@ record files (``batch_*.jsonl``, ``discarded.jsonl``, ``failed.jsonl``) keeps,
 per record, its file and byte offset and the handful of fields the viewer
 filters and sorts on, each in a compact ``array`` column (about 60 bytes a
 record); strings that repeat (end reasons, tool sets, filters, error kinds)
-are interned.  The prompt and final answer, casefolded, go to a search file
+are interned.  The prompt and final answer (with a discarded sample's filter reasons, a
+failure's error message), casefolded, go to a search file
 that is scanned with ``mmap.find``.  Run-wide aggregates (tool calls, reasoning
 turns, latencies, discard reasons, providers) are summed in the same pass.
 
@@ -389,6 +390,7 @@ class RunIndex:
             agg.add_calls(meta.get("calls"))
             if status == DISCARDED:
                 agg.add_reasons(data.get("filters"), data.get("reasons"))
+                texts = (texts[0], " ".join(map(str, data.get("reasons") or ())) + " " + _clip(texts[1]))
         agg.add_usage(usage)
         ident = str(meta.get("id", "")) if meta else ""
         turns = min(0xFFFFFFFF, max(0, int(rec.get("api_calls") or 0)))

@@ -102,11 +102,15 @@ def run_query(index: RunIndex, query: Query, sorts: Optional[_Sorts] = None) -> 
         if query.desc:
             order = order[::-1]
     if query.q:
+        found = list(index.search(query.q, within=n))  # in arrival order
+        if query.sort == "arrival" and test is None:
+            matched = found[::-1] if query.desc else found
+            page = matched[query.offset: query.offset + query.limit]
+            return {"total": len(matched), "offset": query.offset, "rows": [row(index, i) for i in page]}
         hits = bytearray(n)
-        for i in index.search(query.q, within=n):
+        for i in found:
             hits[i] = 1
-        search_test = hits.__getitem__
-        test = search_test if test is None else (lambda i, t=test: hits[i] and t(i))
+        test = hits.__getitem__ if test is None else (lambda i, t=test: hits[i] and t(i))
     if test is None:
         total = n
         page = list(order[query.offset: query.offset + query.limit])

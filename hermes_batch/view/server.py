@@ -135,10 +135,11 @@ class Viewer:
         generation, when, html = self._summary
         now = time.monotonic()
         if generation != self.index.generation and (not html or now - when >= SUMMARY_MIN_INTERVAL_S):
+            generation = self.index.generation  # before: records that land meanwhile count as not covered
             summary = await asyncio.to_thread(summarize, self.index)
             html = summary_html(summary)
-            self._summary = (self.index.generation, now, html)
-        return web.Response(text=html, content_type="text/html")
+            self._summary = (generation, now, html)
+        return web.Response(text=html, content_type="text/html", headers={"X-Generation": str(generation)})
 
 
 def _count_statuses(status, n: int) -> tuple:

@@ -58,7 +58,8 @@
   async function loadSummary() {
     const res = await fetch("/api/summary");
     $("pane-summary").innerHTML = await res.text();
-    summaryGeneration = generation;
+    // the server recomputes at most every few seconds: ask again until it covers the latest records
+    summaryGeneration = Number(res.headers.get("X-Generation"));
   }
 
   function fillFacets(facets) {
@@ -81,8 +82,8 @@
         const first = generation === null;
         generation = state.generation;
         if (!first) await loadList();
-        if (summaryShown) await loadSummary();
       }
+      if (summaryShown && summaryGeneration !== generation) await loadSummary();
     } catch (e) {
       $("live").textContent = "viewer stopped";
     }
