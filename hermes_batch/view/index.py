@@ -272,39 +272,50 @@ class RunIndex:
 
     # -- building -------------------------------------------------------------------------
 
-    def _list_sources(self) -> list[str]:
+    def _list_sources(self) -> dict:
+        """``{file name: stat}`` of the record files, in the order they are indexed."""
+        found = {}
         try:
-            names = [e.name for e in os.scandir(self.run_dir) if e.is_file() and _source_status(e.name) is not None]
+            entries = list(os.scandir(self.run_dir))
         except FileNotFoundError:
-            return []
-        return sorted(names, key=_source_order)
+            return {}
+        for entry in entries:
+            if _source_status(entry.name) is not None:
+                try:
+                    if entry.is_file():
+                        found[entry.name] = entry.stat()
+                except FileNotFoundError:
+                    continue
+        return {name: found[name] for name in sorted(found, key=_source_order)}
 
-    def _stale(self, names: list[str]) -> bool:
+    def _stale(self, files: dict) -> bool:
         """True when a file already indexed was replaced or cut, so appending to the index would be wrong."""
         for name, state in self.sources.items():
-            path = self.run_dir / name
-            try:
-                st = path.stat()
-                if st.st_ino != state["ino"] or st.st_size < state["offset"]:
-                    return True
-                # a file replaced by one of another size can reuse the inode: compare its first bytes
-                if st.st_size != state.get("size") and _head(path) != state["head"]:
-                    return True
-            except FileNotFoundError:
+            st = files.get(name)
+            if st is None or st.st_ino != state["ino"] or st.st_size < state["offset"]:
                 return True
+            # a file replaced by one of another size can reuse the inode: compare its first bytes
+            if st.st_size != state.get("size"):
+                try:
+                    if _head(self.run_dir / name) != state["head"]:
+                        return True
+                except FileNotFoundError:
+                    return True
         return False
 
     def refresh(self) -> int:
         """Index what was appended since the last call (everything, the first time); return the records added."""
         with self._lock:
-            names = self._list_sources()
-            if self._stale(names):
+            files = self._list_sources()
+            if self._stale(files):
                 log.info("%s: a record file was replaced; rebuilding the view index.", self.run_dir)
                 self._reset()
             added = 0
-            with open(self.search_path, "ab") as self._blob:
-                for name in names:
-                    added += self._index_file(name)
+            grown = [name for name, st in files.items() if st.st_size != self.sources.get(name, {}).get("size")]
+            if grown:  # a live run appends to one or two files at a time: the others are not even opened
+                with open(self.search_path, "ab") as self._blob:
+                    for name in grown:
+                        added += self._index_file(name)
             if added:
                 self.generation += 1
             return added
