@@ -96,3 +96,24 @@ def test_report_in_a_browser_with_the_network_blocked(demo_run_dir, page):
     assert sample.locator(".tool-call .tool-name").first.inner_text().startswith("terminal")
     assert "step-0-" in sample.locator(".tool-result pre.output").first.inner_text()
     assert blocked == []
+
+
+@needs_chromium
+def test_markup_in_a_record_is_shown_as_text_never_run(run_copy, page):
+    record = read_jsonl(run_copy / "batch_0.jsonl")[0]
+    hostile = '<script>document.title="owned"</script><img src="http://198.51.100.1/x.png" onerror="alert(1)">'
+    for turn in record["conversations"]:
+        if turn["from"] == "human":
+            turn["value"] = hostile
+    record["prompt_index"] = 0
+    (run_copy / "batch_0.jsonl").write_text(json.dumps(record) + "\n")  # the only kept record: it is sampled
+    assert CliRunner().invoke(cli, ["report", str(run_copy)]).exit_code == 0
+    requests, dialogs = [], []
+    page.on("request", lambda request: requests.append(request.url))
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.goto((run_copy / "report.html").as_uri())
+    sample = page.locator("details.sample", has_text="#0:")
+    sample.locator("summary").first.click()
+    assert hostile in sample.locator(".turn-human pre").inner_text()
+    assert page.title() != "owned" and dialogs == []
+    assert [url for url in requests if not url.startswith("file://")] == []

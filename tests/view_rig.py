@@ -20,10 +20,15 @@ CHROMIUM_FLAGS = ("--no-sandbox", "--disable-gpu", "--disable-background-network
                   "--disable-sync", "--no-first-run", "--disable-dev-shm-usage")
 
 
+_DEMO: dict = {}  # one demo run for all modules: each module that imports the fixture gets its own copy of it
+
+
 @pytest.fixture(scope="session")
 def demo_run_dir(tmp_path_factory) -> Path:
     """One demo run for the whole session; tests that change a run copy it first (``run_copy``)."""
-    return make_demo_run(tmp_path_factory.mktemp("view") / "out")
+    if "run" not in _DEMO:
+        _DEMO["run"] = make_demo_run(tmp_path_factory.mktemp("view") / "out")
+    return _DEMO["run"]
 
 
 @pytest.fixture

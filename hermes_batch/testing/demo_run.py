@@ -10,10 +10,10 @@ a prompt that hits ``--max_turns``, and one whose model calls always fail.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Sequence
-
-from click.testing import CliRunner
 
 from .scripts import Reply, RoutedScript, ScriptRequest, ToolLoopScript
 from .server import ErrorRule, ScriptedModelServer
@@ -90,14 +90,15 @@ def run_args(dataset: Path, output_dir: Path, base_url: str, run_name: str = "de
 
 
 def make_demo_run(output_dir: Path, run_name: str = "demo", *extra: str) -> Path:
-    """Run the demo dataset through ``hermes-batch run`` in this process; return the run folder."""
-    from ..cli import cli
-
+    """Run the demo dataset through ``hermes-batch run`` (a child process; the server runs here); return the run folder."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     dataset = write_demo_dataset(output_dir / f"{run_name}-prompts.jsonl")
     with demo_server() as server:
-        result = CliRunner().invoke(cli, run_args(dataset, output_dir, server.base_url, run_name, *extra))
-    if result.exit_code not in (0, 3):
-        raise RuntimeError(f"the demo run exited with {result.exit_code}:\n{result.output}")
+        # a child process, so that a caller's running event loop (Playwright's sync API has one) is no obstacle
+        proc = subprocess.run([sys.executable, "-m", "hermes_batch",
+                               *run_args(dataset, output_dir, server.base_url, run_name, *extra)],
+                              capture_output=True, text=True)
+    if proc.returncode not in (0, 3):  # 3: the prompt meant to fail failed
+        raise RuntimeError(f"the demo run exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
     return output_dir / run_name

@@ -93,8 +93,7 @@ class Aggregates:
 
     def __init__(self, data: Optional[dict] = None):
         data = data or {}
-        self.tools: dict[str, list[int]] = data.get("tools", {})  # name -> [calls, success, failure], finished
-        self.kept_tools: dict[str, list[int]] = data.get("kept_tools", {})
+        self.tools: dict[str, list[int]] = data.get("tools", {})  # name -> [calls, success, failure], all finished
         self.reasoning: dict[str, list[int]] = data.get("reasoning", {"finished": [0, 0, 0], "kept": [0, 0, 0]})
         self.latency_ms = Counter({int(k): v for k, v in data.get("latency_ms", {}).items()})
         self.reasons = Counter({tuple(k.split("\x1f", 1)): v for k, v in data.get("reasons", {}).items()})
@@ -105,7 +104,7 @@ class Aggregates:
 
     def to_dict(self) -> dict:
         return {
-            "tools": self.tools, "kept_tools": self.kept_tools, "reasoning": self.reasoning,
+            "tools": self.tools, "reasoning": self.reasoning,
             "latency_ms": {str(k): v for k, v in self.latency_ms.items()},
             "reasons": {"\x1f".join(k): v for k, v in self.reasons.items()},
             "providers": self.providers, "usage": self.usage, "cost": self.cost, "partial": self.partial,
@@ -144,11 +143,10 @@ class Aggregates:
             row[1] += without
             row[2] += with_ == 0
         for name, stat in (traj.get("tool_stats") or {}).items():
-            for table in (self.tools, self.kept_tools) if kept else (self.tools,):
-                row = table.setdefault(name, [0, 0, 0])
-                row[0] += int(stat.get("count") or 0)
-                row[1] += int(stat.get("success") or 0)
-                row[2] += int(stat.get("failure") or 0)
+            row = self.tools.setdefault(str(name), [0, 0, 0])
+            row[0] += int(stat.get("count") or 0)
+            row[1] += int(stat.get("success") or 0)
+            row[2] += int(stat.get("failure") or 0)
         self.partial += bool(traj.get("partial"))
 
     def add_reasons(self, filters, reasons) -> None:

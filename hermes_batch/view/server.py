@@ -155,7 +155,7 @@ async def serve(run_dir: Path, host: str, port: int, announce) -> None:
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
-        bound = site._server.sockets[0].getsockname()[1] if port == 0 else port
+        bound = runner.addresses[0][1]
         announce(f"http://{host}:{bound}/", len(viewer.index))
         await asyncio.Event().wait()
     finally:
