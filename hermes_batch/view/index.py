@@ -199,6 +199,29 @@ def unwrap(status: int, data: dict) -> dict:
     return data.get("trajectory") or {} if status == DISCARDED else data
 
 
+_SYSTEM_START = b'"conversations":[{"from":"system","value":"'
+_SYSTEM_END = b'\\n</tools>"}'
+_NEXT_TURN = b'"},{"from":"'
+
+
+def _without_system_prompt(line: bytes) -> bytes:
+    """The record with its system turn's text left out: often most of its bytes, and nothing the index needs.
+
+    The system turn always ends with the ``<tools>`` list; inside a JSON string
+    a quote is always escaped, so the first ``\\n</tools>"}`` after the turn's
+    start ends it, and no ``"},{"from":"`` can lie in between.  Anything else
+    (another writer's layout) is parsed whole.
+    """
+    start = line.find(_SYSTEM_START, 0, 200)
+    if start < 0:
+        return line
+    start += len(_SYSTEM_START)
+    end = line.find(_SYSTEM_END, start)
+    if end < 0 or line.find(_NEXT_TURN, start, end) >= 0:
+        return line
+    return line[:start] + line[end + len(_SYSTEM_END) - 2:]
+
+
 def _source_status(name: str) -> Optional[int]:
     if _BATCH_RE.fullmatch(name):
         return KEPT
@@ -356,7 +379,7 @@ class RunIndex:
 
     def _add(self, file_id: int, status: int, offset: int, line: bytes) -> int:
         try:
-            data = json.loads(line)
+            data = json.loads(_without_system_prompt(line))
             rec = unwrap(status, data)
             if not isinstance(rec, dict):
                 raise ValueError("not an object")
