@@ -64,6 +64,12 @@ def view_command(run_dir, port, host):
 
     check_run_dir(run_dir)
     click.echo(f"Indexing {run_dir} ...", err=True)
+    shown = [time.monotonic()]
+
+    def progress(records: int) -> None:  # the first pass over a large run takes minutes: show it moving
+        if time.monotonic() - shown[0] >= 5:
+            shown[0] = time.monotonic()
+            click.echo(f"  {records:,} records indexed ...", err=True)
 
     def announce(url: str, records: int) -> None:
         where = "only this machine can connect" if host in ("127.0.0.1", "localhost", "::1") else \
@@ -71,7 +77,7 @@ def view_command(run_dir, port, host):
         click.echo(f"Serving {records:,} records of {run_dir} at {url} ({where}). Press Ctrl-C to stop.")
 
     try:
-        asyncio.run(serve(run_dir, host, port, announce))
+        asyncio.run(serve(run_dir, host, port, announce, progress))
     except OSError as exc:
         raise UsageError(f"Cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port, or 0 for any free one.") from exc
     except KeyboardInterrupt:

@@ -34,7 +34,7 @@ import threading
 from bisect import bisect_right
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 log = logging.getLogger(__name__)
 
@@ -324,8 +324,11 @@ class RunIndex:
                     return True
         return False
 
-    def refresh(self) -> int:
-        """Index what was appended since the last call (everything, the first time); return the records added."""
+    def refresh(self, progress: Optional[Callable[[int], None]] = None) -> int:
+        """Index what was appended since the last call (everything, the first time); return the records added.
+
+        ``progress(records)`` is called after each file of a long pass, with the records indexed so far.
+        """
         with self._lock:
             files = self._list_sources()
             if self._stale(files):
@@ -337,6 +340,8 @@ class RunIndex:
                 with open(self.search_path, "ab") as self._blob:
                     for name in grown:
                         added += self._index_file(name)
+                        if progress is not None:
+                            progress(len(self.columns))
             if added:
                 self.generation += 1
             return added

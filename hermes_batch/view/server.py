@@ -30,8 +30,10 @@ SUMMARY_MIN_INTERVAL_S = 5.0  # the summary is a pass over the columns: at most 
 class Viewer:
     """The viewer's state: the index, its sort orders and the last summary."""
 
-    def __init__(self, run_dir: Path, index: Optional[RunIndex] = None, refresh_interval: float = REFRESH_INTERVAL_S):
+    def __init__(self, run_dir: Path, index: Optional[RunIndex] = None, refresh_interval: float = REFRESH_INTERVAL_S,
+                 progress=None):
         self.run_dir = Path(run_dir)
+        self.progress = progress
         self.index = index or RunIndex(self.run_dir)
         self.refresh_interval = refresh_interval
         self.sorts = _Sorts()
@@ -41,7 +43,7 @@ class Viewer:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self, app: web.Application) -> None:
-        await asyncio.to_thread(self.index.refresh)
+        await asyncio.to_thread(self.index.refresh, self.progress)
         await asyncio.to_thread(self.index.save)
         self._task = asyncio.create_task(self._follow())
 
@@ -147,9 +149,9 @@ def _count_statuses(status, n: int) -> tuple:
     return raw.count(0), raw.count(1), raw.count(2)
 
 
-async def serve(run_dir: Path, host: str, port: int, announce) -> None:
-    """Serve the viewer until cancelled; ``announce(url)`` is called once it listens."""
-    viewer = Viewer(run_dir)
+async def serve(run_dir: Path, host: str, port: int, announce, progress=None) -> None:
+    """Serve the viewer until cancelled; ``announce(url, records)`` is called once it listens."""
+    viewer = Viewer(run_dir, progress=progress)
     runner = web.AppRunner(viewer.app(), access_log=None)
     await runner.setup()
     try:
