@@ -213,7 +213,9 @@ def main() -> None:
     args = parser.parse_args()
     base = args.keep or Path(tempfile.mkdtemp(prefix="bench-view-"))
     try:
-        demo = make_demo_run(base / "demo-out")
+        demo = base / "demo-out" / "demo"
+        if not (demo / "statistics.json").exists():  # kept from an earlier --keep run
+            demo = make_demo_run(base / "demo-out")
         results = {}
         for size in (int(s) for s in args.report_sizes.split(",") if s):
             run_dir = build_run(demo, base / f"run{size}", size)

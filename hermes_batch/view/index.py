@@ -34,7 +34,9 @@ import threading
 from bisect import bisect_right
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterator, Optional
+
+from .aggregates import Aggregates, Vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,6 @@ SEARCH_FIELD_CHARS = 4096  # of the prompt and of the answer: what the search lo
 _BATCH_RE = re.compile(r"batch_(\d+)\.jsonl")
 _HEAD_BYTES = 256
 _CHUNK = 4 * 1024 * 1024
-_MAX_REASONS = 2000  # distinct discard reasons counted one by one; the rest are summed
 
 # column name -> array typecode
 COLUMNS = {
@@ -66,96 +67,6 @@ COLUMNS = {
     "key": "Q",  # 64 bits of the content key: tells which failures were finished later
     "text": "Q",  # offset of the record's line in the search file
 }
-
-
-class Vocabulary:
-    """Interned values (strings or tuples of strings) and their ids, in first-seen order."""
-
-    def __init__(self, values: Iterable = ()):
-        self.values: list = []
-        self._ids: dict = {}
-        for value in values:
-            self.id(value)
-
-    def id(self, value) -> int:
-        found = self._ids.get(value)
-        if found is None:
-            found = self._ids[value] = len(self.values)
-            self.values.append(value)
-        return found
-
-    def ids_where(self, predicate) -> set:
-        return {i for i, value in enumerate(self.values) if predicate(value)}
-
-
-class Aggregates:
-    """Run-wide sums the columns cannot give: tool calls, reasoning turns, latencies, reasons, providers."""
-
-    def __init__(self, data: Optional[dict] = None):
-        data = data or {}
-        self.tools: dict[str, list[int]] = data.get("tools", {})  # name -> [calls, success, failure], all finished
-        self.reasoning: dict[str, list[int]] = data.get("reasoning", {"finished": [0, 0, 0], "kept": [0, 0, 0]})
-        self.latency_ms = Counter({int(k): v for k, v in data.get("latency_ms", {}).items()})
-        self.reasons = Counter({tuple(k.split("\x1f", 1)): v for k, v in data.get("reasons", {}).items()})
-        self.providers: dict[str, list[int]] = data.get("providers", {})  # name -> [requests, errors, rate-limited]
-        self.usage: dict[str, float] = data.get("usage", {"prompt": 0, "completion": 0, "reasoning": 0, "cached": 0})
-        self.cost = data.get("cost")
-        self.partial = data.get("partial", 0)
-
-    def to_dict(self) -> dict:
-        return {
-            "tools": self.tools, "reasoning": self.reasoning,
-            "latency_ms": {str(k): v for k, v in self.latency_ms.items()},
-            "reasons": {"\x1f".join(k): v for k, v in self.reasons.items()},
-            "providers": self.providers, "usage": self.usage, "cost": self.cost, "partial": self.partial,
-        }
-
-    def add_calls(self, calls) -> None:
-        for call in calls or ():
-            provider = call.get("provider") or "unknown"
-            row = self.providers.setdefault(provider, [0, 0, 0])
-            status = call.get("status")
-            row[0] += 1
-            row[1] += status != 200
-            row[2] += status == 429
-            self.latency_ms[int(round(float(call.get("latency_s") or 0) * 1000))] += 1
-
-    def add_usage(self, usage) -> None:
-        usage = usage or {}
-        for ours, theirs in (("prompt", "prompt_tokens"), ("completion", "completion_tokens"),
-                             ("reasoning", "reasoning_tokens"), ("cached", "cached_tokens")):
-            self.usage[ours] += int(usage.get(theirs) or 0)
-        if usage.get("cost") is not None and usage.get("cost_reported", True):
-            self.cost = (self.cost or 0.0) + float(usage["cost"])
-
-    def add_finished(self, traj: dict, kept: bool) -> None:
-        scopes = ("finished", "kept") if kept else ("finished",)
-        with_, without = 0, 0
-        for turn in traj.get("conversations") or ():
-            if turn.get("from") == "gpt":
-                if str(turn.get("value", "")).startswith("<think>"):
-                    with_ += 1
-                else:
-                    without += 1
-        for scope in scopes:
-            row = self.reasoning[scope]
-            row[0] += with_
-            row[1] += without
-            row[2] += with_ == 0
-        for name, stat in (traj.get("tool_stats") or {}).items():
-            row = self.tools.setdefault(str(name), [0, 0, 0])
-            row[0] += int(stat.get("count") or 0)
-            row[1] += int(stat.get("success") or 0)
-            row[2] += int(stat.get("failure") or 0)
-        self.partial += bool(traj.get("partial"))
-
-    def add_reasons(self, filters, reasons) -> None:
-        for name, reason in zip(filters or (), reasons or ()):
-            key = (str(name), str(reason)[:300])
-            if key in self.reasons or len(self.reasons) < _MAX_REASONS:
-                self.reasons[key] += 1
-            else:
-                self.reasons[(str(name), "(other reasons)")] += 1
 
 
 class _Columns:
