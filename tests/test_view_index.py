@@ -59,6 +59,29 @@ def test_the_cache_is_reused_and_extended(run_copy):
     assert list(second.search("6 times 7")) == list(first.search("6 times 7"))
 
 
+def test_two_viewers_of_one_run_share_the_cache_without_mixing_their_indexes(run_copy):
+    one, two = RunIndex(run_copy), RunIndex(run_copy)
+    one.refresh()
+    one.save()
+    with open(run_copy / "discarded.jsonl", "ab") as fh:
+        fh.write((json.dumps({"trajectory": read_jsonl(run_copy / "batch_0.jsonl")[0], "filters": ["x"],
+                              "reasons": ["a reason about walruses"]}) + "\n").encode())
+    two.refresh()
+    two.save()
+    one.refresh()  # its own search file: two's appends are not in it twice
+
+    def found(index):
+        return [(index.files[index.columns.file[i]], index.columns.offset[i]) for i in index.search("walruses")]
+
+    three = RunIndex(run_copy)
+    assert len(one) == len(two) == len(three) == 12
+    assert found(one) == found(two) == found(three) == [("discarded.jsonl", (run_copy / "discarded.jsonl").stat().st_size
+                                                        - len((run_copy / "discarded.jsonl").read_bytes().splitlines(True)[-1]))]
+    for index in (one, two, three):
+        index.close()
+    assert sorted(p.name for p in (run_copy / CACHE_DIR_NAME).iterdir() if not p.name.startswith("snap-")) == ["manifest.json"]
+
+
 def test_a_replaced_file_rebuilds_the_index(run_copy):
     index = RunIndex(run_copy)
     index.refresh()

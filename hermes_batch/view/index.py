@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import itertools
 import json
 import logging
 import mmap
@@ -31,6 +32,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from bisect import bisect_right
 from collections import Counter
 from pathlib import Path
@@ -149,6 +151,20 @@ def _head(path: Path) -> str:
         return hashlib.sha256(fh.read(_HEAD_BYTES)).hexdigest()[:16]
 
 
+_WORK_FILES = itertools.count()
+
+
+def _remove_orphans(cache_dir: Path) -> None:
+    """Remove the search files of viewers that were killed (each process has its own)."""
+    for path in cache_dir.glob("work-*.search"):
+        try:
+            os.kill(int(path.name.split("-")[1]), 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+        except (ValueError, IndexError, PermissionError):
+            continue
+
+
 class RunIndex:
     """The index of one run folder; :meth:`refresh` brings it up to date with what was appended."""
 
@@ -169,15 +185,16 @@ class RunIndex:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.persist = persist
         self._lock = threading.Lock()  # one refresh at a time; readers do not take it
-        self._reset(clear=not persist)
+        _remove_orphans(self.cache_dir)
+        self._reset()
         if persist:
             self._load()
 
     # -- state --------------------------------------------------------------------------
 
-    def _reset(self, clear: bool = True) -> None:
+    def _reset(self) -> None:
         self.files: list[str] = []
-        self.sources: dict[str, dict] = {}  # file name -> {"ino", "head", "offset"}
+        self.sources: dict[str, dict] = {}  # file name -> {"ino", "head", "offset", "size"}
         self.vocab = {name: Vocabulary() for name in ("tools", "toolsets", "end", "filters", "error")}
         for name in ("tools", "toolsets", "filters"):
             self.vocab[name].id(())
@@ -185,19 +202,23 @@ class RunIndex:
             self.vocab[name].id("")
         self.aggregates = Aggregates()
         self.columns = _Columns()
-        self.generation = 0  # bumps when records are added or the index is rebuilt
-        if clear:
-            self.search_path.write_bytes(b"")
+        # bumps when records are added or the index is rebuilt (never back: pages compare it)
+        self.generation = getattr(self, "generation", -1) + 1
+        # This process's own search file, new at each reset: never one another process appends to, and
+        # never the old one cut short under a search that has it mapped (that would be a SIGBUS).
+        old = getattr(self, "search_path", None)
+        self.search_path = self.cache_dir / f"work-{os.getpid()}-{next(_WORK_FILES)}.search"
+        self.search_path.write_bytes(b"")
+        if old is not None:
+            old.unlink(missing_ok=True)
         self._blob_size = 0
 
     def __len__(self) -> int:
         return len(self.columns)
 
-    @property
-    def search_path(self) -> Path:
-        return self.cache_dir / "search.txt"
 
     def close(self) -> None:
+        self.search_path.unlink(missing_ok=True)
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
@@ -373,50 +394,55 @@ class RunIndex:
     # -- the cache ------------------------------------------------------------------------
 
     def save(self) -> None:
-        """Write the columns, then the manifest (atomically): a crash in between leaves the old manifest valid."""
+        """Write a snapshot folder, then point the manifest at it (atomically): readers see the old one or the new."""
         if not self.persist:
             return
         with self._lock:
             count = len(self.columns)
+            snapshot = self.cache_dir / f"snap-{os.getpid()}-{time.time_ns()}"
+            snapshot.mkdir()
             for name in COLUMNS:
-                col = getattr(self.columns, name)
-                with open(self.cache_dir / f"{name}.bin", "wb") as fh:
-                    col[:count].tofile(fh)
+                with open(snapshot / f"{name}.bin", "wb") as fh:
+                    getattr(self.columns, name)[:count].tofile(fh)
+            with open(self.search_path, "rb") as src, open(snapshot / "search.txt", "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+                dst.truncate(self._blob_size)
             manifest = {
-                "version": INDEX_VERSION, "count": count, "blob_size": self._blob_size, "files": self.files,
-                "sources": self.sources, "aggregates": self.aggregates.to_dict(),
+                "version": INDEX_VERSION, "snapshot": snapshot.name, "count": count, "blob_size": self._blob_size,
+                "files": self.files, "sources": self.sources, "aggregates": self.aggregates.to_dict(),
                 "vocab": {name: v.values for name, v in self.vocab.items()},
             }
-            tmp = self.cache_dir / "manifest.json.tmp"
+            tmp = self.cache_dir / f"manifest.json.{os.getpid()}.tmp"
             tmp.write_text(json.dumps(manifest), encoding="utf-8")
             os.replace(tmp, self.cache_dir / "manifest.json")
+            for old in self.cache_dir.glob("snap-*"):
+                if old != snapshot:
+                    shutil.rmtree(old, ignore_errors=True)
 
     def _load(self) -> None:
-        path = self.cache_dir / "manifest.json"
         try:
-            manifest = json.loads(path.read_text(encoding="utf-8"))
+            manifest = json.loads((self.cache_dir / "manifest.json").read_text(encoding="utf-8"))
             if manifest.get("version") != INDEX_VERSION:
-                return
+                raise ValueError(f"index version {manifest.get('version')}")
+            snapshot = self.cache_dir / manifest["snapshot"]
             count = manifest["count"]
             columns = _Columns()
             for name in COLUMNS:
-                with open(self.cache_dir / f"{name}.bin", "rb") as fh:
+                with open(snapshot / f"{name}.bin", "rb") as fh:
                     getattr(columns, name).fromfile(fh, count)
-            with open(self.search_path, "r+b") as fh:
-                fh.truncate(manifest["blob_size"])
+            with open(snapshot / "search.txt", "rb") as src, open(self.search_path, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
             if os.path.getsize(self.search_path) != manifest["blob_size"]:
-                raise ValueError("search file too short")
-        except (OSError, ValueError, KeyError, EOFError) as exc:
+                raise ValueError("search file of another size")
+            files, sources = manifest["files"], manifest["sources"]
+            aggregates = Aggregates(manifest["aggregates"])
+            vocab = {name: Vocabulary(tuple(v) if isinstance(v, list) else v for v in values)
+                     for name, values in manifest["vocab"].items()}
+        except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
             log.info("%s: no usable view index cache (%s); building it.", self.cache_dir, exc)
             self._reset()
             return
-        self.files = manifest["files"]
-        self.sources = manifest["sources"]
-        self.aggregates = Aggregates(manifest["aggregates"])
-        self.vocab = {
-            name: Vocabulary(tuple(v) if isinstance(v, list) else v for v in values)
-            for name, values in manifest["vocab"].items()
-        }
+        self.files, self.sources, self.aggregates, self.vocab = files, sources, aggregates, vocab
         self._blob_size = manifest["blob_size"]
         self.columns = columns
         self.generation += 1
