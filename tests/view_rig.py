@@ -93,8 +93,10 @@ def shared_viewer(demo_run_dir, tmp_path_factory):
     v.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """Chromium for one module: Playwright's sync API keeps an event loop running while it is open, which the
+    async tests of the modules after this one must not find."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
