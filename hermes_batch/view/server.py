@@ -38,6 +38,7 @@ class Viewer:
         self.refresh_interval = refresh_interval
         self.sorts = _Sorts()
         self._summary: tuple = (None, 0.0, "")  # (generation, when, html)
+        self._summary_interval = SUMMARY_MIN_INTERVAL_S
         self._task: Optional[asyncio.Task] = None
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -136,11 +137,13 @@ class Viewer:
     async def summary(self, request: web.Request) -> web.Response:
         generation, when, html = self._summary
         now = time.monotonic()
-        if generation != self.index.generation and (not html or now - when >= SUMMARY_MIN_INTERVAL_S):
+        if generation != self.index.generation and (not html or now - when >= self._summary_interval):
             generation = self.index.generation  # before: records that land meanwhile count as not covered
             summary = await asyncio.to_thread(summarize, self.index)
             html = summary_html(summary)
             self._summary = (generation, now, html)
+            # on a large live run the summary is a pass over every column: spend at most a tenth of the time on it
+            self._summary_interval = max(SUMMARY_MIN_INTERVAL_S, 10 * (time.monotonic() - now))
         return web.Response(text=html, content_type="text/html", headers={"X-Generation": str(generation)})
 
 
