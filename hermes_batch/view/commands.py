@@ -25,6 +25,18 @@ def check_run_dir(run_dir: Path) -> Path:
     return run_dir
 
 
+def _progress():
+    """A progress callback that says every few seconds how many records are indexed: a first pass takes minutes."""
+    shown = [time.monotonic()]
+
+    def progress(records: int) -> None:
+        if time.monotonic() - shown[0] >= 5:
+            shown[0] = time.monotonic()
+            click.echo(f"  {records:,} records indexed ...", err=True)
+
+    return progress
+
+
 def _size(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
 
@@ -44,7 +56,7 @@ def report_command(run_dir, samples):
 
     check_run_dir(run_dir)
     started = time.perf_counter()
-    path = write_report(run_dir, samples=samples)
+    path = write_report(run_dir, samples=samples, progress=_progress())
     click.echo(f"Wrote {path} ({_size(path.stat().st_size)}, {time.perf_counter() - started:.1f} s).")
 
 
@@ -64,12 +76,7 @@ def view_command(run_dir, port, host):
 
     check_run_dir(run_dir)
     click.echo(f"Indexing {run_dir} ...", err=True)
-    shown = [time.monotonic()]
-
-    def progress(records: int) -> None:  # the first pass over a large run takes minutes: show it moving
-        if time.monotonic() - shown[0] >= 5:
-            shown[0] = time.monotonic()
-            click.echo(f"  {records:,} records indexed ...", err=True)
+    progress = _progress()
 
     def announce(url: str, records: int) -> None:
         where = "only this machine can connect" if host in ("127.0.0.1", "localhost", "::1") else \

@@ -67,14 +67,14 @@ def render_report(index: RunIndex, samples: int = SAMPLES_PER_STATUS) -> str:
     return page(f"{summary['run_name']}: hermes-batch report", body)
 
 
-def write_report(run_dir, index: RunIndex | None = None, samples: int = SAMPLES_PER_STATUS) -> Path:
-    """Write ``RUN_DIR/report.html`` atomically and return its path."""
+def write_report(run_dir, index: RunIndex | None = None, samples: int = SAMPLES_PER_STATUS, progress=None) -> Path:
+    """Write ``RUN_DIR/report.html`` atomically and return its path; ``progress`` as for :meth:`RunIndex.refresh`."""
     run_dir = Path(run_dir)
     own = index is None
     if own:
         index = RunIndex(run_dir)
     try:
-        index.refresh()
+        index.refresh(progress)
         index.save()
         html = render_report(index, samples)
     finally:
