@@ -19,6 +19,7 @@ from .journal import JOURNAL_NAME
 from .notices import SKIPPED_LINES
 from .reindex import STAGING, UNMATCHED
 from .runfolder import RunFolder, is_temp_file, write_error
+from .view.report import REPORT_NAME
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def is_sandbox_folder(name: str, *, kept: bool = True) -> bool:
 
 # Outputs named outside runfolder.py.  Each must go with the rest: a journal left behind would count the old
 # run's calls in the new run's totals, and unmatched records would come back into it at a later resume.
-_OTHER_OUTPUTS = (JOURNAL_NAME, UNMATCHED, SKIPPED_LINES)
+_OTHER_OUTPUTS = (JOURNAL_NAME, UNMATCHED, SKIPPED_LINES, REPORT_NAME)
 
 
 def output_files(folder: RunFolder, writer_files: Iterable[str] = ()) -> list[Path]:

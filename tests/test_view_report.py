@@ -117,3 +117,13 @@ def test_markup_in_a_record_is_shown_as_text_never_run(run_copy, page):
     assert hostile in sample.locator(".turn-human pre").inner_text()
     assert page.title() != "owned" and dialogs == []
     assert [url for url in requests if not url.startswith("file://")] == []
+
+
+def test_overwrite_removes_the_old_report_with_the_other_outputs(run_copy):
+    from hermes_batch.cleanup import remove_outputs
+    from hermes_batch.runfolder import RunFolder
+
+    (run_copy / "notes.txt").write_text("mine")
+    remove_outputs(RunFolder(run_copy.parent, run_copy.name))
+    assert not (run_copy / "report.html").exists()
+    assert (run_copy / "notes.txt").read_text() == "mine"
