@@ -155,16 +155,32 @@ class Sandbox(abc.ABC):
         """Run ``command`` in a non-login shell; kill its whole process tree after ``timeout`` seconds."""
 
     @abc.abstractmethod
-    async def read_file(self, path: str) -> bytes:
-        """Contents of ``path`` (relative paths are relative to the working directory); raises FileNotFoundError."""
+    async def read_file(self, path: str, max_bytes: Optional[int] = None) -> bytes:
+        """At most ``max_bytes`` bytes from the start of ``path`` (None: all of it).
+
+        Relative paths are relative to the working directory.  Memory must stay
+        bounded by ``max_bytes``, whatever the file's size.  Raises
+        FileNotFoundError when ``path`` does not exist, IsADirectoryError for a
+        folder, and at once, without ever blocking, ``OSError(errno.EINVAL,
+        "<one sentence for the model>")`` for anything but a regular file (FIFO,
+        socket, device).
+        """
 
     @abc.abstractmethod
     async def write_file(self, path: str, data: bytes) -> None:
-        """Write ``data`` to ``path``, creating parent folders."""
+        """Write ``data`` to ``path``, creating parent folders.
+
+        Refuses, at once and without blocking, to write through anything that is
+        not a regular file or a new file (the same EINVAL OSError as ``read_file``).
+        """
 
     @abc.abstractmethod
     async def close(self) -> None:
-        """Remove the sandbox; safe to call more than once."""
+        """Remove the sandbox and end every process it started; safe to call more than once.
+
+        That includes processes that left the command's process group or session
+        (``setsid``, daemons that fork twice).
+        """
 
     @property
     def workdir(self) -> str:

@@ -43,3 +43,24 @@ class BoundedOutput:
         head = bytes(self.head).decode("utf-8", errors="replace")
         tail = bytes(self.tail).decode("utf-8", errors="replace")
         return f"{head}\n[... {self.dropped} bytes of output omitted ...]\n{tail}"
+
+
+class FirstBytes:
+    """Keeps the first ``limit`` bytes of what it is given and counts the rest; for bounded file reads."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.data = bytearray()
+        self.dropped = 0
+
+    def add(self, data: bytes) -> None:
+        room = self.limit - len(self.data)
+        if room > 0:
+            self.data += data[:room]
+        self.dropped += max(len(data) - max(room, 0), 0)
+
+    def value(self) -> bytes:
+        return bytes(self.data)
+
+    def text(self) -> str:
+        return self.value().decode("utf-8", errors="replace")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import errno
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -40,6 +43,18 @@ class TestLocalSandboxContract(SandboxContract):
         return sandbox.root.exists()
 
 
+class TestLocalSandboxContractProcessMode(TestLocalSandboxContract):
+    """The same contract where commands run as plain processes (no namespaces on the machine)."""
+
+    @pytest.fixture
+    async def backend(self, tmp_path):
+        backend = make_backend(tmp_path, max_output_bytes=10_000, isolation="process")
+        await backend.start()
+        assert not backend.launcher.namespace
+        yield backend
+        await backend.shutdown()
+
+
 @pytest.fixture
 async def backend(tmp_path):
     backend = make_backend(tmp_path)
@@ -55,12 +70,22 @@ async def sandbox(backend):
     await sandbox.close()
 
 
-def process_running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+_sleeps = iter(range(1, 10**6))
+
+
+def unique_sleep() -> str:
+    """A sleep duration no other process of the machine has on its command line."""
+    return f"{600 + next(_sleeps)}.{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
+
+
+async def wait_until(condition, timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    return condition()
 
 
 def test_registered_as_default_plugin():
@@ -148,23 +173,23 @@ async def test_keep_leaves_the_folder_but_kills_processes(tmp_path):
     await backend.start()
     sandbox = await backend.open(spec())
     await sandbox.write_file("result.txt", b"for debugging")
-    pid = int((await sandbox.exec("sleep 60 > /dev/null 2>&1 & echo $!", 10)).output)
-    assert process_running(pid)
+    marker = unique_sleep()
+    await sandbox.exec(f"sleep {marker} > /dev/null 2>&1 &", 10)
+    assert await wait_until(lambda: _alive_with(f"sleep {marker}"))
     await sandbox.close()
     await backend.shutdown()
     assert (sandbox.root / "result.txt").read_bytes() == b"for debugging"
-    await asyncio.sleep(0.1)
-    assert not process_running(pid)
+    assert not _alive_with(f"sleep {marker}")
 
 
 async def test_close_kills_background_processes_and_removes_the_folder(backend):
     sandbox = await backend.open(spec())
-    pid = int((await sandbox.exec("sleep 60 > /dev/null 2>&1 & echo $!", 10)).output)
+    marker = unique_sleep()
+    await sandbox.exec(f"sleep {marker} > /dev/null 2>&1 &", 10)
     await asyncio.sleep(0.2)
-    assert process_running(pid)  # background processes outlive the command that started them
+    assert _alive_with(f"sleep {marker}")  # background processes outlive the command that started them
     await sandbox.close()
-    await asyncio.sleep(0.1)
-    assert not process_running(pid)
+    assert not _alive_with(f"sleep {marker}")
     assert not sandbox.root.exists()
 
 
@@ -255,3 +280,85 @@ async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(sandbo
     while _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not _alive_with(f"sleep {marker}")
+
+
+SWAPPER = """
+import ctypes, os
+renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+AT_FDCWD, RENAME_EXCHANGE = -100, 2
+open("started", "w").close()
+while True:  # dir is, in turn, a folder of the prompt and a link that leads out of it
+    if renameat2(AT_FDCWD, b"dir", AT_FDCWD, b"other", RENAME_EXCHANGE) != 0:
+        raise OSError(ctypes.get_errno(), "renameat2")
+"""
+
+
+async def test_a_folder_swapped_for_a_link_in_a_tight_loop_never_leads_out(sandbox, tmp_path):
+    # A swap a few microseconds long, as a hostile command in C or Python makes it: a path check
+    # followed by an open (realpath, then open) loses this race every few dozen reads.
+    outside = tmp_path / "runner-folder"
+    outside.mkdir()
+    (outside / "f").write_bytes(b"RUNNER-ONLY")
+    await sandbox.write_file("dir/f", b"inside")
+    await sandbox.write_file("swapper.py", SWAPPER.encode())
+    os.symlink(outside, sandbox.root / "other")
+    swapper = asyncio.ensure_future(sandbox.exec(f"exec {sys.executable} swapper.py", 300))
+    try:
+        assert await wait_until(lambda: (sandbox.root / "started").exists(), timeout=60)
+        outcomes = collections.Counter()
+        for _ in range(3000):
+            try:
+                data = await sandbox.read_file("dir/f")
+            except OSError as exc:
+                outcomes[type(exc).__name__] += 1
+                continue
+            assert data == b"inside", outcomes
+            outcomes["read"] += 1
+            try:
+                await sandbox.write_file("dir/f", b"inside")
+            except OSError:
+                pass
+        assert outcomes["read"] > 50, outcomes  # the race ran both ways
+    finally:
+        swapper.cancel()
+        await asyncio.gather(swapper, return_exceptions=True)
+    assert (outside / "f").read_bytes() == b"RUNNER-ONLY"
+    assert sorted(p.name for p in outside.iterdir()) == ["f"]
+
+
+async def test_sockets_are_refused_without_blocking(sandbox):
+    listen = "import socket, time; s = socket.socket(socket.AF_UNIX); s.bind('listening.sock'); s.listen(); time.sleep(60)"
+    await sandbox.exec(f'{sys.executable} -c "{listen}" > /dev/null 2>&1 &', 10)
+    assert await wait_until(lambda: (sandbox.root / "listening.sock").exists(), timeout=30)
+    for call in (sandbox.read_file("listening.sock"), sandbox.write_file("listening.sock", b"x")):
+        with pytest.raises(OSError) as info:
+            await asyncio.wait_for(call, 10)
+        assert info.value.errno == errno.EINVAL
+        assert "socket" in info.value.strerror
+
+
+def test_isolation_must_be_known():
+    with pytest.raises(ValueError, match="isolation must be one of"):
+        LocalSandboxConfig(isolation="chroot")
+
+
+async def test_namespace_mode_is_used_where_the_machine_allows_it(backend):
+    # This machine (and CI) has util-linux and namespaces; elsewhere auto falls back to process mode.
+    assert backend.launcher.namespace
+
+
+async def test_a_process_that_cleared_its_environment_and_left_dies_with_the_namespace(sandbox):
+    # Escapes every trace process mode follows (group, session, folder, marker variable).
+    marker = unique_sleep()
+    await sandbox.exec(f"(cd / && env -i setsid sh -c 'sleep {marker}' > /dev/null 2>&1 &)", 10)
+    assert await wait_until(lambda: _alive_with(f"sleep {marker}"))
+    await sandbox.close()
+    assert await wait_until(lambda: not _alive_with(f"sleep {marker}"))
+
+
+async def test_commands_see_only_their_own_processes(sandbox):
+    listing = (await sandbox.exec("ls /proc | grep -c '^[0-9]'; cat /proc/1/cmdline | tr '\\0' ' '", 10)).output
+    count, init = listing.split("\n", 1)
+    assert int(count) < 10  # the namespace's first process, its sleep, this command: not the machine's
+    assert "while :; do sleep 3600" in init
+    assert str(os.getpid()) not in (await sandbox.exec("echo $PPID", 10)).output

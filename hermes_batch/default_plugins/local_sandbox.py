@@ -2,10 +2,12 @@
 
 The local sandbox isolates files between prompts (each prompt works in its own
 folder under the run's ``scratch/`` area, and the file API refuses paths that
-leave it), but it is **not a security boundary**: commands run as the user who
-started the run, with that user's access to the rest of the machine and the
-network.  Use a container backend (``docker``, ``singularity``, ``modal``) for
-untrusted workloads.
+leave it, links included), and where the machine allows it runs each prompt's
+commands in a PID and mount namespace of their own (see
+:mod:`~hermes_batch.default_plugins.local_processes`).  It is **not a security
+boundary**: commands run as the user who started the run, with that user's
+access to the rest of the machine's files and the network.  Use a container
+backend (``docker``, ``singularity``, ``modal``) for untrusted workloads.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import logging
 import os
 import posixpath
+import secrets
 import shutil
 import signal
 import stat
@@ -25,14 +28,16 @@ import attrs
 
 import hermes_batch
 
-from ..errors import SandboxError
+from ..errors import ConfigError, SandboxError
 from ..interfaces import Sandbox, SandboxBackend
 from ..output import BoundedOutput
 from ..records import ExecResult, SandboxSpec
+from ..threads import in_daemon_thread
+from .local_files import PromptFolder
+from .local_processes import ISOLATIONS, MARKER_VARIABLE, Launcher, Namespace, kill_marked, launcher
 
 log = logging.getLogger(__name__)
 
-SHELL = "/bin/sh"
 # After the kill, only processes that left the process group can still hold the pipe open.
 POST_KILL_DRAIN_S = 0.5
 
@@ -44,8 +49,11 @@ class LocalSandboxConfig:
     keep: bool = False  # keep each prompt's folder after the prompt, for debugging
     max_starting: int = 64  # prompts setting up their folder at the same time
     max_output_bytes: int = 1_000_000  # output kept per command: the first and last halves
+    isolation: str = "auto"  # namespace, process, or auto: namespace where the machine allows it
 
     def __attrs_post_init__(self):
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {self.isolation!r}")
         if self.max_starting < 1:
             raise ValueError("max_starting must be at least 1")
         if self.max_output_bytes < 1024:
@@ -67,13 +75,28 @@ class LocalSandboxBackend(SandboxBackend):
         super().__init__(config, run)
         self._starting = asyncio.Semaphore(config.max_starting)
         self._open: set[LocalSandbox] = set()
+        self.launcher: Optional[Launcher] = None
+
+    async def check(self) -> None:
+        """Find how commands can run here; ConfigError when ``isolation=namespace`` cannot work."""
+        if self.launcher is not None:
+            return
+        try:
+            self.launcher = await in_daemon_thread(launcher, self.config.isolation)
+        except RuntimeError as exc:
+            raise ConfigError(
+                f"-S isolation=namespace cannot work on this machine ({exc}); "
+                "use -S isolation=process or install util-linux and allow user namespaces."
+            ) from None
 
     async def start(self) -> None:
+        await self.check()
         # Folders of a crashed session are left alone: another worker may share this run folder.
         self.run.scratch_dir.mkdir(parents=True, exist_ok=True)
 
     async def open(self, spec: SandboxSpec) -> "LocalSandbox":
         """Create the prompt's folder (and its ``cwd`` inside it) and return its sandbox."""
+        await self.check()
         async with self._starting:
             scratch = self.run.scratch_dir
             prefix = f"p{spec.prompt_index}-{spec.content_key[:8]}-"
@@ -84,8 +107,18 @@ class LocalSandboxBackend(SandboxBackend):
                 cwd.mkdir(parents=True, exist_ok=True)
                 tmp = root / ".tmp"
                 tmp.mkdir()
+                folder = PromptFolder(str(root), str(cwd))
             except OSError as exc:
                 raise SandboxError(f"Could not create the prompt folder under {scratch}: {exc}") from exc
+            namespace = None
+            if self.launcher.namespace:
+                namespace = Namespace(self.launcher)
+                try:
+                    await namespace.start(str(cwd))
+                except (OSError, RuntimeError) as exc:
+                    folder.close()
+                    await in_daemon_thread(_remove_tree, root)
+                    raise SandboxError(f"Could not start the namespace of a local sandbox: {exc}") from exc
         env = {
             "PATH": os.environ.get("PATH", os.defpath),
             "HOME": str(root),
@@ -95,7 +128,10 @@ class LocalSandboxBackend(SandboxBackend):
             "TMPDIR": str(tmp),
         }
         env.update({str(k): str(v) for k, v in spec.env.items()})
-        sandbox = LocalSandbox(root, cwd, env, self)
+        marker = secrets.token_hex(8)
+        if namespace is None:
+            env[MARKER_VARIABLE] = marker  # how close finds the prompt's processes
+        sandbox = LocalSandbox(root, cwd, env, self, folder, namespace, marker)
         self._open.add(sandbox)
         return sandbox
 
@@ -144,23 +180,6 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _groups_working_in(root: Path) -> set[int]:
-    """Process groups of the processes whose working directory is inside ``root`` (never our own)."""
-    inside, own = str(root), os.getpgrp()
-    groups = set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            cwd = os.readlink(f"/proc/{entry.name}/cwd")
-            pgid = os.getpgid(int(entry.name))
-        except OSError:
-            continue
-        if (cwd == inside or cwd.startswith(inside + os.sep)) and pgid != own:
-            groups.add(pgid)
-    return groups
-
-
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -197,17 +216,22 @@ def _remove_tree(path: Path) -> None:
 class LocalSandbox(Sandbox):
     """One prompt's folder; commands run in it as ``/bin/sh -c`` subprocesses with a clean environment."""
 
-    def __init__(self, root: Path, cwd: Path, env: dict, backend: LocalSandboxBackend):
+    def __init__(
+        self, root: Path, cwd: Path, env: dict, backend: LocalSandboxBackend, folder: PromptFolder,
+        namespace: Optional[Namespace] = None, marker: str = "",
+    ):
         self.root = root
         self.cwd = cwd
         self.env = env
         self._backend = backend
+        self._launcher = backend.launcher
+        self._folder = folder
+        self._namespace = namespace
+        self._marker = marker
         self._keep = backend.config.keep
         self._max_output = backend.config.max_output_bytes
-        self._pool = backend.run.thread_pool
         # Process groups that may still have members: killed at close.
         self._groups: set[int] = set()
-        self._interrupted_spawn = False
         self._closed = False
 
     @property
@@ -216,15 +240,16 @@ class LocalSandbox(Sandbox):
 
     async def exec(self, command: str, timeout: float) -> ExecResult:
         """Run ``command`` with ``/bin/sh -c``; at ``timeout`` SIGKILL its whole process group."""
-        if self._closed:
-            raise SandboxError("The local sandbox was already closed.")
+        self._check_open()
+        namespace = self._namespace
+        if namespace is not None and not namespace.alive:
+            raise SandboxError(f"The namespace of the local sandbox {self.root} ended; its processes are gone.")
+        argv = self._launcher.command_argv(command, str(self.cwd), namespace.init_pid if namespace else None)
         loop = asyncio.get_running_loop()
         read_fd, write_fd = os.pipe()
         try:
             proc = await asyncio.create_subprocess_exec(
-                SHELL,
-                "-c",
-                command,
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=write_fd,
                 stderr=write_fd,
@@ -236,9 +261,9 @@ class LocalSandbox(Sandbox):
             os.close(read_fd)
             raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
         except BaseException:
-            # Cancelled (Ctrl-C) while spawning: the shell may exist without our knowing its group.
+            # Cancelled (Ctrl-C) while spawning: the shell may exist without our knowing its group;
+            # close finds it by its namespace, marker or folder.
             os.close(read_fd)
-            self._interrupted_spawn = True
             raise
         finally:
             os.close(write_fd)
@@ -277,42 +302,39 @@ class LocalSandbox(Sandbox):
             exit_code = code if code >= 0 else 128 - code  # the shell convention for signals
         return ExecResult(output.text(), exit_code, timed_out)
 
-    def _resolve(self, path: str) -> Path:
+    def _check_open(self) -> None:
         if self._closed:
             raise SandboxError("The local sandbox was already closed.")
-        full = os.path.realpath(os.path.join(self.cwd, path))
-        if os.path.commonpath((full, str(self.root))) != str(self.root):
-            raise PermissionError(
-                f"{path!r} is outside this prompt's sandbox folder; the local sandbox only reads and writes files inside it."
-            )
-        return Path(full)
 
-    async def read_file(self, path: str) -> bytes:
-        """Contents of ``path``; refuses paths outside the prompt folder with PermissionError."""
-        full = self._resolve(path)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, full.read_bytes)
+    async def read_file(self, path: str, max_bytes: Optional[int] = None) -> bytes:
+        """At most ``max_bytes`` bytes of the regular file ``path``; refuses paths outside the prompt folder.
+
+        Runs in a daemon thread: nothing here can block (non-blocking opens of
+        regular files only), and if the file system itself hangs, the abandoned
+        call still lets the process exit.
+        """
+        self._check_open()
+        return await in_daemon_thread(self._folder.read, path, max_bytes, name="hermes-batch-local-file")
 
     async def write_file(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path``, creating parent folders; refuses paths outside the prompt folder."""
-        full = self._resolve(path)
-
-        def write() -> None:
-            full.parent.mkdir(parents=True, exist_ok=True)
-            full.write_bytes(data)
-
-        await asyncio.get_running_loop().run_in_executor(self._pool, write)
+        self._check_open()
+        await in_daemon_thread(self._folder.write, path, data, name="hermes-batch-local-file")
 
     async def close(self) -> None:
-        """Kill processes left in the sandbox's process groups and remove the folder unless ``keep``."""
+        """Kill every process the prompt started and remove the folder unless ``keep``."""
         if self._closed:
             return
         self._closed = True
         self._backend._forget(self)
-        if self._interrupted_spawn:
-            self._groups |= _groups_working_in(self.root)
         for pgid in self._groups:
             _kill_group(pgid)
+        if self._namespace is not None:
+            await self._namespace.kill()
+        else:
+            await in_daemon_thread(kill_marked, str(self.root), self._marker, set(self._groups))
         self._groups.clear()
+        self._folder.close()
         if self._keep:
             # renamed, so the next session's start tells it from a folder a killed session left (removed then)
             kept = self.root.with_name("kept-" + self.root.name)
@@ -323,7 +345,7 @@ class LocalSandbox(Sandbox):
                 pass
             log.info("Kept the local sandbox folder %s.", self.root)
             return
-        await asyncio.get_running_loop().run_in_executor(self._pool, _remove_tree, self.root)
+        await in_daemon_thread(_remove_tree, self.root)
 
 
 @hermes_batch.hookimpl

@@ -17,8 +17,11 @@ and implements :meth:`SandboxContract.sandbox_exists`::
             return sandbox.root.exists()
 
 Set ``image`` to the image the tests run in (any image with a POSIX ``sh``,
-``sleep``, ``env``, ``cat``, ``yes`` and ``head``: busybox is enough).  The
-tests use POSIX sh only.  Each test closes the sandboxes it opened.
+``sleep``, ``env``, ``cat``, ``yes``, ``head``, ``dd``, ``ln``, ``mkfifo`` and
+``setsid``: busybox is enough).  The tests use POSIX sh only.  Each test closes
+the sandboxes it opened.  Tests of processes outliving ``close`` look for them
+in this machine's ``/proc`` (:meth:`SandboxContract.processes_with`); a backend
+whose processes run elsewhere overrides it.
 
 What the contract fixes beyond the :class:`~hermes_batch.interfaces.Sandbox`
 docstrings: output is stdout and stderr merged and decoded as UTF-8 with
@@ -27,12 +30,24 @@ and ``exit_code=None``; a command's background processes that hold its output
 open do not keep ``exec`` waiting past the timeout; processes a command leaves
 running in the background (with their output redirected) keep running until
 the sandbox is closed; ``exec`` on a closed sandbox raises ``SandboxError``.
+
+The hostile classes every backend must also pass: FIFOs, sockets and devices
+are refused by the file API at once (``OSError`` with ``EINVAL``, or a refusal
+of the path) and never block; ``read_file(path, max_bytes)`` returns at most
+``max_bytes`` and keeps the runner's memory bounded on a 1 GiB file; links,
+however swapped, never lead the file API to the runner's own files; and every
+process a prompt started dies at ``close``, also one that left its session
+with ``setsid`` or forked twice and changed folder like a daemon.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import itertools
+import os
 import time
+from pathlib import Path
 from typing import Awaitable, Callable, Optional
 
 import pytest
@@ -51,6 +66,40 @@ LEAK_CANARIES = {
 
 OpenSandbox = Callable[..., Awaitable[Sandbox]]
 
+RUNNER_SECRET = b"RUNNER-ONLY-CONTENT"
+_markers = itertools.count()
+
+
+def unique_marker() -> str:
+    """A word no other process of the machine has on its command line."""
+    return f"hb-contract-{os.getpid()}-{time.monotonic_ns() % 10**9}-{next(_markers)}"
+
+
+def peak_rss_reset() -> Optional[int]:
+    """Reset this process's peak resident size and return the current one (bytes); None if unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return _status_bytes("VmRSS")
+
+
+def peak_rss() -> Optional[int]:
+    """Peak resident size of this process since the last reset (bytes)."""
+    return _status_bytes("VmHWM")
+
+
+def _status_bytes(field: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
 
 class SandboxContract:
     """Shared tests of the sandbox contract; subclass it and provide a ``backend`` fixture."""
@@ -61,10 +110,31 @@ class SandboxContract:
     timeout_slack: float = 2.0
     #: Longest output, in characters, a command that prints forever may return.
     max_output_chars: int = 4_000_000
+    #: Seconds a refused file call (FIFO, device) may take.
+    refusal_slack: float = 10.0
+    #: File calls made while a command swaps a link in a loop.
+    race_reads: int = 400
+    #: Most the runner's peak memory may grow while reading a 1 GiB file with a bound.
+    max_read_growth: int = 64 * 1024 * 1024
 
     async def sandbox_exists(self, sandbox: Sandbox) -> bool:
         """Whether the backend still holds the sandbox (its folder, container, instance)."""
         raise NotImplementedError(f"{type(self).__name__} must implement sandbox_exists()")
+
+    async def processes_with(self, marker: str) -> list:
+        """Pids of live processes whose command line holds ``marker`` (this machine's ``/proc``)."""
+        found = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = Path(entry.path, "cmdline").read_bytes()
+                state = Path(entry.path, "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if marker.encode() in cmdline and state not in (b"Z", b"X"):
+                found.append(int(entry.name))
+        return found
 
     # --- fixtures ----------------------------------------------------------------
 
@@ -278,3 +348,139 @@ class SandboxContract:
         assert "secret-of-first.txt" not in listing
         assert "made-by-exec.txt" not in listing
         assert await first.read_file("made-by-exec.txt") == b"first\n"
+
+    # --- hostile files ----------------------------------------------------------------------
+
+    async def _refused(self, call: Awaitable) -> OSError:
+        started = time.monotonic()
+        with pytest.raises(OSError) as info:
+            await asyncio.wait_for(call, self.refusal_slack * 2)
+        assert time.monotonic() - started < self.refusal_slack
+        return info.value
+
+    async def test_fifos_are_refused_without_blocking(self, sandbox: Sandbox):
+        assert (await sandbox.exec("mkfifo pipe && ln -s pipe pipe-link", 30)).exit_code == 0
+        for path in ("pipe", "pipe-link"):
+            assert (await self._refused(sandbox.read_file(path))).errno == errno.EINVAL
+            assert (await self._refused(sandbox.read_file(path, max_bytes=10))).errno == errno.EINVAL
+            assert (await self._refused(sandbox.write_file(path, b"x"))).errno == errno.EINVAL
+        assert (await sandbox.exec("[ -p pipe ] && echo still-a-fifo", 30)).output == "still-a-fifo\n"
+
+    async def test_devices_are_refused_without_blocking(self, sandbox: Sandbox):
+        await sandbox.exec("ln -s /dev/zero zero-link; ln -s /dev/null null-link", 30)
+        for path in ("zero-link", "/dev/zero", "/dev/urandom"):
+            await self._refused(sandbox.read_file(path))
+        for path in ("null-link", "/dev/null"):
+            await self._refused(sandbox.write_file(path, b"x"))
+
+    async def test_reads_are_bounded_by_max_bytes(self, sandbox: Sandbox):
+        await sandbox.exec("printf 0123456789 > ten; : > empty; mkdir folder", 30)
+        assert await sandbox.read_file("ten", max_bytes=4) == b"0123"
+        assert await sandbox.read_file("ten", max_bytes=100) == b"0123456789"
+        assert await sandbox.read_file("ten", max_bytes=0) == b""
+        assert await sandbox.read_file("ten") == b"0123456789"
+        assert await sandbox.read_file("empty", max_bytes=10) == b""
+        with pytest.raises(IsADirectoryError):
+            await sandbox.read_file("folder", max_bytes=10)
+        with pytest.raises(FileNotFoundError):
+            await sandbox.read_file("missing", max_bytes=10)
+
+    async def test_huge_files_keep_the_runners_memory_bounded(self, sandbox: Sandbox):
+        made = await sandbox.exec(
+            "dd if=/dev/zero of=sparse bs=1 count=0 seek=1073741824 2>/dev/null && "
+            "yes 'a line of text' | head -c 40000000 > text && echo made",
+            120,
+        )
+        assert made.output == "made\n"
+        baseline = peak_rss_reset()
+        if baseline is None:
+            pytest.skip("this kernel cannot reset the peak resident size (/proc/self/clear_refs)")
+        assert await sandbox.read_file("sparse", max_bytes=65536) == bytes(65536)
+        assert await sandbox.read_file("text", max_bytes=1000) == (b"a line of text\n" * 100)[:1000]
+        assert await sandbox.read_file("text", max_bytes=4_000_000) == (b"a line of text\n" * 266_667)[:4_000_000]
+        assert peak_rss() - baseline < self.max_read_growth
+
+    async def test_links_never_lead_to_the_runners_files(self, sandbox: Sandbox, tmp_path: Path):
+        secret = tmp_path / "runner-secret.txt"
+        secret.write_bytes(RUNNER_SECRET)
+        folder = tmp_path / "runner-folder"
+        folder.mkdir()
+        await sandbox.exec(f"ln -s '{secret}' file-link; ln -s '{folder}' dir-link; ln -s / root-link", 30)
+        for path in ("file-link", f"root-link{secret}", "dir-link/../runner-secret.txt", str(secret)):
+            try:
+                data = await sandbox.read_file(path)
+            except OSError:
+                continue
+            assert RUNNER_SECRET not in data, path
+        for path in ("file-link", "dir-link/new.txt", f"root-link{folder}/new.txt", str(folder / "new.txt")):
+            try:
+                await sandbox.write_file(path, b"overwritten")
+            except OSError:
+                continue
+        assert secret.read_bytes() == RUNNER_SECRET
+        assert list(folder.iterdir()) == []
+
+    async def test_a_folder_swapped_for_a_link_never_leads_out(self, sandbox: Sandbox, tmp_path: Path):
+        # The race of a path check followed by an open: a folder of the sandbox, checked, then
+        # replaced by a link to the runner's files before the open.
+        outside = tmp_path / "runner-folder"
+        outside.mkdir()
+        (outside / "f").write_bytes(RUNNER_SECRET)
+        await sandbox.write_file("real/f", b"inside")
+        await sandbox.write_file("swap/f", b"inside")
+        swapper = asyncio.ensure_future(sandbox.exec(
+            f"while :; do mv swap held; mv real swap; mv swap real; ln -s '{outside}' swap; rm swap; "
+            f"mv held swap; ln -sfn real link; ln -sfn '{outside}' link; done",
+            300,
+        ))
+        try:
+            reads = 0
+            for _ in range(self.race_reads):
+                for path in ("swap/f", "link/f"):
+                    try:
+                        data = await sandbox.read_file(path)
+                    except OSError:
+                        continue
+                    reads += 1
+                    assert data == b"inside", path
+                    try:
+                        await sandbox.write_file(path, b"inside")
+                    except OSError:
+                        pass
+            assert reads, "every read failed: the race was not exercised"
+        finally:
+            swapper.cancel()
+            await asyncio.gather(swapper, return_exceptions=True)
+        assert (outside / "f").read_bytes() == RUNNER_SECRET
+        assert sorted(p.name for p in outside.iterdir()) == ["f"]
+
+    # --- processes that try to outlive their prompt ------------------------------------------------
+
+    async def test_processes_that_left_the_session_die_at_close(self, open_sandbox: OpenSandbox):
+        sandbox = await open_sandbox()
+        markers = [unique_marker() for _ in range(3)]
+        started = await sandbox.exec(
+            # left the session; forked twice and changed folder like a daemon; an ordinary background job
+            f"setsid sh -c 'sleep 600; :' {markers[0]} > /dev/null 2>&1 & "
+            f"(cd / && setsid sh -c 'sleep 600; :' {markers[1]} > /dev/null 2>&1 &) ; "
+            f"sh -c 'sleep 600; :' {markers[2]} > /dev/null 2>&1 & echo started",
+            30,
+        )
+        assert started.output == "started\n"
+        for marker in markers:
+            assert await self._eventually(lambda m=marker: self.processes_with(m)), f"{marker} never started"
+        await sandbox.close()
+        for marker in markers:
+            assert await self._eventually(lambda m=marker: self._gone(m)), f"{marker} outlived close"
+
+    async def _gone(self, marker: str) -> bool:
+        return not await self.processes_with(marker)
+
+    async def _eventually(self, condition, timeout: float = 10.0):
+        """``await condition()`` once it is truthy, or its last value at the timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = await condition()
+            if value or time.monotonic() >= deadline:
+                return value
+            await asyncio.sleep(0.05)
