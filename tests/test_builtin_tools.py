@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -20,6 +21,7 @@ from hermes_batch.interfaces import ToolContext
 from hermes_batch.plugins import collect, get_plugin_manager
 from hermes_batch.records import SandboxSpec
 from hermes_batch.run_context import RunContext
+from hermes_batch.testing.sandbox_contract import peak_rss, peak_rss_reset
 
 
 @pytest.fixture
@@ -249,3 +251,70 @@ async def test_search_files_errors_are_results(ctx, sandbox):
     assert bad_regex["error"] and bad_regex["count"] == 0
     missing = await call(SearchFilesTool, ctx, pattern="x", path="no-such-dir")
     assert "no-such-dir" in missing["error"]
+
+
+# --- hostile paths and sizes ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/", "/etc", "..", "../..", "sub/../../..", "link-out", "link-out/etc"])
+async def test_search_files_stays_inside_the_sandbox(ctx, sandbox, path):
+    await sandbox.exec("mkdir sub && ln -s / link-out", 10)
+    result = await call(SearchFilesTool, ctx, pattern="root", path=path)
+    assert result["count"] == 0 and result["matches"] == ""
+    assert "outside this prompt's sandbox folder" in result["error"]
+
+
+async def test_search_files_accepts_paths_inside(ctx, sandbox):
+    await sandbox.write_file("sub/deeper/a.txt", b"needle\n")
+    for path in ("sub", "./sub/deeper", "sub/../sub", f"{sandbox.workdir}/sub", "sub/deeper/a.txt"):
+        result = await call(SearchFilesTool, ctx, pattern="needle", path=path)
+        assert result["count"] == 1, path
+
+
+async def test_file_tools_refuse_a_fifo_at_once(ctx, sandbox):
+    await sandbox.exec("mkfifo pipe", 10)
+    for tool, arguments in (
+        (ReadFileTool, {"path": "pipe"}),
+        (WriteFileTool, {"path": "pipe", "content": "x"}),
+        (PatchTool, {"path": "pipe", "old_string": "a", "new_string": "b"}),
+    ):
+        result = await asyncio.wait_for(call(tool, ctx, **arguments), 10)
+        assert "is a FIFO (named pipe), not a regular file" in result["error"], tool.name
+
+
+def peak_rss_growth():
+    """A context that measures how far this process's peak resident size rises (bytes) inside it."""
+    baseline = peak_rss_reset()
+    if baseline is None:
+        pytest.skip("this kernel cannot reset the peak resident size")
+    return lambda: peak_rss() - baseline
+
+
+async def test_read_file_memory_follows_what_it_returns(ctx, sandbox):
+    made = await sandbox.exec(
+        "dd if=/dev/zero of=sparse bs=1 count=0 seek=1073741824 2>/dev/null && "
+        "yes 'some text on a line of its own' | head -c 50000000 > text && echo made",
+        60,
+    )
+    assert made.output == "made\n"
+    growth = peak_rss_growth()
+    binary = await call(ReadFileTool, ctx, path="sparse")
+    assert "binary file" in binary["error"]
+    first = await call(ReadFileTool, ctx, path="text")
+    assert first["content"].startswith("     1|some text on a line of its own\n     2|")
+    assert first["total_lines"] is None and "continue with offset=" in first["note"]
+    assert growth() < 8 * 1024 * 1024  # what the first lines need: the start of the file only
+    deep = await call(ReadFileTool, ctx, path="text", offset=200_000, limit=2)
+    assert deep["content"] == "200000|some text on a line of its own\n200001|some text on a line of its own"
+    beyond = await call(ReadFileTool, ctx, path="text", offset=1_000_000)
+    assert "past the first 16 MiB" in beyond["error"] and "terminal" in beyond["error"]
+    assert growth() < 64 * 1024 * 1024
+
+
+async def test_patch_refuses_files_larger_than_its_limit(ctx, sandbox):
+    await sandbox.exec("yes 'old text' | head -c 30000000 > big.txt", 30)
+    growth = peak_rss_growth()
+    result = await call(PatchTool, ctx, path="big.txt", old_string="old text", new_string="new text", replace_all=True)
+    assert "larger than 8 MiB" in result["error"] and result["replacements"] == 0
+    assert growth() < 40 * 1024 * 1024
+    assert (await sandbox.exec("head -c 8 big.txt", 10)).output == "old text"

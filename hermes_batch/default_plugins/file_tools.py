@@ -20,6 +20,11 @@ from ..interfaces import Tool, ToolContext, Toolset
 DEFAULT_READ_LINES = 500
 MAX_SEARCH_MATCHES = 100
 MAX_MATCH_LINE_CHARS = 300
+# read_file asks the sandbox for a larger start of the file only when the lines to show lie further in,
+# so its memory follows what it returns; lines past the last window are for the terminal.
+READ_WINDOWS = (256 * 1024, 2 * 1024 * 1024, 16 * 1024 * 1024)
+MAX_READ_BYTES = READ_WINDOWS[-1]
+MAX_PATCH_BYTES = 8 * 1024 * 1024
 
 _MATCH_LINE = re.compile(r"^(.*?):(\d+):(.*)$")
 _BINARY_NOTE = re.compile(r"binary file .*matches|binary file matches", re.IGNORECASE)
@@ -36,9 +41,44 @@ def _os_error(path: str, exc: OSError) -> str:
         return f"{path} is a directory, not a file."
     if isinstance(exc, NotADirectoryError):
         return f"A parent of {path} is a file, not a directory."
+    if exc.filename is None and exc.strerror:
+        return exc.strerror  # the sandbox's own refusal (not a regular file), already a sentence
     if isinstance(exc, PermissionError) and exc.filename is None:
-        return str(exc)  # the sandbox's own refusal, already a sentence
+        return str(exc)  # the sandbox's own refusal (outside its folder), already a sentence
     return f"{path}: {exc.strerror or exc}"
+
+
+def _mib(size: int) -> str:
+    return f"{size // (1024 * 1024)} MiB"
+
+
+def _line_start(data: bytes, line: int) -> int:
+    """Byte offset where 1-based ``line`` starts in ``data``, or -1 when ``data`` has fewer lines."""
+    if line == 1:
+        return 0 if data else -1
+    skip = line - 1
+    if data.count(b"\n") < skip:
+        return -1
+    position = 0
+    chunk = 1024 * 1024
+    while True:  # whole chunks by count (fast, in C), then newline by newline inside the last one
+        here = data.count(b"\n", position, position + chunk)
+        if here >= skip:
+            break
+        skip -= here
+        position += chunk
+    for _ in range(skip):
+        position = data.index(b"\n", position) + 1
+    return position if position < len(data) else -1
+
+
+def _enough(data: bytes, offset: int, limit: int, max_chars: int) -> bool:
+    """Whether ``data`` (the start of a longer file) holds everything read_file will show."""
+    start = _line_start(data, offset)
+    if start < 0:
+        return False
+    # Every character of output stands for at most 4 bytes of the file.
+    return data.count(b"\n", start) >= limit or len(data) - start >= 4 * max_chars
 
 
 def _path_argument(arguments: dict) -> Optional[str]:
@@ -79,28 +119,43 @@ class ReadFileTool(Tool):
             return _failure("path must be a non-empty string.", content="")
         offset = _positive_int(arguments.get("offset"), 1)
         limit = _positive_int(arguments.get("limit"), DEFAULT_READ_LINES)
-        try:
-            data = await ctx.sandbox.read_file(path)
-        except OSError as exc:
-            return _failure(_os_error(path, exc), path=path, content="")
+        for window in READ_WINDOWS:
+            try:
+                data = await ctx.sandbox.read_file(path, max_bytes=window)
+            except OSError as exc:
+                return _failure(_os_error(path, exc), path=path, content="")
+            # A file of exactly the window's size counts as longer: cheaper than asking for one byte more.
+            whole = len(data) < window
+            if whole or _enough(data, offset, limit, ctx.max_output_chars):
+                break
         if b"\0" in data[:8192]:
+            return _failure(f"{path} is a binary file; inspect it with the terminal instead.", path=path, content="")
+        total = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0) if whole else None
+        start = _line_start(data, offset)
+        if start < 0:
+            if whole:
+                return _failure(
+                    f"offset {offset} is past the end of {path} ({total} lines).", path=path, content="", total_lines=total
+                )
             return _failure(
-                f"{path} is a binary file ({len(data)} bytes); inspect it with the terminal instead.",
+                f"offset {offset} lies past the first {_mib(window)} of {path}, the most read_file reads; "
+                "use the terminal (for example sed -n 'FIRST,LASTp') for lines further in.",
                 path=path,
                 content="",
+                total_lines=None,
             )
-        lines = data.decode("utf-8", errors="replace").split("\n")
-        if lines[-1] == "":
-            lines.pop()
-        total = len(lines)
-        if offset > max(total, 1):
-            return _failure(f"offset {offset} is past the end of {path} ({total} lines).", path=path, content="", total_lines=total)
         out: list[str] = []
         size = 0
         truncated = False
         end = offset - 1
-        for number in range(offset, min(offset - 1 + limit, total) + 1):
-            line = f"{number:>6}|{lines[number - 1]}"
+        position = start
+        number = offset
+        while number < offset + limit and position < len(data):
+            newline = data.find(b"\n", position)
+            stop = len(data) if newline < 0 else newline
+            # decode no more of a huge line than the output can show
+            text = data[position:min(stop, position + 4 * ctx.max_output_chars + 4)].decode("utf-8", errors="replace")
+            line = f"{number:>6}|{text}"
             if size + len(line) + 1 > ctx.max_output_chars:
                 if not out:  # a single huge line: show its start rather than nothing
                     out.append(line[: ctx.max_output_chars])
@@ -110,6 +165,8 @@ class ReadFileTool(Tool):
             out.append(line)
             size += len(line) + 1
             end = number
+            number += 1
+            position = stop + 1
         result = {
             "path": path,
             "content": "\n".join(out),
@@ -120,6 +177,12 @@ class ReadFileTool(Tool):
         }
         if truncated:
             result["note"] = f"Output limit reached; continue with offset={end + 1}."
+        elif not whole and window == MAX_READ_BYTES and position >= len(data):
+            result["note"] = (
+                f"{path} is longer than {_mib(window)}, the most read_file reads; use the terminal for lines further in."
+            )
+        elif not whole:
+            result["note"] = f"{path} has more lines (only its start was read, so total_lines is unknown); continue with offset={end + 1}."
         return result
 
 
@@ -191,7 +254,15 @@ class PatchTool(Tool):
         if old == new:
             return _failure("old_string and new_string are identical; nothing to change.", path=path, replacements=0)
         try:
-            text = (await ctx.sandbox.read_file(path)).decode("utf-8")
+            data = await ctx.sandbox.read_file(path, max_bytes=MAX_PATCH_BYTES + 1)
+            if len(data) > MAX_PATCH_BYTES:
+                return _failure(
+                    f"{path} is larger than {_mib(MAX_PATCH_BYTES)}, the most patch edits; "
+                    "change it with the terminal (for example sed) instead.",
+                    path=path,
+                    replacements=0,
+                )
+            text = data.decode("utf-8")
         except OSError as exc:
             return _failure(_os_error(path, exc), path=path, replacements=0)
         except UnicodeDecodeError:
@@ -243,6 +314,15 @@ class SearchFilesTool(Tool):
         glob = arguments.get("glob")
         if not isinstance(path, str) or (glob is not None and not isinstance(glob, str)):
             return _failure("path and glob must be strings.", matches="", count=0)
+        if path not in (".", "./"):
+            # The sandbox's own rule for what the file API may reach (read_file refuses the same paths):
+            # a search is no way around it.
+            try:
+                await ctx.sandbox.read_file(path, max_bytes=0)
+            except IsADirectoryError:
+                pass
+            except OSError as exc:
+                return _failure(_os_error(path, exc), matches="", count=0)
         if path.startswith("-"):
             path = "./" + path  # so find does not read it as an option
         name_test = f" -name {shlex.quote(glob)}" if glob else ""

@@ -16,6 +16,7 @@ class TestDockerSandboxContract(SandboxContract):
     image = IMAGE_A
     timeout_slack = 3.0
     max_output_chars = 10_100  # the limit below, plus the omission notice
+    race_reads = 40  # each file call is an exec or two
 
     @pytest.fixture
     async def backend(self, tmp_path, run_name, docker_api):

@@ -19,7 +19,7 @@ from hermes_batch.errors import SandboxError
 from hermes_batch.interfaces import Sandbox
 from hermes_batch.records import ExecResult
 
-from hermes_batch.output import BoundedOutput
+from hermes_batch.output import BoundedOutput, FirstBytes
 
 from .streams import ExecStream
 
@@ -31,7 +31,13 @@ SHELL = "/bin/sh"
 # pid names the group to kill.  It prints that pid, merges stderr into stdout (their order kept),
 # then becomes the command's own non-login shell.
 RUN_WRAPPER = 'echo "$$"; exec 2>&1; exec /bin/sh -c "$1"'
-READ_WRAPPER = 'echo "$$"; if [ -d "$1" ]; then exit 21; fi; if [ ! -e "$1" ]; then exit 2; fi; exec cat "$1"'
+# Files: a folder exits 21, a missing path 2, anything but a regular file (links followed) 22, so that
+# a FIFO or a device is never opened; then at most $2 bytes are read ("" for all of it).
+_FILE_CHECK = (
+    'if [ -d "$1" ]; then exit 21; fi; if [ ! -e "$1" ]; then exit 2; fi; if [ ! -f "$1" ]; then exit 22; fi; '
+)
+READ_WRAPPER = 'echo "$$"; ' + _FILE_CHECK + 'if [ -n "$2" ]; then exec head -c "$2" -- "$1"; fi; exec cat -- "$1"'
+WRITE_CHECK = 'echo "$$"; if [ -d "$1" ]; then exit 21; fi; if [ -e "$1" ] && [ ! -f "$1" ]; then exit 22; fi; exit 0'
 KILL_GROUP = 'kill -9 -"$1" 2>/dev/null || kill -9 "$1" 2>/dev/null; exit 0'
 # After the kill, only processes that left the group can still hold the output open.
 POST_KILL_DRAIN_S = 0.5
@@ -150,34 +156,64 @@ class DockerSandbox(Sandbox):
         self._check_open()
         return "/" + posixpath.normpath(posixpath.join(self._workdir, path)).lstrip("/")
 
-    async def read_file(self, path: str) -> bytes:
-        """Contents of ``path`` as the container sees it (symbolic links followed)."""
+    async def read_file(self, path: str, max_bytes: Optional[int] = None) -> bytes:
+        """At most ``max_bytes`` bytes of ``path`` as the container sees it (links followed).
+
+        The bytes stream from the container and stop at ``max_bytes`` (``head -c``
+        in the container), so a huge file costs the runner only what is returned.
+        """
         full = self._path(path)
-        stdout, stderr = BoundedOutput(2 * MAX_READ_BYTES), BoundedOutput(64 * 1024)
-        outcome = await self._run([SHELL, "-c", READ_WRAPPER, "sh", full], READ_TIMEOUT_S, stdout, stderr)
+        limit = MAX_READ_BYTES if max_bytes is None else min(max_bytes, MAX_READ_BYTES)
+        if limit <= 0:
+            await self._check_file(path, full, READ_WRAPPER, "0")
+            return b""
+        stdout, stderr = FirstBytes(limit + 1), BoundedOutput(64 * 1024)
+        argv = [SHELL, "-c", READ_WRAPPER, "sh", full, "" if max_bytes is None else str(limit)]
+        outcome = await self._run(argv, READ_TIMEOUT_S, stdout, stderr)
         if outcome.timed_out:
             raise OSError(errno.ETIMEDOUT, f"reading took longer than {READ_TIMEOUT_S:g} s (is it a pipe?)", path)
         if outcome.exit_code == 0:
-            if stdout.dropped:
+            data = stdout.value()
+            if max_bytes is None and len(data) > MAX_READ_BYTES:
                 raise OSError(errno.EFBIG, f"larger than {MAX_READ_BYTES} bytes, too large to read whole", path)
-            return stdout.value()
-        if outcome.exit_code == 2:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-        if outcome.exit_code == 21:
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        message = stderr.text().strip()
+            return data[:limit]
+        raise self._file_error(path, outcome.exit_code, stderr.text())
+
+    async def _check_file(self, path: str, full: str, wrapper: str, *extra: str) -> None:
+        stdout, stderr = BoundedOutput(1024), BoundedOutput(64 * 1024)
+        outcome = await self._run([SHELL, "-c", wrapper, "sh", full, *extra], READ_TIMEOUT_S, stdout, stderr)
+        if outcome.timed_out:
+            raise OSError(errno.ETIMEDOUT, f"checking took longer than {READ_TIMEOUT_S:g} s", path)
+        if outcome.exit_code != 0:
+            raise self._file_error(path, outcome.exit_code, stderr.text())
+
+    @staticmethod
+    def _file_error(path: str, exit_code: Optional[int], message: str) -> OSError:
+        if exit_code == 2:
+            return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        if exit_code == 21:
+            return IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if exit_code == 22:
+            return OSError(
+                errno.EINVAL,
+                f"{path} is not a regular file (a FIFO, socket or device); the file tools only read and write "
+                "regular files (use the terminal for anything else).",
+            )
+        message = message.strip()
         lowered = message.lower()
         if "permission denied" in lowered:
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+            return PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
         if "not a directory" in lowered:
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-        raise OSError(errno.EIO, message or f"cat exited with status {outcome.exit_code}", path)
+            return NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        return OSError(errno.EIO, message or f"reading exited with status {exit_code}", path)
 
     async def write_file(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path``, creating parent folders; a folder in the way is an error, never replaced."""
         full = self._path(path)
         if full == "/":
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        # The archive API would replace a FIFO or a device by a file; refuse it as every backend does.
+        await self._check_file(path, full, WRITE_CHECK)
         archive = _tar_one(full.lstrip("/"), data)
         try:
             await self._backend.blocking(self._backend.put_archive, self.id, archive)
