@@ -35,6 +35,7 @@ class AgentSettings:
     max_output_chars: int = 20000
     log_prefix_chars: int = 100
     prompt_timeout: Optional[float] = None  # wall-clock limit of one prompt's whole session, sandbox included
+    max_tool_calls_per_turn: int = 20  # calls of one reply beyond this are answered with an error, not run
 
 
 @attrs.frozen
@@ -137,8 +138,11 @@ async def run_session(
             completed = True
             end_reason = "final_answer"
             break
-        for call in message.tool_calls:
-            result = await _call_tool(call, tools, state.tallies, state.invalid, ctx)
+        for index, call in enumerate(message.tool_calls):
+            if index < settings.max_tool_calls_per_turn:
+                result = await _call_tool(call, tools, state.tallies, state.invalid, ctx)
+            else:
+                result = _not_run(len(message.tool_calls), settings.max_tool_calls_per_turn)
             content = scrub_text(json.dumps(result, ensure_ascii=False))  # a tool may return any text
             if say:
                 say(f"  {call.name}({_preview(call.raw_arguments, settings.log_prefix_chars)}) -> "
@@ -146,6 +150,14 @@ async def run_session(
             session.append(Message("tool", content, tool_call_id=call.id, name=call.name))
 
     return state.result(completed=completed, end_reason=end_reason)
+
+
+def _not_run(made: int, cap: int) -> dict:
+    # Every call still gets a result: the APIs refuse a conversation with a call left unanswered.
+    return {
+        "error": f"Not run: this reply made {made} tool calls and only the first {cap} of a reply are run "
+        "(--max_tool_calls_per_turn); make fewer calls per reply."
+    }
 
 
 async def _call_tool(call: ToolCall, tools, tallies, invalid: list, ctx: ToolContext) -> dict:

@@ -64,6 +64,7 @@ class RunConfig:
     progress: Optional[bool] = None  # None: live display when stderr is a terminal
     request_timeout: float = 600.0  # longest one model request may take
     prompt_timeout: Optional[float] = None  # wall-clock limit of one prompt's session
+    max_tool_calls_per_turn: int = 20  # tool calls of one model reply that are run; the rest get an error result
     max_concurrent_requests: Optional[int] = None  # None: --num_workers
     max_requests_per_minute: Optional[float] = None
     max_tokens_per_minute: Optional[float] = None
@@ -81,7 +82,7 @@ class RunConfig:
             texts = value if isinstance(value, tuple) else (value,)
             if any(isinstance(text, str) and has_lone_surrogate(text) for text in texts):
                 raise UsageError(f"--{field.name} holds bytes that are not UTF-8 text; pass it as UTF-8.")
-        for name in ("batch_size", "max_turns", "num_workers"):
+        for name in ("batch_size", "max_turns", "num_workers", "max_tool_calls_per_turn"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}.")
         if self.max_samples is not None and self.max_samples < 1:

@@ -563,7 +563,7 @@ class Run:
             max_turns=cfg.max_turns, system_prompt=DEFAULT_SYSTEM_PROMPT,
             ephemeral_system_prompt=cfg.ephemeral_system_prompt, prefill=self.prefill,
             command_timeout=cfg.command_timeout, log_prefix_chars=cfg.log_prefix_chars,
-            prompt_timeout=cfg.prompt_timeout,
+            prompt_timeout=cfg.prompt_timeout, max_tool_calls_per_turn=cfg.max_tool_calls_per_turn,
         )
 
 

@@ -275,3 +275,34 @@ def test_context_too_long_ends_the_prompt_as_partial_and_other_400s_fail_it(mode
     [failed] = runner.records("failed.jsonl")
     assert failed["prompt_index"] == 1
     assert failed["error_kind"] == "model_request" and "Unsupported parameter" in failed["message"]
+
+
+# --- a thousand tool calls in one reply ----------------------------------------------------------------
+
+
+def test_tool_calls_beyond_the_per_turn_cap_are_answered_but_not_run(model_server, runner, tmp_path):
+    # Each call would take the whole --command_timeout: without the cap the reply holds a worker for hours.
+    script = ToolLoopScript(tool_calls=1, calls_per_turn=300, command="echo ran-{call} >> calls.log; sleep 30")
+    runner.server = model_server(script)
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "Call everything at once."}])
+    result = runner.invoke(dataset, "run", "--max_tool_calls_per_turn", "2", "--command_timeout", "1", "--no_filters")
+    assert result.exit_code == 0, result.output
+    (trajectory,) = runner.records("trajectories.jsonl")
+    responses = [
+        r["content"] for turn in trajectory["conversations"] if turn["from"] == "tool" for r in tool_responses(turn)
+    ]
+    assert len(responses) == 300  # every call answered, as the APIs require
+    ran, skipped = responses[:2], responses[2:]
+    assert all(r["error"] == "Command timed out after 1 s" for r in ran)
+    assert all(r == {"error": "Not run: this reply made 300 tool calls and only the first 2 of a reply are run "
+                     "(--max_tool_calls_per_turn); make fewer calls per reply."} for r in skipped)
+    assert trajectory["tool_stats"]["terminal"]["count"] == 2
+    second = requests_for(runner.server, "Call everything at once.")[-1]
+    assert len(second.tool_results) == 300
+
+
+def test_the_per_turn_cap_must_be_positive(runner, tmp_path):
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "hi"}])
+    result = runner.invoke(dataset, "run", "--max_tool_calls_per_turn", "0")
+    assert result.exit_code == 2
+    assert "--max_tool_calls_per_turn must be at least 1, got 0." in result.output

@@ -95,6 +95,7 @@ def _setup_logging(verbose: bool) -> None:
 @_opt("base_url", default=DEFAULT_BASE_URL, help="API base URL.")
 @_opt("api_key", default=None, help="API key [default: ANTHROPIC_API_KEY for Anthropic, else OPENROUTER_API_KEY or OPENAI_API_KEY].", show_default=False)
 @_opt("max_turns", type=int, default=10, help="Most model calls per prompt.")
+@_opt("max_tool_calls_per_turn", type=int, default=20, help="Tool calls of one model reply that are run; the rest are answered with an error result.")
 @_opt("num_workers", type=int, default=4, help="Prompts processed at the same time.")
 @_opt("resume", is_flag=True, help="Continue the run from its outputs.")
 @_opt("overwrite", is_flag=True, help="Delete the run folder's outputs and start afresh.")
@@ -152,6 +153,7 @@ def run_command(**options):
         base_url=options["base_url"],
         api_key=api_key,
         max_turns=options["max_turns"],
+        max_tool_calls_per_turn=options["max_tool_calls_per_turn"],
         num_workers=options["num_workers"],
         resume=options["resume"],
         overwrite=options["overwrite"],
