@@ -22,7 +22,7 @@ HTTP_BACKENDS = ("aiohttp", "httpx")
 
 @attrs.frozen
 class RunConfig:
-    """Every option of ``hermes-batch run``; ``api_key`` is never written anywhere."""
+    """Every option of ``hermes-batch run``; ``api_key`` and ``ephemeral_system_prompt`` are never written anywhere."""
 
     dataset_file: Path
     batch_size: int
@@ -111,9 +111,16 @@ class RunConfig:
             raise UsageError(f"--max_cost must be 0 or more, got {self.max_cost:g}.")
 
     def public(self) -> dict:
-        """The configuration as saved in run.json: everything but the API key."""
-        data = attrs.asdict(self, filter=lambda a, _v: a.name != "api_key", recurse=False)
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in data.items()}
+        """The configuration as saved in run.json: no API key, no ephemeral prompt, no credentials in URLs or options."""
+        from .redaction import display_url, public_options
+
+        never = ("api_key", "ephemeral_system_prompt")
+        data = attrs.asdict(self, filter=lambda a, _v: a.name not in never, recurse=False)
+        data["base_url"] = display_url(self.base_url)
+        return {
+            k: (str(v) if isinstance(v, Path) else public_options(v) if isinstance(v, dict) else v)
+            for k, v in data.items()
+        }
 
 
 def resolve_api_key(

@@ -28,6 +28,7 @@ from .merge import merge_run
 from .plugins import collect, describe_plugins, get_plugin_manager
 from .processor import PromptProcessor, now_iso
 from .progress import Progress
+from .redaction import Redactor
 from .records import Checkpoint, Discarded, Failure, SessionInfo
 from .resume import plan_resume, scan_finished
 from .run_context import RunContext
@@ -107,6 +108,8 @@ class Run:
         self.previous_cost = 0.0
         self._recording: set = set()  # outcomes being written
         self.lock: Optional[RunFolderLock] = None
+        # Whatever a sandbox read (a key included) is redacted before anything is written.
+        self.redactor = Redactor.for_run(config)
 
     # --- before any model call -------------------------------------------------------------
 
@@ -425,6 +428,7 @@ class Run:
         await asyncio.shield(recording)
 
     async def _record_outcome(self, job: PromptJob, outcome) -> None:
+        outcome = self.redactor.record(outcome)
         if isinstance(outcome, Failure):
             await self.failed_logs["failed"].append(to_json_line(outcome))
             kind = "failed"
@@ -516,7 +520,7 @@ class Run:
             },
             "plugins": [{k: p[k] for k in ("name", "distribution", "version")} for p in describe_plugins(self.pm)],
         }
-        atomic_write_text(self.folder.run_json, json.dumps(data, indent=2, default=str) + "\n")
+        atomic_write_text(self.folder.run_json, json.dumps(self.redactor.data(data), indent=2, default=str) + "\n")
 
     async def _finish(self, interrupted: bool) -> dict:
         checkpoint = self._save_checkpoint(interrupted)
@@ -541,6 +545,7 @@ class Run:
             ),
         )
         runfolder.check_stop()
+        stats = self.redactor.data(stats)
         atomic_write_text(self.folder.statistics, json.dumps(stats, indent=2) + "\n")
         return stats
 

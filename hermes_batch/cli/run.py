@@ -197,11 +197,27 @@ def run_command(**options):
 
 def execute(config: RunConfig) -> int:
     """Prepare (all checks before any model call), run, print the statistics; return the exit status."""
-    from rich.console import Console
-
-    from ..runner import Run, render
+    from ..process_guard import protect
+    from ..redaction import redact_logging, run_secrets
+    from ..runner import Run
 
     run = Run(config)
+    protect(run_secrets(config))
+    redact_logging(run.redactor)
+    try:
+        return _execute(run)
+    except HermesBatchError as exc:
+        if run.redactor.found(str(exc)):
+            exc.args = (run.redactor.text(str(exc)),) + exc.args[1:]
+        raise
+
+
+def _execute(run) -> int:
+    from rich.console import Console
+
+    from ..runner import render
+
+    config = run.config
     run.prepare()
 
     received = []
@@ -224,7 +240,7 @@ def execute(config: RunConfig) -> int:
         raise
     except Exception:
         if config.verbose:
-            traceback.print_exc()
+            print(run.redactor.text(traceback.format_exc()), file=sys.stderr, end="")
         raise HermesBatchError(
             "hermes-batch hit an internal error (a bug); finished prompts are saved. "
             "Rerun with --verbose for the traceback and --resume to continue."
@@ -235,7 +251,8 @@ def execute(config: RunConfig) -> int:
         render(result.statistics, Console(stderr=True))
     if result.message:
         stopped = result.exit_code not in (0, 3, 130, 128 + signal.SIGTERM)  # 2 and 74: the run could not go on
-        click.echo(f"{'Error' if stopped else 'Note'}: {result.message}", err=True)
+        message = run.redactor.text(result.message)
+        click.echo(f"{'Error' if stopped else 'Note'}: {message}", err=True)
     elif result.exit_code == 3:
         failed = result.statistics["prompts"]["failed"]
         click.echo(
