@@ -8,11 +8,12 @@ import socket
 import threading
 import time
 
+import docker.errors
 import pytest
 
 from hermes_batch.errors import ConfigError, SandboxError
 from hermes_batch.plugins import collect, get_plugin_manager
-from hermes_batch.records import SandboxSpec
+from hermes_batch.records import ExecResult, SandboxSpec
 from hermes_batch.run_context import RunContext
 from hermes_batch.serialization import structure_config
 from hermes_batch_docker import DockerBackend, DockerConfig
@@ -116,6 +117,10 @@ def test_options_parse_sizes_capabilities_and_defaults():
         ({"max_output_bytes": 10}, "max_output_bytes must be at least 1024"),
         ({"image": ""}, "image"),
         ({"privileged": True}, "privileged"),
+        ({"disk": "lots"}, "disk must be a size"),
+        ({"disk": "1m"}, "disk must be at least 64m"),
+        ({"user": "nobody"}, "user must be a numeric UID"),
+        ({"user": "1000:"}, "user must be a numeric UID"),
     ],
 )
 def test_bad_options_are_config_errors_naming_the_problem(options, says):
@@ -443,3 +448,134 @@ async def test_start_removes_leftovers_of_a_dead_process_of_the_same_run_only(tm
         await backend.shutdown()
         for container in (other_folder, live):
             docker_api.remove_container(container, force=True)
+
+
+# --- defaults of issue 7: disk, user, a prompt that fills its pids limit ------------------------------------
+
+
+def _sized(info: dict) -> bool:
+    backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem")
+    return info.get("Driver") in ("btrfs", "zfs", "devicemapper") or backing == "xfs"
+
+
+async def test_a_disk_limit_is_applied_where_the_engine_can_and_refused_where_it_cannot(tmp_path, run_name, docker_api):
+    sized = _sized(docker_api.info())
+    explicit = make_backend(tmp_path, run_name, disk="2g")
+    if sized:
+        await explicit.start()
+        try:
+            sandbox = await explicit.open(spec(run_name))
+            assert docker_api.inspect_container(sandbox.id)["HostConfig"]["StorageOpt"] == {"size": str(2 * 1024**3)}
+        finally:
+            await explicit.shutdown()
+    else:
+        with pytest.raises(ConfigError, match="-S disk=2g: this Docker engine cannot limit a container's disk"):
+            await explicit.check()
+    for options in ({}, {"disk": "none"}):
+        backend = make_backend(tmp_path, run_name, **options)
+        await backend.start()
+        try:
+            sandbox = await backend.open(spec(run_name))
+            limit = docker_api.inspect_container(sandbox.id)["HostConfig"].get("StorageOpt")
+            if sized and not options:
+                assert limit == {"size": str(10 * 1024**3)}
+            else:
+                assert not limit
+        finally:
+            await backend.shutdown()
+
+
+async def test_user_option_runs_commands_and_writes_files_as_that_user(tmp_path, run_name, docker_api):
+    backend = make_backend(tmp_path, run_name, user="1234:2345")
+    await backend.start()
+    try:
+        sandbox = await backend.open(spec(run_name, cwd="/work/project"))
+        assert (await sandbox.exec("id -u; id -g", 10)).output == "1234\n2345\n"
+        assert (await sandbox.exec("sleep 60 & ps -o user,args | grep -c '^1234 *sleep 60'", 10)).output == "1\n"
+        await sandbox.write_file("deep/new/file.txt", b"mine")
+        owners = await sandbox.exec("stat -c '%u:%g' . deep deep/new deep/new/file.txt", 10)
+        assert owners.output.split() == ["1234:2345"] * 4
+        assert (await sandbox.exec("echo more >> deep/new/file.txt && cat deep/new/file.txt", 10)).output == "minemore\n"
+        with pytest.raises(PermissionError):
+            await sandbox.write_file("/etc/hermes-batch-test", b"x")
+        with pytest.raises(PermissionError):
+            await sandbox.write_file("/etc/hermes-image", b"x")
+        assert (await sandbox.exec("cat /etc/hermes-image", 10)).output.strip() == IMAGE_A
+    finally:
+        await backend.shutdown()
+
+
+# Fills the pids limit and holds it: the subshell forks sleeps until fork fails and dies, the one sleep
+# after it takes the pid it freed, and the command's shell becomes a sleep without forking.
+FILL_AND_HOLD = "(while :; do sleep 1000 & done) 2>/dev/null; sleep 1000 & exec sleep 1000"
+
+
+async def test_a_prompt_that_fills_its_pids_limit_goes_on(tmp_path, run_name, docker_api):
+    backend = make_backend(tmp_path, run_name, pids_limit=32)
+    await backend.start()
+    try:
+        sandbox = await backend.open(spec(run_name))
+        stuck = await sandbox.exec(FILL_AND_HOLD, 3)
+        assert stuck.timed_out and stuck.exit_code is None
+        assert (await sandbox.exec("ls /etc/hermes-image", 30)) == ExecResult("/etc/hermes-image\n", 0, False)
+        await sandbox.close()
+    finally:
+        await backend.shutdown()
+
+
+class _FullEngine:
+    """Stands in for engines whose runtime cannot start a process in a container at its pids limit.
+
+    The engine of these tests starts an exec even then (cgroup v1 lets runc join a full cgroup), so
+    ``exec_start`` fails here as the runtime fails elsewhere, until the container is restarted.
+    """
+
+    def __init__(self, api, monkeypatch):
+        self.full = False
+        self.restarts = 0
+        real_start, real_restart = api.exec_start, api.restart
+
+        def exec_start(*args, **kwargs):
+            if self.full:
+                raise docker.errors.APIError(
+                    "500 Server Error", explanation="OCI runtime exec failed: exec failed: unable to start container "
+                    "process: read init-p: connection reset by peer: unknown",
+                )
+            return real_start(*args, **kwargs)
+
+        def restart(*args, **kwargs):
+            self.full = False
+            self.restarts += 1
+            return real_restart(*args, **kwargs)
+
+        monkeypatch.setattr(api, "exec_start", exec_start)
+        monkeypatch.setattr(api, "restart", restart)
+
+
+async def test_a_container_that_can_start_nothing_at_its_pids_limit_is_restarted_not_failed_simulated(
+    tmp_path, run_name, docker_api, monkeypatch
+):
+    backend = make_backend(tmp_path, run_name, pids_limit=32)
+    await backend.start()
+    try:
+        engine = _FullEngine(backend.api, monkeypatch)
+        sandbox = await backend.open(spec(run_name))
+        await sandbox.write_file("notes.txt", b"kept")
+        # A command still running at its timeout whose kill cannot start.
+        task = asyncio.ensure_future(sandbox.exec("sleep 1000", 2))
+        await asyncio.sleep(1)
+        engine.full = True
+        stuck = await task
+        assert stuck.timed_out and stuck.exit_code is None
+        assert "process limit (-S pids_limit=32)" in stuck.output
+        assert engine.restarts == 1
+        # A command that cannot start.
+        engine.full = True
+        started = await sandbox.exec("cat notes.txt", 30)
+        assert started.exit_code == 0 and started.output.endswith("kept")
+        assert "process limit (-S pids_limit=32)" in started.output
+        assert engine.restarts == 2
+        assert await sandbox.read_file("notes.txt") == b"kept"
+        await sandbox.close()
+    finally:
+        await backend.shutdown()

@@ -22,7 +22,7 @@ from hermes_batch.interfaces import SandboxBackend
 from hermes_batch.records import SandboxSpec
 
 from . import engine
-from .config import BASE_CAPABILITIES, DEFAULT_WORKDIR, DockerConfig
+from .config import BASE_CAPABILITIES, DEFAULT_DISK, DEFAULT_WORKDIR, DockerConfig, parse_size
 from .engine import (
     LABEL_CONTENT_KEY,
     LABEL_HOST,
@@ -40,6 +40,8 @@ log = logging.getLogger("hermes_batch.docker")
 # PID 1 of every container: a shell that idles (and, as PID 1, reaps the orphans of commands).
 KEEPALIVE = "trap 'exit 0' TERM INT; while :; do sleep 3600; done"
 DEFAULT_CPUS = 2.0
+# Storage drivers that take a per-container size (storage_opt): overlay2 only on xfs mounted with pquota.
+_SIZED_DRIVERS = ("btrfs", "zfs", "devicemapper", "windowsfilter")
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 _ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
 
@@ -63,6 +65,7 @@ class DockerBackend(SandboxBackend):
         self.api: Optional[docker.APIClient] = None
         self.session = uuid.uuid4().hex[:16]
         self.nano_cpus: Optional[int] = None
+        self.storage_opt: Optional[dict] = None
         self._starting = asyncio.Semaphore(config.max_starting)
         self._images: dict[str, asyncio.Future] = {}
         self._open: set[DockerSandbox] = set()
@@ -97,6 +100,7 @@ class DockerBackend(SandboxBackend):
         try:
             info = await self.blocking(api.info)
             self.nano_cpus = int(self._cpus(info.get("NCPU") or os.cpu_count() or 1) * 1e9)
+            self.storage_opt = self._storage_opt(info)
             await self._check_network(api)
         except BaseException:
             api.close()
@@ -121,6 +125,26 @@ class DockerBackend(SandboxBackend):
                 f"give at most {engine_cpus}."
             )
         return self.config.cpus
+
+    def _storage_opt(self, info: dict) -> Optional[dict]:
+        disk = self.config.disk
+        if disk == "none":
+            return None
+        driver = info.get("Driver") or "unknown"
+        backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "unknown")
+        if driver in _SIZED_DRIVERS or (driver in ("overlay2", "overlay") and backing == "xfs"):
+            return {"size": str(parse_size(disk or DEFAULT_DISK, "disk"))}
+        if disk is not None:
+            raise ConfigError(
+                f"-S disk={disk}: this Docker engine cannot limit a container's disk (storage driver {driver} on "
+                f"{backing}; it takes overlay2 on xfs mounted with pquota, btrfs, zfs or devicemapper); "
+                "pass -S disk=none or move Docker's data-root to such a file system."
+            )
+        log.info(
+            "The Docker engine cannot limit a container's disk (%s on %s): a prompt can fill the disk of its "
+            "data-root (see -S disk in the README of hermes-batch-docker).", driver, backing,
+        )
+        return None
 
     async def _check_network(self, api: docker.APIClient) -> None:
         network = self.config.network
@@ -264,6 +288,7 @@ class DockerBackend(SandboxBackend):
             memswap_limit=memory,  # no swap beyond the memory limit
             nano_cpus=self.nano_cpus,
             network_mode=config.network,
+            storage_opt=self.storage_opt,
         )
         try:
             created = self.api.create_container(
@@ -283,10 +308,24 @@ class DockerBackend(SandboxBackend):
         container_id = created["Id"]
         try:
             self.api.start(container_id)
-        except _ENGINE_ERRORS as exc:
+            if config.user is not None and workdir != "/":
+                # The engine makes a missing working folder as root; the user of -S user= works there.
+                self.chown(container_id, workdir)
+        except (*_ENGINE_ERRORS, SandboxError) as exc:
             _quiet(engine.remove_container, self.api, container_id)
             raise SandboxError(f"Could not start a container from the image {image!r}: {_explain(exc)}.") from exc
         return container_id
+
+    def chown(self, container_id: str, path: str) -> None:
+        """Give ``path`` to the user of ``-S user=`` (the container runs as root; only its commands run as that user)."""
+        uid, gid = self.config.uid_gid
+        created = self.api.exec_create(
+            container_id, [SHELL, "-c", 'chown "$2" -- "$1"', "sh", path, f"{uid}:{gid}"], user="0",
+            stdout=True, stderr=True,
+        )
+        output = self.api.exec_start(created["Id"])
+        if self.api.exec_inspect(created["Id"]).get("ExitCode") != 0:
+            raise SandboxError(f"{path} could not be given to user {uid}:{gid} ({output.decode(errors='replace').strip()})")
 
     def _remove_orphan(self, future: asyncio.Future) -> None:
         if not future.cancelled() and future.exception() is None:

@@ -29,6 +29,9 @@ ESCAPE_CAPABILITIES = frozenset(
 )
 
 MIN_MEMORY = 6 * 1024 * 1024  # the engine refuses less
+DEFAULT_DISK = "10g"  # where the engine can limit a container's writable layer
+MIN_DISK = 64 * 1024 * 1024
+_USER = re.compile(r"^\d+(?::\d+)?$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 _NETWORK_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
@@ -77,6 +80,28 @@ def _check_memory(_instance, _attribute, value) -> None:
     parse_memory(value)
 
 
+def parse_size(value: Any, name: str) -> int:
+    """``10g``, ``512m`` or a number of bytes, as bytes (for options other than memory)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{name} must be a size such as 512m or 10g, got {value!r}")
+    match = _SIZE.match(value) if isinstance(value, str) else None
+    if isinstance(value, str) and not match:
+        raise ValueError(f"{name} must be a size such as 512m or 10g, or none, got {value!r}")
+    return value if isinstance(value, int) else int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _check_disk(_instance, _attribute, value) -> None:
+    if value is None or value == "none":
+        return
+    if parse_size(value, "disk") < MIN_DISK:
+        raise ValueError(f"disk must be at least 64m, got {value!r}")
+
+
+def _check_user(_instance, _attribute, value) -> None:
+    if value is not None and not (isinstance(value, str) and _USER.match(value)):
+        raise ValueError(f"user must be a numeric UID or UID:GID such as 1000 or 1000:1000, got {value!r}")
+
+
 def _check_network(_instance, _attribute, value: str) -> None:
     if value == "host" or value.startswith("container:"):
         raise ValueError(f"network={value} would share a network namespace outside the container; use bridge, none or a network you created")
@@ -106,6 +131,8 @@ class DockerConfig:
     cpus: Optional[float] = attrs.field(default=None, validator=_at_least(0.01, "cpus"))  # None: min(2, engine CPUs)
     pids_limit: int = attrs.field(default=1024, validator=_at_least(16, "pids_limit"))
     network: str = attrs.field(default="bridge", validator=_check_network)  # "none" cuts the container off
+    disk: Any = attrs.field(default=None, validator=_check_disk)  # writable layer; None: DEFAULT_DISK where supported
+    user: Optional[str] = attrs.field(default=None, validator=_check_user)  # UID[:GID]; None: the image's user
     cap_add: Any = attrs.field(default=(), converter=_capabilities)  # beyond BASE_CAPABILITIES
     workdir: Optional[str] = attrs.field(default=None, validator=_check_workdir)  # for rows without a cwd
     pull: str = attrs.field(default="missing", validator=attrs.validators.in_(("missing", "never")))
@@ -115,3 +142,11 @@ class DockerConfig:
     @property
     def memory_bytes(self) -> int:
         return parse_memory(self.memory)
+
+    @property
+    def uid_gid(self) -> Optional[tuple]:
+        """(uid, gid) of ``user`` (gid defaults to uid), or None."""
+        if self.user is None:
+            return None
+        uid, _, gid = self.user.partition(":")
+        return int(uid), int(gid or uid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import io
+import logging
 import os
 import posixpath
 import tarfile
@@ -26,6 +27,8 @@ from .streams import ExecStream
 if TYPE_CHECKING:
     from .backend import DockerBackend
 
+log = logging.getLogger("hermes_batch.docker")
+
 SHELL = "/bin/sh"
 # Every exec is the leader of a new session and process group (runc calls setsid), so the wrapper's
 # pid names the group to kill.  It prints that pid, merges stderr into stdout (their order kept),
@@ -37,7 +40,13 @@ _FILE_CHECK = (
     'if [ -d "$1" ]; then exit 21; fi; if [ ! -e "$1" ]; then exit 2; fi; if [ ! -f "$1" ]; then exit 22; fi; '
 )
 READ_WRAPPER = 'echo "$$"; ' + _FILE_CHECK + 'if [ -n "$2" ]; then exec head -c "$2" -- "$1"; fi; exec cat -- "$1"'
-WRITE_CHECK = 'echo "$$"; if [ -d "$1" ]; then exit 21; fi; if [ -e "$1" ] && [ ! -f "$1" ]; then exit 22; fi; exit 0'
+# Before a write: parent folders are made by the container's user (so with -S user= they are that user's),
+# and what the user may not write is refused with 13, since the archive API writes as root.
+WRITE_CHECK = (
+    'echo "$$"; if [ -d "$1" ]; then exit 21; fi; if [ -e "$1" ] && [ ! -f "$1" ]; then exit 22; fi; '
+    'd=$(dirname -- "$1"); mkdir -p -- "$d" || exit 1; '
+    'if [ -e "$1" ]; then [ -w "$1" ] || exit 13; else [ -w "$d" ] || exit 13; fi; exit 0'
+)
 KILL_GROUP = 'kill -9 -"$1" 2>/dev/null || kill -9 "$1" 2>/dev/null; exit 0'
 # After the kill, only processes that left the group can still hold the output open.
 POST_KILL_DRAIN_S = 0.5
@@ -52,6 +61,8 @@ _ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestExce
 class _Outcome:
     exit_code: Optional[int]
     timed_out: bool
+    not_started: bool = False  # the container could not start the command (its wrapper never ran)
+    recovered: bool = False  # every process of the container was stopped so that it could run
 
 
 class DockerSandbox(Sandbox):
@@ -67,6 +78,7 @@ class DockerSandbox(Sandbox):
         self._workdir = workdir
         self._backend = backend
         self._max_output = backend.config.max_output_bytes
+        self._user = backend.config.user or ""  # commands run as -S user= (PID 1 stays root); "" the image's user
         self._closed = False
 
     @property
@@ -81,18 +93,70 @@ class DockerSandbox(Sandbox):
 
     async def exec(self, command: str, timeout: float) -> ExecResult:
         """Run ``command`` with ``/bin/sh -c``; at ``timeout`` SIGKILL its whole process group."""
-        output = BoundedOutput(self._max_output)
-        outcome = await self._run([SHELL, "-c", RUN_WRAPPER, "sh", command], timeout, output)
-        return ExecResult(output.text(), outcome.exit_code, outcome.timed_out)
+        outcome, output, _ = await self._run_recovering(
+            [SHELL, "-c", RUN_WRAPPER, "sh", command], timeout, lambda: (BoundedOutput(self._max_output), None)
+        )
+        text = output.text()
+        if outcome.recovered:
+            text = self._recovery_notice() + text
+        return ExecResult(text, outcome.exit_code, outcome.timed_out)
+
+    def _recovery_notice(self) -> str:
+        return (
+            f"[The sandbox had reached its process limit (-S pids_limit={self._backend.config.pids_limit}) and could "
+            "not start anything, so every process in it was stopped; its files are kept.]\n"
+        )
+
+    async def _run_recovering(self, argv: list, timeout: float, buffers) -> tuple:
+        """``_run`` with fresh ``buffers()``; a command the container cannot start is run again after recovery.
+
+        A container whose processes fill its pids limit (a fork bomb) can start no
+        command, not even the kill of a timed-out one.  Restarting it stops every
+        process and keeps its files, so the prompt goes on, and ends as the model
+        makes it end, instead of failing again each time ``--resume`` runs it.
+        """
+        stdout, stderr = buffers()
+        outcome = await self._run(argv, timeout, stdout, stderr)
+        if not outcome.not_started:
+            return outcome, stdout, stderr
+        if not await self._raise_if_dead("while a command was started"):
+            await self._recover()
+        stdout, stderr = buffers()
+        outcome = await self._run(argv, timeout, stdout, stderr)
+        if outcome.not_started:
+            raise SandboxError(
+                f"The container {self.name} of prompt {self.prompt_index} cannot start commands even after a restart "
+                f"({stdout.text().strip()[:200]}); run again with --resume to retry the prompt."
+            )
+        outcome.recovered = True
+        return outcome, stdout, stderr
+
+    async def _recover(self) -> None:
+        log.warning(
+            "The container %s of prompt %d could not start a process (its pids limit %d reached?); restarting it, "
+            "which stops every process in it and keeps its files.", self.name, self.prompt_index,
+            self._backend.config.pids_limit,
+        )
+        await self._call(self._backend.api.restart, self.id, timeout=0)
 
     async def _run(self, argv: list, timeout: float, stdout: BoundedOutput, stderr: Optional[BoundedOutput] = None) -> _Outcome:
         self._check_open()
         api = self._backend.api
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
-        created = await self._call(api.exec_create, self.id, argv, stdout=True, stderr=True, stdin=False, tty=False)
+        created = await self._call(
+            api.exec_create, self.id, argv, stdout=True, stderr=True, stdin=False, tty=False, user=self._user
+        )
         exec_id = created["Id"]
-        sock = await self._call(api.exec_start, exec_id, socket=True)
+        try:
+            sock = await self._backend.blocking(api.exec_start, exec_id, socket=True)
+        except docker.errors.APIError as exc:
+            if exc.status_code not in (404, 409) and "oci runtime" in str(exc.explanation or exc).lower():
+                stdout.add(str(exc.explanation or exc).encode())  # the runtime could not start a process
+                return _Outcome(126, False, not_started=True)
+            raise await self._backend.blocking(self._error_sync, exc, "while a command ran") from exc
+        except _ENGINE_ERRORS as exc:
+            raise await self._backend.blocking(self._error_sync, exc, "while a command ran") from exc
         stream = ExecStream(sock, loop, stdout, stderr)
         stream.start()
         settled = False  # False while a cancellation could still hit us
@@ -100,9 +164,9 @@ class DockerSandbox(Sandbox):
             done, _ = await asyncio.wait({stream.done}, timeout=max(timeout, 0.0))
             settled = True
             if not done:
-                await self._kill(stream)
+                recovered = await self._kill(stream)
                 await asyncio.wait({stream.done}, timeout=POST_KILL_DRAIN_S)
-                return _Outcome(None, True)
+                return _Outcome(None, True, recovered=recovered)
         finally:
             if not stream.done.done():
                 stream.interrupt()
@@ -110,11 +174,14 @@ class DockerSandbox(Sandbox):
                 self._kill_soon(stream)
         exit_code = await self._exit_code(exec_id, deadline)
         if exit_code is None:  # the command closed its output but ran on until the timeout
-            await self._kill(stream)
-            return _Outcome(None, True)
+            recovered = await self._kill(stream)
+            return _Outcome(None, True, recovered=recovered)
+        if stream.pid is None and exit_code != 0:
+            return _Outcome(exit_code, False, not_started=True)
         if exit_code >= 128 or stream.error is not None:
             # Killed by a signal: maybe the container itself died.
-            await self._raise_if_dead("while a command ran")
+            recovered = await self._raise_if_dead("while a command ran")
+            return _Outcome(exit_code, False, recovered=recovered)
         return _Outcome(exit_code, False)
 
     async def _exit_code(self, exec_id: str, deadline: float) -> Optional[int]:
@@ -129,26 +196,44 @@ class DockerSandbox(Sandbox):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
 
-    async def _kill(self, stream: ExecStream) -> None:
+    async def _kill(self, stream: ExecStream) -> bool:
+        """Kill the command's process group; True when the container had to be restarted for it."""
         try:
             pid = await asyncio.wait_for(asyncio.shield(stream.pid_known), PID_WAIT_S)
         except asyncio.TimeoutError:
             pid = None
-        if pid is not None:
-            await self._backend.blocking(self._kill_sync, pid, True)
+        if pid is None:
+            return False
+        if await self._backend.blocking(self._kill_sync, pid, True):
+            return False
+        if not await self._raise_if_dead("while a command was being stopped"):
+            await self._recover()
+        return True
 
     def _kill_soon(self, stream: ExecStream) -> None:
         if stream.pid is not None:
             self._backend.in_background(self._kill_sync, stream.pid, False)
 
-    def _kill_sync(self, pid: int, raise_if_dead: bool) -> None:
+    def _kill_sync(self, pid: int, wait: bool) -> bool:
+        """Kill the group of ``pid``; False when the kill could not run (the container cannot start it)."""
         api = self._backend.api
         try:
-            created = api.exec_create(self.id, [SHELL, "-c", KILL_GROUP, "sh", str(pid)], stdout=False, stderr=False)
+            created = api.exec_create(
+                self.id, [SHELL, "-c", KILL_GROUP, "sh", str(pid)], stdout=False, stderr=False, user=self._user
+            )
             api.exec_start(created["Id"], detach=True)
-        except _ENGINE_ERRORS as exc:
-            if raise_if_dead:
-                raise self._error_sync(exc, "while a command was being stopped") from exc
+            if not wait:
+                return True
+            for _ in range(DEATH_NOTICE_POLLS):
+                info = api.exec_inspect(created["Id"])
+                if info.get("ExitCode") is not None and not info.get("Running"):
+                    return info["ExitCode"] == 0  # the kill wrapper always exits 0 once it runs
+                time.sleep(0.05)
+            return True  # still running: it started, so it kills
+        except docker.errors.NotFound as exc:
+            raise self._error_sync(exc, "while a command was being stopped") from exc
+        except _ENGINE_ERRORS:
+            return False
 
     # --- files -----------------------------------------------------------------------------
 
@@ -167,9 +252,10 @@ class DockerSandbox(Sandbox):
         if limit <= 0:
             await self._check_file(path, full, READ_WRAPPER, "0")
             return b""
-        stdout, stderr = FirstBytes(limit + 1), BoundedOutput(64 * 1024)
         argv = [SHELL, "-c", READ_WRAPPER, "sh", full, "" if max_bytes is None else str(limit)]
-        outcome = await self._run(argv, READ_TIMEOUT_S, stdout, stderr)
+        outcome, stdout, stderr = await self._run_recovering(
+            argv, READ_TIMEOUT_S, lambda: (FirstBytes(limit + 1), BoundedOutput(64 * 1024))
+        )
         if outcome.timed_out:
             raise OSError(errno.ETIMEDOUT, f"reading took longer than {READ_TIMEOUT_S:g} s (is it a pipe?)", path)
         if outcome.exit_code == 0:
@@ -180,8 +266,9 @@ class DockerSandbox(Sandbox):
         raise self._file_error(path, outcome.exit_code, stderr.text())
 
     async def _check_file(self, path: str, full: str, wrapper: str, *extra: str) -> None:
-        stdout, stderr = BoundedOutput(1024), BoundedOutput(64 * 1024)
-        outcome = await self._run([SHELL, "-c", wrapper, "sh", full, *extra], READ_TIMEOUT_S, stdout, stderr)
+        outcome, _, stderr = await self._run_recovering(
+            [SHELL, "-c", wrapper, "sh", full, *extra], READ_TIMEOUT_S, lambda: (BoundedOutput(1024), BoundedOutput(64 * 1024))
+        )
         if outcome.timed_out:
             raise OSError(errno.ETIMEDOUT, f"checking took longer than {READ_TIMEOUT_S:g} s", path)
         if outcome.exit_code != 0:
@@ -193,6 +280,8 @@ class DockerSandbox(Sandbox):
             return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
         if exit_code == 21:
             return IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if exit_code == 13:
+            return PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
         if exit_code == 22:
             return OSError(
                 errno.EINVAL,
@@ -231,6 +320,11 @@ class DockerSandbox(Sandbox):
             raise OSError(errno.EIO, message, path) from exc
         except _ENGINE_ERRORS as exc:
             raise self._error_sync(exc, "while a file was written") from exc
+        if self._user:
+            try:  # the archive API writes as root
+                await self._backend.blocking(self._backend.chown, self.id, full)
+            except _ENGINE_ERRORS as exc:
+                raise self._error_sync(exc, "while a file was written") from exc
 
     # --- life and death ------------------------------------------------------------------------
 
@@ -252,26 +346,30 @@ class DockerSandbox(Sandbox):
         except _ENGINE_ERRORS as exc:
             raise await self._backend.blocking(self._error_sync, exc, "while a command ran") from exc
 
-    async def _raise_if_dead(self, when: str) -> None:
+    async def _raise_if_dead(self, when: str) -> bool:
+        """Raise SandboxError if the container died; True when it lives but starts nothing and was restarted."""
         reason = await self._backend.blocking(self._backend.dead_reason, self.id)
         if reason is None:
             # The engine notes a killed container's state a moment after its processes die: a new exec
             # that runs tells a live container from one in that moment.
             if await self._backend.blocking(self._answers):
-                return
+                return False
             for _ in range(DEATH_NOTICE_POLLS):
                 await asyncio.sleep(0.05)
                 reason = await self._backend.blocking(self._backend.dead_reason, self.id)
                 if reason is not None:
                     break
             else:
-                reason = "stopped running commands"
+                # Alive but starting no process: its pids limit is full (a fork bomb).  Failing the prompt
+                # would fail it again on every --resume; a restart stops every process and keeps the files.
+                await self._recover()
+                return True
         raise self._failure(reason, when)
 
     def _answers(self) -> bool:
         api = self._backend.api
         try:
-            created = api.exec_create(self.id, [SHELL, "-c", "exit 0"], stdout=True, stderr=True)
+            created = api.exec_create(self.id, [SHELL, "-c", "exit 0"], stdout=True, stderr=True, user=self._user)
             api.exec_start(created["Id"])
             return api.exec_inspect(created["Id"]).get("ExitCode") == 0
         except _ENGINE_ERRORS:
