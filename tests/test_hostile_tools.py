@@ -1,0 +1,114 @@
+"""A hostile model's tool calls against the whole run: nothing blocks, nothing keeps the process from exiting."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import write_dataset
+
+from hermes_batch.default_plugins import local_processes
+from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
+from hermes_batch.errors import ConfigError
+from hermes_batch.run_context import RunContext
+from hermes_batch.testing import Reply
+
+
+def fifo_script(request):
+    if request.turn == 0:
+        return Reply(reasoning="Make a pipe.", tool_calls=[("terminal", {"command": "mkfifo pipe && ln -s pipe link"})])
+    if request.turn == 1:
+        calls = [
+            ("read_file", {"path": "pipe"}),
+            ("write_file", {"path": "pipe", "content": "x"}),
+            ("patch", {"path": "link", "old_string": "a", "new_string": "b"}),
+            ("search_files", {"pattern": "x", "path": "pipe"}),
+            ("read_file", {"path": "/dev/zero"}),
+        ]
+        return Reply(reasoning="Read the pipe.", tool_calls=calls)
+    return Reply(content="The pipe was refused.", reasoning="Done.")
+
+
+def test_file_tools_on_a_fifo_end_at_once_and_the_run_exits(model_server, runner, tmp_path):
+    # Before, read_file on a FIFO blocked a pool thread for ever: the prompt was abandoned after the
+    # grace period, and the process never exited, not even on SIGINT.
+    runner.server = model_server(fifo_script)
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "Play with a pipe."}])
+    started = time.monotonic()
+    proc = runner.spawn(dataset, "run", "--no_filters", "--command_timeout", "20")
+    try:
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert time.monotonic() - started < 60
+    (trajectory,) = runner.records("trajectories.jsonl")
+    tool_turn = [turn for turn in trajectory["conversations"] if turn["from"] == "tool"][1]
+    results = [json.loads(block.split("\n</tool_response>")[0])["content"]
+               for block in tool_turn["value"].split("<tool_response>\n")[1:]]
+    assert [("FIFO" in r["error"] or "outside" in r["error"]) for r in results] == [True] * 5, results
+
+
+BLOCKED_FOREVER = textwrap.dedent(
+    """
+    import asyncio, threading, time
+    from hermes_batch.threads import in_daemon_thread
+
+    async def main():
+        try:
+            await asyncio.wait_for(in_daemon_thread(threading.Event().wait), 0.5)
+        except asyncio.TimeoutError:
+            print("abandoned", flush=True)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_an_abandoned_blocked_call_does_not_keep_the_process_from_exiting():
+    done = subprocess.run([sys.executable, "-c", BLOCKED_FOREVER], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "abandoned\n"
+
+
+def test_the_same_call_in_the_default_executor_would_hang_the_exit():
+    # What in_daemon_thread avoids: asyncio.run joins the default executor's threads.
+    script = BLOCKED_FOREVER.replace(
+        "in_daemon_thread(threading.Event().wait)",
+        "asyncio.get_running_loop().run_in_executor(None, threading.Event().wait)",
+    )
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=5)
+
+
+@pytest.fixture
+def no_namespaces(monkeypatch):
+    """A machine without unshare and nsenter."""
+    real_which = local_processes.shutil.which
+    monkeypatch.setattr(local_processes.shutil, "which", lambda name: None if name in ("unshare", "nsenter") else real_which(name))
+    monkeypatch.setattr(local_processes, "_launchers", {})
+
+
+async def test_isolation_namespace_where_it_cannot_work_is_a_config_error(no_namespaces, tmp_path):
+    backend = LocalSandboxBackend(LocalSandboxConfig(isolation="namespace"), RunContext("r", tmp_path, seed=0))
+    with pytest.raises(ConfigError, match="-S isolation=namespace cannot work on this machine .*unshare and nsenter"):
+        await backend.check()
+
+
+async def test_auto_isolation_falls_back_to_processes(no_namespaces, tmp_path):
+    backend = LocalSandboxBackend(LocalSandboxConfig(), RunContext("r", tmp_path, seed=0))
+    await backend.start()
+    try:
+        assert not backend.launcher.namespace
+        from hermes_batch.records import SandboxSpec
+
+        sandbox = await backend.open(SandboxSpec("r", 0, "0123456789abcdef"))
+        assert (await sandbox.exec("echo $HERMES_BATCH_SANDBOX", 10)).output.strip() != ""
+        await sandbox.close()
+    finally:
+        await backend.shutdown()
