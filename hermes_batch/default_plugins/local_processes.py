@@ -252,21 +252,34 @@ class Namespace:
 
 
 def _stat_fields(pid: int) -> tuple:
-    """(state, ppid, pgid, sid) of ``pid``; ("", 0, 0, 0) when it is gone."""
+    """(state, ppid, pgid, sid, start time in clock ticks since boot) of ``pid``; ("", 0, 0, 0, 0) when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3])
+        return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19])
     except (OSError, IndexError, ValueError):
-        return "", 0, 0, 0
+        return "", 0, 0, 0, 0
+
+
+def ticks_since_boot() -> int:
+    """Now, in the clock ticks of the start times in /proc/<pid>/stat."""
+    try:
+        with open("/proc/uptime") as f:
+            return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError):
+        return 0
 
 
 def _inside(link: str, root: str) -> bool:
     return link == root or link.startswith(root + "/")
 
 
-def marked_processes(root: str, marker: str, groups: set) -> set:
-    """Live processes of a prompt in process mode, with their descendants (never this process)."""
+def marked_processes(root: str, marker: str, groups: set, since: int = 0) -> set:
+    """Live processes of a prompt in process mode, with their descendants (never this process).
+
+    Only processes started at ``since`` (clock ticks since boot) or later are read: older ones
+    cannot be the prompt's, and reading every process's environment costs most of a close.
+    """
     own = os.getpid()
     needle = f"{MARKER_VARIABLE}={marker}\0".encode()
     parents: dict = {}
@@ -275,8 +288,8 @@ def marked_processes(root: str, marker: str, groups: set) -> set:
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
-        state, ppid, pgid, sid = _stat_fields(pid)
-        if not state or state in ("Z", "X") or pid == own:
+        state, ppid, pgid, sid, started = _stat_fields(pid)
+        if not state or state in ("Z", "X") or pid == own or started < since:
             continue
         parents[pid] = ppid
         if pgid in groups or sid in groups:
@@ -301,7 +314,7 @@ def marked_processes(root: str, marker: str, groups: set) -> set:
     return found
 
 
-def kill_marked(root: str, marker: str, groups: set) -> int:
+def kill_marked(root: str, marker: str, groups: set, since: int = 0) -> int:
     """Kill the processes of a prompt in process mode, again until none is left (they may be forking)."""
     killed = 0
     for _ in range(KILL_ROUNDS):
@@ -310,7 +323,7 @@ def kill_marked(root: str, marker: str, groups: set) -> int:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        found = marked_processes(root, marker, groups)
+        found = marked_processes(root, marker, groups, since)
         if not found:
             break
         for pid in found:

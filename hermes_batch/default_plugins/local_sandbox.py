@@ -34,7 +34,7 @@ from ..output import BoundedOutput
 from ..records import ExecResult, SandboxSpec
 from ..threads import in_daemon_thread
 from .local_files import PromptFolder
-from .local_processes import ISOLATIONS, MARKER_VARIABLE, Launcher, Namespace, kill_marked, launcher
+from .local_processes import ISOLATIONS, MARKER_VARIABLE, Launcher, Namespace, kill_marked, launcher, ticks_since_boot
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +228,7 @@ class LocalSandbox(Sandbox):
         self._folder = folder
         self._namespace = namespace
         self._marker = marker
+        self._opened = ticks_since_boot() - 1  # a tick of slack: start times are rounded down
         self._keep = backend.config.keep
         self._max_output = backend.config.max_output_bytes
         # Process groups that may still have members: killed at close.
@@ -332,7 +333,7 @@ class LocalSandbox(Sandbox):
         if self._namespace is not None:
             await self._namespace.kill()
         else:
-            await in_daemon_thread(kill_marked, str(self.root), self._marker, set(self._groups))
+            await in_daemon_thread(kill_marked, str(self.root), self._marker, set(self._groups), self._opened)
         self._groups.clear()
         self._folder.close()
         if self._keep:
