@@ -21,7 +21,7 @@ from hermes_batch.interfaces import ToolContext
 from hermes_batch.plugins import collect, get_plugin_manager
 from hermes_batch.records import SandboxSpec
 from hermes_batch.run_context import RunContext
-from hermes_batch.testing.sandbox_contract import peak_rss, peak_rss_reset
+from hermes_batch.testing.sandbox_contract import make_huge_files, peak_rss, peak_rss_reset
 
 
 @pytest.fixture
@@ -291,12 +291,7 @@ def peak_rss_growth():
 
 
 async def test_read_file_memory_follows_what_it_returns(ctx, sandbox):
-    made = await sandbox.exec(
-        "dd if=/dev/zero of=sparse bs=1 count=0 seek=1073741824 2>/dev/null && "
-        "yes 'some text on a line of its own' | head -c 50000000 > text && echo made",
-        60,
-    )
-    assert made.output == "made\n"
+    await make_huge_files(sandbox, "some text on a line of its own", 50_000_000)
     growth = peak_rss_growth()
     binary = await call(ReadFileTool, ctx, path="sparse")
     assert "binary file" in binary["error"]

@@ -75,6 +75,16 @@ def unique_marker() -> str:
     return f"hb-contract-{os.getpid()}-{time.monotonic_ns() % 10**9}-{next(_markers)}"
 
 
+async def make_huge_files(sandbox: Sandbox, line: str, text_bytes: int) -> None:
+    """``sparse``, a 1 GiB file of zeros that takes no disk, and ``text``, ``line`` repeated to ``text_bytes``."""
+    made = await sandbox.exec(
+        "dd if=/dev/zero of=sparse bs=1 count=0 seek=1073741824 2>/dev/null && "
+        f"yes '{line}' | head -c {text_bytes} > text && echo made",
+        120,
+    )
+    assert made.output == "made\n", made
+
+
 def peak_rss_reset() -> Optional[int]:
     """Reset this process's peak resident size and return the current one (bytes); None if unsupported."""
     try:
@@ -386,12 +396,7 @@ class SandboxContract:
             await sandbox.read_file("missing", max_bytes=10)
 
     async def test_huge_files_keep_the_runners_memory_bounded(self, sandbox: Sandbox):
-        made = await sandbox.exec(
-            "dd if=/dev/zero of=sparse bs=1 count=0 seek=1073741824 2>/dev/null && "
-            "yes 'a line of text' | head -c 40000000 > text && echo made",
-            120,
-        )
-        assert made.output == "made\n"
+        await make_huge_files(sandbox, "a line of text", 40_000_000)
         baseline = peak_rss_reset()
         if baseline is None:
             pytest.skip("this kernel cannot reset the peak resident size (/proc/self/clear_refs)")
