@@ -267,6 +267,7 @@ async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(sandbo
         raise asyncio.CancelledError
 
     marker = f"30.{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
+    await sandbox.exec("true", 10)  # the namespace, if any, is made by the first command
     monkeypatch.setattr(asyncio, "create_subprocess_exec", spawn_then_cancel)
     with pytest.raises(asyncio.CancelledError):
         await sandbox.exec(f"sleep {marker}", 60)
@@ -362,3 +363,9 @@ async def test_commands_see_only_their_own_processes(sandbox):
     assert int(count) < 10  # the namespace's first process, its sleep, this command: not the machine's
     assert "while :; do sleep 3600" in init
     assert str(os.getpid()) not in (await sandbox.exec("echo $PPID", 10)).output
+
+
+async def test_concurrent_first_commands_share_one_namespace(sandbox):
+    results = await asyncio.gather(*(sandbox.exec("readlink /proc/self/ns/pid", 30) for _ in range(6)))
+    namespaces = {r.output for r in results}
+    assert len(namespaces) == 1 and namespaces != {os.readlink("/proc/self/ns/pid") + "\n"}

@@ -204,6 +204,13 @@ class Namespace:
         self.launcher = launcher
         self.init_pid: Optional[int] = None
         self._proc: Optional[asyncio.subprocess.Process] = None
+        self._starting = asyncio.Lock()
+
+    async def ensure(self, cwd: str) -> None:
+        """Start the namespace unless it was started; concurrent first commands share one start."""
+        async with self._starting:
+            if self._proc is None:
+                await self.start(cwd)
 
     async def start(self, cwd: str) -> None:
         """Start the namespace's first process, in ``cwd``; raises OSError or RuntimeError."""

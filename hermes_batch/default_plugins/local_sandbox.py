@@ -110,15 +110,8 @@ class LocalSandboxBackend(SandboxBackend):
                 folder = PromptFolder(str(root), str(cwd))
             except OSError as exc:
                 raise SandboxError(f"Could not create the prompt folder under {scratch}: {exc}") from exc
-            namespace = None
-            if self.launcher.namespace:
-                namespace = Namespace(self.launcher)
-                try:
-                    await namespace.start(str(cwd))
-                except (OSError, RuntimeError) as exc:
-                    folder.close()
-                    await in_daemon_thread(_remove_tree, root)
-                    raise SandboxError(f"Could not start the namespace of a local sandbox: {exc}") from exc
+        # Made at the first command: a prompt that runs none (or only file tools) never pays for it.
+        namespace = Namespace(self.launcher) if self.launcher.namespace else None
         env = {
             "PATH": os.environ.get("PATH", os.defpath),
             "HOME": str(root),
@@ -243,8 +236,13 @@ class LocalSandbox(Sandbox):
         """Run ``command`` with ``/bin/sh -c``; at ``timeout`` SIGKILL its whole process group."""
         self._check_open()
         namespace = self._namespace
-        if namespace is not None and not namespace.alive:
-            raise SandboxError(f"The namespace of the local sandbox {self.root} ended; its processes are gone.")
+        if namespace is not None:
+            try:
+                await namespace.ensure(str(self.cwd))
+            except (OSError, RuntimeError) as exc:
+                raise SandboxError(f"Could not start the namespace of the local sandbox {self.root}: {exc}") from exc
+            if not namespace.alive:
+                raise SandboxError(f"The namespace of the local sandbox {self.root} ended; its processes are gone.")
         argv = self._launcher.command_argv(command, str(self.cwd), namespace.init_pid if namespace else None)
         loop = asyncio.get_running_loop()
         read_fd, write_fd = os.pipe()
