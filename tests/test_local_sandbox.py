@@ -7,6 +7,7 @@ import collections
 import errno
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -369,3 +370,40 @@ async def test_concurrent_first_commands_share_one_namespace(sandbox):
     results = await asyncio.gather(*(sandbox.exec("readlink /proc/self/ns/pid", 30) for _ in range(6)))
     namespaces = {r.output for r in results}
     assert len(namespaces) == 1 and namespaces != {os.readlink("/proc/self/ns/pid") + "\n"}
+
+
+RUNNER_THAT_DIES = """
+import asyncio, sys, tempfile
+from pathlib import Path
+from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
+from hermes_batch.records import SandboxSpec
+from hermes_batch.run_context import RunContext
+
+async def main():
+    backend = LocalSandboxBackend(LocalSandboxConfig(isolation="namespace"), RunContext("r", Path(sys.argv[1]), seed=0))
+    await backend.start()
+    sandbox = await backend.open(SandboxSpec("r", 0, "0123456789abcdef"))
+    await sandbox.exec(f"setsid sleep {sys.argv[2]} > /dev/null 2>&1 &", 10)
+    print("started", flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def test_the_namespace_dies_with_a_runner_killed_by_sigkill(tmp_path):
+    marker = unique_sleep()
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER_THAT_DIES, str(tmp_path), marker], stdout=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout.readline() == "started\n"
+        deadline = time.monotonic() + 10
+        while not _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive_with(f"sleep {marker}")
+    finally:
+        runner.kill()
+        runner.wait()
+    deadline = time.monotonic() + 10
+    while _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive_with(f"sleep {marker}")

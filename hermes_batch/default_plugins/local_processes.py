@@ -9,8 +9,9 @@ Two modes, chosen once per process (``-S isolation=``):
     kernel kill everything in the namespace, whatever left its process group
     or session, cleared its environment or changed folder.  The namespace
     mounts its own ``/proc``, so commands see only the prompt's processes, not
-    the runner or the rest of the machine; if the runner dies, the namespace
-    dies with it (parent-death signal).
+    the runner or the rest of the machine; if the runner dies, even by SIGKILL,
+    the namespace dies with it (its first process reads a pipe only the runner
+    holds open).
 ``process``
     Plain subprocesses.  At close the sandbox kills its commands' process
     groups and sessions, every process whose environment carries the prompt's
@@ -44,8 +45,13 @@ MARKER_VARIABLE = "HERMES_BATCH_SANDBOX"
 ISOLATIONS = ("auto", "namespace", "process")
 # The capabilities a command run as root keeps (the docker backend's base set).
 ROOT_CAPABILITIES = ("chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "net_bind_service")
-# First process of a prompt's namespace: says when it is ready, then idles and reaps orphans.
-KEEPALIVE = "trap 'exit 0' TERM INT; echo ready; while :; do sleep 3600; done"
+# First process of a prompt's namespace: says when it is ready, then idles and reaps orphans.  Its
+# stdin is a pipe only the runner writes to: when the runner dies, however, the read ends and the
+# namespace with it (cheaper than a parent-death signal, which takes a setpriv per prompt).
+KEEPALIVE = (
+    "trap 'exit 0' TERM INT; exec 5<&0; (read _ <&5; kill -TERM 1) & exec 5<&-; "
+    "echo ready; while :; do sleep 3600 & wait $!; done"  # a trap interrupts a wait, not a foreground sleep
+)
 # Commands start in the prompt's working folder as the namespace sees it.
 ENTER_CWD = 'cd -- "$1" || exit 126; exec /bin/sh -c "$2"'
 READY_TIMEOUT_S = 30.0
@@ -61,11 +67,10 @@ class Launcher:
     unshare: tuple = ()
     nsenter: tuple = ()
     wdns: bool = False  # nsenter can set the working folder inside the namespace (util-linux 2.38+)
-    pdeathsig: tuple = ()  # argv prefix that kills the namespace when the runner dies
 
     def init_argv(self) -> list:
-        """The first process of a new namespace (it prints ``ready``)."""
-        return [*self.pdeathsig, *self.unshare, "--", SHELL, "-c", KEEPALIVE]
+        """The first process of a new namespace (it prints ``ready``; it ends when its stdin closes)."""
+        return [*self.unshare, "--", SHELL, "-c", KEEPALIVE]
 
     def command_argv(self, command: str, cwd: str, init_pid: Optional[int]) -> list:
         """The argv of one command: in the namespace of ``init_pid`` when given."""
@@ -105,8 +110,6 @@ def _find_launcher(isolation: str) -> Launcher:
             (unshare, *user, "--pid", "--mount", "--fork", "--mount-proc", "--kill-child"),
             (nsenter, *(() if root else ("--user", "--preserve-credentials")), "--pid", "--mount"),
             _nsenter_has_wdns(nsenter),
-            # Sent when the thread that started it ends: the event loop's, which lives as long as the run.
-            (setpriv[0], "--pdeathsig", "KILL", "--") if setpriv else (),
         )
         reason = _try_namespace(candidate)
         if reason is None:
@@ -145,7 +148,7 @@ def _try_namespace(candidate: Launcher) -> Optional[str]:
     """None when a namespace can be made and entered here, else why not."""
     try:
         init = subprocess.Popen(
-            candidate.init_argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            candidate.init_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,
         )
     except OSError as exc:
@@ -171,7 +174,7 @@ def _try_namespace(candidate: Launcher) -> Optional[str]:
             init.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
-        for stream in (init.stdout, init.stderr):
+        for stream in (init.stdin, init.stdout, init.stderr):
             stream.close()
 
 
@@ -215,7 +218,7 @@ class Namespace:
     async def start(self, cwd: str) -> None:
         """Start the namespace's first process, in ``cwd``; raises OSError or RuntimeError."""
         self._proc = await asyncio.create_subprocess_exec(
-            *self.launcher.init_argv(), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            *self.launcher.init_argv(), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL, cwd=cwd, start_new_session=True,
         )
         try:
