@@ -5,7 +5,7 @@ The secrets of a run are its API key, the credentials inside ``--base_url``
 options whose names look secret (``-S token=...``), and the values of the
 runner's environment variables whose names look secret (``*_API_KEY``,
 ``*_TOKEN``, ``*_SECRET``, ``*PASSWORD*``, ...: the keys of tool providers
-too).  Each is looked for as is and in its obvious encodings (URL, JSON,
+too) or that an option names (``-T image_gen.api_key_env=VARIABLE``).  Each is looked for as is and in its obvious encodings (URL, JSON,
 base64 at any alignment, hex) and replaced by ``[REDACTED]`` in records,
 ``run.json``, ``statistics.json``, log lines and error messages.  Values
 shorter than 8 characters are not treated as secrets (no real key is that
@@ -88,23 +88,25 @@ def run_secrets(config: Any, environ: Mapping[str, str] = os.environ) -> list:
     for field in attrs.fields(type(config)):
         value = getattr(config, field.name)
         if isinstance(value, dict):
-            found += _option_secrets(value)
+            found += _option_secrets(value, environ)
     for name, value in environ.items():
         if secret_name(name) and not value.startswith("/"):  # a path names a secret, it is not one
             found.append(value)
     return sorted({s for s in found if isinstance(s, str) and len(s) >= MIN_SECRET_CHARS}, key=len, reverse=True)
 
 
-def _option_secrets(options: Mapping) -> list:
+def _option_secrets(options: Mapping, environ: Mapping[str, str]) -> list:
     found = []
     for key, value in options.items():
         if isinstance(value, Mapping):
-            found += _option_secrets(value)
+            found += _option_secrets(value, environ)
         elif isinstance(value, str):
             if secret_name(str(key)):
                 found.append(value)
             if "://" in value:
                 found += url_secrets(value)
+            if str(key).lower().endswith("env") and value in environ:
+                found.append(environ[value])  # an option naming the variable that holds a key (-T x.api_key_env=...)
     return found
 
 

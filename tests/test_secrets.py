@@ -80,15 +80,17 @@ def test_the_secrets_of_a_run(tmp_path):
         base_url="https://user-name:pass%40word-9876@gateway.example/v1?api-version=2024-05-01&key=query-secret-42",
         sandbox_options={"auth_token": "option-token-5555", "image": "python:3.11-slim",
                          "registry": "https://reg-user:reg-password-77@registry.example"},
+        tool_options={"image_gen": {"api_key_env": "MY_IMAGE_PROVIDER", "model": "flux-dev-model"}},
     )
     environ = {"FIRECRAWL_API_KEY": "fc-provider-key-321", "HF_TOKEN": "hf_token_value_654", "PATH": "/usr/bin:/bin",
                "SSH_AUTH_SOCK": "/tmp/ssh-agent.sock", "MODAL_TOKEN_SECRET": "as-modal-secret-000",
-               "AWS_SECRET_ACCESS_KEY": "/run/secrets/aws"}
+               "AWS_SECRET_ACCESS_KEY": "/run/secrets/aws", "MY_IMAGE_PROVIDER": "named-by-an-option-999"}
     found = set(run_secrets(config, environ))
     assert {"sk-the-api-key-1234", "user-name:pass%40word-9876", "pass@word-9876", "query-secret-42",
             "option-token-5555", "reg-password-77", "fc-provider-key-321", "hf_token_value_654",
-            "as-modal-secret-000"} <= found
-    assert not found & {"2024-05-01", "python:3.11-slim", "/usr/bin:/bin", "/tmp/ssh-agent.sock", "/run/secrets/aws"}
+            "as-modal-secret-000", "named-by-an-option-999"} <= found
+    assert not found & {"2024-05-01", "python:3.11-slim", "/usr/bin:/bin", "/tmp/ssh-agent.sock", "/run/secrets/aws",
+                        "flux-dev-model", "MY_IMAGE_PROVIDER"}
     public = json.dumps(config.public())
     assert "gateway.example/v1?api-version=2024-05-01&key=[REDACTED]" in public
     for value in ("sk-the-api-key-1234", "pass%40word-9876", "query-secret-42", "option-token-5555", "reg-password-77"):
