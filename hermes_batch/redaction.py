@@ -101,13 +101,17 @@ def _option_secrets(options: Mapping, environ: Mapping[str, str]) -> list:
         if isinstance(value, Mapping):
             found += _option_secrets(value, environ)
         elif isinstance(value, str):
-            if secret_name(str(key)):
+            if _names_variable(key):
+                found.append(environ.get(value, ""))  # the variable that holds a key (-T x.api_key_env=...)
+            elif secret_name(str(key)):
                 found.append(value)
             if "://" in value:
                 found += url_secrets(value)
-            if str(key).lower().endswith("env") and value in environ:
-                found.append(environ[value])  # an option naming the variable that holds a key (-T x.api_key_env=...)
     return found
+
+
+def _names_variable(key: Any) -> bool:
+    return str(key).lower().endswith("env")
 
 
 def public_options(options: Mapping) -> dict:
@@ -116,7 +120,7 @@ def public_options(options: Mapping) -> dict:
     for key, value in options.items():
         if isinstance(value, Mapping):
             value = public_options(value)
-        elif isinstance(value, str) and secret_name(str(key)):
+        elif isinstance(value, str) and secret_name(str(key)) and not _names_variable(key):
             value = REDACTED
         elif isinstance(value, str) and "://" in value:
             value = display_url(value)
