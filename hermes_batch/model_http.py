@@ -49,12 +49,19 @@ def http_client(sdk, settings):
     if settings.http_backend != "aiohttp":
         raise ConfigError(f"Unknown --http_backend {settings.http_backend!r}; pass one of {', '.join(HTTP_BACKENDS)}.")
     try:
-        return sdk.DefaultAioHttpClient(**options)
+        return sdk.DefaultAioHttpClient(event_hooks={"request": [_credentials_out_of_url]}, **options)
     except RuntimeError:  # the SDK says its aiohttp extra is missing
         raise ConfigError(
             f"The aiohttp transport of the {sdk.__name__} SDK is not installed; "
             f"run pip install '{sdk.__name__}[aiohttp]' or pass --http_backend httpx."
         ) from None
+
+
+async def _credentials_out_of_url(request) -> None:
+    # httpx has already sent the URL's user and password as the Authorization header (as it does on
+    # its own transport); aiohttp refuses a URL that still holds them next to that header.
+    if request.url.userinfo:
+        request.url = request.url.copy_with(userinfo=b"")
 
 
 def transport_error_text(exc: BaseException) -> str:
