@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hermes_batch.default_plugins.local_sandbox import LocalSandbox, LocalSandboxBackend, LocalSandboxConfig
+from hermes_batch.default_plugins.owned_processes import Child
 from hermes_batch.errors import SandboxError
 from hermes_batch.plugins import collect, get_plugin_manager
 from hermes_batch.records import SandboxSpec
@@ -260,16 +261,17 @@ def _alive_with(marker: str) -> list[int]:
 
 
 async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(sandbox, monkeypatch):
-    # Ctrl-C can land after the shell started but before exec learned its process group.
-    real_spawn = asyncio.create_subprocess_exec
+    # A command whose shell exec lost track of (cancelled right after the spawn) still dies at close:
+    # close finds it by its namespace, or in process mode by its marker and folder.
+    real_spawn = Child.spawn
 
-    async def spawn_then_cancel(*args, **kwargs):
-        await real_spawn(*args, **kwargs)
+    def spawn_then_cancel(*args, **kwargs):
+        real_spawn(*args, **kwargs)
         raise asyncio.CancelledError
 
     marker = f"30.{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
     await sandbox.exec("true", 10)  # the namespace, if any, is made by the first command
-    monkeypatch.setattr(asyncio, "create_subprocess_exec", spawn_then_cancel)
+    monkeypatch.setattr(Child, "spawn", spawn_then_cancel)
     with pytest.raises(asyncio.CancelledError):
         await sandbox.exec(f"sleep {marker}", 60)
     monkeypatch.undo()
@@ -407,3 +409,89 @@ def test_the_namespace_dies_with_a_runner_killed_by_sigkill(tmp_path):
     while _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive_with(f"sleep {marker}")
+
+
+# Runs as the only program of a PID namespace of its own (under a shell that reaps orphans), where
+# it can choose the next pid (ns_last_pid) without touching the machine's: a process the sandbox once
+# started ends, and an unrelated process is given its number before the sandbox closes.
+PID_REUSE = """
+import asyncio, os, subprocess, sys, time
+from pathlib import Path
+from hermes_batch.default_plugins.local_processes import KEEPALIVE
+from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
+from hermes_batch.records import SandboxSpec
+from hermes_batch.run_context import RunContext
+
+folder, isolation, case = sys.argv[1:]
+
+def pgid_of(needle):
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if Path(entry.path, "cmdline").read_bytes() == needle:
+                    return os.getpgid(int(entry.name))
+            except OSError:
+                pass
+
+async def ended(needle):
+    for _ in range(200):
+        if pgid_of(needle) is None:
+            return
+        await asyncio.sleep(0.05)
+    raise SystemExit(f"{needle} did not end")
+
+def unrelated_process_numbered(pid):
+    # A session leader of its own, as a user's shell or daemon is.
+    for _ in range(20):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        if victim.pid == pid or pid in HELD:
+            return victim
+        victim.kill()
+        victim.wait()
+    raise SystemExit(f"could not give the number {pid} to another process")
+
+HELD = set()
+
+async def main():
+    backend = LocalSandboxBackend(LocalSandboxConfig(isolation=isolation), RunContext("r", Path(folder), seed=0))
+    await backend.start()
+    sandbox = await backend.open(SandboxSpec("r", 0, "0123456789abcdef"))
+    await sandbox.exec("true", 10)
+    if case == "group":  # a command's group, alive when the command ended, empty later
+        await sandbox.exec("sleep 1.5 > /dev/null 2>&1 &", 10)
+        number = pgid_of(b"sleep\\x001.5\\x00")
+        assert number is not None
+        await ended(b"sleep\\x001.5\\x00")
+    else:  # the namespace's first process, ended by the prompt itself
+        number = sandbox._namespace.init_pid
+        await sandbox.exec("kill -TERM 1", 10)
+        await ended(b"/bin/sh\\x00-c\\x00" + KEEPALIVE.encode() + b"\\x00")
+    if os.path.exists(f"/proc/{number}"):  # the sandbox still holds the number: nobody else can get it
+        HELD.add(number)
+    victim = unrelated_process_numbered(number)
+    await sandbox.close()
+    await backend.shutdown()
+    time.sleep(0.2)
+    print("alive" if victim.poll() is None else "killed", victim.pid == number, flush=True)
+    victim.kill()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize(
+    "isolation, case", [("namespace", "group"), ("process", "group"), ("namespace", "init")]
+)
+def test_close_never_kills_a_process_that_took_over_a_number_the_sandbox_used(tmp_path, isolation, case):
+    if os.geteuid() != 0:
+        pytest.skip("choosing the next pid of a PID namespace (ns_last_pid) takes root")
+    reaper = '"$@" & wait $!'  # PID 1 of the namespace: reaps orphans as init does
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", reaper, "sh",
+         sys.executable, "-c", PID_REUSE, str(tmp_path / "run"), isolation, case],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "alive", done.stdout

@@ -5,19 +5,24 @@ Two modes, chosen once per process (``-S isolation=``):
 ``namespace``
     Each prompt gets a PID and mount namespace of its own (``unshare``, with a
     user namespace when not root), whose first process idles and reaps orphans;
-    commands enter it with ``nsenter``.  Killing that first process makes the
-    kernel kill everything in the namespace, whatever left its process group
-    or session, cleared its environment or changed folder.  The namespace
-    mounts its own ``/proc``, so commands see only the prompt's processes, not
-    the runner or the rest of the machine; if the runner dies, even by SIGKILL,
-    the namespace dies with it (its first process reads a pipe only the runner
-    holds open).
+    commands enter it with ``nsenter``.  Killing that first process (through a
+    pidfd, so the kill reaches it or nothing) makes the kernel kill everything
+    in the namespace, whatever left its process group or session, cleared its
+    environment or changed folder.  The namespace mounts its own ``/proc``, so
+    commands see only the prompt's processes, not the runner or the rest of
+    the machine; if the runner dies, even by SIGKILL, the namespace dies with
+    it (its first process reads a pipe only the runner holds open).
 ``process``
-    Plain subprocesses.  At close the sandbox kills its commands' process
-    groups and sessions, every process whose environment carries the prompt's
-    marker variable or whose working folder is inside the prompt folder, and
-    their descendants.  A process that clears its environment, leaves the
-    folder and starts a new session escapes this; ``namespace`` has no such gap.
+    Plain subprocesses.  At close the sandbox kills the sessions its commands
+    led (while it still holds their leaders, so the numbers are theirs), every
+    process whose environment carries the prompt's marker variable or whose
+    working folder is inside the prompt folder, and their descendants, each
+    through a pidfd checked after it was read.  A process that clears its
+    environment, leaves the folder and starts a new session escapes this;
+    ``namespace`` has no such gap.
+
+No mode ever signals a pid, group or session it merely recorded: see
+:mod:`~hermes_batch.default_plugins.owned_processes`.
 
 In both modes commands run through ``setpriv --no-new-privs`` (setuid programs
 such as sudo grant nothing), and when the runner is root with a capability
@@ -37,6 +42,8 @@ import subprocess
 from typing import Optional
 
 import attrs
+
+from .owned_processes import Child, kill_verified, live_pids, pidfd, pidfds_work, stat_fields
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +107,8 @@ def _find_launcher(isolation: str) -> Launcher:
     reason = None
     if unshare is None or nsenter is None:
         reason = "unshare and nsenter (util-linux) are not installed"
+    elif not pidfds_work():
+        reason = "this kernel has no pidfds (Linux 5.3 or later), which a namespace's kill relies on"
     else:
         root = os.geteuid() == 0
         user = () if root else ("--user", "--map-current-user")
@@ -169,7 +178,7 @@ def _try_namespace(candidate: Launcher) -> Optional[str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"the namespace did not answer ({exc})"
     finally:
-        _kill(init.pid)
+        init.kill()  # unreaped until the wait below, so its pid is still its own
         try:
             init.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -188,16 +197,9 @@ def first_child(pid: int) -> Optional[int]:
     except OSError:
         pass
     for entry in os.scandir("/proc"):  # kernels without the children file
-        if entry.name.isdigit() and _stat_fields(int(entry.name))[1] == pid:
+        if entry.name.isdigit() and stat_fields(int(entry.name))[1] == pid:
             return int(entry.name)
     return None
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class Namespace:
@@ -206,69 +208,110 @@ class Namespace:
     def __init__(self, launcher: Launcher):
         self.launcher = launcher
         self.init_pid: Optional[int] = None
-        self._proc: Optional[asyncio.subprocess.Process] = None
+        self._unshare: Optional[Child] = None
+        self._init_fd: Optional[int] = None  # pidfd of the namespace's first process: kills reach only it
         self._starting = asyncio.Lock()
+        self._killed = False
 
     async def ensure(self, cwd: str) -> None:
         """Start the namespace unless it was started; concurrent first commands share one start."""
         async with self._starting:
-            if self._proc is None:
+            if self._unshare is None:
                 await self.start(cwd)
 
     async def start(self, cwd: str) -> None:
         """Start the namespace's first process, in ``cwd``; raises OSError or RuntimeError."""
-        self._proc = await asyncio.create_subprocess_exec(
-            *self.launcher.init_argv(), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL, cwd=cwd, start_new_session=True,
+        loop = asyncio.get_running_loop()
+        self._unshare = Child.spawn(
+            self.launcher.init_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            cwd=cwd,
         )
+        reader = asyncio.StreamReader()
+        transport = None
         try:
-            line = await asyncio.wait_for(self._proc.stdout.readline(), READY_TIMEOUT_S)
+            transport, _ = await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), self._unshare.stdout
+            )
+            line = await asyncio.wait_for(reader.readline(), READY_TIMEOUT_S)
             if line != b"ready\n":
                 raise RuntimeError("the namespace's first process ended before it was ready")
-            self.init_pid = first_child(self._proc.pid)
-            if self.init_pid is None:
+            self.init_pid, self._init_fd = _first_child_pidfd(self._unshare.pid)
+            if self._init_fd is None:
                 raise RuntimeError("the namespace's first process could not be found")
         except BaseException:
             await self.kill()
             raise
         finally:
-            transport = getattr(self._proc, "_transport", None)
-            pipe = transport.get_pipe_transport(1) if transport is not None else None
-            if pipe is not None:
-                pipe.close()
+            if transport is not None:
+                transport.close()
+            else:
+                self._unshare.stdout.close()
 
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None
+        return self._unshare is not None and not self._unshare.exited.done()
 
     async def kill(self) -> None:
         """Kill every process of the namespace and wait until they are gone."""
-        if self._proc is None:
+        if self._unshare is None or self._killed:
             return
-        if self.init_pid is not None:
-            _kill(self.init_pid)  # the kernel then kills the rest of the namespace
+        self._killed = True
+        unshare = self._unshare
+        if self._init_fd is not None:
+            _pidfd_kill(self._init_fd)  # the kernel then kills the rest of the namespace
         else:
-            _kill(self._proc.pid)  # --kill-child passes it on
+            unshare.kill()  # its --kill-child passes it on
         try:
             # unshare ends once its child, the namespace's first process, has ended, which
             # happens only after every other process of the namespace is gone.
-            await asyncio.wait_for(self._proc.wait(), READY_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.shield(unshare.exited), READY_TIMEOUT_S)
         except asyncio.TimeoutError:
-            _kill(self._proc.pid)
+            unshare.kill()
             log.warning("The namespace of a local sandbox took more than %g s to end.", READY_TIMEOUT_S)
+        finally:
+            unshare.reap_when_exited()
+            if self._init_fd is not None:
+                os.close(self._init_fd)
+                self._init_fd = None
+            if unshare.stdin is not None:
+                unshare.stdin.close()
+
+
+def _first_child_pidfd(parent: int) -> tuple:
+    """(pid, pidfd) of the one child of ``parent``, an unreaped child of ours; (pid or None, None) if not found.
+
+    The process read has ``parent`` as its parent, and is alive after the read
+    through the pidfd: so the pidfd is of that child, not of a process that took
+    its number over.
+    """
+    pid = first_child(parent)
+    if pid is None:
+        return None, None
+    fd = pidfd(pid)
+    if fd is None:
+        return pid, None
+    if stat_fields(pid)[1] == parent and _pidfd_alive(fd):
+        return pid, fd
+    os.close(fd)
+    return pid, None
+
+
+def _pidfd_alive(fd: int) -> bool:
+    try:
+        signal.pidfd_send_signal(fd, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _pidfd_kill(fd: int) -> None:
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 # --- process mode -------------------------------------------------------------------------
-
-
-def _stat_fields(pid: int) -> tuple:
-    """(state, ppid, pgid, sid, start time in clock ticks since boot) of ``pid``; ("", 0, 0, 0, 0) when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return "", 0, 0, 0, 0
 
 
 def ticks_since_boot() -> int:
@@ -284,59 +327,60 @@ def _inside(link: str, root: str) -> bool:
     return link == root or link.startswith(root + "/")
 
 
-def marked_processes(root: str, marker: str, groups: set, since: int = 0) -> set:
-    """Live processes of a prompt in process mode, with their descendants (never this process).
-
-    Only processes started at ``since`` (clock ticks since boot) or later are read: older ones
-    cannot be the prompt's, and reading every process's environment costs most of a close.
-    """
-    own = os.getpid()
-    needle = f"{MARKER_VARIABLE}={marker}\0".encode()
-    parents: dict = {}
-    found = set()
+def session_has_others(leader: int) -> bool:
+    """Whether a live process other than ``leader`` is in the session ``leader`` leads."""
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        state, ppid, pgid, sid, started = _stat_fields(pid)
-        if not state or state in ("Z", "X") or pid == own or started < since:
-            continue
-        parents[pid] = ppid
-        if pgid in groups or sid in groups:
-            found.add(pid)
-            continue
+        if entry.name.isdigit() and int(entry.name) != leader:
+            state, _, _, sid, _ = stat_fields(int(entry.name))
+            if sid == leader and state not in ("", "Z", "X"):
+                return True
+    return False
+
+
+def kill_prompt_processes(root: str, marker: str, sessions: set, since: int = 0) -> int:
+    """Kill the processes of a prompt in process mode, again until none is left (they may be forking).
+
+    A prompt's processes: those in ``sessions`` (sessions whose leaders are our
+    unreaped children, so the numbers are still theirs), those whose environment
+    carries the prompt's marker or whose working or root folder is inside the
+    prompt folder, and their descendants.  Only processes started at ``since``
+    (clock ticks since boot) or later are read: older ones cannot be the
+    prompt's, and reading every process's environment costs most of a close.
+    Every kill goes through :func:`kill_verified`, so no process that merely
+    took a number over is hit.
+    """
+    needle = f"{MARKER_VARIABLE}={marker}\0".encode()
+
+    def read(pid: int):
+        state, ppid, _, sid, _ = stat_fields(pid)
+        if state in ("", "Z", "X"):
+            return None
+        marked = sid in sessions
         try:
-            if _inside(os.readlink(f"/proc/{pid}/cwd"), root) or _inside(os.readlink(f"/proc/{pid}/root"), root):
-                found.add(pid)
-                continue
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read():
-                    found.add(pid)
+            marked = marked or _inside(os.readlink(f"/proc/{pid}/cwd"), root)
+            marked = marked or _inside(os.readlink(f"/proc/{pid}/root"), root)
+            if not marked:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    marked = needle in f.read()
         except OSError:
-            continue
-    grew = True
-    while grew:  # descendants, whatever they changed about themselves
-        grew = False
-        for pid, ppid in parents.items():
-            if ppid in found and pid not in found and pid != own:
-                found.add(pid)
-                grew = True
-    return found
+            pass
+        return ppid, marked
 
+    def select(seen: dict) -> set:
+        found = {pid for pid, (_, marked) in seen.items() if marked}
+        grew = True
+        while grew:  # descendants, whatever they changed about themselves
+            grew = False
+            for pid, (ppid, _) in seen.items():
+                if ppid in found and pid not in found:
+                    found.add(pid)
+                    grew = True
+        return found
 
-def kill_marked(root: str, marker: str, groups: set, since: int = 0) -> int:
-    """Kill the processes of a prompt in process mode, again until none is left (they may be forking)."""
     killed = 0
     for _ in range(KILL_ROUNDS):
-        for pgid in groups:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        found = marked_processes(root, marker, groups, since)
-        if not found:
+        hit = kill_verified(live_pids(since), read, select)
+        if not hit:
             break
-        for pid in found:
-            _kill(pid)
-        killed += len(found)
+        killed += hit
     return killed

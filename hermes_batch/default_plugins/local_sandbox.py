@@ -18,8 +18,8 @@ import os
 import posixpath
 import secrets
 import shutil
-import signal
 import stat
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -34,7 +34,17 @@ from ..output import BoundedOutput
 from ..records import ExecResult, SandboxSpec
 from ..threads import in_daemon_thread
 from .local_files import PromptFolder
-from .local_processes import ISOLATIONS, MARKER_VARIABLE, Launcher, Namespace, kill_marked, launcher, ticks_since_boot
+from .local_processes import (
+    ISOLATIONS,
+    MARKER_VARIABLE,
+    Launcher,
+    Namespace,
+    kill_prompt_processes,
+    launcher,
+    session_has_others,
+    ticks_since_boot,
+)
+from .owned_processes import Child
 
 log = logging.getLogger(__name__)
 
@@ -166,23 +176,6 @@ class _Output(asyncio.Protocol):
         return self.buffer.text()
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_tree(path: Path) -> None:
     try:
         shutil.rmtree(path)
@@ -224,8 +217,9 @@ class LocalSandbox(Sandbox):
         self._opened = ticks_since_boot() - 1  # a tick of slack: start times are rounded down
         self._keep = backend.config.keep
         self._max_output = backend.config.max_output_bytes
-        # Process groups that may still have members: killed at close.
-        self._groups: set[int] = set()
+        # Process mode: leaders of commands whose sessions kept members, held unreaped (so their session
+        # ids cannot pass to other processes) until close has killed those members.
+        self._held: list[Child] = []
         self._closed = False
 
     @property
@@ -247,52 +241,36 @@ class LocalSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         read_fd, write_fd = os.pipe()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=write_fd,
-                stderr=write_fd,
-                cwd=self.cwd,
-                env=self.env,
-                start_new_session=True,
+            # The shell leads a new session and process group; ours to signal until _settle reaps it.
+            child = Child.spawn(
+                argv, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, cwd=self.cwd, env=self.env,
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             os.close(read_fd)
             raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
-        except BaseException:
-            # Cancelled (Ctrl-C) while spawning: the shell may exist without our knowing its group;
-            # close finds it by its namespace, marker or folder.
-            os.close(read_fd)
-            raise
         finally:
             os.close(write_fd)
-        pgid = proc.pid  # start_new_session makes the shell the leader of a new group
-        self._groups.add(pgid)
         pipe = os.fdopen(read_fd, "rb", buffering=0)
         eof = loop.create_future()
-        exited = asyncio.ensure_future(proc.wait())
         transport = None
         timed_out = killed_by_us = False
         try:
             transport, output = await loop.connect_read_pipe(lambda: _Output(self._max_output, eof), pipe)
-            _, pending = await asyncio.wait((eof, exited), timeout=max(timeout, 0.0))
+            _, pending = await asyncio.wait((eof, child.exited), timeout=max(timeout, 0.0))
             if pending:
                 timed_out = True
-                killed_by_us = not exited.done()
-                _kill_group(pgid)
-                await asyncio.wait((eof, exited), timeout=POST_KILL_DRAIN_S)
+                killed_by_us = not child.exited.done()
+                child.kill_group()
+                await asyncio.wait((eof, child.exited), timeout=POST_KILL_DRAIN_S)
         finally:
-            if not (eof.done() and exited.done()):
-                _kill_group(pgid)  # also reached when the caller cancels us
+            if not (eof.done() and child.exited.done()):
+                child.kill_group()  # also reached when the caller cancels us
             if transport is not None:
                 transport.close()
             else:
                 pipe.close()
-            if not exited.done():
-                exited.cancel()
-        if not _group_alive(pgid):
-            self._groups.discard(pgid)
-        code = proc.returncode
+            code = child.exit_code()
+            self._settle(child)
         if timed_out and killed_by_us:
             exit_code = None
         elif code is None:
@@ -300,6 +278,15 @@ class LocalSandbox(Sandbox):
         else:
             exit_code = code if code >= 0 else 128 - code  # the shell convention for signals
         return ExecResult(output.text(), exit_code, timed_out)
+
+    def _settle(self, child: Child) -> None:
+        """Reap a command's shell, or in process mode hold it while its session has other members."""
+        if not child.exited.done():  # killed, still ending
+            child.reap_when_exited()
+        elif self._namespace is None and session_has_others(child.pid):
+            self._held.append(child)  # `cmd &`: close kills it by session
+        else:
+            child.reap()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -326,13 +313,14 @@ class LocalSandbox(Sandbox):
             return
         self._closed = True
         self._backend._forget(self)
-        for pgid in self._groups:
-            _kill_group(pgid)
         if self._namespace is not None:
             await self._namespace.kill()
         else:
-            await in_daemon_thread(kill_marked, str(self.root), self._marker, set(self._groups), self._opened)
-        self._groups.clear()
+            sessions = {child.pid for child in self._held}
+            await in_daemon_thread(kill_prompt_processes, str(self.root), self._marker, sessions, self._opened)
+        for child in self._held:
+            child.reap()  # only now: their sessions' members are dead
+        self._held.clear()
         self._folder.close()
         if self._keep:
             # renamed, so the next session's start tells it from a folder a killed session left (removed then)
