@@ -286,3 +286,36 @@ def test_bad_options_stop_the_run_before_anything_is_sent(tmp_path, runner, mode
     assert f"Error: Invalid options for the docker sandbox (-S): {says}" in result.output
     assert server.request_count == 0
     assert not runner.folder.exists()
+
+
+# --- defaults of issue 7 ------------------------------------------------------------------------------
+
+
+def test_a_prompt_that_fills_its_pids_limit_finishes_and_is_not_run_again_on_resume(
+    tmp_path, runner, model_server, docker_api
+):
+    # A real fork bomb at a small pids limit, then a command that must still run. This engine can still
+    # start commands in a full container; the restart of one that cannot is test_docker_backend's
+    # ..._restarted_not_failed_simulated.
+    fill = "b() {{ b | b & }}; b; sleep 1000"
+    script = ToolLoopScript(
+        tool_calls=2, command=f"if [ {{turn}} = 0 ]; then {fill}; else cat /etc/hermes-image; fi"
+    )
+    dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": "fork bomb"}, {"prompt": "quiet"}])
+    server = model_server(RoutedScript({"fork bomb": script}, default=FAST))
+
+    result = runner.invoke(
+        dataset, server, "--num_workers", "2", "--command_timeout", "3", "--no_filters", "-S", "pids_limit=32"
+    )
+
+    assert result.exit_code == 0, result.output
+    assert runner.records("failed.jsonl") == []
+    bomb = next(t for t in runner.records("trajectories.jsonl") if t["conversations"][1]["value"] == "fork bomb")
+    assert bomb["completed"]
+    assert tool_outputs(bomb)[-1].strip().endswith(IMAGE_A)  # the sandbox ran commands after the bomb
+    assert containers_of(docker_api, runner.run_name) == []
+
+    again = model_server(FAST)
+    result = runner.invoke(dataset, again, "--resume")
+    assert result.exit_code == 0, result.output
+    assert again.calls_for("fork bomb") == again.calls_for("quiet") == 0
