@@ -260,7 +260,8 @@ def _alive_with(marker: str) -> list[int]:
     return pids
 
 
-async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(sandbox, monkeypatch):
+@pytest.mark.parametrize("isolation", ["namespace", "process"])
+async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(tmp_path, monkeypatch, isolation):
     # A command whose shell exec lost track of (cancelled right after the spawn) still dies at close:
     # close finds it by its namespace, or in process mode by its marker and folder.
     real_spawn = Child.spawn
@@ -269,21 +270,27 @@ async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(sandbo
         real_spawn(*args, **kwargs)
         raise asyncio.CancelledError
 
-    marker = f"30.{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
-    await sandbox.exec("true", 10)  # the namespace, if any, is made by the first command
-    monkeypatch.setattr(Child, "spawn", spawn_then_cancel)
-    with pytest.raises(asyncio.CancelledError):
-        await sandbox.exec(f"sleep {marker}", 60)
-    monkeypatch.undo()
-    deadline = time.monotonic() + 5
-    while not _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert _alive_with(f"sleep {marker}"), "the command never started"
-    await sandbox.close()
-    deadline = time.monotonic() + 5
-    while _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert not _alive_with(f"sleep {marker}")
+    backend = make_backend(tmp_path, isolation=isolation)
+    await backend.start()
+    try:
+        sandbox = await backend.open(spec())
+        marker = f"30.{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
+        await sandbox.exec("true", 10)  # the namespace, if any, is made by the first command
+        monkeypatch.setattr(Child, "spawn", spawn_then_cancel)
+        with pytest.raises(asyncio.CancelledError):
+            await sandbox.exec(f"sleep {marker}", 60)
+        monkeypatch.undo()
+        deadline = time.monotonic() + 5
+        while not _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert _alive_with(f"sleep {marker}"), "the command never started"
+        await sandbox.close()
+        deadline = time.monotonic() + 5
+        while _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not _alive_with(f"sleep {marker}")
+    finally:
+        await backend.shutdown()
 
 
 SWAPPER = """

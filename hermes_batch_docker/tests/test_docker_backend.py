@@ -207,7 +207,8 @@ async def test_default_limits_apply_to_every_container(backend, sandbox, docker_
     assert host["Memory"] == 4 * 1024**3
     assert host["NanoCpus"] == int(min(2, docker_api.info()["NCPU"]) * 1e9)
     assert host["PidsLimit"] == 1024
-    assert host["NetworkMode"] == "bridge"
+    assert host["NetworkMode"] == "bridge"  # documented, with -S network=none and the metadata endpoint
+    assert (await sandbox.exec("id -u", 10)).output == "0\n"  # the image's user; documented, with -S user=
 
 
 async def test_containers_are_labelled_with_run_and_prompt(backend, run_name, docker_api, tmp_path):
