@@ -271,6 +271,8 @@ class LocalSandbox(Sandbox):
                 pipe.close()
             code = child.exit_code()
             self._settle(child)
+        if child in self._held:
+            await self._release_if_alone(child)
         if timed_out and killed_by_us:
             exit_code = None
         elif code is None:
@@ -280,12 +282,18 @@ class LocalSandbox(Sandbox):
         return ExecResult(output.text(), exit_code, timed_out)
 
     def _settle(self, child: Child) -> None:
-        """Reap a command's shell, or in process mode hold it while its session has other members."""
+        """Reap a command's shell; in process mode hold it until its session is known to be empty."""
         if not child.exited.done():  # killed, still ending
             child.reap_when_exited()
-        elif self._namespace is None and session_has_others(child.pid):
-            self._held.append(child)  # `cmd &`: close kills it by session
+        elif self._namespace is None:
+            self._held.append(child)  # `cmd &` may live on: close kills it by session while we hold it
         else:
+            child.reap()
+
+    async def _release_if_alone(self, child: Child) -> None:
+        # A scan of /proc, off the event loop; a shell whose session is empty needs no holding.
+        if not await in_daemon_thread(session_has_others, child.pid) and child in self._held:
+            self._held.remove(child)
             child.reap()
 
     def _check_open(self) -> None:
