@@ -492,7 +492,12 @@ async def test_user_option_runs_commands_and_writes_files_as_that_user(tmp_path,
     try:
         sandbox = await backend.open(spec(run_name, cwd="/work/project"))
         assert (await sandbox.exec("id -u; id -g", 10)).output == "1234\n2345\n"
-        assert (await sandbox.exec("sleep 60 & ps -o user,args | grep -c '^1234 *sleep 60'", 10)).output == "1\n"
+        # the background sleep shows as a forked sh until it has exec'd: wait for it, not a fixed moment
+        listed = await sandbox.exec(
+            "sleep 60 & for i in $(seq 50); do ps -o user,args | grep -q '^1234 *sleep 60' && break; sleep 0.1; done; "
+            "ps -o user,args | grep -c '^1234 *sleep 60'", 10,
+        )
+        assert listed.output == "1\n"
         await sandbox.write_file("deep/new/file.txt", b"mine")
         owners = await sandbox.exec("stat -c '%u:%g' . deep deep/new deep/new/file.txt", 10)
         assert owners.output.split() == ["1234:2345"] * 4
