@@ -23,8 +23,10 @@ from .errors import UsageError
 
 log = logging.getLogger(__name__)
 
-FILES_PER_PROMPT = 4
-"""Descriptors one prompt in flight may hold: its model connection, its command's output pipe, spawning."""
+FILES_PER_PROMPT = 8
+"""Descriptors one prompt in flight may hold: its model connection; with the local sandbox, its namespace's
+pipe and the pidfd of its first process, its command's output pipe and pidfd; spawning (the pipe's other end
+and subprocess's error pipe)."""
 
 FILES_BASE = 64
 """Descriptors of the run itself: run-folder files, the event loop, the SDKs' pools, standard streams."""

@@ -73,7 +73,7 @@ def test_the_estimate_counts_files_and_tasks_per_prompt():
     assert fit == limits.Fit(100)
     fit = limits.fit_concurrency(1000, raise_limit=fake_limits(), files_open=lambda: 20, euid=1000)
     assert fit.concurrency == (1024 - 20 - limits.FILES_BASE) // limits.FILES_PER_PROMPT
-    assert fit.reasons == (("open files", 1024, "ulimit -n 5120"),)  # (20 + 64 + 4 * 1000) * 1.25, rounded up to 1024s
+    assert fit.reasons == (("open files", 1024, "ulimit -n 10240"),)  # (20 + 64 + 8 * 1000) * 1.25, rounded up to 1024s
 
 
 def test_threads_and_processes_limit_the_concurrency_of_a_user_but_not_of_root():
