@@ -356,10 +356,18 @@ class Distribution:
 
 
 class Filter(abc.ABC):
-    """Decides whether a finished trajectory is kept."""
+    """Decides whether a finished trajectory is kept.
+
+    ``Config`` receives the options of ``--filter name:options`` (see
+    :mod:`hermes_batch.plugin_options`), structured strictly.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+
+    def __init__(self, config: Any = None):
+        self.config = self.Config() if config is None else config
 
     @abc.abstractmethod
     def check(self, trajectory: Trajectory) -> Optional[str]:
@@ -367,10 +375,19 @@ class Filter(abc.ABC):
 
 
 class Writer(abc.ABC):
-    """Writes the merged output of a run (kept trajectories in prompt_index order)."""
+    """Writes the merged output of a run (kept trajectories in prompt_index order).
+
+    ``Config`` receives the options of ``--writer name:options``.  Writers that can
+    also write any path (``hermes-batch export``) subclass
+    :class:`hermes_batch.writers.FileWriter`.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+
+    def __init__(self, config: Any = None):
+        self.config = self.Config() if config is None else config
 
     @abc.abstractmethod
     def write(self, run_dir, trajectories: Iterable[Trajectory]) -> Optional[str]:

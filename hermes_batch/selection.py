@@ -6,7 +6,9 @@ from typing import Optional
 
 from .default_plugins.filters import DEFAULT_FILTERS
 from .errors import UsageError
+from .filtering import refuse_run_filters
 from .interfaces import Distribution
+from .plugin_options import build_config, parse_spec
 from .plugins import Registry
 from .serialization import structure_config
 
@@ -44,14 +46,27 @@ def executor(registry: Registry, name: str, options: dict):
     return cls(structure_config(options, cls.Config, f"options for the {name} executor (-E)"))
 
 
-def filters(registry: Registry, names: Optional[tuple]) -> tuple:
-    """Instances of the selected filters, in order; None selects the seed's two."""
+def plugin(registry: Registry, kind: str, text: str, option: str):
+    """An instance of the filter or writer named by ``NAME[:OPTIONS]`` (see plugin_options), its options structured."""
+    spec = parse_spec(text, option)
+    cls = _pick(registry, kind, spec.name, option)
+    return cls(build_config(cls, spec, kind[:-1]))
+
+
+def filters(registry: Registry, names: Optional[tuple], whole_run: bool = False) -> tuple:
+    """Instances of the selected filters (``NAME[:OPTIONS]``), in order; None selects the seed's two.
+
+    Filters that compare trajectories across the run are refused unless ``whole_run`` (export, refilter).
+    """
     chosen = DEFAULT_FILTERS if names is None else names
-    return tuple(_pick(registry, "filters", n, "--filter")() for n in chosen)
+    selected = tuple(plugin(registry, "filters", n, "--filter") for n in chosen)
+    if not whole_run:
+        refuse_run_filters(selected)
+    return selected
 
 
 def writers(registry: Registry, names: tuple) -> tuple:
-    return tuple(_pick(registry, "writers", n, "--writer")() for n in names)
+    return tuple(plugin(registry, "writers", n, "--writer") for n in names)
 
 
 def distribution(registry: Registry, name: str) -> Distribution:
