@@ -26,8 +26,10 @@ DEFAULT_PLUGINS = (
     "hermes_batch.default_plugins.distributions",
     "hermes_batch.default_plugins.filters",
     "hermes_batch.default_plugins.jsonl_writer",
+    "hermes_batch.default_plugins.openai_writer",
     "hermes_batch.default_plugins.local_executor",
     "hermes_batch.default_plugins.report",
+    "hermes_batch.default_plugins.folder_commands",
 )
 
 # registration hook name -> key of the registry it fills

@@ -1,30 +1,33 @@
-"""The default output writer: trajectories.jsonl, one ShareGPT trajectory per line."""
+"""The default output writer: trajectories.jsonl, one ShareGPT trajectory per line (also ``export --format sharegpt``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Iterable
-
 import hermes_batch
-from hermes_batch.interfaces import Writer
-from hermes_batch.records import Trajectory
-from hermes_batch.runfolder import atomic_write_lines
 from hermes_batch.serialization import to_json_line
+from hermes_batch.writers import FileWriter, LineSink
 
 
-class JsonlWriter(Writer):
+class JsonlWriter(FileWriter):
     """Writes ``trajectories.jsonl`` atomically; every line has the same schema, so HuggingFace datasets loads it."""
 
     name = "jsonl"
     description = "trajectories.jsonl: one ShareGPT-style trajectory per line"
     filename = "trajectories.jsonl"
+    suffix = ".jsonl"
 
-    def write(self, run_dir, trajectories: Iterable[Trajectory]) -> str:
-        """Replace ``run_dir/trajectories.jsonl`` with ``trajectories``."""
-        atomic_write_lines(Path(run_dir) / self.filename, (to_json_line(t) for t in trajectories))
-        return self.filename
+    def open(self, path) -> LineSink:
+        return LineSink(path, to_json_line)
+
+
+class ShareGPTWriter(JsonlWriter):
+    """The same records as ``jsonl`` under the format's name, for ``export --format sharegpt`` and ``--writer sharegpt``."""
+
+    name = "sharegpt"
+    description = "trajectories.sharegpt.jsonl: the records of trajectories.jsonl (ShareGPT conversations)"
+    filename = "trajectories.sharegpt.jsonl"
 
 
 @hermes_batch.hookimpl
 def register_writers(register):
     register(JsonlWriter)
+    register(ShareGPTWriter)

@@ -1,0 +1,44 @@
+"""The ``openai`` writer: OpenAI chat fine-tuning lines (``messages`` with tool calls, and ``tools``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import attrs
+
+import hermes_batch
+from hermes_batch.openai_format import Unrepresentable, to_openai
+from hermes_batch.records import Trajectory
+from hermes_batch.writers import FileWriter, LineSink
+
+
+@attrs.frozen
+class OpenAIOptions:
+    reasoning: str = attrs.field(default="keep", validator=attrs.validators.in_(("keep", "drop")))
+
+
+class OpenAIWriter(FileWriter):
+    """One ``{"messages", "tools"}`` line per trajectory, as OpenAI's chat fine-tuning format defines it."""
+
+    name = "openai"
+    description = "trajectories.openai.jsonl: OpenAI chat fine-tuning lines (openai:reasoning=drop leaves reasoning out)"
+    filename = "trajectories.openai.jsonl"
+    suffix = ".jsonl"
+    Config = OpenAIOptions
+    skips = "tool-call arguments that are not valid JSON, or a tool result that answers no call"
+
+    def encode(self, trajectory: Trajectory) -> Optional[str]:
+        try:
+            line = to_openai(trajectory, reasoning=self.config.reasoning)
+        except Unrepresentable:
+            return None
+        return json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+    def open(self, path) -> LineSink:
+        return LineSink(path, self.encode)
+
+
+@hermes_batch.hookimpl
+def register_writers(register):
+    register(OpenAIWriter)

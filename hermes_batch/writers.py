@@ -1,0 +1,142 @@
+"""Writers that write a file anywhere: the run's merged output, ``hermes-batch export`` and its splits.
+
+A :class:`FileWriter` opens a :class:`Sink` on a path, hands it trajectories one
+at a time and commits it; the file appears whole under its name only on commit
+(temporary file, fsync, rename), so a reader never sees half an export and a
+killed export leaves the previous file as it was.  Being push-based, one pass
+over a run can feed several sinks (the train and validation splits).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO, ClassVar, Iterable, Optional
+
+from .interfaces import Writer
+from .records import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Sink(abc.ABC):
+    """One output file being written; ``with`` commits it on success and removes it on an error."""
+
+    def __init__(self, path: os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # the same temporary name as every atomic replace of the run folder, so leftovers are recognised
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        os.fchmod(fd, 0o666 & ~_umask())
+        self.tmp = Path(tmp)
+        self.file: BinaryIO = os.fdopen(fd, "wb")
+        self.count = 0  # trajectories written
+        self.skipped = 0  # trajectories the format cannot hold (see the writer's docs)
+        self._done = False
+
+    @abc.abstractmethod
+    def add(self, trajectory: Trajectory) -> None:
+        """Write one trajectory (count it in ``count``, or in ``skipped`` if the format cannot hold it)."""
+
+    def finish(self) -> None:
+        """Write what the format needs at the end (a footer); called once before the file is committed."""
+
+    def commit(self) -> None:
+        """Finish the file and move it to ``path`` atomically."""
+        if self._done:
+            return
+        try:
+            self.finish()
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            os.replace(self.tmp, self.path)
+            _fsync_dir(self.path.parent)
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+
+    def abort(self) -> None:
+        """Drop the temporary file; ``path`` stays as it was."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self.file.close()
+        except Exception:  # the file is being thrown away
+            pass
+        try:
+            self.tmp.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "Sink":
+        return self
+
+    def __exit__(self, exc_type, *_exc) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+class LineSink(Sink):
+    """A JSON Lines file: ``encode`` turns a trajectory into one line, or None when the format cannot hold it."""
+
+    def __init__(self, path: os.PathLike, encode):
+        super().__init__(path)
+        self.encode = encode
+
+    def add(self, trajectory: Trajectory) -> None:
+        line: Optional[str] = self.encode(trajectory)
+        if line is None:
+            self.skipped += 1
+            return
+        self.file.write(line.encode("utf-8"))
+        self.count += 1
+
+
+class FileWriter(Writer):
+    """A writer whose output is one file: ``filename`` in the run folder, or any path (``export``)."""
+
+    filename: ClassVar[str]  # its file in the run folder, for --writer
+    suffix: ClassVar[str]  # ".jsonl", ".parquet": export names its files with it
+
+    @abc.abstractmethod
+    def open(self, path: os.PathLike) -> Sink:
+        """A sink writing this format to ``path``."""
+
+    def write(self, run_dir, trajectories: Iterable[Trajectory]) -> str:
+        """Replace ``run_dir/filename`` with ``trajectories``."""
+        with self.open(Path(run_dir) / self.filename) as sink:
+            for trajectory in trajectories:
+                sink.add(trajectory)
+        report_skipped(self, sink)
+        return self.filename
+
+
+def report_skipped(writer: Any, sink: Sink) -> None:
+    """One warning when a format had to leave trajectories out (the writer's docs say which)."""
+    if sink.skipped:
+        log.warning(
+            "%s: %d trajectory(ies) left out, since the %s format cannot hold them (%s).",
+            sink.path, sink.skipped, writer.name, getattr(writer, "skips", "see its documentation"),
+        )
