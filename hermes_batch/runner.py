@@ -15,7 +15,7 @@ from typing import Optional
 import attrs
 import pluggy
 
-from . import __version__, cleanup, dataset, distributions, limits, notices, reindex, runfolder, selection, toolsets
+from . import __version__, cleanup, dataset, distributions, limits, notices, refilter, reindex, runfolder, selection, toolsets
 from .agent import AgentSettings
 from .config import RunConfig
 from .conversation import DEFAULT_SYSTEM_PROMPT
@@ -375,6 +375,7 @@ class Run:
 
     def _read_run_folder(self) -> tuple:
         """What a resume starts from: (finished content keys, prompts still to run), the folder repaired."""
+        refilter.recover_files(self.folder)  # an interrupted refilter's files, before anything reads them
         reindex.recover(self.folder)
         self._repair_torn_tails()
         self._reindex()
