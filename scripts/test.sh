@@ -16,7 +16,10 @@ quietly "$VENV/bin/pip" install --disable-pip-version-check \
     -e hermes_batch_docker \
     -e hermes_batch_singularity \
     -e hermes_batch_modal \
-    -e plugins/hermes_batch_toolbox
+    -e plugins/hermes_batch_toolbox \
+    -e plugins/hermes_batch_filters \
+    -e plugins/hermes_batch_parquet \
+    'duckdb>=1.1'
 ensure_docker_for_tests
 ensure_apptainer_for_tests
 ensure_chromium

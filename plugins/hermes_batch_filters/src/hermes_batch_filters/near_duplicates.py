@@ -1,0 +1,159 @@
+"""``near-duplicates``: MinHash over word shingles, with LSH banding to find candidate pairs.
+
+Of trajectories whose estimated Jaccard similarity (of their word 5-grams) is at
+least ``threshold``, the one with the lowest ``prompt_index`` is kept and the
+others are discarded, naming it.  A trajectory is only compared with kept ones,
+so no two kept trajectories are near-duplicates of each other (up to the
+banding's small chance of missing a pair, which the band layout keeps below
+about 1% at the threshold itself and far lower above it).
+
+Memory: ``num_perm`` 32-bit values per trajectory (512 bytes by default), so a
+million trajectories need about half a gigabyte.  Deterministic: the hash
+permutations come from a fixed seed.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from typing import Iterable
+
+import attrs
+import numpy as np
+
+from hermes_batch.filtering import RunFilter
+from hermes_batch.openai_format import final_answer
+from hermes_batch.records import Trajectory
+
+_PRIME = np.uint64((1 << 61) - 1)
+_MAX_HASH = np.uint64((1 << 32) - 1)
+_WORD = re.compile(r"\w+")
+_SEED = 1
+_CHUNK = 4096  # shingles hashed at once: bounds the temporary (num_perm x chunk) array
+_integrate = getattr(np, "trapezoid", None) or np.trapz  # trapz was renamed in numpy 2
+
+
+def _over_choice(_instance, attribute, value):
+    if value not in ("answer", "trajectory"):
+        raise ValueError(f"{attribute.name} must be 'answer' or 'trajectory', got {value!r}")
+
+
+def _threshold_range(_instance, attribute, value):
+    if not 0 < value <= 1:
+        raise ValueError(f"{attribute.name} must be above 0 and at most 1, got {value}")
+
+
+def _at_least(minimum):
+    def check(_instance, attribute, value):
+        if value < minimum:
+            raise ValueError(f"{attribute.name} must be at least {minimum}, got {value}")
+
+    return check
+
+
+def text_of(trajectory: Trajectory, over: str) -> str:
+    """What is compared: the final answer, or every non-system turn."""
+    if over == "answer":
+        return final_answer(trajectory)
+    return "\n".join(turn.value for turn in trajectory.conversations if turn.from_ != "system")
+
+
+class MinHasher:
+    """MinHash signatures of texts: ``num_perm`` universal hashes of each word ``shingle``-gram, minimised."""
+
+    def __init__(self, num_perm: int = 128, shingle: int = 5, seed: int = _SEED):
+        rng = np.random.RandomState(seed)
+        self.num_perm, self.shingle = num_perm, shingle
+        self.a = rng.randint(1, int(_PRIME), size=num_perm, dtype=np.uint64)[:, None]
+        self.b = rng.randint(0, int(_PRIME), size=num_perm, dtype=np.uint64)[:, None]
+
+    def shingles(self, text: str) -> set:
+        words = _WORD.findall(text.lower())
+        if not words:
+            return set()
+        n = min(self.shingle, len(words))
+        return {" ".join(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+    def signature(self, text: str):
+        """The signature (uint32 array), or None for a text without words."""
+        shingles = self.shingles(text)
+        if not shingles:
+            return None
+        hashes = np.fromiter((zlib.crc32(s.encode("utf-8")) for s in shingles), dtype=np.uint64, count=len(shingles))
+        signature = np.full(self.num_perm, _MAX_HASH, dtype=np.uint64)
+        for start in range(0, len(hashes), _CHUNK):
+            chunk = hashes[None, start : start + _CHUNK]
+            # uint64 products wrap around, as in the usual MinHash implementations; the prime mixes them again
+            permuted = ((self.a * chunk + self.b) % _PRIME) & _MAX_HASH
+            np.minimum(signature, permuted.min(axis=1), out=signature)
+        return signature.astype(np.uint32)
+
+
+def band_layout(threshold: float, num_perm: int) -> tuple[int, int]:
+    """(bands, rows) for LSH: the layout whose S-curve best separates pairs above and below ``threshold``.
+
+    Missing a true pair weighs three times as much as a candidate that the exact
+    comparison then rejects (which only costs time).
+    """
+    grid = np.linspace(0.0, 1.0, 201)
+    best, best_cost = (1, num_perm), np.inf
+    for rows in range(1, num_perm + 1):
+        bands = num_perm // rows
+        hit = 1 - (1 - grid**rows) ** bands
+        false_positive = _integrate(np.where(grid < threshold, hit, 0.0), grid)
+        false_negative = _integrate(np.where(grid >= threshold, 1 - hit, 0.0), grid)
+        cost = false_positive + 3 * false_negative
+        if cost < best_cost:
+            best, best_cost = (bands, rows), cost
+    return best
+
+
+class NearDuplicatesFilter(RunFilter):
+    """Discard trajectories that nearly repeat an earlier kept one (MinHash + LSH over the whole run)."""
+
+    @attrs.frozen
+    class Config:
+        threshold: float = attrs.field(default=0.9, validator=_threshold_range)  # estimated Jaccard similarity
+        over: str = attrs.field(default="answer", validator=_over_choice)  # "answer" or "trajectory"
+        num_perm: int = attrs.field(default=128, validator=_at_least(16))
+        shingle: int = attrs.field(default=5, validator=_at_least(1))  # words per shingle
+
+    name = "near-duplicates"
+    description = ("Discard trajectories whose final answer (over=trajectory: whole conversation) nearly repeats an "
+                   "earlier kept one: MinHash, estimated Jaccard >= threshold (default 0.9); export and refilter only.")
+
+    def select(self, candidates: Iterable[tuple[object, Trajectory]]) -> dict:
+        c = self.config
+        hasher = MinHasher(c.num_perm, c.shingle)
+        docs = []  # (prompt_index, key, signature)
+        for key, trajectory in candidates:
+            signature = hasher.signature(text_of(trajectory, c.over))
+            if signature is not None:
+                docs.append((trajectory.prompt_index, key, signature))
+        docs.sort(key=lambda doc: doc[0])
+        bands, rows = band_layout(c.threshold, c.num_perm)
+        buckets: list[dict] = [{} for _ in range(bands)]
+        what = "final answer" if c.over == "answer" else "trajectory"
+        rejected = {}
+        for index, key, signature in docs:
+            keys = [signature[band * rows : (band + 1) * rows].tobytes() for band in range(bands)]
+            seen: set = set()
+            match = None
+            for band, band_key in enumerate(keys):
+                for other_index, other in buckets[band].get(band_key, ()):
+                    if other_index in seen:
+                        continue
+                    seen.add(other_index)
+                    similarity = float(np.mean(signature == other))
+                    if similarity >= c.threshold:
+                        match = (other_index, similarity)
+                        break
+                if match:
+                    break
+            if match:
+                rejected[key] = (f"near-duplicate of prompt {match[0]} "
+                                 f"({match[1]:.0%} alike over the {what}, threshold {c.threshold:.0%})")
+                continue
+            for band, band_key in enumerate(keys):
+                buckets[band].setdefault(band_key, []).append((index, signature))
+        return rejected
