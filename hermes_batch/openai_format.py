@@ -109,44 +109,62 @@ def to_openai(trajectory: Trajectory, *, reasoning: str = "keep") -> dict:
     """The fine-tuning line of ``trajectory``; raises Unrepresentable when the format cannot hold it.
 
     ``reasoning="keep"`` puts each turn's reasoning in a ``<think>`` block at the
-    start of the assistant text; ``"drop"`` leaves it out.
+    start of the assistant text; ``"drop"`` leaves it out.  The format requires
+    every call to name a defined tool, carry JSON arguments and be answered once,
+    so a record that breaks that (a hallucinated tool, a session cut off between
+    a call and its result) is refused rather than written in a form trainers reject.
     """
     messages: list[dict] = []
     tools: list = []
-    open_calls: set = set()  # ids of the calls of the last assistant message
+    defined: set = set()
+    pending: set = set()  # calls of the last assistant message not answered yet
     for turn in trajectory.conversations:
+        if turn.from_ != "tool" and pending:
+            raise Unrepresentable("a tool call was never answered")
         if turn.from_ == "system":
             content, tools = split_system(turn)
+            defined = {t["function"]["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)}
             messages.append({"role": "system", "content": content})
         elif turn.from_ == "human":
             messages.append({"role": "user", "content": turn.value})
-            open_calls = set()
         elif turn.from_ == "gpt":
-            thought, text = split_assistant(turn)
-            if thought and reasoning == "keep":
-                text = f"{_THINK_OPEN}{thought}{_THINK_CLOSE}\n{text}" if text else f"{_THINK_OPEN}{thought}{_THINK_CLOSE}"
-            message: dict = {"role": "assistant"}
-            if text or not turn.tool_calls:
-                message["content"] = text
-            if turn.tool_calls:
-                message["tool_calls"] = [
-                    {"id": call.id, "type": "function",
-                     "function": {"name": call.name, "arguments": _arguments_text(call.arguments)}}
-                    for call in turn.tool_calls
-                ]
-            open_calls = {call.id for call in turn.tool_calls or ()}
-            messages.append(message)
+            messages.append(_assistant_message(turn, reasoning, defined))
+            pending = {call.id for call in turn.tool_calls or ()}
+            if len(pending) != len(turn.tool_calls or ()):
+                raise Unrepresentable("two tool calls of one message share an id")
         elif turn.from_ == "tool":
             for payload in tool_results(turn):
                 call_id = payload.get("tool_call_id")
-                if call_id not in open_calls:
-                    raise Unrepresentable("a tool result answers no call of the assistant message before it")
+                if call_id not in pending:
+                    raise Unrepresentable("a tool result answers no open call of the assistant message before it")
+                pending.discard(call_id)
                 content = payload.get("content")
                 messages.append({
                     "role": "tool",
                     "tool_call_id": call_id,
                     "content": content if isinstance(content, str) else _dumps(content),
                 })
+    if pending:
+        raise Unrepresentable("a tool call was never answered")
     if not any(m["role"] == "assistant" for m in messages):
         raise Unrepresentable("it has no assistant message")
     return {"messages": messages, "tools": tools}
+
+
+def _assistant_message(turn: Turn, reasoning: str, defined: set) -> dict:
+    thought, text = split_assistant(turn)
+    if thought and reasoning == "keep":
+        text = f"{_THINK_OPEN}{thought}{_THINK_CLOSE}\n{text}" if text else f"{_THINK_OPEN}{thought}{_THINK_CLOSE}"
+    message: dict = {"role": "assistant"}
+    if text or not turn.tool_calls:
+        message["content"] = text
+    if turn.tool_calls:
+        for call in turn.tool_calls:
+            if call.name not in defined:
+                raise Unrepresentable(f"it calls {call.name!r}, a tool that was not offered")
+        message["tool_calls"] = [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.name, "arguments": _arguments_text(call.arguments)}}
+            for call in turn.tool_calls
+        ]
+    return message

@@ -26,7 +26,7 @@ class OpenAIWriter(FileWriter):
     filename = "trajectories.openai.jsonl"
     suffix = ".jsonl"
     Config = OpenAIOptions
-    skips = "tool-call arguments that are not valid JSON, or a tool result that answers no call"
+    skips = "a call of a tool not offered, arguments that are not JSON, a call never answered"
 
     def encode(self, trajectory: Trajectory) -> Optional[str]:
         try:
