@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import attrs
+
 import hermes_batch
 from hermes_batch.conversation import reasoning_counts
 from hermes_batch.interfaces import Filter
@@ -18,16 +20,29 @@ def register_filters(register):
     register(HallucinatedToolsFilter)
 
 
+def _share(_instance, attribute, value):
+    if not 0 <= value <= 1:
+        raise ValueError(f"{attribute.name} must be between 0 and 1, got {value}")
+
+
 class NoReasoningFilter(Filter):
-    """Discard samples whose assistant turns carry no reasoning at all."""
+    """Discard samples whose assistant turns carry no reasoning at all (or too few of them: ``no-reasoning:0.5``)."""
+
+    @attrs.frozen
+    class Config:
+        min_share: float = attrs.field(default=0.0, validator=_share)  # of assistant turns with reasoning
 
     name = "no-reasoning"
-    description = "Discard samples in which no assistant turn has reasoning (thinking, <think>, scratchpad)."
+    description = ("Discard samples in which no assistant turn has reasoning (thinking, <think>, scratchpad); "
+                   "no-reasoning:0.5 also those where fewer than half of the turns have it.")
 
     def check(self, trajectory: Trajectory) -> Optional[str]:
         with_, without = reasoning_counts(trajectory.conversations)
         if with_ == 0:
             return f"none of the {without} assistant turns has reasoning"
+        share = with_ / (with_ + without)
+        if share < self.config.min_share:
+            return f"{with_} of {with_ + without} assistant turns have reasoning, fewer than {self.config.min_share:.0%}"
         return None
 
 
