@@ -19,7 +19,7 @@ def test_default_plugins_register_the_core_features():
     assert registry.names("model_clients") == ["anthropic", "openai"]
     assert {"terminal", "file"} <= set(registry.names("toolsets"))
     assert registry.names("filters") == ["hallucinated-tools", "no-reasoning"]
-    assert registry.names("writers") == ["jsonl"]
+    assert registry.names("writers") == ["jsonl", "openai", "sharegpt"]
     assert registry.names("executors") == ["local"]
     assert "default" in registry.names("distributions")
     owners = registry.tool_owner()
@@ -148,5 +148,6 @@ def test_plugins_add_commands():
     group = click.Group(commands={"run": click.Command("run")})
     add_plugin_commands(group, pm)
     assert CliRunner().invoke(group, ["hello"]).output == "hello from a plugin\n"
+    assert {"export", "refilter", "stats"} <= set(group.commands)  # the core's own, through the same hook
     with pytest.raises(PluginError, match="'Commands' registers the command 'hello'"):
         add_plugin_commands(click.Group(commands={"hello": hello}), pm)
