@@ -162,5 +162,5 @@ def test_the_plugin_registers_the_jsonl_writer():
     pm.register(jsonl_writer)
     registered = []
     pm.hook.register_writers(register=registered.append)
-    assert registered == [JsonlWriter]
+    assert registered == [JsonlWriter, jsonl_writer.ShareGPTWriter]  # the same records under the format's name
     assert JsonlWriter.name == "jsonl"
