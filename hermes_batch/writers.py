@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import logging
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, Iterable, Optional
 
@@ -36,10 +36,10 @@ class Sink(abc.ABC):
     def __init__(self, path: os.PathLike):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # the same temporary name as every atomic replace of the run folder, so leftovers are recognised
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        os.fchmod(fd, 0o666 & ~_umask())
-        self.tmp = Path(tmp)
+        # named like the run folder's other atomic replaces (.<name>.hermes-batch-<16 hex>.tmp), so the
+        # cleanup of an interrupted session recognises it; 0o666: the user's umask decides the mode
+        self.tmp = self.path.with_name(f".{self.path.name}.hermes-batch-{secrets.token_hex(8)}.tmp")
+        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         self.file: BinaryIO = os.fdopen(fd, "wb")
         self.count = 0  # trajectories written
         self.skipped = 0  # trajectories the format cannot hold (see the writer's docs)
@@ -90,12 +90,6 @@ class Sink(abc.ABC):
             self.commit()
         else:
             self.abort()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 class LineSink(Sink):
