@@ -164,3 +164,19 @@ def test_planted_near_duplicates_are_found_and_nothing_else(tmp_path, model_serv
 def test_near_duplicates_is_a_run_filter():
     registry = collect(get_plugin_manager())
     assert issubclass(registry.get("filters", "near-duplicates"), RunFilter)
+
+
+def test_a_run_applies_the_filters_with_their_options(tmp_path, model_server):  # noqa: F811
+    server = model_server(script=ShapeScript())
+    folder = run_shapes(tmp_path, server, shape_rows(["ok", "fail", "cut", "loop"], 1),
+                        extra=["--filter", "final-answer", "--filter", "max-tool-errors:0.6", "--filter", "repetition:times=4"])
+    discarded = {r["trajectory"]["conversations"][1]["value"]: dict(zip(r["filters"], r["reasons"]))
+                 for r in lines(folder / "discarded.jsonl")}
+    assert discarded == {
+        "[fail] task 0": {"max-tool-errors": "2 of 3 tool calls failed (67%, above 60%)"},
+        "[cut] task 0": {"final-answer": "ended by max_turns, not by a final answer"},
+        "[loop] task 0": {"repetition": "called terminal with the same arguments 4 times in a row"},
+    }
+    stats = json.loads((folder / "statistics.json").read_text())
+    assert stats["discarded_by_filter"] == {"final-answer": 1, "max-tool-errors": 1, "repetition": 1}
+    assert json.loads((folder / "run.json").read_text())["config"]["filters"][1] == "max-tool-errors:0.6"
