@@ -76,8 +76,10 @@ def register_filters(register):
     """Register quality filters.
 
     Called once at start-up.  ``register(cls)`` takes a subclass of
-    :class:`hermes_batch.interfaces.Filter`; ``--filter NAME`` selects it.
-    A filter decides from the trajectory record alone.
+    :class:`hermes_batch.interfaces.Filter`; ``--filter NAME[:OPTIONS]`` selects
+    it, the options structured into its attrs ``Config``.  A filter decides from
+    the trajectory record alone; a :class:`hermes_batch.filtering.RunFilter`
+    judges the whole run at once and runs only in ``export`` and ``refilter``.
     """
 
 
@@ -86,9 +88,11 @@ def register_writers(register):
     """Register output writers.
 
     Called once at start-up.  ``register(cls)`` takes a subclass of
-    :class:`hermes_batch.interfaces.Writer`; ``--writer NAME`` selects it.
+    :class:`hermes_batch.interfaces.Writer`; ``--writer NAME[:OPTIONS]`` selects it.
     Writers receive the kept trajectories of the whole run, in
-    ``prompt_index`` order, when the run is merged.
+    ``prompt_index`` order, when the run is merged.  A
+    :class:`hermes_batch.writers.FileWriter` can write any path, so it is also
+    a format of ``hermes-batch export --format NAME``.
     """
 
 
