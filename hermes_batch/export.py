@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -86,11 +87,35 @@ class ExportResult:
     skipped: int  # records the format cannot hold
 
 
+_TOOL_STATS = re.compile(rb'"tool_stats"\s*:\s*\{')
+_DECODER = json.JSONDecoder()
+
+
 def _tool_names(folder: RunFolder, include: str) -> set:
-    # every line of one export lists the same tools (with zeros), so Arrow readers see one schema
+    """The tools any record of the export lists: every line then lists them all (with zeros), so Arrow
+    readers see one schema.  Only each line's ``tool_stats`` object is decoded: the key cannot occur inside
+    a JSON string (its quotes would be escaped), and this pass would otherwise cost as much as the export."""
+    paths = []
+    if include in ("kept", "all"):
+        paths += [path for _num, path in folder.iter_batch_files()]
+    if include in ("discarded", "all"):
+        paths.append(folder.discarded)
     names: set = set()
-    for entry in iter_entries(folder, include):
-        names.update(entry.trajectory.tool_stats)
+    for path in paths:
+        try:
+            fh = open(path, "rb")
+        except FileNotFoundError:
+            continue
+        with fh:
+            for raw in fh:
+                match = _TOOL_STATS.search(raw)
+                if match is None or not raw.endswith(b"\n"):
+                    continue
+                try:
+                    stats, _end = _DECODER.raw_decode(raw[match.end() - 1 :].decode("utf-8"))
+                except ValueError:
+                    continue  # a line read_records skips too
+                names.update(stats)
     return names
 
 
