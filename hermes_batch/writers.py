@@ -18,16 +18,9 @@ from typing import Any, BinaryIO, ClassVar, Iterable, Optional
 
 from .interfaces import Writer
 from .records import Trajectory
+from .runfolder import _fsync_dir
 
 log = logging.getLogger(__name__)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Sink(abc.ABC):

@@ -67,3 +67,22 @@ class Runner:
 @pytest.fixture
 def runner(tmp_path):
     return Runner(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shapes_run(tmp_path_factory):
+    """A finished run of every ShapeScript shape, three copies each (kept and discarded records), once per module."""
+    from hermes_batch.testing.run_folders import SHAPES, ShapeScript, run_shapes, shape_rows
+
+    with ScriptedModelServer(ShapeScript(), api_key=API_KEY) as server:
+        return run_shapes(tmp_path_factory.mktemp("shapes"), server, shape_rows(SHAPES, 3))
+
+
+@pytest.fixture
+def shapes_run_dir(shapes_run, tmp_path):
+    """A copy of ``shapes_run`` this test may change."""
+    import shutil
+
+    copy = tmp_path / "out" / "run"
+    shutil.copytree(shapes_run, copy)
+    return copy

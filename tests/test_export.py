@@ -1,44 +1,21 @@
 """hermes-batch export: each format read by its real consumer, stable splits, what is included, bad input."""
 
 import json
-import shutil
 
 import datasets
 import pytest
-from click.testing import CliRunner
 
-from hermes_batch.cli import cli
 from hermes_batch.export import parse_splits, split_of
-from hermes_batch.testing import ScriptedModelServer
-from hermes_batch.testing.fixtures import TEST_API_KEY
 from hermes_batch.testing.openai_finetune import check_line
 from hermes_batch.testing.run_folders import SHAPES, ShapeScript, answer_for, run_shapes, shape_rows
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """One run with every shape, three copies each (kept and discarded records); tests copy it before changing it."""
-    tmp = tmp_path_factory.mktemp("export-run")
-    with ScriptedModelServer(ShapeScript(), api_key=TEST_API_KEY) as server:
-        return run_shapes(tmp, server, shape_rows(SHAPES, 3))
+from hermes_batch.testing.run_folders import invoke as hb
+from hermes_batch.testing.run_folders import read_jsonl as lines
 
 
 @pytest.fixture
-def run_dir(finished_run, tmp_path):
-    copy = tmp_path / "out" / "run"
-    shutil.copytree(finished_run, copy)
-    return copy
-
-
-def hb(*args, ok=True):
-    result = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
-
-
-def lines(path):
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+def run_dir(shapes_run_dir):
+    """A copy of the module's finished run of every shape (conftest), which the test may change."""
+    return shapes_run_dir
 
 
 def test_sharegpt_export_is_the_merged_records_and_loads_in_datasets(run_dir, tmp_path):

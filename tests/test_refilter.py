@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -15,40 +14,14 @@ from hermes_batch.refilter import AUDIT, STAGING
 from hermes_batch.resume import scan_finished
 from hermes_batch.runfolder import RunFolder
 from hermes_batch.serialization import from_json
-from hermes_batch.testing import ScriptedModelServer
 from hermes_batch.testing.fixtures import TEST_API_KEY
 from hermes_batch.testing.run_folders import SHAPES, ShapeScript, run_args, run_shapes, shape_rows
+from hermes_batch.testing.run_folders import invoke as hb
+from hermes_batch.testing.run_folders import read_jsonl as lines
 from hermes_batch_filters import FinalAnswerFilter
 
 SEED_FILTERS = ["--filter", "no-reasoning", "--filter", "hallucinated-tools"]
 STRICTER = SEED_FILTERS + ["--filter", "final-answer"]
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("refilter-run")
-    with ScriptedModelServer(ShapeScript(), api_key=TEST_API_KEY) as server:
-        return run_shapes(tmp, server, shape_rows(SHAPES, 3))
-
-
-@pytest.fixture
-def run_dir(finished_run, tmp_path):
-    copy = tmp_path / "out" / "run"
-    shutil.copytree(finished_run, copy)
-    return copy
-
-
-def hb(*args, ok=True):
-    result = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
-
-
-def lines(path):
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def kept_set(run_dir):
@@ -75,6 +48,12 @@ def check_consistent(run_dir, kept, discarded):
     stats = json.loads((run_dir / "statistics.json").read_text())
     assert stats["prompts"]["kept"] == len(kept) and stats["prompts"]["discarded"] == len(discarded)
     assert not (run_dir / STAGING).exists()
+
+
+@pytest.fixture
+def run_dir(shapes_run_dir):
+    """A copy of the module's finished run of every shape (conftest), which the test may change."""
+    return shapes_run_dir
 
 
 def test_the_same_filters_change_nothing(run_dir):

@@ -20,17 +20,12 @@ def register_filters(register):
     register(HallucinatedToolsFilter)
 
 
-def _share(_instance, attribute, value):
-    if not 0 <= value <= 1:
-        raise ValueError(f"{attribute.name} must be between 0 and 1, got {value}")
-
-
 class NoReasoningFilter(Filter):
     """Discard samples whose assistant turns carry no reasoning at all (or too few of them: ``no-reasoning:0.5``)."""
 
     @attrs.frozen
     class Config:
-        min_share: float = attrs.field(default=0.0, validator=_share)  # of assistant turns with reasoning
+        min_share: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0), attrs.validators.le(1)])  # of assistant turns with reasoning
 
     name = "no-reasoning"
     description = ("Discard samples in which no assistant turn has reasoning (thinking, <think>, scratchpad); "

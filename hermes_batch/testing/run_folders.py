@@ -88,6 +88,26 @@ def shape_rows(shapes: Iterable[str], copies: int = 1) -> list[dict]:
     return rows
 
 
+def invoke(*args, ok: bool = True):
+    """``hermes-batch ARGS`` in-process (click's runner); with ``ok``, fail unless it exits 0."""
+    from click.testing import CliRunner
+
+    from ..cli import cli
+
+    result = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+    if ok and result.exit_code != 0:
+        raise AssertionError(f"hermes-batch {' '.join(map(str, args[:2]))} exited with {result.exit_code}:\n{result.output}")
+    return result
+
+
+def read_jsonl(path: Path) -> list:
+    """The decoded lines of a JSONL file ([] when it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def run_args(dataset: Path, output_dir: Path, run_name: str, base_url: str, api_key: str,
              extra: Sequence[str] = ()) -> list[str]:
     """``hermes-batch run`` arguments for a quick local run against the scripted server."""

@@ -14,18 +14,9 @@ from hermes_batch.selection import filters as select_filters
 from hermes_batch.serialization import from_json
 from hermes_batch.testing.fixtures import model_server  # noqa: F401 (fixture)
 from hermes_batch.testing.run_folders import SHAPES, ShapeScript, answer_for, run_shapes, shape_rows
+from hermes_batch.testing.run_folders import invoke as hb
+from hermes_batch.testing.run_folders import read_jsonl as lines
 from hermes_batch_filters.near_duplicates import MinHasher, band_layout
-
-
-def hb(*args, ok=True):
-    result = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
-
-
-def lines(path):
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 @pytest.fixture

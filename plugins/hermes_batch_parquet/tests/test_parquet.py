@@ -1,29 +1,16 @@
 """The Parquet writer read by its real consumers: pyarrow's schema, HuggingFace datasets and DuckDB."""
 
-import json
-
 import datasets
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 
-from hermes_batch.cli import cli
 from hermes_batch.testing.fixtures import model_server  # noqa: F401 (fixture)
 from hermes_batch.testing.run_folders import SHAPES, ShapeScript, answer_for, run_shapes, shape_rows
+from hermes_batch.testing.run_folders import invoke as hb
+from hermes_batch.testing.run_folders import read_jsonl as lines
 from hermes_batch_parquet import SCHEMA
-
-
-def hb(*args, ok=True):
-    result = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
-
-
-def lines(path):
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 @pytest.fixture

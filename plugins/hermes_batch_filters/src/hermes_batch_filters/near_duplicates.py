@@ -31,6 +31,8 @@ from hermes_batch.filtering import RunFilter
 from hermes_batch.openai_format import final_answer
 from hermes_batch.records import Trajectory
 
+from .rules import _at_least
+
 _PRIME = np.uint64((1 << 61) - 1)
 _MAX_HASH = np.uint64((1 << 32) - 1)
 _WORD = re.compile(r"\w+")
@@ -47,14 +49,6 @@ def _over_choice(_instance, attribute, value):
 def _threshold_range(_instance, attribute, value):
     if not 0 < value <= 1:
         raise ValueError(f"{attribute.name} must be above 0 and at most 1, got {value}")
-
-
-def _at_least(minimum):
-    def check(_instance, attribute, value):
-        if value < minimum:
-            raise ValueError(f"{attribute.name} must be at least {minimum}, got {value}")
-
-    return check
 
 
 def text_of(trajectory: Trajectory, over: str) -> str:
