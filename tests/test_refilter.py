@@ -235,3 +235,17 @@ def test_export_refuses_a_folder_with_an_unfinished_refilter(run_dir):
     kill_refilter("committed", run_dir, *STRICTER)
     result = hb("export", run_dir, "--format", "sharegpt", ok=False)
     assert result.exit_code == 2 and "run 'hermes-batch refilter' on it again" in result.output
+
+
+def test_refilter_waits_for_no_run_it_takes_the_run_folders_lock(run_dir):
+    lock_module = pytest.importorskip("hermes_batch.lock", reason="the run-folder lock of issue 7 is not on this branch")
+    before = snapshot(run_dir)
+    lock = lock_module.RunFolderLock(run_dir)
+    lock.acquire()
+    try:
+        result = hb("refilter", run_dir, *STRICTER, ok=False)
+    finally:
+        lock.release()
+    assert result.exit_code == 2 and "in use by another run" in result.output
+    assert snapshot(run_dir) == before
+    hb("refilter", run_dir, *STRICTER)
