@@ -2,9 +2,10 @@
 
 A short real run against the scripted model server (its ShapeScript: tool calls,
 reasoning, failed calls, loops, long answers) provides the trajectories; they
-are copied, each as a new prompt with its own random prompt words and final
-answer, into a run folder of ``--trajectories`` records (the system turn with
-the tool definitions and the tool blocks repeat, as in a real run).  Startup
+are copied, each as a new prompt with its own random words in the prompt,
+the reasoning, the tool output and the final answer, into a run folder of
+``--trajectories`` records (the system turn with the tool definitions repeats,
+as in a real run).  Startup
 of the command (imports, plugins) is part of each figure: ``hermes-batch --help``
 alone is measured for reference.  Then ``hermes-batch export`` runs once per format as a child process
 (wall time, CPU, peak memory of the process), and near-duplicate removal once
@@ -48,6 +49,28 @@ def _words(rng: random.Random, count: int) -> str:
 _VOCABULARY = [f"{a}{b}{c}" for a in "bcdfgklmnprst" for b in "aeiou" for c in ("", "n", "r", "st", "ng")]
 
 
+def _vary(turn: dict, rng: random.Random) -> None:
+    value = turn["value"]
+    if turn["from"] == "gpt":
+        rest = value
+        thought = ""
+        if value.startswith("<think>\n") and "\n</think>" in value:
+            rest = value.split("\n</think>", 1)[1]
+            thought = f"<think>\n{_words(rng, 40)}\n</think>"
+        if "tool_calls" in turn:
+            turn["value"] = thought + rest  # the calls must stay as they are: the openai format checks them
+        else:
+            turn["value"] = (thought + "\n" if thought else "") + _words(rng, 60)
+    elif turn["from"] == "tool":
+        blocks = []
+        for block in value.split("</tool_response>")[:-1]:
+            payload = json.loads(block.split("<tool_response>\n", 1)[1])
+            if isinstance(payload.get("content"), dict):
+                payload["content"]["output"] = _words(rng, 80)
+            blocks.append(f"<tool_response>\n{json.dumps(payload, ensure_ascii=False)}\n</tool_response>")
+        turn["value"] = "\n".join(blocks)
+
+
 def grow(template: Path, target: Path, count: int) -> int:
     """A run folder of ``count`` kept trajectories copied from ``template``'s; returns its bytes of records."""
     records = [json.loads(line) for p in sorted(template.glob("batch_*.jsonl")) for line in p.read_text().splitlines()]
@@ -64,12 +87,11 @@ def grow(template: Path, target: Path, count: int) -> int:
             handle = open(target / f"batch_{i // BATCH_SIZE}.jsonl", "w", encoding="utf-8")
         record = copy.deepcopy(records[i % len(records)])
         record["prompt_index"] = i
-        # distinct prompts and answers, so compression and near-duplicate removal see what a real run gives them
+        # distinct prompts, reasoning, tool output and answers, so that compression and near-duplicate removal
+        # do not see copies (the scripted model's own texts are short and alike)
         record["conversations"][1]["value"] += " " + _words(rng, 12)
-        last = record["conversations"][-1]
-        if last["from"] == "gpt" and "tool_calls" not in last:
-            head, sep, answer = last["value"].rpartition("</think>\n")
-            last["value"] = head + sep + _words(rng, max(20, len(answer.split())))
+        for turn in record["conversations"][2:]:
+            _vary(turn, rng)
         record["metadata"]["batch_num"] = i // BATCH_SIZE
         record["metadata"]["content_key"] = hashlib.sha256(f"bench {i}".encode()).hexdigest()[:32]
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
