@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from . import refilter
 from .journal import JOURNAL_NAME
 from .notices import SKIPPED_LINES
 from .reindex import STAGING, UNMATCHED
@@ -37,7 +38,7 @@ def is_sandbox_folder(name: str, *, kept: bool = True) -> bool:
 
 # Outputs named outside runfolder.py.  Each must go with the rest: a journal left behind would count the old
 # run's calls in the new run's totals, and unmatched records would come back into it at a later resume.
-_OTHER_OUTPUTS = (JOURNAL_NAME, UNMATCHED, SKIPPED_LINES, REPORT_NAME)
+_OTHER_OUTPUTS = (JOURNAL_NAME, UNMATCHED, SKIPPED_LINES, REPORT_NAME, refilter.AUDIT)
 
 
 def output_files(folder: RunFolder, writer_files: Iterable[str] = ()) -> list[Path]:
@@ -53,14 +54,14 @@ def remove_outputs(folder: RunFolder, writer_files: Iterable[str] = (), *, kept:
     removed = 0
     for path in output_files(folder, writer_files) + _temp_files(folder):
         removed += _unlink(path)
-    removed += _remove_staging(folder)
+    removed += _remove_staging(folder, STAGING) + _remove_staging(folder, refilter.STAGING)
     removed += _remove_sandbox_folders(folder, kept=kept)
     return removed
 
 
-def _remove_staging(folder: RunFolder) -> int:
-    """The staging folder of an interrupted re-index (reindex.py): every file in it is a run's."""
-    staging = folder.dir / STAGING
+def _remove_staging(folder: RunFolder, name: str) -> int:
+    """The staging folder of an interrupted re-index (reindex.py) or refilter: every file in it is ours."""
+    staging = folder.dir / name
     if staging.is_symlink() or staging.is_file():
         return _unlink(staging)
     if not staging.is_dir():

@@ -30,7 +30,8 @@ from typing import Optional, Sequence
 
 import attrs
 
-from .filtering import Entry, Verdict, iter_discarded, iter_kept, judge
+from .filtering import Verdict, iter_discarded, iter_kept, judge
+from .lock import RunFolderLock
 from .records import SCHEMA_VERSION
 from .reindex import _Writers
 from .runfolder import AppendLog, RunFolder, _fsync_dir, atomic_write_text
@@ -259,6 +260,12 @@ def _rebuild(folder: RunFolder, writers: Sequence, specs: Sequence[str]) -> None
     if writers:
         merge_run(folder, writers)
     rebuild_statistics(folder, tuple(specs))
+    try:
+        from .view import write_report
+
+        write_report(folder.dir)
+    except Exception as exc:  # the records are switched; a report that cannot be written must not fail that
+        log.warning("Could not write report.html (%s); run `hermes-batch report %s` to retry.", exc, folder.dir)
 
 
 def pending(folder: RunFolder) -> bool:
@@ -315,11 +322,6 @@ def last_refilter(folder: RunFolder) -> Optional[dict]:
 @contextlib.contextmanager
 def locked(folder: RunFolder, command: str):
     """Hold the run folder's lock (the one a run holds) for a command that changes the folder."""
-    try:
-        from .lock import RunFolderLock
-    except ImportError:  # the lock of issue 7 is not on this branch yet
-        yield
-        return
     lock = RunFolderLock(folder.dir)
     lock.acquire(command=command)
     try:

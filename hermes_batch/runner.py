@@ -15,7 +15,9 @@ from typing import Optional
 import attrs
 import pluggy
 
-from . import __version__, cleanup, dataset, distributions, limits, notices, refilter, reindex, runfolder, selection, toolsets
+from . import (
+    __version__, cleanup, dataset, distributions, limits, notices, refilter, reindex, runfolder, selection, toolsets,
+)
 from .agent import AgentSettings
 from .config import RunConfig
 from .conversation import DEFAULT_SYSTEM_PROMPT

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, ClassVar, Iterable, Optional
 
 from .interfaces import Writer
 from .records import Trajectory
-from .runfolder import _fsync_dir
+from .runfolder import TEMP_MARK, _fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +29,9 @@ class Sink(abc.ABC):
     def __init__(self, path: os.PathLike):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # named like the run folder's other atomic replaces (.<name>.hermes-batch-<16 hex>.tmp), so the
-        # cleanup of an interrupted session recognises it; 0o666: the user's umask decides the mode
-        self.tmp = self.path.with_name(f".{self.path.name}.hermes-batch-{secrets.token_hex(8)}.tmp")
+        # named like the run folder's other atomic replaces, so the cleanup of an interrupted session
+        # recognises it; 0o666: the user's umask decides the mode
+        self.tmp = self.path.with_name(f".{self.path.name}{TEMP_MARK}{secrets.token_hex(8)}.tmp")
         fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         self.file: BinaryIO = os.fdopen(fd, "wb")
         self.count = 0  # trajectories written
