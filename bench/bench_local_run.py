@@ -24,6 +24,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=64)
     parser.add_argument("--latency", type=float, default=0.5)
     parser.add_argument("--sandbox", default="local")
+    parser.add_argument("-S", dest="sandbox_options", action="append", default=[],
+                        help="a sandbox option passed to the run, e.g. -S isolation=process")
     args = parser.parse_args()
     calls_per_prompt = 3
 
@@ -34,6 +36,7 @@ def main() -> None:
             "--output_dir", tmp, "--base_url", url, "--model", "bench-model", "--api_key", "bench",
             "--num_workers", str(args.workers), "--distribution", "terminal_only",
             "--sandbox", args.sandbox, "--no-progress", "--seed", "1",
+            *(arg for option in args.sandbox_options for arg in ("-S", option)),
         ])
         stats = json.loads((Path(tmp) / "bench" / "statistics.json").read_text())
 
