@@ -7,8 +7,10 @@ import collections
 import errno
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -264,10 +266,10 @@ def _alive_with(marker: str) -> list[int]:
 async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(tmp_path, monkeypatch, isolation):
     # A command whose shell exec lost track of (cancelled right after the spawn) still dies at close:
     # close finds it by its namespace, or in process mode by its marker and folder.
-    real_spawn = Child.spawn
+    real_start = Child.start.__func__
 
-    def spawn_then_cancel(*args, **kwargs):
-        real_spawn(*args, **kwargs)
+    async def start_then_cancel(cls, *args, **kwargs):
+        await real_start(cls, *args, **kwargs)  # started, and the Child that knew it dropped
         raise asyncio.CancelledError
 
     backend = make_backend(tmp_path, isolation=isolation)
@@ -276,7 +278,7 @@ async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(tmp_pa
         sandbox = await backend.open(spec())
         marker = f"30.{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
         await sandbox.exec("true", 10)  # the namespace, if any, is made by the first command
-        monkeypatch.setattr(Child, "spawn", spawn_then_cancel)
+        monkeypatch.setattr(Child, "start", classmethod(start_then_cancel))
         with pytest.raises(asyncio.CancelledError):
             await sandbox.exec(f"sleep {marker}", 60)
         monkeypatch.undo()
@@ -291,6 +293,34 @@ async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(tmp_pa
         assert not _alive_with(f"sleep {marker}")
     finally:
         await backend.shutdown()
+
+
+async def test_a_start_cancelled_while_the_process_starts_kills_and_reaps_it(monkeypatch):
+    # The fork and exec run on a thread; a cancel that arrives meanwhile must not leave the process behind.
+    started, release = threading.Event(), threading.Event()
+    popens = []
+    real_popen = subprocess.Popen
+
+    def slow_popen(*args, **kwargs):
+        popen = real_popen(*args, **kwargs)
+        popens.append(popen)
+        started.set()
+        release.wait(10)  # the cancel arrives while the start is still on its thread
+        return popen
+
+    monkeypatch.setattr(subprocess, "Popen", slow_popen)
+    task = asyncio.create_task(Child.start(["sleep", "60"], stdin=subprocess.DEVNULL))
+    assert await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    assert not task.done(), "start must wait for the process it is starting"
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    deadline = time.monotonic() + 5
+    while popens[0].returncode is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert popens[0].returncode == -signal.SIGKILL  # killed, and reaped by Child
 
 
 SWAPPER = """

@@ -222,7 +222,7 @@ class Namespace:
     async def start(self, cwd: str) -> None:
         """Start the namespace's first process, in ``cwd``; raises OSError or RuntimeError."""
         loop = asyncio.get_running_loop()
-        self._unshare = Child.spawn(
+        self._unshare = await Child.start(
             self.launcher.init_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             cwd=cwd,
         )

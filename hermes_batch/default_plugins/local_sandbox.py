@@ -242,12 +242,15 @@ class LocalSandbox(Sandbox):
         read_fd, write_fd = os.pipe()
         try:
             # The shell leads a new session and process group; ours to signal until _settle reaps it.
-            child = Child.spawn(
+            child = await Child.start(
                 argv, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, cwd=self.cwd, env=self.env,
             )
         except (OSError, subprocess.SubprocessError) as exc:
             os.close(read_fd)
             raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
+        except BaseException:  # cancelled while the command started (Child.start killed it)
+            os.close(read_fd)
+            raise
         finally:
             os.close(write_fd)
         pipe = os.fdopen(read_fd, "rb", buffering=0)

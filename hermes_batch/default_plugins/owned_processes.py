@@ -18,6 +18,8 @@ sandbox signals only:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import os
 import signal
@@ -26,6 +28,16 @@ import threading
 from typing import Any, Callable, Optional
 
 log = logging.getLogger(__name__)
+
+# Starting a process is a fork and an exec; a few threads keep up with any rate the event loop asks for.
+SPAWN_THREADS = 4
+_spawners: list = []
+
+
+def _spawn_executor() -> concurrent.futures.ThreadPoolExecutor:
+    if not _spawners:
+        _spawners.append(concurrent.futures.ThreadPoolExecutor(SPAWN_THREADS, thread_name_prefix="hermes-batch-spawn"))
+    return _spawners[0]
 
 
 def pidfd(pid: int) -> Optional[int]:
@@ -81,9 +93,32 @@ class Child:
             threading.Thread(target=self._wait_in_thread, name="hermes-batch-child", daemon=True).start()
 
     @classmethod
-    def spawn(cls, argv: list, **popen_args) -> "Child":
-        """Start ``argv`` as the leader of a new session (``subprocess.Popen`` arguments); raises OSError."""
-        return cls(subprocess.Popen(argv, start_new_session=True, **popen_args), asyncio.get_running_loop())
+    async def start(cls, argv: list, **popen_args) -> "Child":
+        """Start ``argv`` as the leader of a new session (``subprocess.Popen`` arguments); raises OSError.
+
+        The fork and exec run on a thread of ours: at hundreds of commands a
+        second, the millisecond each one holds its caller was a large share of
+        the event loop's time.  Cancelled while the process starts, it still
+        waits for the start, kills what started and reaps it, then raises.
+        """
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(
+            _spawn_executor(), functools.partial(subprocess.Popen, argv, start_new_session=True, **popen_args)
+        )
+        try:
+            popen = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            while not future.done():
+                try:
+                    await asyncio.wait((future,))
+                except asyncio.CancelledError:
+                    pass
+            if not future.cancelled() and future.exception() is None:
+                child = cls(future.result(), loop)
+                child.kill_group()
+                child.reap_when_exited()
+            raise
+        return cls(popen, loop)
 
     @property
     def stdin(self):
