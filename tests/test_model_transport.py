@@ -29,7 +29,7 @@ from hermes_batch.default_plugins.openai_client import OpenAIClient
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError, UsageError
 from hermes_batch.interfaces import ModelSettings
 from hermes_batch.model_http import WireCache
-from hermes_batch.records import Message, ToolCall, ToolSpec
+from hermes_batch.records import Message, ToolCall, ToolSpec, Usage
 from hermes_batch.testing import ErrorRule, Reply, ScriptedModelServer, ToolLoopScript
 from hermes_batch.testing.fixtures import TEST_API_KEY
 
@@ -196,7 +196,7 @@ async def _openai_send_through_create(self, messages, tools):
         response = await self._client.chat.completions.create(**kwargs, extra_body=self._extra_body or None)
     except openai.APIStatusError as exc:
         raise self._classify(exc) from exc
-    return openai_client._from_wire(response)
+    return openai_client._from_wire(response.to_dict())  # the JSON as the SDK received it
 
 
 async def _anthropic_send_through_create(self, messages, tools):
@@ -242,6 +242,46 @@ def test_a_run_sends_the_same_requests_and_writes_the_same_records_as_through_cr
     assert [r.body for r in new.requests] == [r.body for r in old.requests]
     assert len(new.requests) == 1 + 4 * 3
     assert _masked(runner, "new") == _masked(runner, "old")
+
+
+# --- an OpenAI-compatible server is not trusted: answers of the wrong shape ------------------------------------
+
+_CALL = {"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": '{"command": "ls"}'}}
+
+
+@pytest.mark.parametrize("answer", [b"<html>Bad gateway</html>", b"[1, 2]", b"null", b'{"choices": ', b"[" * 100000])
+def test_an_answer_that_is_not_a_json_object_is_a_retryable_error(answer):
+    with pytest.raises(RetryableModelError, match="not a JSON object"):
+        openai_client._json_object(answer)
+
+
+@pytest.mark.parametrize("data", [{}, {"choices": []}, {"choices": "many"}, {"choices": None}])
+def test_an_answer_without_choices_is_a_retryable_error(data):
+    with pytest.raises(RetryableModelError, match="without choices"):
+        openai_client._from_wire(data)
+
+
+@pytest.mark.parametrize("message, content, calls", [
+    ({"content": "hi"}, "hi", ()),
+    ({"content": ["parts"], "tool_calls": "x"}, "", ()),
+    ({"content": None, "tool_calls": [None, 3, {"function": "ls"}, _CALL]}, "",
+     (ToolCall("c1", "terminal", {"command": "ls"}, '{"command": "ls"}'),)),
+    # a server that sends the arguments as an object, and one that leaves out the id and the name
+    ({"tool_calls": [{"function": {"name": "terminal", "arguments": {"command": "ls"}}}]}, "",
+     (ToolCall("call_0", "terminal", {"command": "ls"}, '{"command": "ls"}'),)),
+    ({"tool_calls": [{"id": 7, "function": {"name": None, "arguments": 5}}]}, "", (ToolCall("call_0", "", {}, ""),)),
+])
+def test_message_fields_of_the_wrong_type_are_read_as_absent(message, content, calls):
+    response = openai_client._from_wire({"choices": [{"message": message, "finish_reason": 3}], "model": ["m"]})
+    assert (response.message.content, response.message.tool_calls) == (content, calls)
+    assert response.finish_reason is None and response.model is None
+
+
+def test_usage_fields_of_the_wrong_type_count_as_zero():
+    usage = {"prompt_tokens": "12", "completion_tokens": 5, "cost": True,
+             "completion_tokens_details": {"reasoning_tokens": -3}, "prompt_tokens_details": [1]}
+    response = openai_client._from_wire({"choices": [{"message": {"content": "x"}}], "usage": usage})
+    assert response.usage == Usage(prompt_tokens=0, completion_tokens=5, reasoning_tokens=0, cached_tokens=0, cost=None)
 
 
 # --- faults through both transports ---------------------------------------------------------------------------
