@@ -16,7 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from hermes_batch.default_plugins.local_sandbox import LocalSandbox, LocalSandboxBackend, LocalSandboxConfig
+from hermes_batch.default_plugins.local_sandbox import (
+    HELD_BEFORE_CHECK,
+    LocalSandbox,
+    LocalSandboxBackend,
+    LocalSandboxConfig,
+)
 from hermes_batch.default_plugins.owned_processes import Child
 from hermes_batch.errors import SandboxError
 from hermes_batch.plugins import collect, get_plugin_manager
@@ -287,6 +292,30 @@ async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(tmp_pa
             await asyncio.sleep(0.05)
         assert _alive_with(f"sleep {marker}"), "the command never started"
         await sandbox.close()
+        deadline = time.monotonic() + 5
+        while _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not _alive_with(f"sleep {marker}")
+    finally:
+        await backend.shutdown()
+
+
+async def test_process_mode_holds_only_the_shells_whose_sessions_live_on(tmp_path):
+    # A shell is held unreaped while its session may have members (so its number cannot pass to another
+    # process before close kills them); a shared scan once HELD_BEFORE_CHECK are held lets the others go.
+    backend = make_backend(tmp_path, isolation="process")
+    await backend.start()
+    try:
+        sandbox = await backend.open(spec())
+        marker = f"{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
+        assert (await sandbox.exec(f"sleep {marker} >/dev/null 2>&1 & echo started", 10)).output.strip() == "started"
+        [background] = sandbox._held
+        for _ in range(HELD_BEFORE_CHECK):
+            assert (await sandbox.exec("true", 10)).exit_code == 0
+        assert background in sandbox._held and len(sandbox._held) < HELD_BEFORE_CHECK
+        assert _alive_with(f"sleep {marker}")
+        await sandbox.close()
+        assert not sandbox._held
         deadline = time.monotonic() + 5
         while _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

@@ -39,9 +39,10 @@ from .local_processes import (
     MARKER_VARIABLE,
     Launcher,
     Namespace,
+    SessionCensus,
+    alone,
     kill_prompt_processes,
     launcher,
-    session_has_others,
     ticks_since_boot,
 )
 from .owned_processes import Child
@@ -50,6 +51,9 @@ log = logging.getLogger(__name__)
 
 # After the kill, only processes that left the process group can still hold the pipe open.
 POST_KILL_DRAIN_S = 0.5
+# Process mode: a command's shell is held unreaped after it ends (its session may live on in `cmd &`);
+# once this many are held, one shared scan of /proc releases those whose sessions are empty.
+HELD_BEFORE_CHECK = 8
 
 
 @attrs.frozen
@@ -86,6 +90,7 @@ class LocalSandboxBackend(SandboxBackend):
         self._starting = asyncio.Semaphore(config.max_starting)
         self._open: set[LocalSandbox] = set()
         self.launcher: Optional[Launcher] = None
+        self.census = SessionCensus()  # process mode: which held shells' sessions still have members
 
     async def check(self) -> None:
         """Find how commands can run here; ConfigError when ``isolation=namespace`` cannot work."""
@@ -274,8 +279,8 @@ class LocalSandbox(Sandbox):
                 pipe.close()
             code = child.exit_code()
             self._settle(child)
-        if child in self._held:
-            await self._release_if_alone(child)
+        if len(self._held) >= HELD_BEFORE_CHECK:
+            await self._release_alone()
         if timed_out and killed_by_us:
             exit_code = None
         elif code is None:
@@ -293,11 +298,14 @@ class LocalSandbox(Sandbox):
         else:
             child.reap()
 
-    async def _release_if_alone(self, child: Child) -> None:
-        # A scan of /proc, off the event loop; a shell whose session is empty needs no holding.
-        if not await in_daemon_thread(session_has_others, child.pid) and child in self._held:
-            self._held.remove(child)
-            child.reap()
+    async def _release_alone(self) -> None:
+        # One scan of /proc, shared with other sandboxes, for every shell held: those whose sessions
+        # are empty need no holding.
+        members = await self._backend.census.members()
+        for child in [child for child in self._held if alone(child.pid, members)]:
+            if child in self._held:  # another command of this prompt may have released it meanwhile
+                self._held.remove(child)
+                child.reap()
 
     def _check_open(self) -> None:
         if self._closed:
