@@ -46,6 +46,9 @@ def main() -> None:
     print(f"model calls recorded  {stats['finished']['model_calls']} (expected {calls})")
     print(f"wall time             {result['wall_s']:.1f} s  (ideal {ideal:.1f} s, ratio {result['wall_s'] / ideal:.2f}, target <= 1.5)")
     print(f"CPU per model call    {1000 * result['cpu_s'] / calls:.1f} ms  (process tree {result['cpu_s']:.1f} s, target <= 15 ms)")
+    own = result["own_cpu_s"]
+    print(f"  of which            {1000 * own / calls:.1f} ms in the hermes-batch process, "
+          f"{1000 * (result['cpu_s'] - own) / calls:.1f} ms in the commands it ran (sandbox, tools)")
     print(f"peak memory           {result['peak_rss_mb']:.0f} MB  (target < 200 MB)")
 
 

@@ -120,6 +120,12 @@ def masked_records(run_dir: Path) -> list[str]:
     return sorted(lines)
 
 
+def _own(result: dict, calls: int) -> str:
+    """The hermes-batch process's own CPU per call, without the sandbox commands it ran."""
+    own = result.get("own_cpu_s")
+    return f"(own {1000 * own / calls:4.1f})" if own is not None else " " * 10
+
+
 def run_variant(name: str, url: str, dataset: Path, out: Path, args, before_dir) -> tuple[dict, list]:
     run_args = [
         "run", "--dataset_file", str(dataset), "--batch_size", "100", "--run_name", "bench",
@@ -182,14 +188,17 @@ def main() -> None:
                     records.setdefault(name, lines)
                 label = f"{name} ({args.minimal_mode})" if name == "minimal" else name
                 print(f"  round {round_ + 1} {label:<24} wall {result['wall_s']:6.1f} s  ratio {result['wall_s'] / ideal:5.2f}  "
-                      f"CPU {result['cpu_s']:6.1f} s  {1000 * result['cpu_s'] / calls:5.1f} ms/call  load {load:4.1f}", flush=True)
+                      f"CPU {result['cpu_s']:6.1f} s  {1000 * result['cpu_s'] / calls:5.1f} ms/call  "
+                      f"{_own(result, calls)}  load {load:4.1f}", flush=True)
 
     print(f"\nmedians over {args.repeat} round(s); ideal {ideal:.1f} s, {calls} calls")
-    print(f"  {'variant':<14} {'wall/ideal':>10} {'CPU s':>8} {'ms/call':>8}")
+    print(f"  {'variant':<14} {'wall/ideal':>10} {'CPU s':>8} {'ms/call':>8} {'own ms/call':>12}")
     for name, runs in results.items():
         wall = statistics.median(r["wall_s"] for r in runs)
         cpu = statistics.median(r["cpu_s"] for r in runs)
-        print(f"  {name:<14} {wall / ideal:10.2f} {cpu:8.1f} {1000 * cpu / calls:8.1f}")
+        own = [r["own_cpu_s"] for r in runs if r["own_cpu_s"] is not None]
+        own_text = f"{1000 * statistics.median(own) / calls:12.1f}" if own else f"{'-':>12}"
+        print(f"  {name:<14} {wall / ideal:10.2f} {cpu:8.1f} {1000 * cpu / calls:8.1f} {own_text}")
     if "before" in results and "after" in results:
         b = statistics.median(r["cpu_s"] for r in results["before"])
         a = statistics.median(r["cpu_s"] for r in results["after"])
