@@ -1,57 +1,63 @@
-"""A small JSON-schema check for tool arguments (the subset tool definitions use)."""
+"""Tool arguments checked against the tool's JSON Schema (any draft, through ``jsonschema``), with a one-line reason."""
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-_TYPES = {
-    "string": str,
-    "integer": int,
-    "number": (int, float),
-    "boolean": bool,
-    "object": dict,
-    "array": list,
-    "null": type(None),
-}
+import jsonschema
+from jsonschema.validators import validator_for
+
+# A reason goes back to the model in a tool result: short, and never a copy of a huge argument.
+MAX_REASON_CHARS = 300
+_CACHE_SIZE = 1024
+_validators: dict[int, tuple[dict, Any]] = {}  # id(schema) -> (schema, validator); the schema is kept so its id stays its own
 
 
-def _type_ok(value: Any, expected) -> bool:
-    names = expected if isinstance(expected, list) else [expected]
-    for name in names:
-        kind = _TYPES.get(name)
-        if kind is None:
-            return True
-        if isinstance(value, bool) and name in ("integer", "number"):
-            continue
-        if name == "integer" and isinstance(value, float) and value.is_integer():
-            return True
-        if isinstance(value, kind):
-            return True
-    return False
+def _validator(schema: dict):
+    cached = _validators.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
+    if len(_validators) >= _CACHE_SIZE:
+        _validators.clear()
+    validator = validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
+    _validators[id(schema)] = (schema, validator)
+    return validator
+
+
+def check_schema(schema: Any) -> Optional[str]:
+    """None when ``schema`` is a valid JSON Schema of an object, else what is wrong with it."""
+    if not isinstance(schema, dict):
+        return f"expected a JSON object, got {type(schema).__name__}"
+    try:
+        validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "".join(f"[{p!r}]" for p in exc.absolute_path)
+        return f"{where or 'the schema'}: {_one_line(exc.message)}"
+    return None
 
 
 def validate(value: Any, schema: dict, path: str = "$") -> Optional[str]:
-    """None when ``value`` matches ``schema``, else the first problem as ``$.path: reason``."""
-    expected = schema.get("type")
-    if expected is not None and not _type_ok(value, expected):
-        return f"{path}: expected {expected}, got {type(value).__name__}"
-    if "enum" in schema and value not in schema["enum"]:
-        return f"{path}: must be one of {schema['enum']}"
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        for name in schema.get("required", ()):
-            if name not in value:
-                return f"{path}.{name}: required"
-        for key, item in value.items():
-            if key in props:
-                problem = validate(item, props[key], f"{path}.{key}")
-                if problem:
-                    return problem
-            elif schema.get("additionalProperties") is False:
-                return f"{path}.{key}: unexpected argument"
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            problem = validate(item, schema["items"], f"{path}[{i}]")
-            if problem:
-                return problem
-    return None
+    """None when ``value`` matches ``schema``, else the most relevant problem as ``$.path: reason``."""
+    error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(value))
+    if error is None:
+        return None
+    where = path + error.json_path[1:]
+    if error.validator == "type":
+        return f"{where}: expected {error.validator_value}, got {type(error.instance).__name__}"
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = next((name for name in error.validator_value if name not in error.instance), None)
+        if missing is not None:
+            return f"{where}.{missing}: required"
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = set(error.schema.get("properties", {}))
+        extra = next((key for key in error.instance if key not in known), None)
+        if extra is not None and not error.schema.get("patternProperties"):
+            return f"{where}.{extra}: unexpected argument"
+    if error.validator == "enum":
+        return _one_line(f"{where}: must be one of {error.validator_value}")
+    return _one_line(f"{where}: {error.message}")
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
