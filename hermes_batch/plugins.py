@@ -1,4 +1,4 @@
-"""The plugin manager factory and the registries filled by the registration hooks."""
+"""The plugin manager and the registry the registration hooks fill, with one table of the kinds of plugin object."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import warnings
 from typing import Any, Iterable, Optional
 
 import attrs
+import click
 import pluggy
 
-from . import PROJECT_NAME, hookspecs
+from . import PROJECT_NAME, __version__, hookspecs
 from .errors import PluginError
+from .interfaces import Distribution, Executor, Filter, ModelClient, SandboxBackend, Tool, Toolset, Writer
 
 log = logging.getLogger(__name__)
 
@@ -32,20 +34,56 @@ DEFAULT_PLUGINS = (
     "hermes_batch.default_plugins.folder_commands",
 )
 
-# registration hook name -> key of the registry it fills
-REGISTRATION_HOOKS = {
-    "register_model_clients": "model_clients",
-    "register_sandbox_backends": "sandboxes",
-    "register_toolsets": "toolsets",
-    "register_distributions": "distributions",
-    "register_filters": "filters",
-    "register_writers": "writers",
-    "register_executors": "executors",
-}
+
+@attrs.frozen
+class Kind:
+    """One kind of object plugins register: the hook that registers it, what it must be, how it is chosen."""
+
+    key: str  # its table in the Registry
+    hook: str  # the registration hook
+    singular: str  # as error messages name one
+    plural: str  # as listings name them
+    base: type  # what a registered object must subclass (or, with ``instances``, be an instance of)
+    instances: bool = False
+    option: Optional[str] = None  # the `hermes-batch run` option that selects by name
+    listing: Optional[str] = None  # the command that lists them
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind("model_clients", "register_model_clients", "model client", "model clients", ModelClient,
+         option="--model_client", listing="model-clients"),
+    Kind("sandboxes", "register_sandbox_backends", "sandbox backend", "sandbox backends", SandboxBackend,
+         option="--sandbox", listing="sandboxes"),
+    Kind("toolsets", "register_toolsets", "toolset", "toolsets", Toolset, instances=True, listing="toolsets"),
+    Kind("distributions", "register_distributions", "distribution", "distributions", Distribution,
+         instances=True, option="--distribution"),
+    Kind("filters", "register_filters", "filter", "quality filters", Filter, option="--filter", listing="filters"),
+    Kind("writers", "register_writers", "writer", "output writers", Writer, option="--writer", listing="writers"),
+    Kind("executors", "register_executors", "executor", "executors", Executor, option="--executor", listing="executors"),
+    Kind("commands", "register_commands", "command", "commands", click.Command, instances=True),
+)
+KIND = {kind.key: kind for kind in KINDS}
 
 
 class PluginLoadWarning(UserWarning):
-    """A third-party plugin could not be imported and was skipped."""
+    """A third-party plugin could not be loaded and was skipped."""
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager with the hermes-batch hookspecs, knowing which distribution each plugin came from."""
+
+    def __init__(self) -> None:
+        super().__init__(PROJECT_NAME)
+        self.add_hookspecs(hookspecs)
+        self.distributions: dict[str, tuple[str, Optional[str]]] = {}  # plugin name -> (distribution, version)
+
+    def distribution(self, plugin_name: str) -> tuple[Optional[str], Optional[str]]:
+        """(distribution name, version) of an entry-point plugin; the core's for the others."""
+        return self.distributions.get(plugin_name, ("hermes-batch", __version__))
+
+    def registry(self) -> "Registry":
+        """A new Registry filled by every registration hook."""
+        return collect(self)
 
 
 def get_plugin_manager(
@@ -53,19 +91,21 @@ def get_plugin_manager(
     load_entry_points: bool = True,
     strict: bool = False,
     extra_plugins: Iterable[Any] = (),
-) -> pluggy.PluginManager:
-    """Build a fresh plugin manager: hookspecs, default plugins, entry points, then ``check_pending``.
+) -> PluginManager:
+    """Build a fresh plugin manager: default plugins, entry points, ``extra_plugins``, then ``check_pending``.
 
-    A plugin whose import fails is skipped with a warning naming its
-    distribution; with ``strict=True`` (tests) the error is raised.
+    An entry-point plugin that fails to import, or whose hooks do not match the
+    specs, is skipped with a warning naming its distribution; with
+    ``strict=True`` (tests) the error is raised.  ``extra_plugins`` (modules,
+    classes or objects with hook implementations) are registered last, as a
+    test registers a throwaway plugin.
     """
-    pm = pluggy.PluginManager(PROJECT_NAME)
-    pm.add_hookspecs(hookspecs)
+    pm = PluginManager()
     for module_name in DEFAULT_PLUGINS:
-        module = importlib.import_module(module_name)
-        pm.register(module, name=module_name)
+        pm.register(importlib.import_module(module_name), name=module_name)
     if load_entry_points:
-        _load_entry_points(pm, strict)
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            _load_entry_point(pm, ep, strict)
     for plugin in extra_plugins:
         pm.register(plugin, name=getattr(plugin, "__name__", type(plugin).__name__))
     try:
@@ -75,35 +115,48 @@ def get_plugin_manager(
     return pm
 
 
-def _load_entry_points(pm: pluggy.PluginManager, strict: bool) -> None:
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = ep.dist.name if ep.dist is not None else ep.value
-        if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
-            continue
-        try:
-            plugin = ep.load()
-        except Exception as exc:
-            if strict:
-                raise PluginError(f"Plugin {ep.name!r} from distribution {dist!r} failed to import: {exc}") from exc
-            warnings.warn(
-                f"Skipping plugin {ep.name!r} from distribution {dist!r}: it failed to import ({exc}).",
-                PluginLoadWarning,
-                stacklevel=2,
-            )
-            continue
+def _load_entry_point(pm: PluginManager, ep: importlib.metadata.EntryPoint, strict: bool) -> None:
+    dist = ep.dist.name if ep.dist is not None else ep.value
+    if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
+        return
+    try:
+        plugin = ep.load()
         pm.register(plugin, name=ep.name)
-        pm._hermes_dists = getattr(pm, "_hermes_dists", {})  # plugin name -> distribution
-        pm._hermes_dists[ep.name] = (dist, ep.dist.version if ep.dist is not None else None)
+        unknown = _unknown_hooks(pm, plugin)
+        if unknown:
+            pm.unregister(plugin)
+            raise PluginError(
+                f"it implements {', '.join(unknown)}, which {'is not a hook' if len(unknown) == 1 else 'are not hooks'} "
+                f"of hermes-batch {__version__}"
+            )
+    except Exception as exc:
+        if strict:
+            raise PluginError(f"Plugin {ep.name!r} from distribution {dist!r} failed to load: {exc}.") from exc
+        warnings.warn(
+            f"Skipping plugin {ep.name!r} from distribution {dist!r}: {_reason(exc)}; upgrade or uninstall it.",
+            PluginLoadWarning,
+            stacklevel=3,
+        )
+        return
+    pm.distributions[ep.name] = (dist, ep.dist.version if ep.dist is not None else None)
 
 
-def plugin_distribution(pm: pluggy.PluginManager, plugin_name: str) -> tuple[Optional[str], Optional[str]]:
-    """(distribution name, version) of an entry-point plugin; the core's for default plugins."""
-    dists = getattr(pm, "_hermes_dists", {})
-    if plugin_name in dists:
-        return dists[plugin_name]
-    from . import __version__
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, PluginError):
+        return str(exc)
+    if isinstance(exc, pluggy.PluginValidationError):
+        return f"its hooks do not match the specs ({exc})"
+    return f"it failed to import ({exc})"
 
-    return ("hermes-batch", __version__)
+
+def _unknown_hooks(pm: PluginManager, plugin: Any) -> list[str]:
+    """The hooks ``plugin`` implements that no spec declares (what ``check_pending`` would refuse)."""
+    return sorted(
+        caller.name
+        for caller in pm.get_hookcallers(plugin) or ()
+        if not caller.has_spec()
+        and any(impl.plugin is plugin and not impl.optionalhook for impl in caller.get_hookimpls())
+    )
 
 
 @attrs.frozen
@@ -114,20 +167,31 @@ class Registered:
 
 
 class Registry:
-    """Everything the plugins registered, by kind and name."""
+    """Everything the plugins registered, by kind (see KINDS) and name."""
 
-    def __init__(self):
-        self.kinds: dict[str, dict[str, Registered]] = {key: {} for key in REGISTRATION_HOOKS.values()}
+    def __init__(self) -> None:
+        self.kinds: dict[str, dict[str, Registered]] = {kind.key: {} for kind in KINDS}
 
     def add(self, kind: str, obj: Any, plugin: str) -> None:
+        """Register ``obj`` as a ``kind`` (a KINDS key) on behalf of ``plugin``, checking what it is."""
+        what = KIND[kind]
+        ok = isinstance(obj, what.base) if what.instances else isinstance(obj, type) and issubclass(obj, what.base)
+        if not ok:
+            must = "an instance" if what.instances else "a subclass"
+            raise PluginError(
+                f"Plugin {plugin!r} registered {obj!r} as a {what.singular}, but it must be {must} of "
+                f"{what.base.__module__.split('.')[0]}.{what.base.__name__}; fix the plugin's {what.hook} hook."
+            )
         name = obj.name
         if not isinstance(name, str) or not name:
-            raise PluginError(f"Plugin {plugin!r} registered a {kind[:-1]} without a name.")
+            raise PluginError(f"Plugin {plugin!r} registered a {what.singular} without a name; give it a name.")
         existing = self.kinds[kind].get(name)
         if existing is not None:
             raise PluginError(
-                f"Two plugins register the {kind[:-1]} {name!r}: {existing.plugin!r} and {plugin!r}; uninstall one of them."
+                f"Two plugins register the {what.singular} {name!r}: {existing.plugin!r} and {plugin!r}; uninstall one of them."
             )
+        if kind == "toolsets":
+            _check_tools(obj, plugin)
         self.kinds[kind][name] = Registered(name, obj, plugin)
 
     def get(self, kind: str, name: str) -> Any:
@@ -152,15 +216,30 @@ class Registry:
         return owners
 
 
-def collect(pm: pluggy.PluginManager) -> Registry:
-    """Run every registration hook, one plugin at a time, so duplicates can name both plugins."""
-    registry = Registry()
-    for hook_name, kind in REGISTRATION_HOOKS.items():
-        hook = getattr(pm.hook, hook_name)
-        for impl in reversed(hook.get_hookimpls()):  # registration order
-            plugin_name = impl.plugin_name
+def _check_tools(toolset: Toolset, plugin: str) -> None:
+    from .schema import check_schema
 
-            def register(obj, _kind=kind, _plugin=plugin_name):
+    for tool in toolset.tools:
+        if not (isinstance(tool, type) and issubclass(tool, Tool)):
+            raise PluginError(
+                f"Plugin {plugin!r} put {tool!r} in the toolset {toolset.name!r}, but a toolset's tools must be "
+                "subclasses of hermes_batch.Tool; fix the plugin's register_toolsets hook."
+            )
+        problem = check_schema(tool.parameters)
+        if problem:
+            raise PluginError(
+                f"Plugin {plugin!r}: the parameters of the tool {tool.name!r} are not a valid JSON Schema "
+                f"({problem}); fix the tool's parameters."
+            )
+
+
+def collect(pm: pluggy.PluginManager, kinds: Iterable[Kind] = KINDS) -> Registry:
+    """Run the registration hooks of ``kinds``, one plugin at a time, so errors can name the plugin."""
+    registry = Registry()
+    for kind in kinds:
+        for impl in reversed(getattr(pm.hook, kind.hook).get_hookimpls()):  # registration order
+
+            def register(obj, _kind=kind.key, _plugin=impl.plugin_name):
                 registry.add(_kind, obj, _plugin)
 
             impl.function(register=register)
@@ -168,18 +247,18 @@ def collect(pm: pluggy.PluginManager) -> Registry:
     return registry
 
 
-def describe_plugins(pm: pluggy.PluginManager) -> list[dict]:
+def describe_plugins(pm: PluginManager) -> list[dict]:
     """What ``hermes-batch plugins`` prints: each plugin, its distribution, version and what it provides."""
     provided: dict[str, dict[str, list[str]]] = {}
-    for hook_name, kind in REGISTRATION_HOOKS.items():
-        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+    for kind in KINDS:
+        for impl in getattr(pm.hook, kind.hook).get_hookimpls():
             names: list[str] = []
             impl.function(register=lambda obj, _n=names: _n.append(obj.name))
             if names:
-                provided.setdefault(impl.plugin_name, {})[kind] = sorted(names)
+                provided.setdefault(impl.plugin_name, {})[kind.key] = sorted(names)
     out = []
     for name, plugin in pm.list_name_plugin():
-        dist, version = plugin_distribution(pm, name)
+        dist, version = pm.distribution(name)
         hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or ())
         out.append({"name": name, "distribution": dist, "version": version, "hooks": hooks, "provides": provided.get(name, {})})
     return sorted(out, key=lambda p: p["name"])

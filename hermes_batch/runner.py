@@ -306,7 +306,7 @@ class Run:
             toolsets=self.toolsets, all_tools=self.all_tools, agent=self._agent_settings(), verbose=cfg.verbose,
             runtimes=self.runtimes,
         )
-        self.pm.hook.hermes_batch_run_start(run=self.context)
+        self.pm.hook.run_started(run=self.context)
         interrupted = False
         fatal: Optional[HermesBatchError] = None
         try:
@@ -449,7 +449,7 @@ class Run:
         self.counts[kind] += 1
         self.progress.ended(kind)
         self.tracker.finished(job.batch_num)
-        self.pm.hook.hermes_batch_prompt_finished(run=self.context, outcome=record)
+        self.pm.hook.prompt_finished(run=self.context, outcome=record)
 
     def _batch_log(self, batch: int) -> AppendLog:
         log_ = self.batch_logs.get(batch)
@@ -529,7 +529,7 @@ class Run:
         checkpoint = self._save_checkpoint(interrupted)
         # off the event loop, so Ctrl-C is heard at once: it stops the merge, which removes its temporary files
         stats = await run_off_loop(self._merge_and_count, checkpoint)
-        self.pm.hook.hermes_batch_run_end(run=self.context, statistics=stats)
+        self.pm.hook.run_finished(run=self.context, statistics=stats)
         return stats
 
     def _merge_and_count(self, checkpoint: Checkpoint) -> dict:

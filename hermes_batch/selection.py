@@ -9,22 +9,23 @@ from .errors import UsageError
 from .filtering import refuse_run_filters
 from .interfaces import Distribution
 from .plugin_options import build_config, parse_spec
-from .plugins import Registry
+from .plugins import KIND, Registry
 from .serialization import structure_config
 
 
-def _pick(registry: Registry, kind: str, name: str, option: str):
+def _pick(registry: Registry, kind: str, name: str, option: Optional[str] = None):
+    """The object of ``kind`` named ``name``; ``option`` (default: the kind's run option) names where it was asked for."""
     try:
         return registry.get(kind, name)
     except KeyError:
         known = ", ".join(registry.names(kind)) or "none"
-        raise UsageError(f"Unknown {option} {name!r}; installed: {known}.") from None
+        raise UsageError(f"Unknown {option or KIND[kind].option} {name!r}; installed: {known}.") from None
 
 
 def model_client_class(registry: Registry, name: Optional[str], base_url: str):
     """The client named by --model_client, else the most specific one that handles ``base_url``."""
     if name:
-        return _pick(registry, "model_clients", name, "--model_client")
+        return _pick(registry, "model_clients", name)
     candidates = [reg.obj for reg in registry.items("model_clients") if reg.obj.handles_base_url(base_url)]
     # the generic OpenAI-compatible client claims every URL; a specific client wins over it
     specific = [c for c in candidates if c.name != "openai"]
@@ -37,12 +38,12 @@ def model_client_class(registry: Registry, name: Optional[str], base_url: str):
 
 def sandbox_backend(registry: Registry, name: str, options: dict):
     """(backend class, structured config) for --sandbox and -S options."""
-    cls = _pick(registry, "sandboxes", name, "--sandbox")
+    cls = _pick(registry, "sandboxes", name)
     return cls, structure_config(options, cls.Config, f"options for the {name} sandbox (-S)")
 
 
 def executor(registry: Registry, name: str, options: dict):
-    cls = _pick(registry, "executors", name, "--executor")
+    cls = _pick(registry, "executors", name)
     return cls(structure_config(options, cls.Config, f"options for the {name} executor (-E)"))
 
 
@@ -50,7 +51,7 @@ def plugin(registry: Registry, kind: str, text: str, option: str):
     """An instance of the filter or writer named by ``NAME[:OPTIONS]`` (see plugin_options), its options structured."""
     spec = parse_spec(text, option)
     cls = _pick(registry, kind, spec.name, option)
-    return cls(build_config(cls, spec, kind[:-1]))
+    return cls(build_config(cls, spec, KIND[kind].singular))
 
 
 def filters(registry: Registry, names: Optional[tuple], whole_run: bool = False) -> tuple:
@@ -70,7 +71,7 @@ def writers(registry: Registry, names: tuple) -> tuple:
 
 
 def distribution(registry: Registry, name: str) -> Distribution:
-    return _pick(registry, "distributions", name, "distribution")
+    return _pick(registry, "distributions", name)
 
 
 def toolset_tools(registry: Registry, toolset_names) -> dict:

@@ -22,17 +22,17 @@ class Observer:
         self.pool_size = None
 
     @hermes_batch.hookimpl
-    def hermes_batch_run_start(self, run):
+    def run_started(self, run):
         self.pool_size = run.thread_pool._max_workers
         self.events.append(("start", run.run_name))
 
     @hermes_batch.hookimpl
-    def hermes_batch_prompt_finished(self, run, outcome):
+    def prompt_finished(self, run, outcome):
         self.events.append(("finished", type(outcome).__name__))
         self.finished_indexes.append(getattr(outcome, "trajectory", outcome).prompt_index)
 
     @hermes_batch.hookimpl
-    def hermes_batch_run_end(self, run, statistics):
+    def run_finished(self, run, statistics):
         self.events.append(("end", statistics["prompts"]["finished"]))
 
 

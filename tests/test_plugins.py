@@ -1,6 +1,9 @@
 """The plugin framework: loading, registration, duplicates, broken and misspelled plugins."""
 
 import json
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
@@ -74,15 +77,53 @@ def test_misspelled_hook_is_an_error():
         get_plugin_manager(load_entry_points=False, extra_plugins=[Typo()])
 
 
+def _install(folder, monkeypatch, dist: str, entry_point: str, module: str, source: str = "") -> str:
+    """Make ``folder`` hold an installed distribution ``dist`` whose entry point ``entry_point`` is ``module``."""
+    info = folder / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[hermes_batch]\n{entry_point} = {module}\n")
+    if source:
+        (folder / f"{module}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(folder))
+    return dist
+
+
 @pytest.fixture
 def broken_distribution(tmp_path, monkeypatch):
     """An installed distribution whose hermes_batch entry point cannot be imported."""
-    info = tmp_path / "broken_plugin-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[hermes_batch]\nbroken = no_such_module_for_hermes_batch\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return "broken-plugin"
+    return _install(tmp_path, monkeypatch, "broken-plugin", "broken", "no_such_module_for_hermes_batch")
+
+
+@pytest.fixture
+def outdated_distribution(tmp_path, monkeypatch):
+    """An installed distribution whose plugin implements a hook under a name hermes-batch does not have."""
+    return _install(tmp_path, monkeypatch, "outdated-plugin", "outdated", "outdated_hermes_plugin", """
+        import hermes_batch
+
+        @hermes_batch.hookimpl
+        def hermes_batch_run_start(run):
+            pass
+    """)
+
+
+@pytest.fixture
+def throwaway_distribution(tmp_path, monkeypatch):
+    """An installed distribution providing the filter ``throwaway``."""
+    return _install(tmp_path, monkeypatch, "throwaway-plugin", "throwaway", "throwaway_hermes_plugin", """
+        import hermes_batch
+
+        class Throwaway(hermes_batch.Filter):
+            name = "throwaway"
+            description = "Keeps everything."
+
+            def check(self, trajectory):
+                return None
+
+        @hermes_batch.hookimpl
+        def register_filters(register):
+            register(Throwaway)
+    """)
 
 
 def test_broken_plugin_is_skipped_with_a_warning_naming_its_distribution(broken_distribution):
@@ -100,28 +141,42 @@ def test_broken_plugin_raises_in_strict_mode(broken_distribution):
         get_plugin_manager(strict=True)
 
 
-def test_example_plugin_is_discovered_listed_and_selectable():
+def test_a_plugin_with_an_unknown_hook_is_skipped_with_a_warning_naming_its_distribution(outdated_distribution):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pm = get_plugin_manager()
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, PluginLoadWarning)]
+    assert message.startswith("Skipping plugin 'outdated' from distribution 'outdated-plugin': it implements ")
+    assert "hermes_batch_run_start, which is not a hook of hermes-batch" in message
+    assert pm.get_plugin("outdated") is None
+    assert "local" in pm.registry().names("sandboxes")  # the rest still works
+    with pytest.raises(PluginError, match="'outdated' from distribution 'outdated-plugin'.*hermes_batch_run_start"):
+        get_plugin_manager(strict=True)
+
+
+def test_an_entry_point_plugin_is_discovered_listed_and_selectable(throwaway_distribution):
     pm = get_plugin_manager(strict=True)
-    assert pm.get_plugin("example") is not None
+    assert pm.distribution("throwaway") == ("throwaway-plugin", "1.0")
     result = CliRunner().invoke(cli, ["plugins"])
     assert result.exit_code == 0, result.output
     plugins = {p["name"]: p for p in json.loads(result.output)}
-    example = plugins["example"]
-    assert example["distribution"] == "hermes-batch-example"
-    assert example["version"] == "0.1.0"
-    assert example["provides"] == {"filters": ["max-tool-failures"], "toolsets": ["calculator"]}
+    assert plugins["throwaway"]["distribution"] == "throwaway-plugin"
+    assert plugins["throwaway"]["version"] == "1.0"
+    assert plugins["throwaway"]["provides"] == {"filters": ["throwaway"]}
     assert plugins["hermes_batch.default_plugins.local_sandbox"]["provides"] == {"sandboxes": ["local"]}
+    listed = CliRunner().invoke(cli, ["filters"])
+    assert "Keeps everything.  (from throwaway)" in listed.output
 
 
 @pytest.mark.parametrize(
     "command, expected",
     [
         ("sandboxes", "local"),
-        ("filters", "max-tool-failures"),
+        ("filters", "no-reasoning"),
         ("writers", "jsonl"),
         ("model-clients", "openai"),
         ("executors", "local"),
-        ("toolsets", "calculator"),
+        ("toolsets", "terminal"),
     ],
 )
 def test_listing_commands(command, expected):
@@ -130,10 +185,101 @@ def test_listing_commands(command, expected):
     assert expected in {row["name"] for row in json.loads(result.output)}
 
 
+def test_every_kind_has_its_hook_and_a_listing_or_a_command():
+    from hermes_batch import hookspecs
+    from hermes_batch.plugins import KINDS
+
+    registration_hooks = {name for name in dir(hookspecs) if name.startswith("register_")}
+    assert {kind.hook for kind in KINDS} == registration_hooks
+    listed = {command for command in cli.commands}
+    for kind in KINDS:
+        assert kind.listing in listed or kind.key in ("distributions", "commands"), kind
+    assert "distributions" in listed
+
+
+@pytest.mark.parametrize(
+    "hook, obj, message",
+    [
+        ("register_sandbox_backends", Filter, "registered <class 'hermes_batch.interfaces.Filter'> as a sandbox backend, "
+         "but it must be a subclass of hermes_batch.SandboxBackend"),
+        ("register_filters", object(), "must be a subclass of hermes_batch.Filter"),
+        ("register_toolsets", "terminal", "registered 'terminal' as a toolset, but it must be an instance of hermes_batch.Toolset"),
+        ("register_toolsets", Toolset("t", "d", (str,)), "put <class 'str'> in the toolset 't'"),
+        ("register_commands", print, "must be an instance of click.Command"),
+    ],
+)
+def test_registering_the_wrong_kind_of_object_names_the_plugin(hook, obj, message):
+    Wrong = type("Wrong", (), {hook: hermes_batch.hookimpl(lambda self, register: register(obj))})
+    with pytest.raises(PluginError, match="Plugin 'Wrong'") as info:
+        collect(get_plugin_manager(load_entry_points=False, extra_plugins=[Wrong()]))
+    assert message in str(info.value)
+
+
+def test_a_tool_whose_parameters_are_no_json_schema_names_the_plugin():
+    class Broken(hermes_batch.Tool):
+        name, description = "broken", "A broken tool."
+        parameters = {"type": "object", "properties": {"x": {"type": "strnig"}}}
+
+        async def call(self, arguments, ctx):
+            return {}
+
+    class Plugin:
+        @hermes_batch.hookimpl
+        def register_toolsets(self, register):
+            register(Toolset("broken", "Broken.", (Broken,)))
+
+    with pytest.raises(PluginError, match="Plugin 'Plugin': the parameters of the tool 'broken' are not a valid JSON Schema"):
+        collect(get_plugin_manager(load_entry_points=False, extra_plugins=[Plugin()]))
+
+
+def test_a_nameless_object_is_named_by_its_kind():
+    class Nameless(Filter):
+        name = ""
+
+        def check(self, trajectory):
+            return None
+
+    Plugin = type("Plugin", (), {"register_filters": hermes_batch.hookimpl(lambda self, register: register(Nameless))})
+    with pytest.raises(PluginError, match="registered a filter without a name"):
+        collect(get_plugin_manager(load_entry_points=False, extra_plugins=[Plugin()]))
+
+
+def test_importing_the_command_line_loads_no_plugin():
+    code = "import sys, hermes_batch.cli; print(sorted(m for m in sys.modules if m.startswith('hermes_batch_')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("args", [["sandboxes"], ["plugins"], ["--help"], ["distributions"], ["nosuch"]])
+def test_plugins_load_once_per_command(monkeypatch, args):
+    import hermes_batch.plugins
+
+    built = []
+    real = hermes_batch.plugins.get_plugin_manager
+    monkeypatch.setattr(hermes_batch.plugins, "get_plugin_manager", lambda **kw: built.append(kw) or real(**kw))
+    CliRunner().invoke(cli, args)
+    assert len(built) == 1
+
+
+def test_a_run_loads_plugins_once(monkeypatch, tmp_path):
+    import hermes_batch.plugins
+
+    built = []
+    real = hermes_batch.plugins.get_plugin_manager
+    monkeypatch.setattr(hermes_batch.plugins, "get_plugin_manager", lambda **kw: built.append(kw) or real(**kw))
+    (tmp_path / "d.jsonl").write_text('{"prompt": "x"}\n')
+    # stops at the preflight (nothing listens on port 9), after the run was prepared
+    result = CliRunner().invoke(cli, ["run", "--dataset_file", str(tmp_path / "d.jsonl"), "--batch_size", "1",
+                                      "--run_name", "r", "--output_dir", str(tmp_path), "--api_key", "k",
+                                      "--base_url", "http://127.0.0.1:9/v1", "--max_retries", "0", "--no-progress"])
+    assert result.exit_code == 2, result.output
+    assert len(built) == 1
+
+
 def test_plugins_add_commands():
     import click
 
-    from hermes_batch.cli import add_plugin_commands
+    from hermes_batch.cli import plugin_commands
 
     @click.command("hello")
     def hello():
@@ -145,9 +291,9 @@ def test_plugins_add_commands():
             register(hello)
 
     pm = get_plugin_manager(load_entry_points=False, extra_plugins=[Commands()])
-    group = click.Group(commands={"run": click.Command("run")})
-    add_plugin_commands(group, pm)
-    assert CliRunner().invoke(group, ["hello"]).output == "hello from a plugin\n"
-    assert {"export", "refilter", "stats"} <= set(group.commands)  # the core's own, through the same hook
-    with pytest.raises(PluginError, match="'Commands' registers the command 'hello'"):
-        add_plugin_commands(click.Group(commands={"hello": hello}), pm)
+    commands = plugin_commands(click.Group(commands={"run": click.Command("run")}), pm)
+    assert commands.pop("hello") is hello
+    assert set(commands) == {"export", "refilter", "stats", "report", "view"}  # the core's own, through the same hook
+    assert CliRunner().invoke(cli, ["hello"], obj=pm).output == "hello from a plugin\n"
+    with pytest.raises(PluginError, match="Plugin 'Commands' registers the command 'hello', which already exists"):
+        plugin_commands(click.Group(commands={"hello": hello}), pm)

@@ -7,13 +7,44 @@ import sys
 import click
 
 from .. import __version__
-from ..errors import HermesBatchError
+from ..errors import HermesBatchError, PluginError
 from .listing import distributions_command, listing_commands, plugins_command
 from .run import run_command
 
+_PLUGIN_MANAGER = "hermes_batch.plugin_manager"
+_PLUGIN_COMMANDS = "hermes_batch.plugin_commands"
+
+
+def plugin_manager(ctx: click.Context | None = None):
+    """The plugin manager of the command being run, built at its first use: plugins load once per command."""
+    from ..plugins import PluginManager, get_plugin_manager
+
+    ctx = ctx or click.get_current_context(silent=True)
+    if ctx is None:  # called outside a command (the Python API)
+        return get_plugin_manager()
+    root = ctx.find_root()
+    if isinstance(root.obj, PluginManager):  # a caller's own (tests: ``CliRunner().invoke(cli, args, obj=pm)``)
+        return root.obj
+    meta = root.meta
+    if _PLUGIN_MANAGER not in meta:
+        meta[_PLUGIN_MANAGER] = get_plugin_manager()
+    return meta[_PLUGIN_MANAGER]
+
+
+def plugin_commands(group: click.Group, pm) -> dict[str, click.Command]:
+    """The commands plugins register through ``register_commands``; a name ``group`` already has is an error."""
+    from ..plugins import KIND, collect
+
+    commands = {}
+    for reg in collect(pm, kinds=(KIND["commands"],)).items("commands"):
+        if reg.name in group.commands:
+            raise PluginError(f"Plugin {reg.plugin!r} registers the command {reg.name!r}, which already exists; rename it.")
+        commands[reg.name] = reg.obj
+    return commands
+
 
 class _Group(click.Group):
-    """Prints user errors as one sentence; a traceback only for bugs under --verbose."""
+    """Prints user errors as one sentence; looks up plugins' commands only when a name is not built in."""
 
     def invoke(self, ctx):
         try:
@@ -21,6 +52,22 @@ class _Group(click.Group):
         except HermesBatchError as exc:
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+
+    def list_commands(self, ctx):
+        return sorted({*super().list_commands(ctx), *self._plugin_commands(ctx)})
+
+    def get_command(self, ctx, name):
+        return super().get_command(ctx, name) or self._plugin_commands(ctx).get(name)
+
+    def _plugin_commands(self, ctx) -> dict[str, click.Command]:
+        meta = ctx.find_root().meta
+        if _PLUGIN_COMMANDS not in meta:
+            try:
+                meta[_PLUGIN_COMMANDS] = plugin_commands(self, plugin_manager(ctx))
+            except HermesBatchError as exc:  # the command line must still start to say what is wrong
+                click.echo(f"Warning: {exc}", err=True)
+                meta[_PLUGIN_COMMANDS] = {}
+        return meta[_PLUGIN_COMMANDS]
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -34,32 +81,6 @@ cli.add_command(distributions_command)
 cli.add_command(plugins_command)
 for command in listing_commands():
     cli.add_command(command)
-
-
-def add_plugin_commands(group: click.Group, pm) -> None:
-    """Add the commands plugins register through ``register_commands`` to ``group``."""
-    from ..errors import PluginError
-
-    for impl in pm.hook.register_commands.get_hookimpls():
-
-        def register(command, _plugin=impl.plugin_name):
-            if command.name in group.commands:
-                raise PluginError(f"Plugin {_plugin!r} registers the command {command.name!r}, which already exists.")
-            group.add_command(command)
-
-        impl.function(register=register)
-
-
-def _load_plugin_commands() -> None:
-    from ..plugins import get_plugin_manager
-
-    try:
-        add_plugin_commands(cli, get_plugin_manager())
-    except HermesBatchError as exc:  # the command line must still start to say what is wrong
-        click.echo(f"Warning: {exc}", err=True)
-
-
-_load_plugin_commands()
 
 
 def main(argv=None) -> None:

@@ -9,11 +9,13 @@ import attrs
 import click
 
 from .. import distributions as dist_module
-from ..plugins import collect, describe_plugins, get_plugin_manager
+from ..plugins import KINDS, Kind, describe_plugins
 
 
 def _registry(distribution_file=None):
-    registry = collect(get_plugin_manager())
+    from . import plugin_manager
+
+    registry = plugin_manager().registry()
     if distribution_file is not None:
         for dist in dist_module.load_distribution_file(Path(distribution_file)):
             registry.add("distributions", dist, f"file {distribution_file}")
@@ -41,28 +43,22 @@ def distributions_command(distribution_file, as_json):
 @click.command("plugins")
 def plugins_command():
     """List installed plugins and what each provides, as JSON."""
-    click.echo(json.dumps(describe_plugins(get_plugin_manager()), indent=2))
+    from . import plugin_manager
+
+    click.echo(json.dumps(describe_plugins(plugin_manager()), indent=2))
 
 
-_KINDS = {
-    "sandboxes": ("sandboxes", "sandbox backends (--sandbox)"),
-    "filters": ("filters", "quality filters (--filter)"),
-    "writers": ("writers", "output writers (--writer)"),
-    "model-clients": ("model_clients", "model clients (--model_client)"),
-    "executors": ("executors", "executors (--executor)"),
-    "toolsets": ("toolsets", "toolsets"),
-}
+def _listing(kind: Kind) -> click.Command:
+    what = f"{kind.plural} ({kind.option})" if kind.option else kind.plural
 
-
-def _listing(command_name: str, kind: str, what: str) -> click.Command:
-    @click.command(command_name, help=f"List the installed {what}.")
+    @click.command(kind.listing, help=f"List the installed {what}.")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
     def command(as_json):
         registry = _registry()
         rows = []
-        for reg in registry.items(kind):
+        for reg in registry.items(kind.key):
             row = {"name": reg.name, "plugin": reg.plugin, "description": getattr(reg.obj, "description", "")}
-            if kind == "toolsets":
+            if kind.key == "toolsets":
                 row["tools"] = [t.name for t in reg.obj.tools]
                 row["options"] = [f.name for f in attrs.fields(reg.obj.Config)]
             rows.append(row)
@@ -80,4 +76,5 @@ def _listing(command_name: str, kind: str, what: str) -> click.Command:
 
 
 def listing_commands() -> list[click.Command]:
-    return [_listing(name, kind, what) for name, (kind, what) in _KINDS.items()]
+    """A listing command for each kind of plugin object that has one (see ``KINDS``)."""
+    return [_listing(kind) for kind in KINDS if kind.listing]

@@ -200,8 +200,9 @@ def execute(config: RunConfig) -> int:
     from ..process_guard import protect
     from ..redaction import redact_logging, run_secrets
     from ..runner import Run
+    from . import plugin_manager
 
-    run = Run(config)
+    run = Run(config, plugin_manager())
     protect(run_secrets(config))
     redact_logging(run.redactor)
     try:
