@@ -1,4 +1,8 @@
-"""hermes-batch: run a tool-using LLM agent over many prompts and keep the sessions as training data."""
+"""hermes-batch: run a tool-using LLM agent over many prompts and keep the sessions as training data.
+
+Everything a plugin needs is importable from here (see ``__all__``); test helpers
+are in :mod:`hermes_batch.testing`.  Other modules are internal and may change.
+"""
 
 import pluggy
 
@@ -8,3 +12,123 @@ PROJECT_NAME = "hermes_batch"
 
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 """Marker for plugin hook implementations: ``@hermes_batch.hookimpl``."""
+
+from .errors import (  # noqa: E402 (hookimpl and PROJECT_NAME first: the modules below import them)
+    ConfigError,
+    FatalModelError,
+    HermesBatchError,
+    ModelCallError,
+    ModelEndpointError,
+    ModelOutcome,
+    PluginError,
+    PromptFailure,
+    PromptTimeout,
+    RetryableModelError,
+    RunFolderError,
+    SandboxError,
+    UsageError,
+)
+from .function_tools import tool  # noqa: E402
+from .interfaces import (  # noqa: E402
+    Distribution,
+    Executor,
+    Filter,
+    ModelClient,
+    ModelSettings,
+    NoOptions,
+    PromptJob,
+    Sandbox,
+    SandboxBackend,
+    Tool,
+    ToolContext,
+    Toolset,
+    ToolsetRuntime,
+    ToolsetSession,
+    Writer,
+)
+from .output import BoundedOutput, FirstBytes  # noqa: E402
+from .plugins import PluginManager, get_plugin_manager  # noqa: E402
+from .ratelimit import CallLimiter  # noqa: E402
+from .records import (  # noqa: E402
+    CallRecord,
+    Discarded,
+    ExecResult,
+    Failure,
+    Message,
+    Metadata,
+    ModelResponse,
+    PromptRow,
+    SandboxSpec,
+    ToolCall,
+    ToolCallRecord,
+    ToolSpec,
+    ToolStat,
+    Trajectory,
+    Turn,
+    Usage,
+)
+from .retry import error_for_status  # noqa: E402
+from .run_context import RunContext  # noqa: E402
+from .serialization import structure_config  # noqa: E402
+
+__all__ = [
+    # writing a plugin
+    "hookimpl",
+    "get_plugin_manager",
+    "PluginManager",
+    "structure_config",
+    # the base classes of what plugins register, and what they are handed
+    "ModelClient",
+    "ModelSettings",
+    "CallLimiter",
+    "SandboxBackend",
+    "Sandbox",
+    "BoundedOutput",
+    "FirstBytes",
+    "Toolset",
+    "ToolsetRuntime",
+    "ToolsetSession",
+    "Tool",
+    "tool",
+    "ToolContext",
+    "Distribution",
+    "Filter",
+    "Writer",
+    "Executor",
+    "PromptJob",
+    "NoOptions",
+    "RunContext",
+    # records
+    "Message",
+    "ToolCall",
+    "ToolSpec",
+    "ModelResponse",
+    "Usage",
+    "CallRecord",
+    "ExecResult",
+    "SandboxSpec",
+    "PromptRow",
+    "Trajectory",
+    "Turn",
+    "ToolCallRecord",
+    "Metadata",
+    "ToolStat",
+    "Discarded",
+    "Failure",
+    # errors
+    "HermesBatchError",
+    "UsageError",
+    "ConfigError",
+    "PluginError",
+    "RunFolderError",
+    "FatalModelError",
+    "PromptFailure",
+    "PromptTimeout",
+    "SandboxError",
+    "ModelEndpointError",
+    "ModelCallError",
+    "RetryableModelError",
+    "ModelOutcome",
+    "error_for_status",
+    "__version__",
+]

@@ -11,6 +11,8 @@ import re
 import time
 from typing import Mapping, Optional
 
+from .errors import ModelCallError, RetryableModelError
+
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529})
 
 
@@ -118,3 +120,16 @@ def api_error_text(exc) -> str:
         if isinstance(err, dict) and err.get("message"):
             return str(err["message"])
     return str(exc.message)
+
+
+def error_for_status(
+    status: int, headers: Optional[Mapping[str, str]], message: str, *, provider: Optional[str] = None
+) -> ModelCallError:
+    """The error for an HTTP error answer: RetryableModelError (with the server's wait) for 429, 5xx and
+    other passing failures, else ModelCallError; for clients and tools that speak HTTP themselves."""
+    if status in RETRYABLE_STATUS:
+        wait = retry_after_seconds(headers)
+        if wait is None and status == 429:
+            wait = rate_limit_reset_seconds(headers)
+        return RetryableModelError(message, status=status, retry_after=wait, provider=provider)
+    return ModelCallError(message, status=status, provider=provider)

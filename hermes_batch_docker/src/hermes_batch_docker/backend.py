@@ -17,9 +17,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from hermes_batch.errors import ConfigError, SandboxError
-from hermes_batch.interfaces import SandboxBackend
-from hermes_batch.records import SandboxSpec
+from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec
 
 from . import engine
 from .config import BASE_CAPABILITIES, DEFAULT_DISK, DEFAULT_WORKDIR, DockerConfig, parse_size

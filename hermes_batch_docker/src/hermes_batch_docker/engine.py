@@ -11,7 +11,7 @@ import docker
 import docker.errors
 from docker.utils import kwargs_from_env
 
-from hermes_batch.errors import ConfigError
+from hermes_batch import ConfigError
 
 log = logging.getLogger("hermes_batch.docker")
 

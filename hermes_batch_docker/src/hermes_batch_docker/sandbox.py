@@ -16,11 +16,7 @@ import attrs
 import docker.errors
 import requests.exceptions
 
-from hermes_batch.errors import SandboxError
-from hermes_batch.interfaces import Sandbox
-from hermes_batch.records import ExecResult
-
-from hermes_batch.output import BoundedOutput, FirstBytes
+from hermes_batch import BoundedOutput, ExecResult, FirstBytes, Sandbox, SandboxError
 
 from .streams import ExecStream
 

@@ -8,7 +8,7 @@ import struct
 import threading
 from typing import Optional
 
-from hermes_batch.output import BoundedOutput
+from hermes_batch import BoundedOutput
 
 _HEADER = struct.Struct(">BxxxL")  # stream (1 stdout, 2 stderr), 3 bytes padding, payload size
 _STDERR = 2

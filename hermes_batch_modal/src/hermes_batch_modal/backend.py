@@ -8,9 +8,7 @@ import random
 import uuid
 from typing import Optional
 
-from hermes_batch.errors import ConfigError, SandboxError
-from hermes_batch.interfaces import SandboxBackend
-from hermes_batch.records import SandboxSpec
+from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec
 
 from . import connection, leftovers
 from ._sdk import modal

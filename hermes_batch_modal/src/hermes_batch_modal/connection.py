@@ -6,7 +6,7 @@ import asyncio
 import os
 from typing import Optional
 
-from hermes_batch.errors import ConfigError
+from hermes_batch import ConfigError
 
 from ._sdk import modal
 

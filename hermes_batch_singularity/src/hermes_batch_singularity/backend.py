@@ -10,9 +10,7 @@ import posixpath
 import secrets
 from typing import Optional
 
-from hermes_batch.errors import ConfigError, SandboxError
-from hermes_batch.interfaces import SandboxBackend
-from hermes_batch.records import SandboxSpec
+from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec
 
 from . import instances, runtime
 from .config import DEFAULT_WORKDIR, SingularityConfig

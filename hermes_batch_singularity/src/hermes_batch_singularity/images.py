@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import attrs
 from spython.utils import split_uri
 
-from hermes_batch.errors import SandboxError
+from hermes_batch import SandboxError
 
 from . import runtime
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 import attrs
 
-from hermes_batch.errors import ConfigError
+from hermes_batch import ConfigError
 
 from .config import RUNTIMES
 

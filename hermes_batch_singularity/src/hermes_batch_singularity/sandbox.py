@@ -10,10 +10,7 @@ import re
 import subprocess
 from typing import TYPE_CHECKING, Optional
 
-from hermes_batch.errors import SandboxError
-from hermes_batch.interfaces import Sandbox
-from hermes_batch.output import BoundedOutput
-from hermes_batch.records import ExecResult
+from hermes_batch import BoundedOutput, ExecResult, Sandbox, SandboxError
 
 from . import runtime
 

@@ -11,7 +11,7 @@ agent's tool names and argument shapes.  Each is configured with
 from __future__ import annotations
 
 import hermes_batch
-from hermes_batch.interfaces import Toolset
+from hermes_batch import Toolset
 
 from .browser import BrowserConfig, BrowserRuntime
 from .browser_tools import BROWSER_TOOLS

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from hermes_batch.interfaces import ToolsetRuntime, ToolsetSession
+from hermes_batch import ToolsetRuntime, ToolsetSession
 
 from .urls import FetchError, address_blocked, check_url
 from .options import positive

@@ -10,7 +10,7 @@ import asyncio
 import re
 from typing import Awaitable, Callable
 
-from hermes_batch.interfaces import Tool, ToolContext
+from hermes_batch import Tool, ToolContext
 
 from .browser import BrowserError, BrowserSession, _first_line, checked_url
 

@@ -1,6 +1,6 @@
 """OpenAI-compatible endpoints that tools call (vision, image generation): the run's own, or another.
 
-Calls go through a :class:`~hermes_batch.ratelimit.CallLimiter`, so they are
+Calls go through a :class:`~hermes_batch.CallLimiter`, so they are
 retried with backoff on 429/5xx like the agent's own calls.  On the run's
 endpoint the limiter is the run client's: the tools share its rate limits and
 budgets, and the cost they are charged counts against ``--max_cost``.
@@ -14,10 +14,16 @@ from typing import Any, Optional
 
 import attrs
 
-from hermes_batch.errors import ModelCallError, PromptFailure, RetryableModelError
-from hermes_batch.ratelimit import CallLimiter
-from hermes_batch.records import Message, ModelResponse, Usage
-from hermes_batch.retry import RETRYABLE_STATUS, rate_limit_reset_seconds, retry_after_seconds
+from hermes_batch import (
+    CallLimiter,
+    Message,
+    ModelCallError,
+    ModelResponse,
+    PromptFailure,
+    RetryableModelError,
+    Usage,
+    error_for_status,
+)
 
 # Bodies of answers are bounded: an image comes back base64-encoded, so allow some megabytes.
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -97,13 +103,7 @@ class Endpoint:
             decoded = None
         if status != 200:
             message = _error_text(decoded) or raw[:200].decode("utf-8", "replace") or f"HTTP {status}"
-            text = f"{url} answered {status}: {message}"
-            if status in RETRYABLE_STATUS:
-                wait = retry_after_seconds(response_headers)
-                if wait is None and status == 429:
-                    wait = rate_limit_reset_seconds(response_headers)
-                raise RetryableModelError(text, status=status, retry_after=wait)
-            raise ModelCallError(text, status=status)
+            raise error_for_status(status, response_headers, f"{url} answered {status}: {message}")
         if not isinstance(decoded, dict):
             raise ModelCallError(f"{url} answered with something that is not a JSON object", status=status)
         provider = decoded.get("provider") if isinstance(decoded.get("provider"), str) else None

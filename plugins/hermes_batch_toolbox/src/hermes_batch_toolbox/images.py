@@ -8,7 +8,7 @@ import hashlib
 import inspect
 from typing import Optional
 
-from hermes_batch.interfaces import ToolContext
+from hermes_batch import ToolContext
 
 
 _SIGNATURES = (

@@ -14,9 +14,16 @@ from typing import Any, Optional
 
 import attrs
 
-from hermes_batch.errors import HermesBatchError, ModelCallError, PromptFailure
-from hermes_batch.interfaces import ModelClient, Tool, ToolContext, ToolsetRuntime
-from hermes_batch.records import Message
+from hermes_batch import (
+    HermesBatchError,
+    Message,
+    ModelCallError,
+    ModelClient,
+    PromptFailure,
+    Tool,
+    ToolContext,
+    ToolsetRuntime,
+)
 
 AGGREGATOR_PROMPT = (
     "You have been given answers from several models to the user's latest request. Write one answer of "

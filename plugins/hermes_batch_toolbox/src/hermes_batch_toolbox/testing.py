@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 from aiohttp import web
 
-from hermes_batch.testing.images import png_for, solid_png
+from hermes_batch.testing import png_for, solid_png
 
 IMAGES = {"red.png": solid_png(8, 8, (255, 0, 0)), "blue.png": solid_png(16, 16, (0, 0, 255))}
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import attrs
 
-from hermes_batch.interfaces import Tool, ToolContext, ToolsetRuntime
+from hermes_batch import Tool, ToolContext, ToolsetRuntime
 
 from .endpoint import call_error_text, read_secret
 from .images import ImageError, data_url, load_image

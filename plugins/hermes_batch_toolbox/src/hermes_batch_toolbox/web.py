@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import attrs
 
-from hermes_batch.interfaces import Tool, ToolContext, ToolsetRuntime
+from hermes_batch import Tool, ToolContext, ToolsetRuntime
 
 from . import search
 from .endpoint import read_secret
