@@ -7,8 +7,7 @@ import operator
 from typing import Optional
 
 import hermes_batch
-from hermes_batch.interfaces import Filter, Tool, ToolContext, Toolset
-from hermes_batch.records import Trajectory
+from hermes_batch import Filter, Toolset, Trajectory
 
 
 @hermes_batch.hookimpl
@@ -18,7 +17,7 @@ def register_filters(register):
 
 @hermes_batch.hookimpl
 def register_toolsets(register):
-    register(Toolset("calculator", "Exact arithmetic without a sandbox.", (CalculateTool,)))
+    register(Toolset("calculator", "Exact arithmetic without a sandbox.", (calculate,)))
 
 
 class MaxToolFailuresFilter(Filter):
@@ -33,6 +32,19 @@ class MaxToolFailuresFilter(Filter):
         if calls and failures * 2 > calls:
             return f"{failures} of {calls} tool calls failed"
         return None
+
+
+@hermes_batch.tool
+async def calculate(expression: str) -> dict:
+    """Evaluate an arithmetic expression (+ - * / // % ** and parentheses) and return the result.
+
+    Args:
+        expression: For example (2 + 3) * 4
+    """
+    try:
+        return {"result": evaluate(expression), "error": None}
+    except (ValueError, SyntaxError, ZeroDivisionError, OverflowError) as exc:
+        return {"result": None, "error": f"cannot evaluate: {exc}"}
 
 
 _OPERATORS = {
@@ -66,22 +78,3 @@ def evaluate(expression: str) -> float:
         raise ValueError(f"unsupported syntax: {type(node).__name__}")
 
     return walk(ast.parse(expression, mode="eval"))
-
-
-class CalculateTool(Tool):
-    """Evaluate an arithmetic expression exactly."""
-
-    name = "calculate"
-    description = "Evaluate an arithmetic expression (+ - * / // % ** and parentheses) and return the result."
-    parameters = {
-        "type": "object",
-        "properties": {"expression": {"type": "string", "description": "For example (2 + 3) * 4"}},
-        "required": ["expression"],
-        "additionalProperties": False,
-    }
-
-    async def call(self, arguments: dict, ctx: ToolContext) -> dict:
-        try:
-            return {"result": evaluate(arguments["expression"]), "error": None}
-        except (ValueError, SyntaxError, ZeroDivisionError, OverflowError) as exc:
-            return {"result": None, "error": f"cannot evaluate: {exc}"}
