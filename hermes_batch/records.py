@@ -193,7 +193,7 @@ class Metadata:
 
 @frozen
 class Trajectory:
-    """One line of batch_N.jsonl and trajectories.jsonl (SPEC section 9)."""
+    """One kept sample: a line of batch_N.jsonl and of the merged trajectories.jsonl."""
 
     prompt_index: int
     conversations: tuple[Turn, ...]
@@ -204,6 +204,20 @@ class Trajectory:
     toolsets_used: tuple[str, ...]
     tool_stats: dict[str, ToolStat]
     tool_error_counts: dict[str, int]
+
+    @property
+    def final_answer(self) -> Optional[str]:
+        """The model's answer: its last turn without the ``<think>`` reasoning; None when the session did not
+        end in an answer (``completed`` is false: turns, time or context ran out, or content was filtered)."""
+        if not self.completed:
+            return None
+        for turn in reversed(self.conversations):
+            if turn.from_ == "gpt":
+                if turn.value.startswith("<think>"):
+                    end = turn.value.rfind("</think>")
+                    return turn.value[end + len("</think>"):].lstrip("\n") if end != -1 else ""
+                return turn.value
+        return None
 
     def with_tools(self, tool_names) -> "Trajectory":
         """The same trajectory with zeroed stats for every tool in ``tool_names`` it lacks."""

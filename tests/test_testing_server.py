@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from hermes_batch.records import Usage
-from hermes_batch.testing import ErrorRule, Reply, RoutedScript, ScriptedModelServer, ToolLoopScript
+from hermes_batch.testing import ErrorRule, Reply, RoutedScript, ScriptedModelServer, ToolLoopScript, write_dataset
 
 SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}}
 TERMINAL = [{"type": "function", "function": {"name": "terminal", "parameters": SCHEMA}}]
@@ -275,7 +275,7 @@ async def test_routed_script_and_script_errors():
         response = await client.chat.completions.create(model="m", messages=user("hello"))
         assert response.choices[0].message.content == "hi there"
         assert (await client.chat.completions.create(model="m", messages=user("tools"))).choices[0].message.tool_calls
-        with pytest.raises(openai.InternalServerError, match="no route for prompt 'other'"):
+        with pytest.raises(openai.BadRequestError, match="The test's script raised LookupError: .*no route for prompt 'other'"):
             await client.chat.completions.create(model="m", messages=user("other"))
         assert isinstance(server.script_errors[0], LookupError)
 
@@ -309,3 +309,19 @@ def test_command_line_serves_until_sigterm():
     assert process.returncode == 0, err
     assert out.strip() == 'REQUESTS 1 {"200": 1}'
     assert "Warning" not in err
+
+
+def test_a_run_does_not_retry_what_the_tests_own_script_raised(tmp_path, runner, model_server):
+    def script(request):
+        if request.prompt == "buggy":
+            raise KeyError("a bug in the test")
+        return Reply("fine")
+
+    server = model_server(script)
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "buggy"}, {"prompt": "fine"}])
+    result = runner.invoke(dataset, "--no_filters", server=server)
+    assert result.exit_code == 3, result.output
+    assert server.calls_for("buggy") == 1  # one attempt: a 400 is not retried
+    [failure] = runner.records("failed.jsonl")
+    assert "The test's script raised KeyError" in failure["message"]
+    assert [type(e) for e in server.script_errors] == [KeyError]

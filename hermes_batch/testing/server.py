@@ -62,6 +62,9 @@ __all__ = [
 ]
 
 
+SCRIPT_ERROR_STATUS = 400  # the answer to a request whose script raised (see ScriptedModelServer.script_errors)
+
+
 @attrs.frozen
 class ErrorRule:
     """Answer with an error instead of calling the script.
@@ -130,7 +133,7 @@ class ScriptedModelServer:
         self._attempts: collections.Counter = collections.Counter()
         self._thinking: collections.Counter = collections.Counter()
         self._ids = 0
-        self.script_errors: list = []  # exceptions raised by the script, answered with a 500
+        self.script_errors: list = []  # exceptions raised by the script, each answered with a 400 (not retried)
         self._runner: Optional[web.AppRunner] = None
         self._stopping: Optional[asyncio.Event] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -333,7 +336,9 @@ class ScriptedModelServer:
                 raise TypeError(f"a script must return a Reply, not {type(reply).__name__}")
         except Exception as exc:  # the script is test code: report its bug to the client and the test
             self.script_errors.append(exc)
-            return self._error(api, 500, f"The script raised {type(exc).__name__}: {exc}")
+            # 400, not 500: a client must not retry the test's own bug as if the endpoint had failed
+            return self._error(api, SCRIPT_ERROR_STATUS, f"The test's script raised {type(exc).__name__}: {exc}",
+                               error_type="script_error")
         if reply.status != 200:
             message = reply.error_message or f"Scripted error {reply.status}."
             return self._error(api, reply.status, message, reply.headers, reply.error_type, reply.provider)
