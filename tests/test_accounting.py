@@ -16,7 +16,7 @@ import time
 import attrs
 import pytest
 
-from conftest import write_dataset
+from hermes_batch.testing import write_dataset
 
 from hermes_batch.interfaces import PREFLIGHT_PROMPT
 from hermes_batch.journal import read_journal
@@ -58,7 +58,7 @@ def test_sigkill_then_resume_counts_every_request_the_endpoint_served(tmp_path, 
         priced(ToolLoopScript(tool_calls=2)),
         hang=lambda r: hanging.is_set() and r.prompt in stuck and r.turn == 1,
     )
-    proc = runner.spawn(data, "run", *BASE, "--num_workers", "8", server=server)
+    proc = runner.spawn(data, *BASE, "--num_workers", "8", server=server)
     try:
         # every worker waits on a hung request, so no request is on its way: the server saw all that was sent
         wait_for(lambda: sum(r.prompt in stuck and r.turn == 1 for r in server.requests) == 8, 120,
@@ -83,11 +83,11 @@ def test_sigkill_then_resume_counts_every_request_the_endpoint_served(tmp_path, 
 
     # the budget counts what the killed session paid for: at this --max_cost nothing more may start
     before = server.request_count
-    result = runner.invoke(data, "run", *BASE, "--resume", "--max_cost", f"{COST * answered() - COST / 2}", server=server)
+    result = runner.invoke(data, *BASE, "--resume", "--max_cost", f"{COST * answered() - COST / 2}", server=server)
     assert result.exit_code == 0, result.output
     assert "--max_cost" in result.output and server.request_count == before
 
-    result = runner.invoke(data, "run", *BASE, "--resume", server=server)
+    result = runner.invoke(data, *BASE, "--resume", server=server)
     assert result.exit_code == 0, result.output
     stats = json_file(folder / "statistics.json")
     assert stats["prompts"]["kept"] == 40
@@ -128,7 +128,7 @@ def test_ctrl_c_counts_every_prompt_it_saved_and_every_request_it_sent(tmp_path,
     thread = threading.Thread(target=interrupt)
     thread.start()
     try:
-        result = runner.invoke(data, "run", *BASE, "--num_workers", "24")
+        result = runner.invoke(data, *BASE, "--num_workers", "24")
     finally:
         thread.join()
         hanging.clear()

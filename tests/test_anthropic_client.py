@@ -16,7 +16,7 @@ import socket
 import anthropic
 import pytest
 from click.testing import CliRunner
-from conftest import API_KEY, write_dataset
+from hermes_batch.testing import TEST_API_KEY as API_KEY, write_dataset
 
 from hermes_batch.cli import cli
 from hermes_batch.config import HTTP_BACKENDS, resolve_api_key
@@ -43,7 +43,7 @@ def anthropic_args(server, *extra) -> list:
 
 
 def run_anthropic(runner, server, dataset, run_name="run", *extra):
-    return runner.invoke(dataset, run_name, *anthropic_args(server, *extra))
+    return runner.invoke(dataset, *anthropic_args(server, *extra), run_name=run_name)
 
 
 def _hash(prompt: str) -> str:
@@ -126,7 +126,7 @@ def test_trajectories_have_the_same_shape_as_from_the_openai_client(model_server
     server = runner.server = model_server(ToolLoopScript(tool_calls=2, calls_per_turn=2))
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": PROMPT}, {"prompt": "Another task"}])
     # the same seed samples the same toolsets, so the system turns match too
-    assert runner.invoke(dataset, "openai", "--reasoning_effort", "low", "--seed", "7").exit_code == 0
+    assert runner.invoke(dataset, "--reasoning_effort", "low", "--seed", "7", run_name="openai").exit_code == 0
     result = run_anthropic(runner, server, dataset, "anthropic", "--reasoning_effort", "low", "--seed", "7")
     assert result.exit_code == 0, result.output
 
@@ -244,7 +244,7 @@ def test_anthropic_api_key_is_read_from_the_environment(model_server, runner, tm
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-not-this-one")
     server = model_server(ToolLoopScript(tool_calls=0))
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": PROMPT}])
-    args = runner.args(dataset, "run") + anthropic_args(server, "--no_filters")
+    args = runner.args(dataset) + anthropic_args(server, "--no_filters")
     i = args.index("--api_key")
     del args[i : i + 2]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)

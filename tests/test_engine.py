@@ -10,7 +10,7 @@ from hermes_batch.plugins import get_plugin_manager
 from hermes_batch.runner import Run
 from hermes_batch.testing import RoutedScript, ToolLoopScript
 
-from conftest import API_KEY, write_dataset
+from hermes_batch.testing import TEST_API_KEY as API_KEY, write_dataset
 
 
 class Observer:

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import write_dataset
-
 from hermes_batch import plugins
 from hermes_batch.cli import cli
+from hermes_batch.testing import write_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,13 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def without_toolbox(monkeypatch):
     """As on a machine where hermes-batch-toolbox is not installed (the test environment has it)."""
-    load = plugins._load_entry_points
+    load = plugins._load_entry_point
 
-    def load_all_but_toolbox(pm, strict):
-        pm.set_blocked("toolbox")
-        load(pm, strict)
+    def load_all_but_toolbox(pm, ep, strict):
+        if ep.name != "toolbox":
+            load(pm, ep, strict)
 
-    monkeypatch.setattr(plugins, "_load_entry_points", load_all_but_toolbox)
+    monkeypatch.setattr(plugins, "_load_entry_point", load_all_but_toolbox)
+
+
 READMES = [ROOT / "README.md", *ROOT.glob("hermes_batch_*/README.md"), *ROOT.glob("plugins/*/README.md")]
 
 
@@ -82,11 +83,11 @@ def test_the_distribution_listing_names_the_plugin_of_unavailable_toolsets(witho
 def test_a_run_says_once_which_plugin_provides_the_missing_toolsets(runner, model_server, tmp_path, without_toolbox):
     runner.server = model_server()
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(6)])
-    result = runner.invoke(data, "run", "--distribution", "default")
+    result = runner.invoke(data, "--distribution", "default")
     assert result.exit_code == 0, result.output
     [warning] = [line for line in result.output.splitlines() if "names toolsets no installed plugin provides" in line]
     assert "hermes-batch-toolbox provides web, vision, image_gen, moa, browser" in warning
-    refused = runner.invoke(data, "other", "--distribution", "browser_only")
+    refused = runner.invoke(data, "--distribution", "browser_only", run_name="other")
     assert refused.exit_code == 2
     assert "hermes-batch-toolbox provides browser" in refused.output
 
@@ -95,11 +96,11 @@ def test_the_local_sandbox_says_once_that_it_ignores_images(runner, model_server
     runner.server = model_server()
     rows = [{"prompt": f"task {i}", "image": f"python:3.{10 + i % 4}"} for i in range(8)] + [{"prompt": "plain"}]
     data = write_dataset(tmp_path / "data.jsonl", rows)
-    result = runner.invoke(data, "run")
+    result = runner.invoke(data)
     assert result.exit_code == 0, result.output
     [warning] = [line for line in result.output.splitlines() if "container images" in line]
     assert "python:3.10, python:3.11, python:3.12, ..." in warning and "--sandbox docker" in warning
-    quiet = runner.invoke(write_dataset(tmp_path / "plain.jsonl", [{"prompt": "plain"}]), "plain")
+    quiet = runner.invoke(write_dataset(tmp_path / "plain.jsonl", [{"prompt": "plain"}]), run_name="plain")
     assert "container images" not in quiet.output
 
 
@@ -111,7 +112,7 @@ def test_skip_invalid_lists_the_lines_it_skipped(runner, model_server, tmp_path)
         if i % 2:
             rows.append('{"prompt": "cut sho')  # a line cut short
     data = write_dataset(tmp_path / "data.jsonl", rows)
-    result = runner.invoke(data, "run", "--skip_invalid", "--max_samples", "40")
+    result = runner.invoke(data, "--skip_invalid", "--max_samples", "40")
     assert result.exit_code == 0, result.output
     listed = (runner.folder() / "skipped_lines.txt").read_text().splitlines()
     assert len(listed) == 13  # of the first 40 lines

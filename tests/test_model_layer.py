@@ -15,8 +15,7 @@ import zlib
 
 import pytest
 
-import conftest
-from conftest import write_dataset
+from hermes_batch.testing import TEST_API_KEY, write_dataset
 
 from hermes_batch import agent
 from hermes_batch.config import HTTP_BACKENDS
@@ -90,7 +89,7 @@ def test_preflight_failures_exit_2_before_any_sandbox_or_run_folder(
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(20)])
     server = model_server(**options) if options is not None else None
     base_url = server.base_url if server else f"http://127.0.0.1:{_free_port()}/v1"
-    result = runner.invoke(dataset, "run", "--base_url", base_url, "--num_workers", "4", "--max_retries", "1",
+    result = runner.invoke(dataset, "--base_url", base_url, "--num_workers", "4", "--max_retries", "1",
                            "--http_backend", http_backend)
     assert result.exit_code == 2, result.output
     message = result.stderr.strip().splitlines()[-1]
@@ -109,12 +108,12 @@ def test_preflight_failures_exit_2_before_any_sandbox_or_run_folder(
 def test_preflight_is_one_small_request_and_resume_of_a_finished_run_sends_none(model_server, runner, tmp_path):
     server = runner.server = model_server(ToolLoopScript(tool_calls=1))
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "One prompt"}])
-    assert runner.invoke(dataset, "run", "--max_tokens", "500").exit_code == 0
+    assert runner.invoke(dataset, "--max_tokens", "500").exit_code == 0
     probe, *rest = server.requests
     assert probe.preflight and probe.body["max_tokens"] == 16 and "tools" not in probe.body
     assert [r.body["max_tokens"] for r in rest] == [500, 500]
     again = model_server(ToolLoopScript(tool_calls=1))
-    assert runner.invoke(dataset, "run", "--resume", server=again).exit_code == 0
+    assert runner.invoke(dataset, "--resume", server=again).exit_code == 0
     assert again.request_count == 0
 
 
@@ -137,7 +136,7 @@ def test_429s_and_500s_shrink_the_limit_and_every_prompt_still_finishes(model_se
         seed=3,
     )
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(30)])
-    result = runner.invoke(dataset, "run", "--num_workers", "8")
+    result = runner.invoke(dataset, "--num_workers", "8")
     assert result.exit_code == 0, result.output
     assert [t["prompt_index"] for t in runner.records("trajectories.jsonl")] == list(range(30))
 
@@ -169,7 +168,7 @@ def test_requests_per_minute_spaces_the_calls(model_server, runner, tmp_path):
 
     runner.server = model_server(script)
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(10)])
-    result = runner.invoke(dataset, "run", "--num_workers", "8", "--max_requests_per_minute", "1200")
+    result = runner.invoke(dataset, "--num_workers", "8", "--max_requests_per_minute", "1200")
     assert result.exit_code == 0, result.output
     assert len(arrivals) == 20
     # 1200 per minute: one call every 50 ms, where 8 workers alone would send all 20 within a few ms
@@ -282,7 +281,7 @@ def test_a_hung_endpoint_is_cut_by_the_prompt_timeout_and_saved_as_partial(model
     rows = [{"prompt": "Hang here"}, {"prompt": "Fine 1"}, {"prompt": "Hang at once"}, {"prompt": "Fine 2"}]
     dataset = write_dataset(tmp_path / "prompts.jsonl", rows)
     started = time.monotonic()
-    result = runner.invoke(dataset, "run", "--prompt_timeout", "1.5")
+    result = runner.invoke(dataset, "--prompt_timeout", "1.5")
     assert result.exit_code == 3, result.output
     assert time.monotonic() - started < 10
     kept = by_prompt(runner.records("trajectories.jsonl"))
@@ -305,7 +304,7 @@ def test_a_hung_endpoint_is_cut_by_the_prompt_timeout_and_saved_as_partial(model
     [failed] = runner.records("failed.jsonl")
     assert (failed["prompt"], failed["error_kind"], failed["api_calls"]) == ("Hang at once", "timeout", 0)
     assert [c["status"] for c in failed["calls"]] == [0]
-    result = runner.invoke(dataset, "run", "--resume", "--prompt_timeout", "1.5", server=model_server(ToolLoopScript(tool_calls=1)))
+    result = runner.invoke(dataset, "--resume", "--prompt_timeout", "1.5", server=model_server(ToolLoopScript(tool_calls=1)))
     assert result.exit_code == 0, result.output
     assert by_prompt(runner.records("trajectories.jsonl"))["Hang at once"]["completed"] is True
 
@@ -350,7 +349,7 @@ def test_model_outcomes_end_as_partial_and_infrastructure_errors_fail(model_serv
         return await open_(self, spec)
 
     monkeypatch.setattr(LocalSandboxBackend, "open", open_or_die)
-    result = runner.invoke(write_dataset(tmp_path / "prompts.jsonl", rows), "run", "--max_retries", "1", "--no_filters")
+    result = runner.invoke(write_dataset(tmp_path / "prompts.jsonl", rows), "--max_retries", "1", "--no_filters")
     assert result.exit_code == 3, result.output
     kept = by_prompt(runner.records("trajectories.jsonl"))
     assert {p: t["metadata"]["end_reason"] for p, t in kept.items()} == {
@@ -397,7 +396,7 @@ def test_usage_cost_and_providers_are_summed_into_statistics(model_server, runne
     latency = lambda r: 0.0 if r.preflight else (0.01 if _provider_of(r.prompt) == "ProvA" else 0.15)  # noqa: E731
     runner.server = model_server(_priced_script(0.001), latency=latency)
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Task {i}"} for i in range(6)])
-    result = runner.invoke(dataset, "run", "--num_workers", "3")
+    result = runner.invoke(dataset, "--num_workers", "3")
     assert result.exit_code == 0, result.output
 
     trajectories = runner.records("trajectories.jsonl")
@@ -429,7 +428,7 @@ def test_usage_cost_and_providers_are_summed_into_statistics(model_server, runne
 def test_max_cost_stops_dispatching_lets_in_flight_prompts_finish_and_resume_continues(model_server, runner, tmp_path):
     server = runner.server = model_server(_priced_script(0.01), latency=0.02)
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Task {i}"} for i in range(20)])
-    result = runner.invoke(dataset, "run", "--num_workers", "2", "--max_cost", "0.05")
+    result = runner.invoke(dataset, "--num_workers", "2", "--max_cost", "0.05")
     assert result.exit_code == 0, result.output
     assert "--max_cost" in result.stderr and "--resume" in result.stderr
     first = runner.records("trajectories.jsonl")
@@ -440,12 +439,12 @@ def test_max_cost_stops_dispatching_lets_in_flight_prompts_finish_and_resume_con
 
     # the budget counts the earlier sessions too: a resume with the same budget starts nothing
     requests = server.request_count
-    again = runner.invoke(dataset, "run", "--resume", "--max_cost", "0.05")
+    again = runner.invoke(dataset, "--resume", "--max_cost", "0.05")
     assert again.exit_code == 0, again.output
     assert server.request_count == requests
     assert "--max_cost" in again.stderr
 
-    done = runner.invoke(dataset, "run", "--resume", "--max_cost", "1")
+    done = runner.invoke(dataset, "--resume", "--max_cost", "1")
     assert done.exit_code == 0, done.output
     assert [t["prompt_index"] for t in runner.records("trajectories.jsonl")] == list(range(20))
     assert stats_of(runner)["cost"] == pytest.approx(0.01 * 2 * 20)
@@ -454,7 +453,7 @@ def test_max_cost_stops_dispatching_lets_in_flight_prompts_finish_and_resume_con
 def test_the_api_key_never_reaches_the_new_records(model_server, runner, tmp_path):
     runner.server = model_server(_priced_script(0.001))
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Task {i}"} for i in range(2)])
-    assert runner.invoke(dataset, "run", "--max_cost", "5", "--max_requests_per_minute", "6000").exit_code == 0
+    assert runner.invoke(dataset, "--max_cost", "5", "--max_requests_per_minute", "6000").exit_code == 0
     for path in runner.folder().rglob("*"):
         if path.is_file():
-            assert conftest.API_KEY not in path.read_text(errors="replace"), path
+            assert TEST_API_KEY not in path.read_text(errors="replace"), path

@@ -20,7 +20,7 @@ import anthropic
 import openai
 import pytest
 from aiohttp import web
-from conftest import write_dataset
+from hermes_batch.testing import write_dataset
 
 from hermes_batch.config import HTTP_BACKENDS, RunConfig
 from hermes_batch.default_plugins import anthropic_client, openai_client
@@ -31,7 +31,7 @@ from hermes_batch.interfaces import ModelSettings
 from hermes_batch.model_http import WireCache
 from hermes_batch.records import Message, ToolCall, ToolSpec, Usage
 from hermes_batch.testing import ErrorRule, Reply, ScriptedModelServer, ToolLoopScript
-from hermes_batch.testing.fixtures import TEST_API_KEY
+from hermes_batch.testing import TEST_API_KEY
 
 TOOLS = (
     ToolSpec("terminal", "Run a command ☃.", {"type": "object", "properties": {"command": {"type": "string"}},
@@ -229,7 +229,7 @@ def test_a_run_sends_the_same_requests_and_writes_the_same_records_as_through_cr
     def run(run_name, *extra):
         server = model_server(ToolLoopScript(**script))
         url = server.anthropic_base_url if client_name == "anthropic" else server.base_url
-        result = runner.invoke(dataset, run_name, *options, "--model_client", client_name, "--base_url", url, *extra)
+        result = runner.invoke(dataset, *options, "--model_client", client_name, "--base_url", url, *extra, run_name=run_name)
         assert result.exit_code == 0, result.output
         return server
 
@@ -364,7 +364,7 @@ def test_dropped_connections_and_cut_responses_are_retried(client_name, backend,
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "First"}, {"prompt": "Second"}])
     with CuttingProxy(server.port, cuts.get) as proxy:
         url = proxy.url if client_name == "anthropic" else proxy.url + "/v1"
-        result = runner.invoke(dataset, "run", "--base_url", url, "--model_client", client_name, "--num_workers", "1",
+        result = runner.invoke(dataset, "--base_url", url, "--model_client", client_name, "--num_workers", "1",
                                "--no_preflight", "--no_filters", "--request_timeout", "30", "--http_backend", backend)
     assert result.exit_code == 0, result.output
     first, second = runner.records("trajectories.jsonl")
@@ -379,7 +379,7 @@ def test_one_kept_alive_connection_carries_a_sequential_run(backend, model_serve
     server = model_server(ToolLoopScript(tool_calls=2))
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(4)])
     with CuttingProxy(server.port) as proxy:
-        result = runner.invoke(dataset, "run", "--base_url", proxy.url + "/v1", "--num_workers", "1",
+        result = runner.invoke(dataset, "--base_url", proxy.url + "/v1", "--num_workers", "1",
                                "--no_preflight", "--http_backend", backend)
     assert result.exit_code == 0, result.output
     assert server.request_count == 12
@@ -398,7 +398,7 @@ def test_a_hung_request_times_out_and_is_retried(backend, model_server, runner, 
 
     server = model_server(ToolLoopScript(tool_calls=1), hang=hang)
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "Hangs once"}])
-    result = runner.invoke(dataset, "run", "--base_url", server.base_url, "--request_timeout", "1",
+    result = runner.invoke(dataset, "--base_url", server.base_url, "--request_timeout", "1",
                            "--http_backend", backend)
     assert result.exit_code == 0, result.output
     [kept] = runner.records("trajectories.jsonl")
@@ -413,7 +413,7 @@ def test_429s_and_500s_with_retry_after_are_retried_on_each_transport(backend, m
         ErrorRule(status=503, first_attempts=1, retry_after=0, match=lambda r: not r.preflight and r.turn == 1),
     ])
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(3)])
-    result = runner.invoke(dataset, "run", "--base_url", server.base_url, "--num_workers", "3", "--http_backend", backend)
+    result = runner.invoke(dataset, "--base_url", server.base_url, "--num_workers", "3", "--http_backend", backend)
     assert result.exit_code == 0, result.output
     for record in runner.records("trajectories.jsonl"):
         assert [c["status"] for c in record["metadata"]["calls"]] == [429, 200, 503, 200]
@@ -482,7 +482,7 @@ async def test_the_connection_pool_opens_one_connection_per_call_the_run_allows_
 
 def test_an_unknown_http_backend_is_a_usage_error(runner, tmp_path):
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "p"}])
-    result = runner.invoke(dataset, "run", "--http_backend", "curl")
+    result = runner.invoke(dataset, "--http_backend", "curl")
     assert result.exit_code == 2 and "--http_backend" in result.output and "aiohttp" in result.output
     with pytest.raises(UsageError, match="--http_backend must be one of aiohttp, httpx"):
         RunConfig(dataset_file=dataset, batch_size=1, run_name="r", http_backend="curl")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import write_dataset
+from hermes_batch.testing import write_dataset
 
 from hermes_batch.default_plugins.openai_client import OpenAIClient, is_openrouter
 from hermes_batch.interfaces import ModelSettings
@@ -28,7 +28,7 @@ def test_the_routing_object_is_built_for_openrouter_only():
 def test_routing_options_for_another_endpoint_are_not_sent_and_a_warning_says_so(model_server, runner, tmp_path):
     server = runner.server = model_server(ToolLoopScript(tool_calls=1))
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "one"}, {"prompt": "two"}])
-    result = runner.invoke(dataset, "run", "--providers_allowed", "a,b", "--provider_sort", "price")
+    result = runner.invoke(dataset, "--providers_allowed", "a,b", "--provider_sort", "price")
     assert result.exit_code == 0, result.output
     assert server.request_count == 5
     assert all("provider" not in request.body for request in server.requests)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_dataset
+from hermes_batch.testing import write_dataset
 
 from hermes_batch.records import Trajectory, Usage
 from hermes_batch.serialization import from_json, to_json_line
@@ -147,7 +147,7 @@ def run_varied(runner, model_server, tmp_path, *, client: str, count: int, seed:
              "--batch_size", "50", "--seed", "7"]
     if client == "anthropic":
         extra += ["--model_client", "anthropic", "--base_url", server.anthropic_base_url]
-    result = runner.invoke(dataset, client, *extra, server=server)
+    result = runner.invoke(dataset, *extra, server=server, run_name=client)
     assert result.exit_code == 3, result.output  # some prompts fail, by design
     records = runner.records("trajectories.jsonl", client)
     records += [d["trajectory"] for d in runner.records("discarded.jsonl", client)]
@@ -160,8 +160,7 @@ def run_varied(runner, model_server, tmp_path, *, client: str, count: int, seed:
 @pytest.fixture(scope="module")
 def varied_runs(tmp_path_factory):
     """Over two thousand records of both clients: kept and discarded, complete and partial, with and without cost."""
-    from conftest import Runner
-    from hermes_batch.testing.fixtures import TEST_API_KEY
+    from hermes_batch.testing import TEST_API_KEY, Runner
     from hermes_batch.testing.server import ScriptedModelServer
 
     tmp_path = tmp_path_factory.mktemp("varied")
@@ -357,7 +356,7 @@ def test_records_of_older_versions_resume_and_merge_in_the_new_shape(runner, mod
         "tool_stats": {"terminal": {"count": 0, "success": 0, "failure": 0}}, "tool_error_counts": {"terminal": 0},
     }
     (folder / "batch_0.jsonl").write_text(json.dumps(old) + "\n")
-    result = runner.invoke(dataset, "run", "--resume")
+    result = runner.invoke(dataset, "--resume")
     assert result.exit_code == 0, result.output
     assert runner.server.calls_for("Old one") == 0, "the old record counts as finished"
     merged = {r["conversations"][1]["value"]: r for r in runner.records("trajectories.jsonl")}

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import write_dataset
+from hermes_batch.testing import write_dataset
 
 from hermes_batch import reindex
 from hermes_batch.errors import RunFolderWriteError
@@ -30,7 +30,7 @@ def human(record):
 
 def run(runner, server, rows, *extra):
     data = write_dataset(runner.tmp_path / "data.jsonl", [{"prompt": p} for p in rows])
-    result = runner.invoke(data, "run", *BASE, *extra, server=server)
+    result = runner.invoke(data, *BASE, *extra, server=server)
     assert result.exit_code == 0, result.output
     return result
 

@@ -24,7 +24,7 @@ from hermes_batch.interfaces import NoOptions
 from hermes_batch.testing.fixtures import wait_for
 from hermes_batch.testing import Reply, RoutedScript, ToolLoopScript
 
-from conftest import write_dataset
+from hermes_batch.testing import write_dataset
 
 BATCH = 5
 CALLS_PER_SESSION = 2  # ToolLoopScript(tool_calls=1): one tool-calling turn, then the final answer
@@ -144,7 +144,7 @@ def test_sigkill_mid_run_then_resume_finishes_each_prompt_once_without_paying_tw
     prompts = make_prompts(30)
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
     first = model_server(FAST, latency=0.1)
-    proc = runner.spawn(data, "run", *BASE, "--num_workers", "4", server=first)
+    proc = runner.spawn(data, *BASE, "--num_workers", "4", server=first)
     cleanup_procs.append(proc)
     folder = runner.folder()
     wait_for(lambda: batch_line_count(folder) >= 8, 60, "8 finished prompts", proc)
@@ -161,7 +161,7 @@ def test_sigkill_mid_run_then_resume_finishes_each_prompt_once_without_paying_tw
         assert set(prompts[batch * BATCH:(batch + 1) * BATCH]) <= set(before)
 
     second = model_server(FAST)
-    result = runner.invoke(data, "run", *BASE, "--resume", server=second)
+    result = runner.invoke(data, *BASE, "--resume", server=second)
     assert result.exit_code == 0, result.output
 
     assert_each_once(runner, prompts)
@@ -183,7 +183,7 @@ def test_sigkill_mid_run_then_resume_finishes_each_prompt_once_without_paying_tw
 def test_torn_last_line_is_repaired_and_its_prompt_runs_again(tmp_path, runner, model_server):
     prompts = make_prompts(10)
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
-    result = runner.invoke(data, "run", *BASE, server=model_server(FAST))
+    result = runner.invoke(data, *BASE, server=model_server(FAST))
     assert result.exit_code == 0, result.output
 
     # a crash in the middle of writing batch 1's last record
@@ -195,7 +195,7 @@ def test_torn_last_line_is_repaired_and_its_prompt_runs_again(tmp_path, runner, 
 
     # first resume: the torn prompt runs again but fails, so nothing is appended to its batch file
     second = model_server(RoutedScript(lambda p: _always_500 if p == torn_prompt else FAST))
-    result = runner.invoke(data, "run", *BASE, "--resume", server=second)
+    result = runner.invoke(data, *BASE, "--resume", server=second)
     assert result.exit_code == 3, result.output
     assert {p for p in prompts if second.calls_for(p)} == {torn_prompt}
     assert_folder_parses(runner.folder())
@@ -203,7 +203,7 @@ def test_torn_last_line_is_repaired_and_its_prompt_runs_again(tmp_path, runner, 
     assert_each_once(runner, [p for p in prompts if p != torn_prompt])
 
     third = model_server(FAST)
-    result = runner.invoke(data, "run", *BASE, "--resume", server=third)
+    result = runner.invoke(data, *BASE, "--resume", server=third)
     assert result.exit_code == 0, result.output
     assert third.calls_for(torn_prompt) == CALLS_PER_SESSION
     assert third.request_count == 1 + CALLS_PER_SESSION, "the preflight, then only the torn prompt runs again"
@@ -221,7 +221,7 @@ def test_a_failure_in_a_session_killed_before_any_checkpoint_is_cleared_by_the_r
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
     # every other prompt hangs, so no batch completes before the kill
     first = model_server(RoutedScript(lambda p: _always_500 if p == failing else FAST), hang=lambda r: r.prompt != failing and not r.preflight)
-    proc = runner.spawn(data, "run", *BASE, "--num_workers", "3", server=first)
+    proc = runner.spawn(data, *BASE, "--num_workers", "3", server=first)
     cleanup_procs.append(proc)
     folder = runner.folder()
     failed_file = folder / "failed.jsonl"
@@ -231,7 +231,7 @@ def test_a_failure_in_a_session_killed_before_any_checkpoint_is_cleared_by_the_r
     assert finished_prompts(folder) == Counter()
 
     second = model_server(FAST)
-    result = runner.invoke(data, "run", *BASE, "--resume", server=second)
+    result = runner.invoke(data, *BASE, "--resume", server=second)
     assert result.exit_code == 0, result.output
     assert second.calls_for(failing) == CALLS_PER_SESSION
     assert_each_once(runner, prompts)
@@ -249,19 +249,19 @@ def test_duplicated_prompts_run_once_per_row_across_resumes(tmp_path, runner, mo
     data = write_dataset(tmp_path / "data.jsonl", rows(dataset))
 
     first = model_server(FAST)
-    result = runner.invoke(data, "run", *BASE, "--max_samples", "3", server=first)  # a partial run
+    result = runner.invoke(data, *BASE, "--max_samples", "3", server=first)  # a partial run
     assert result.exit_code == 0, result.output
     assert first.calls_for(dup) == 2 * CALLS_PER_SESSION
 
     second = model_server(FAST)
-    result = runner.invoke(data, "run", *BASE, "--resume", server=second)
+    result = runner.invoke(data, *BASE, "--resume", server=second)
     assert result.exit_code == 0, result.output
     assert second.calls_for(dup) == CALLS_PER_SESSION  # only the third copy
     merged = assert_each_once(runner, dataset)
     assert sorted(t["prompt_index"] for t in merged if human(t) == dup) == [0, 2, 4]
 
     third = model_server(FAST)
-    result = runner.invoke(data, "run", *BASE, "--resume", server=third)
+    result = runner.invoke(data, *BASE, "--resume", server=third)
     assert result.exit_code == 0, result.output
     assert third.request_count == 0
     assert_each_once(runner, dataset)
@@ -271,7 +271,7 @@ def test_duplicated_prompts_in_one_run_give_one_trajectory_each(tmp_path, runner
     dup = "say hello"
     data = write_dataset(tmp_path / "data.jsonl", rows([dup, dup, dup]))
     server = model_server(FAST)
-    result = runner.invoke(data, "run", *BASE, server=server)
+    result = runner.invoke(data, *BASE, server=server)
     assert result.exit_code == 0, result.output
     assert server.calls_for(dup) == 3 * CALLS_PER_SESSION
     assert [t["prompt_index"] for t in assert_each_once(runner, [dup] * 3)] == [0, 1, 2]
@@ -280,7 +280,7 @@ def test_duplicated_prompts_in_one_run_give_one_trajectory_each(tmp_path, runner
 def test_reordered_and_extended_dataset_runs_only_the_new_rows(tmp_path, runner, model_server):
     old = make_prompts(10)
     data = write_dataset(tmp_path / "data.jsonl", rows(old))
-    result = runner.invoke(data, "run", *BASE, server=model_server(FAST))
+    result = runner.invoke(data, *BASE, server=model_server(FAST))
     assert result.exit_code == 0, result.output
 
     shuffled = old[:]
@@ -289,7 +289,7 @@ def test_reordered_and_extended_dataset_runs_only_the_new_rows(tmp_path, runner,
     new = make_prompts(5, tag="new task")
     write_dataset(data, rows(shuffled + new))
     second = model_server(FAST)
-    result = runner.invoke(data, "run", *BASE, "--resume", server=second)
+    result = runner.invoke(data, *BASE, "--resume", server=second)
     assert result.exit_code == 0, result.output
 
     assert {p for p in old + new if second.calls_for(p)} == set(new)
@@ -325,7 +325,7 @@ def test_discarded_prompts_stay_finished_and_failed_prompts_run_again(tmp_path, 
         return FAST
 
     first = model_server(RoutedScript(route))
-    result = runner.invoke(data, "run", *BASE, server=first)
+    result = runner.invoke(data, *BASE, server=first)
     assert result.exit_code == 3, result.output
     assert sorted(r["prompt"] for r in runner.records("failed.jsonl")) == sorted(failing)
     assert sorted(human(r) for r in runner.records("discarded.jsonl")) == sorted(unreasoned)
@@ -336,14 +336,14 @@ def test_discarded_prompts_stay_finished_and_failed_prompts_run_again(tmp_path, 
 
     # still broken: the failed prompts are tried again and counted once, not once per attempt
     retry = model_server(RoutedScript(route))
-    result = runner.invoke(data, "run", *BASE, "--resume", server=retry)
+    result = runner.invoke(data, *BASE, "--resume", server=retry)
     assert result.exit_code == 3, result.output
     assert {p for p in dataset if retry.calls_for(p)} == set(failing)
     assert statistics(runner)["prompts"]["failed"] == 2
 
     # the endpoint has recovered; the unreasoned prompts would still be discarded if they ran
     second = model_server(RoutedScript(lambda p: no_reasoning if p in unreasoned else FAST))
-    result = runner.invoke(data, "run", *BASE, "--resume", server=second)
+    result = runner.invoke(data, *BASE, "--resume", server=second)
     assert result.exit_code == 0, result.output
     assert {p for p in dataset if second.calls_for(p)} == set(failing)
     assert second.request_count == 1 + len(failing) * CALLS_PER_SESSION  # and the preflight
@@ -370,13 +370,13 @@ def test_batch_numbers_are_fixed_whatever_order_prompts_finish_in(tmp_path, runn
 
     args = (*BASE, "--batch_size", "4", "--num_workers", "8")
 
-    result = runner.invoke(data, "run", *args, "--max_samples", "7", server=model_server(FAST, latency=slow_first))
+    result = runner.invoke(data, *args, "--max_samples", "7", server=model_server(FAST, latency=slow_first))
     assert result.exit_code == 0, result.output
     folder = runner.folder()
     expected = {0: prompts[0:4], 1: prompts[4:7]}
     assert {int(p.stem[6:]): sorted(map(human, read_jsonl(p))) for p in folder.glob("batch_*.jsonl")} == expected
 
-    result = runner.invoke(data, "run", *args, "--resume", server=model_server(FAST, latency=slow_first))
+    result = runner.invoke(data, *args, "--resume", server=model_server(FAST, latency=slow_first))
     assert result.exit_code == 0, result.output
     expected = {n: sorted(prompts[n * 4:(n + 1) * 4]) for n in range(4)}
     assert {int(p.stem[6:]): sorted(map(human, read_jsonl(p))) for p in folder.glob("batch_*.jsonl")} == expected
@@ -387,7 +387,7 @@ def test_batch_numbers_are_fixed_whatever_order_prompts_finish_in(tmp_path, runn
 def test_checkpoint_records_completed_batches(tmp_path, runner, model_server):
     prompts = make_prompts(12)
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
-    result = runner.invoke(data, "run", *BASE, server=model_server(FAST))
+    result = runner.invoke(data, *BASE, server=model_server(FAST))
     assert result.exit_code == 0, result.output
     saved = checkpoint(runner)
     assert saved["completed_batches"] == [0, 1, 2]
@@ -399,14 +399,14 @@ def test_checkpoint_records_completed_batches(tmp_path, runner, model_server):
 def test_resume_of_a_finished_run_calls_no_model_and_rebuilds_outputs(tmp_path, runner, model_server):
     prompts = make_prompts(7)
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
-    result = runner.invoke(data, "run", *BASE, server=model_server(FAST))
+    result = runner.invoke(data, *BASE, server=model_server(FAST))
     assert result.exit_code == 0, result.output
     folder = runner.folder()
     (folder / "trajectories.jsonl").unlink()
     (folder / "statistics.json").unlink()
 
     second = model_server(FAST)
-    result = runner.invoke(data, "run", *BASE, "--resume", server=second)
+    result = runner.invoke(data, *BASE, "--resume", server=second)
     assert result.exit_code == 0, result.output
     assert second.request_count == 0
     assert_each_once(runner, prompts)
@@ -417,11 +417,11 @@ def test_resume_of_a_finished_run_calls_no_model_and_rebuilds_outputs(tmp_path, 
 def test_statistics_cover_every_session_of_the_run(tmp_path, runner, model_server):
     prompts = make_prompts(9)
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
-    result = runner.invoke(data, "run", *BASE, "--max_samples", "4", server=model_server(FAST))
+    result = runner.invoke(data, *BASE, "--max_samples", "4", server=model_server(FAST))
     assert result.exit_code == 0, result.output
     assert statistics(runner)["finished"]["model_calls"] == 4 * CALLS_PER_SESSION
 
-    result = runner.invoke(data, "run", *BASE, "--resume", server=model_server(FAST))
+    result = runner.invoke(data, *BASE, "--resume", server=model_server(FAST))
     assert result.exit_code == 0, result.output
     stats = statistics(runner)
     assert stats["prompts"]["finished"] == stats["finished"]["samples"] == 9
@@ -445,7 +445,7 @@ def test_ctrl_c_shuts_down_cleanly_and_resume_completes(tmp_path, runner, model_
     slow = ToolLoopScript(tool_calls=1, command=f"sleep {marker}")
     quick = set(prompts[:4])  # the first four workers' prompts finish; the next ones sleep
     first = model_server(RoutedScript(lambda p: FAST if p in quick else slow), latency=0.05)
-    proc = runner.spawn(data, "run", *BASE, "--num_workers", "4", server=first)
+    proc = runner.spawn(data, *BASE, "--num_workers", "4", server=first)
     cleanup_procs.append(proc)
     folder = runner.folder()
 
@@ -470,7 +470,7 @@ def test_ctrl_c_shuts_down_cleanly_and_resume_completes(tmp_path, runner, model_
     assert statistics(runner)["prompts"]["kept"] == 4
 
     second = model_server(FAST)
-    result = runner.invoke(data, "run", *BASE, "--resume", server=second)
+    result = runner.invoke(data, *BASE, "--resume", server=second)
     assert result.exit_code == 0, result.output
     assert {p for p in prompts if second.calls_for(p)} == set(prompts) - quick
     assert_each_once(runner, prompts)
@@ -506,7 +506,7 @@ def test_sigterm_shuts_down_cleanly_with_its_own_status(tmp_path, runner, model_
     prompts = make_prompts(6)
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
     server = model_server(ToolLoopScript(tool_calls=1, command="sleep 30"), latency=0.05)
-    proc = runner.spawn(data, "run", *BASE, "--num_workers", "3", server=server)
+    proc = runner.spawn(data, *BASE, "--num_workers", "3", server=server)
     cleanup_procs.append(proc)
     wait_for(lambda: server.request_count >= 1 + 3, 60, "the preflight and the first model calls", proc)
     proc.send_signal(signal.SIGTERM)

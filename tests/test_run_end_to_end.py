@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import API_KEY, Runner, write_dataset
+from hermes_batch.testing import TEST_API_KEY as API_KEY, Runner, write_dataset
 
 from hermes_batch.cli import cli
 from hermes_batch.default_plugins.distributions import SEED_DISTRIBUTIONS
@@ -84,7 +84,7 @@ def fifty(tmp_path_factory):
     with ScriptedModelServer(script, api_key=API_KEY) as server:
         runner = Runner(tmp_path, server)
         # terminal_only: the record's tools must not depend on which toolset plugins are installed
-        result = runner.invoke(dataset, "run", "--num_workers", "8", "--sandbox", "local", "--distribution", "terminal_only")
+        result = runner.invoke(dataset, "--num_workers", "8", "--sandbox", "local", "--distribution", "terminal_only")
         requests = [r for r in server.requests if not r.preflight]
     return runner, result, rows, requests, script.peak
 
@@ -208,7 +208,7 @@ def test_api_key_is_in_no_file_of_the_run_folder_nor_in_verbose_logs(model_serve
         monkeypatch.setenv(name, API_KEY)
     runner.server = model_server(ToolLoopScript(tool_calls=1, command="env && env > env.txt"))
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(3))
-    result = runner.invoke(dataset, "run", "--verbose", "--log_prefix_chars", "100000", "-S", "keep=true")
+    result = runner.invoke(dataset, "--verbose", "--log_prefix_chars", "100000", "-S", "keep=true")
     assert result.exit_code == 0, result.output
     files = [p for p in runner.folder().rglob("*") if p.is_file()]
     names = {p.name for p in files}
@@ -264,7 +264,7 @@ def test_each_bad_line_is_reported_and_nothing_is_sent(model_server, runner, tmp
 def test_skip_invalid_runs_the_valid_rows_and_counts_the_skipped(model_server, runner, tmp_path):
     server = runner.server = model_server(ToolLoopScript(tool_calls=1))
     dataset = write_bad_dataset(tmp_path / "bad.jsonl")
-    result = runner.invoke(dataset, "run", "--skip_invalid")
+    result = runner.invoke(dataset, "--skip_invalid")
     assert result.exit_code == 0, result.output
     trajectories = runner.records("trajectories.jsonl")
     # bad rows keep their index, blank lines have none
@@ -285,7 +285,7 @@ def test_skip_invalid_runs_the_valid_rows_and_counts_the_skipped(model_server, r
 def test_run_names_that_are_not_plain_names_are_refused(model_server, runner, tmp_path, run_name):
     server = runner.server = model_server()
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(2))
-    result = runner.invoke(dataset, run_name)
+    result = runner.invoke(dataset, run_name=run_name)
     assert result.exit_code == 2, result.output
     assert "Invalid run name" in result.output
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["prompts.jsonl"]
@@ -305,7 +305,7 @@ def test_a_second_run_into_a_used_folder_needs_resume_or_overwrite(model_server,
     assert server.request_count == requests_after_first
     assert len(runner.records("trajectories.jsonl")) == 3
 
-    fresh = runner.invoke(second, "run", "--overwrite")
+    fresh = runner.invoke(second, "--overwrite")
     assert fresh.exit_code == 0, fresh.output
     humans = [t["conversations"][1]["value"] for t in runner.records("trajectories.jsonl")]
     assert humans == ["Second 0: inspect the sandbox", "Second 1: inspect the sandbox"]
@@ -378,7 +378,7 @@ def test_ephemeral_system_prompt_and_prefill_are_sent_but_never_saved(model_serv
     prefill_file.write_text(json.dumps(prefill))
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(3))
     result = runner.invoke(
-        dataset, "run", "--ephemeral_system_prompt", ephemeral, "--prefill_messages_file", str(prefill_file)
+        dataset, "--ephemeral_system_prompt", ephemeral, "--prefill_messages_file", str(prefill_file)
     )
     assert result.exit_code == 0, result.output
 
@@ -408,17 +408,16 @@ def test_ephemeral_system_prompt_and_prefill_are_sent_but_never_saved(model_serv
 def test_provider_routing_reasoning_effort_and_max_tokens_reach_the_request(model_server, runner, tmp_path):
     server = runner.server = model_server(ToolLoopScript(tool_calls=1))
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(2))
-    plain = runner.invoke(dataset, "plain")
+    plain = runner.invoke(dataset, run_name="plain")
     assert plain.exit_code == 0, plain.output
     for request in server.requests:
         if not request.preflight:  # the preflight asks for a few tokens only
             assert not {"provider", "reasoning", "max_tokens"} & set(request.body)
 
     routed = runner.invoke(
-        dataset, "routed",
+        dataset,
         "--providers_allowed", "a,b", "--providers_ignored", "c", "--providers_order", "b,a",
-        "--provider_sort", "price", "--reasoning_effort", "high", "--max_tokens", "123",
-    )
+        "--provider_sort", "price", "--reasoning_effort", "high", "--max_tokens", "123", run_name="routed")
     assert routed.exit_code == 0, routed.output
     routed_requests = [r for r in server.requests if not r.preflight][4:]
     assert len(routed_requests) == 4
@@ -431,7 +430,7 @@ def test_provider_routing_reasoning_effort_and_max_tokens_reach_the_request(mode
 def test_reasoning_disabled_turns_reasoning_off_in_the_request(model_server, runner, tmp_path):
     server = runner.server = model_server(ToolLoopScript(tool_calls=1))
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(2))
-    result = runner.invoke(dataset, "run", "--reasoning_disabled")
+    result = runner.invoke(dataset, "--reasoning_disabled")
     assert result.exit_code == 0, result.output
     assert server.request_count == 1 + 4  # the preflight, then two calls per prompt
     for request in server.requests:

@@ -12,8 +12,7 @@ import socket
 
 import pytest
 
-import conftest
-from conftest import write_dataset
+from hermes_batch.testing import TEST_API_KEY, write_dataset
 
 from hermes_batch.testing import ErrorRule, Reply, RoutedScript, ToolLoopScript
 
@@ -72,7 +71,7 @@ def requests_for(server, prompt: str) -> list:
 
 def test_tool_errors_turn_limits_truncation_and_the_default_filters(misbehaving, runner):
     server = runner.server
-    result = runner.invoke(misbehaving, "run", "--max_turns", "2")
+    result = runner.invoke(misbehaving, "--max_turns", "2")
     assert result.exit_code == 0, result.output
     kept = by_prompt(runner.records("trajectories.jsonl"))
     discarded = by_prompt(runner.records("discarded.jsonl"))
@@ -118,7 +117,7 @@ def test_tool_errors_turn_limits_truncation_and_the_default_filters(misbehaving,
 
 
 def test_no_filters_keeps_every_sample(misbehaving, runner, tmp_path, monkeypatch):
-    result = runner.invoke(misbehaving, "run", "--max_turns", "2", "--no_filters")
+    result = runner.invoke(misbehaving, "--max_turns", "2", "--no_filters")
     assert result.exit_code == 0, result.output
     assert set(by_prompt(runner.records("trajectories.jsonl"))) == set(ROUTES)
     assert runner.records("discarded.jsonl") == []
@@ -131,9 +130,9 @@ def test_no_filters_keeps_every_sample(misbehaving, runner, tmp_path, monkeypatc
     assert loaded.num_rows == len(ROUTES)
 
 
-def test_a_plugin_filter_is_selectable_by_name(misbehaving, runner):
-    # max-tool-failures comes from the example plugin (plugins/hermes_batch_example)
-    result = runner.invoke(misbehaving, "run", "--max_turns", "2", "--filter", "max-tool-failures")
+def test_a_plugin_filter_is_selectable_by_name(misbehaving, runner, example_plugin):
+    runner.plugins = (example_plugin,)  # max-tool-failures comes from the example plugin
+    result = runner.invoke(misbehaving, "--max_turns", "2", "--filter", "max-tool-failures")
     assert result.exit_code == 0, result.output
     discarded = runner.records("discarded.jsonl")
     assert [d["trajectory"]["conversations"][1]["value"] for d in discarded] == ["Call the terminal badly."]
@@ -144,7 +143,7 @@ def test_a_plugin_filter_is_selectable_by_name(misbehaving, runner):
 
 
 def test_an_unknown_filter_is_a_usage_error(misbehaving, runner):
-    result = runner.invoke(misbehaving, "run", "--filter", "nope")
+    result = runner.invoke(misbehaving, "--filter", "nope")
     assert result.exit_code == 2
     assert "nope" in result.output and "no-reasoning" in result.output
     assert runner.server.request_count == 0
@@ -176,7 +175,7 @@ def test_rate_limits_are_retried_and_every_prompt_finishes(model_server, runner,
         ToolLoopScript(tool_calls=1), errors=[ErrorRule(status=429, rate=0.3, retry_after=0)], seed=7
     )
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(20)])
-    result = runner.invoke(dataset, "run", "--num_workers", "8")
+    result = runner.invoke(dataset, "--num_workers", "8")
     assert result.exit_code == 0, result.output
     assert [t["prompt_index"] for t in runner.records("trajectories.jsonl")] == list(range(20))
     assert server.responses_by_status[429] >= 5
@@ -190,7 +189,7 @@ def test_a_model_that_always_fails_fails_its_prompts_with_exit_3(model_server, r
     )
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(3)])
     # without the preflight, which would stop the run before any prompt (see test_model_layer.py)
-    result = runner.invoke(dataset, "run", "--max_retries", "2", "--no_preflight")
+    result = runner.invoke(dataset, "--max_retries", "2", "--no_preflight")
     assert result.exit_code == 3, result.output
     assert server.request_count == 3 * 3  # one attempt and two retries per prompt
     failed = runner.records("failed.jsonl")
@@ -207,7 +206,7 @@ def test_some_failed_prompts_give_exit_3_and_the_others_are_kept(model_server, r
     doomed = lambda request: Reply(status=500, error_message="Overloaded.", headers={"Retry-After": "0"})  # noqa: E731
     runner.server = model_server(RoutedScript({"Doomed prompt": doomed}, default=ToolLoopScript(tool_calls=1)))
     rows = [{"prompt": "Fine prompt 0"}, {"prompt": "Doomed prompt"}, {"prompt": "Fine prompt 2"}]
-    result = runner.invoke(write_dataset(tmp_path / "prompts.jsonl", rows), "run", "--max_retries", "1")
+    result = runner.invoke(write_dataset(tmp_path / "prompts.jsonl", rows), "--max_retries", "1")
     assert result.exit_code == 3, result.output
     assert [t["prompt_index"] for t in runner.records("trajectories.jsonl")] == [0, 2]
     assert [f["prompt_index"] for f in runner.records("failed.jsonl")] == [1]
@@ -217,7 +216,7 @@ def test_some_failed_prompts_give_exit_3_and_the_others_are_kept(model_server, r
 def test_a_wrong_api_key_stops_the_run_at_once(model_server, runner, tmp_path):
     server = runner.server = model_server(api_key="sk-the-right-key")
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(40)])
-    result = runner.invoke(dataset, "run", "--num_workers", "4")
+    result = runner.invoke(dataset, "--num_workers", "4")
     assert result.exit_code == 2, result.output
     assert server.request_count == 1  # the preflight, not one refused request per prompt
     assert "API key" in result.stderr and "--api_key" in result.stderr
@@ -226,14 +225,14 @@ def test_a_wrong_api_key_stops_the_run_at_once(model_server, runner, tmp_path):
     assert runner.records("trajectories.jsonl") == []
     # nothing was achieved, so nothing is left behind: the corrected command runs without --resume
     assert not runner.folder().exists()
-    runner.server = model_server(api_key=conftest.API_KEY)
-    assert runner.invoke(dataset, "run", "--num_workers", "4").exit_code == 0
+    runner.server = model_server(api_key=TEST_API_KEY)
+    assert runner.invoke(dataset, "--num_workers", "4").exit_code == 0
 
 
 def test_an_unknown_model_stops_the_run_at_once(model_server, runner, tmp_path):
     server = runner.server = model_server(models=("some-other-model",))
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(40)])
-    result = runner.invoke(dataset, "run", "--num_workers", "4")
+    result = runner.invoke(dataset, "--num_workers", "4")
     assert result.exit_code == 2, result.output
     assert server.request_count <= 4
     assert "scripted-model" in result.stderr and "--model" in result.stderr
@@ -246,7 +245,7 @@ def test_nothing_listening_without_preflight_fails_the_prompts_with_a_clear_mess
         port = s.getsockname()[1]
     base_url = f"http://127.0.0.1:{port}/v1"
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"Prompt {i}"} for i in range(3)])
-    result = runner.invoke(dataset, "run", "--base_url", base_url, "--max_retries", "1", "--no_preflight")
+    result = runner.invoke(dataset, "--base_url", base_url, "--max_retries", "1", "--no_preflight")
     assert result.exit_code == 3, result.output
     failed = runner.records("failed.jsonl")
     assert sorted(f["prompt_index"] for f in failed) == [0, 1, 2]
@@ -265,7 +264,7 @@ def test_context_too_long_ends_the_prompt_as_partial_and_other_400s_fail_it(mode
 
     runner.server = model_server(script)
     rows = [{"prompt": "Long prompt"}, {"prompt": "Bad request"}]
-    result = runner.invoke(write_dataset(tmp_path / "prompts.jsonl", rows), "run", "--no_filters")
+    result = runner.invoke(write_dataset(tmp_path / "prompts.jsonl", rows), "--no_filters")
     assert result.exit_code == 3, result.output
     [kept] = runner.records("trajectories.jsonl")
     assert kept["prompt_index"] == 0

@@ -5,13 +5,13 @@ from __future__ import annotations
 import datetime
 import json
 
-from conftest import write_dataset
+from hermes_batch.testing import write_dataset
 
 
 def test_statistics_and_checkpoint_carry_the_seed_fields(runner, model_server, tmp_path):
     runner.server = model_server()
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(7)] + ["{broken"])
-    result = runner.invoke(data, "run", "--batch_size", "3", "--skip_invalid")
+    result = runner.invoke(data, "--batch_size", "3", "--skip_invalid")
     assert result.exit_code == 0, result.output
     folder = runner.folder()
     stats = json.loads((folder / "statistics.json").read_text())
@@ -34,14 +34,14 @@ def test_statistics_and_checkpoint_carry_the_seed_fields(runner, model_server, t
 def test_seed_style_boolean_values_are_accepted(runner, model_server, tmp_path):
     runner.server = model_server()
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(3)])
-    result = runner.invoke(data, "run", "--verbose=false", "--max_samples", "2")
+    result = runner.invoke(data, "--verbose=false", "--max_samples", "2")
     assert result.exit_code == 0, result.output
     assert "[B0:P0]" not in result.output
-    result = runner.invoke(data, "run", "--resume=True", "--verbose=true", "--skip_invalid=False")
+    result = runner.invoke(data, "--resume=True", "--verbose=true", "--skip_invalid=False")
     assert result.exit_code == 0, result.output
     assert "[B0:P2]" in result.output  # --verbose=true logs each prompt's turns
     assert runner.server.calls_for("task 0") == 3  # --resume=True resumed: the finished prompts did not run again
-    result = runner.invoke(data, "run", "--resume=maybe")
+    result = runner.invoke(data, "--resume=maybe")
     assert result.exit_code == 2 and "'maybe' is not a valid boolean" in result.output
 
 

@@ -22,7 +22,7 @@ from hermes_batch.runner import Run
 from hermes_batch.testing import Reply, RoutedScript, ToolLoopScript
 from hermes_batch.toolsets import parse_tool_options
 
-from conftest import API_KEY, write_dataset
+from hermes_batch.testing import TEST_API_KEY as API_KEY, write_dataset
 
 SECRET = "sk-notes-secret-value-7c1e"
 
@@ -214,9 +214,9 @@ def test_a_session_is_closed_when_the_prompt_deadline_cuts_a_tool_call(tmp_path,
 
 def test_the_cli_takes_tool_options(runner, model_server, tmp_path):
     dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "p"}])
-    result = runner.invoke(dataset, "run", "-T", "nosuch.size=1", server=model_server(ToolLoopScript(tool_calls=0)))
+    result = runner.invoke(dataset, "-T", "nosuch.size=1", server=model_server(ToolLoopScript(tool_calls=0)))
     assert result.exit_code == 2 and "-T names the toolset 'nosuch', which is not installed" in result.output
-    result = runner.invoke(dataset, "run", "--tool-option", "web.api_key=" + SECRET, server=model_server(ToolLoopScript(tool_calls=0)))
+    result = runner.invoke(dataset, "--tool-option", "web.api_key=" + SECRET, server=model_server(ToolLoopScript(tool_calls=0)))
     assert result.exit_code == 2 and SECRET not in result.output and "-T web.api_key_env=VARIABLE" in result.output
 
 

@@ -1,45 +1,68 @@
-"""Helpers for testing hermes-batch and its plugins: a scripted model endpoint.
+"""The kit for testing hermes-batch plugins: a scripted model server, a CLI runner, records, fixtures, the contract suite.
 
-See :mod:`hermes_batch.testing.server`.
+Install it with ``pip install 'hermes-batch[testing]'`` (it brings pytest and
+pytest-asyncio) and load the fixtures in your ``tests/conftest.py``::
+
+    pytest_plugins = ["hermes_batch.testing.fixtures"]
+
+Everything listed in ``__all__`` is importable from here; the modules load on
+first use, so that importing this package costs nothing and pulls in neither
+pytest nor aiohttp until a helper needs them.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "ErrorRule",
-    "ImageReply",
-    "ImageRequest",
-    "REASONING_FORMATS",
-    "Reply",
-    "RoutedScript",
-    "Script",
-    "ScriptRequest",
-    "ScriptedModelServer",
-    "ToolLoopScript",
-]
+# name -> the submodule that defines it
+_EXPORTS = {
+    "ScriptedModelServer": "server",
+    "ErrorRule": "server",
+    "ScriptRequest": "scripts",
+    "Reply": "scripts",
+    "ToolLoopScript": "scripts",
+    "RoutedScript": "scripts",
+    "ImageRequest": "scripts",
+    "ImageReply": "scripts",
+    "REASONING_FORMATS": "scripts",
+    "SandboxContract": "sandbox_contract",
+    "Runner": "runner",
+    "tool_outputs": "runner",
+    "make_trajectory": "records",
+    "ToolsetHarness": "toolsets",
+    "TEST_API_KEY": "runner",
+    "write_dataset": "fixtures",
+    "wait_for": "fixtures",
+    "solid_png": "images",
+    "png_for": "images",
+    "png_size": "images",
+    "data_url_bytes": "images",
+}
+
+__all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .server import (
-        REASONING_FORMATS,
-        ErrorRule,
-        ImageReply,
-        ImageRequest,
-        Reply,
-        RoutedScript,
-        Script,
-        ScriptedModelServer,
-        ScriptRequest,
-        ToolLoopScript,
-    )
+    from .fixtures import wait_for, write_dataset
+    from .images import data_url_bytes, png_for, png_size, solid_png
+    from .records import make_trajectory
+    from .runner import TEST_API_KEY, Runner, tool_outputs
+    from .sandbox_contract import SandboxContract
+    from .toolsets import ToolsetHarness
+    from .scripts import REASONING_FORMATS, ImageReply, ImageRequest, Reply, RoutedScript, ScriptRequest, ToolLoopScript
+    from .server import ErrorRule, ScriptedModelServer
 
 
 def __getattr__(name: str) -> Any:
-    # Imported lazily so that `python -m hermes_batch.testing.server` does not find
-    # the module already imported (runpy warns), and aiohttp loads only when used.
-    if name in __all__:
-        from . import server
+    # Lazily, so that `python -m hermes_batch.testing.server` does not find the module
+    # already imported (runpy warns), and pytest and aiohttp load only when used.
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
-        return getattr(server, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

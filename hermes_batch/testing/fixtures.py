@@ -1,8 +1,9 @@
-"""Pytest helpers for testing hermes-batch and its plugins.
+"""Pytest fixtures and helpers for testing hermes-batch and its plugins.
 
-Import the fixture into a ``conftest.py`` to use it::
+Load them (``model_server``, ``runner``, ``procs``, ``local_sandbox``, ``toolset_harness``)
+in your ``tests/conftest.py``::
 
-    from hermes_batch.testing.fixtures import model_server  # noqa: F401
+    pytest_plugins = ["hermes_batch.testing.fixtures"]
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
+import pytest_asyncio
 
 from .scripts import ToolLoopScript
 
-TEST_API_KEY = "sk-test-canary-3f9c1d"
-"""The key the ``model_server`` fixture expects by default; tests check it never reaches a run folder."""
+from .runner import TEST_API_KEY
 
 
 @pytest.fixture
@@ -37,6 +38,49 @@ def model_server():
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def runner(tmp_path):
+    """A :class:`~hermes_batch.testing.Runner` writing under ``tmp_path``; pass ``server=`` to its calls."""
+    from .runner import Runner
+
+    return Runner(tmp_path)
+
+
+@pytest.fixture
+def procs():
+    """A list for the child processes a test starts; any still running after the test is killed."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+@pytest_asyncio.fixture
+async def local_sandbox(tmp_path):
+    """An open sandbox of the core's local backend, in ``tmp_path``: for testing tools."""
+    from hermes_batch import RunContext, SandboxSpec, get_plugin_manager
+
+    backend_class = get_plugin_manager(load_entry_points=False).registry().get("sandboxes", "local")
+    backend = backend_class(backend_class.Config(), RunContext("tool-test", tmp_path / "run", seed=0))
+    await backend.start()
+    sandbox = await backend.open(SandboxSpec("tool-test", 0, "0123456789abcdef"))
+    yield sandbox
+    await sandbox.close()
+    await backend.shutdown()
+
+
+@pytest_asyncio.fixture
+async def toolset_harness(tmp_path):
+    """A :class:`~hermes_batch.testing.ToolsetHarness`; its runtimes are shut down after the test."""
+    from .toolsets import ToolsetHarness
+
+    harness = ToolsetHarness(tmp_path / "run")
+    yield harness
+    await harness.close()
 
 
 def write_dataset(path: Path, rows) -> Path:

@@ -11,11 +11,8 @@ import time
 import docker.errors
 import pytest
 
-from hermes_batch.errors import ConfigError, SandboxError
-from hermes_batch.plugins import collect, get_plugin_manager
-from hermes_batch.records import ExecResult, SandboxSpec
-from hermes_batch.run_context import RunContext
-from hermes_batch.serialization import structure_config
+import hermes_batch
+from hermes_batch import ConfigError, ExecResult, RunContext, SandboxError, SandboxSpec, structure_config
 from hermes_batch_docker import DockerBackend, DockerConfig
 from hermes_batch_docker.config import BASE_CAPABILITIES, default_max_starting
 from hermes_batch_docker.engine import (
@@ -29,7 +26,7 @@ from hermes_batch_docker.engine import (
     LIVE_SESSIONS,
 )
 
-from .conftest import IMAGE_A, IMAGE_B, MISSING_IMAGE, containers_of
+from docker_rig import IMAGE_A, IMAGE_B, MISSING_IMAGE, containers_of
 
 DEAD_PID = "2147483646"  # above any pid_max: no process has it
 
@@ -61,14 +58,9 @@ async def sandbox(backend, run_name):
 # --- the plugin ------------------------------------------------------------------------------
 
 
-def test_installed_distribution_registers_the_backend_and_the_cleanup_command():
-    pm = get_plugin_manager(strict=True)
-    assert collect(pm).get("sandboxes", "docker") is DockerBackend
-    from click.testing import CliRunner
-
-    from hermes_batch.cli import cli
-
-    result = CliRunner().invoke(cli, ["docker", "cleanup", "--help"])
+def test_installed_distribution_registers_the_backend_and_the_cleanup_command(runner):
+    assert hermes_batch.get_plugin_manager(strict=True).registry().get("sandboxes", "docker") is DockerBackend
+    result = runner.cli("docker", "cleanup", "--help")
     assert result.exit_code == 0, result.output
     assert "--run NAME" in result.output
 

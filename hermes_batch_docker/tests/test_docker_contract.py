@@ -5,11 +5,11 @@ from __future__ import annotations
 import docker.errors
 import pytest
 
-from hermes_batch.run_context import RunContext
-from hermes_batch.testing.sandbox_contract import SandboxContract
+from hermes_batch import RunContext
+from hermes_batch.testing import SandboxContract
 from hermes_batch_docker import DockerBackend, DockerConfig, DockerSandbox
 
-from .conftest import IMAGE_A
+from docker_rig import IMAGE_A
 
 
 class TestDockerSandboxContract(SandboxContract):

@@ -2,38 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
-import subprocess
 import time
 
 import pytest
-from click.testing import CliRunner
 
-from hermes_batch.cli import cli
-from hermes_batch.testing.fixtures import wait_for
-from hermes_batch.testing import RoutedScript, ToolLoopScript
+from hermes_batch.testing import RoutedScript, ToolLoopScript, tool_outputs, wait_for, write_dataset
 from hermes_batch_docker.engine import LABEL_HOST, LABEL_PID, LABEL_PROMPT, LABEL_RUN, LABEL_RUN_DIR, LABEL_SESSION, LIVE_SESSIONS
 
-from .conftest import IMAGE_A, IMAGE_B, MISSING_IMAGE, containers_of, write_dataset
+from docker_rig import IMAGE_A, IMAGE_B, MISSING_IMAGE, containers_of
 
 DEAD_PID = "2147483646"
 SLEEPER = ToolLoopScript(tool_calls=1, command="sleep 30")
 FAST = ToolLoopScript(tool_calls=1, command="echo fine")
-
-
-def tool_outputs(trajectory: dict) -> list:
-    """The ``output`` of every terminal result in a trajectory."""
-    outputs = []
-    for turn in trajectory["conversations"]:
-        if turn["from"] != "tool":
-            continue
-        for block in turn["value"].split("<tool_response>")[1:]:
-            payload = json.loads(block.split("</tool_response>")[0])
-            outputs.append(payload["content"]["output"])
-    return outputs
 
 
 def running_commands(docker_api, container_id: str) -> str:
@@ -42,16 +25,6 @@ def running_commands(docker_api, container_id: str) -> str:
     except Exception:
         return ""
     return "\n".join(" ".join(process) for process in top.get("Processes") or [])
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
 
 
 # --- images per row -----------------------------------------------------------------------------
@@ -75,7 +48,7 @@ def test_twenty_prompts_run_each_in_the_image_its_row_names(tmp_path, runner, mo
     dataset = write_dataset(tmp_path / "data.jsonl", rows)
     server = model_server(ToolLoopScript(tool_calls=1, command="cat /etc/hermes-image; pwd; hostname"))
 
-    result = runner.invoke(dataset, server, "--num_workers", "8", "-S", f"image={IMAGE_B}")
+    result = runner.invoke(dataset, "--num_workers", "8", "-S", f"image={IMAGE_B}", server=server)
 
     assert result.exit_code == 0, result.output
     trajectories = runner.records("trajectories.jsonl")
@@ -100,7 +73,7 @@ def test_a_missing_image_fails_only_its_prompts_without_a_model_call(tmp_path, r
     dataset = write_dataset(tmp_path / "data.jsonl", rows)
     server = model_server(FAST)
 
-    result = runner.invoke(dataset, server, "--num_workers", "3")
+    result = runner.invoke(dataset, "--num_workers", "3", server=server)
 
     assert result.exit_code == 3, result.output
     failed = runner.records("failed.jsonl")
@@ -120,7 +93,7 @@ def test_a_prompt_whose_deadline_fires_is_saved_as_partial_and_its_container_rem
     server = model_server(RoutedScript({"sleepy": SLEEPER}, default=FAST))
 
     started = time.monotonic()
-    result = runner.invoke(dataset, server, "--num_workers", "2", "--prompt_timeout", "4", "--no_filters")
+    result = runner.invoke(dataset, "--num_workers", "2", "--prompt_timeout", "4", "--no_filters", server=server)
 
     assert result.exit_code == 0, result.output
     assert time.monotonic() - started < 25  # the 30 s sleep was cut by the 4 s deadline
@@ -140,7 +113,7 @@ def test_a_container_killed_from_outside_fails_its_prompt_and_the_run_goes_on(
     victim = 2
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
     server = model_server(RoutedScript({prompts[victim]: SLEEPER}, default=FAST))
-    proc = runner.spawn(dataset, server, "--num_workers", "3")
+    proc = runner.spawn(dataset, "--num_workers", "3", server=server)
     procs.append(proc)
 
     def victim_sleeping():
@@ -162,7 +135,7 @@ def test_a_container_killed_from_outside_fails_its_prompt_and_the_run_goes_on(
     assert containers_of(docker_api, runner.run_name) == []
 
     again = model_server(FAST)
-    result = runner.invoke(dataset, again, "--resume")
+    result = runner.invoke(dataset, "--resume", server=again)
     assert result.exit_code == 0, result.output
     assert [again.calls_for(p) for p in prompts] == [0, 0, 2, 0, 0, 0]
     assert sorted(t["prompt_index"] for t in runner.records("trajectories.jsonl")) == list(range(6))
@@ -170,7 +143,7 @@ def test_a_container_killed_from_outside_fails_its_prompt_and_the_run_goes_on(
 
 def test_ctrl_c_in_the_middle_of_a_run_leaves_no_container(tmp_path, runner, model_server, docker_api, procs):
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(8)])
-    proc = runner.spawn(dataset, model_server(SLEEPER), "--num_workers", "4")
+    proc = runner.spawn(dataset, "--num_workers", "4", server=model_server(SLEEPER))
     procs.append(proc)
 
     def sleeping():
@@ -189,7 +162,7 @@ def test_ctrl_c_in_the_middle_of_a_run_leaves_no_container(tmp_path, runner, mod
 def leave_containers_behind(tmp_path, runner, model_server, docker_api, procs, count=3) -> list:
     """Start a run and SIGKILL it while its prompts are in their containers."""
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(count)])
-    proc = runner.spawn(dataset, model_server(SLEEPER), "--num_workers", str(count))
+    proc = runner.spawn(dataset, "--num_workers", str(count), server=model_server(SLEEPER))
     procs.append(proc)
     wait_for(lambda: len(containers_of(docker_api, runner.run_name)) == count, 60, "the containers", proc)
     proc.kill()
@@ -202,7 +175,7 @@ def leave_containers_behind(tmp_path, runner, model_server, docker_api, procs, c
 def test_resume_removes_the_containers_a_killed_process_left(tmp_path, runner, model_server, docker_api, procs):
     dataset = leave_containers_behind(tmp_path, runner, model_server, docker_api, procs)
     server = model_server(FAST)
-    result = runner.invoke(dataset, server, "--resume")
+    result = runner.invoke(dataset, "--resume", server=server)
     assert result.exit_code == 0, result.output
     assert "Removed 3 container(s) left behind by an earlier process" in result.output
     assert [server.calls_for(f"task {i}") for i in range(3)] == [2, 2, 2]
@@ -215,15 +188,15 @@ def test_cleanup_command_removes_the_leftovers_of_one_run(tmp_path, runner, mode
     labels = {LABEL_RUN: other_run, LABEL_RUN_DIR: "/x", LABEL_HOST: socket.gethostname(), LABEL_PID: DEAD_PID}
     other = docker_api.create_container(IMAGE_A, command=["sleep", "3600"], labels=labels)["Id"]
     try:
-        result = CliRunner().invoke(cli, ["docker", "cleanup", "--run", runner.run_name])
+        result = runner.cli("docker", "cleanup", "--run", runner.run_name)
         assert result.exit_code == 0, result.output
         assert f"Removed 3 leftover container(s) of run {runner.run_name!r}" in result.output
         assert containers_of(docker_api, runner.run_name) == []
         assert [c["Id"] for c in containers_of(docker_api, other_run)] == [other]
 
-        result = CliRunner().invoke(cli, ["docker", "cleanup", "--run", runner.run_name])
+        result = runner.cli("docker", "cleanup", "--run", runner.run_name)
         assert "No leftover containers of run" in result.output
-        result = CliRunner().invoke(cli, ["docker", "cleanup", "--run", other_run])
+        result = runner.cli("docker", "cleanup", "--run", other_run)
         assert "Removed 1 leftover container(s)" in result.output
         assert containers_of(docker_api, other_run) == []
     finally:
@@ -231,19 +204,19 @@ def test_cleanup_command_removes_the_leftovers_of_one_run(tmp_path, runner, mode
             docker_api.remove_container(container["Id"], force=True)
 
 
-def test_cleanup_leaves_containers_of_runs_that_may_be_in_progress_unless_forced(run_name, docker_api):
+def test_cleanup_leaves_containers_of_runs_that_may_be_in_progress_unless_forced(run_name, docker_api, runner):
     LIVE_SESSIONS.add("in-progress")
     here = {LABEL_RUN: run_name, LABEL_RUN_DIR: "/x", LABEL_HOST: socket.gethostname(), LABEL_PID: str(os.getpid()), LABEL_SESSION: "in-progress"}
     elsewhere = {**here, LABEL_HOST: "another-machine", LABEL_PID: DEAD_PID, LABEL_SESSION: "remote"}
     for labels in (here, elsewhere):
         docker_api.create_container(IMAGE_A, command=["sleep", "3600"], labels=labels)
     try:
-        result = CliRunner().invoke(cli, ["docker", "cleanup", "--run", run_name])
+        result = runner.cli("docker", "cleanup", "--run", run_name)
         assert result.exit_code == 0
         assert "Left 2 container(s) of runs that may still be in progress" in result.output
         assert f"{os.getpid()} on {socket.gethostname()}" in result.output and "on another-machine" in result.output
         assert len(containers_of(docker_api, run_name)) == 2
-        result = CliRunner().invoke(cli, ["docker", "cleanup", "--run", run_name, "--force"])
+        result = runner.cli("docker", "cleanup", "--run", run_name, "--force")
         assert "Removed 2 leftover container(s)" in result.output
     finally:
         LIVE_SESSIONS.discard("in-progress")
@@ -257,15 +230,15 @@ def test_an_engine_that_is_down_stops_the_run_at_start_with_status_2(tmp_path, r
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": "task"}])
     server = model_server(FAST)
 
-    result = runner.invoke(dataset, server)
+    result = runner.invoke(dataset, server=server)
 
     assert result.exit_code == 2
     assert f"Error: The Docker engine at unix://{tmp_path}/dead.sock is not reachable" in result.output
     assert "start it (`sudo systemctl start docker`" in result.output
     assert server.request_count == 0  # the engine is checked before the model preflight
-    assert not runner.folder.exists()
+    assert not runner.folder().exists()
 
-    cleanup = CliRunner().invoke(cli, ["docker", "cleanup"])
+    cleanup = runner.cli("docker", "cleanup")
     assert cleanup.exit_code == 2 and "is not reachable" in cleanup.output
 
 
@@ -281,11 +254,11 @@ def test_an_engine_that_is_down_stops_the_run_at_start_with_status_2(tmp_path, r
 def test_bad_options_stop_the_run_before_anything_is_sent(tmp_path, runner, model_server, option, says):
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": "task"}])
     server = model_server(FAST)
-    result = runner.invoke(dataset, server, "-S", option)
+    result = runner.invoke(dataset, "-S", option, server=server)
     assert result.exit_code == 2
     assert f"Error: Invalid options for the docker sandbox (-S): {says}" in result.output
     assert server.request_count == 0
-    assert not runner.folder.exists()
+    assert not runner.folder().exists()
 
 
 # --- defaults of issue 7 ------------------------------------------------------------------------------
@@ -305,7 +278,7 @@ def test_a_prompt_that_fills_its_pids_limit_finishes_and_is_not_run_again_on_res
     server = model_server(RoutedScript({"fork bomb": script}, default=FAST))
 
     result = runner.invoke(
-        dataset, server, "--num_workers", "2", "--command_timeout", "3", "--no_filters", "-S", "pids_limit=32"
+        dataset, "--num_workers", "2", "--command_timeout", "3", "--no_filters", "-S", "pids_limit=32", server=server
     )
 
     assert result.exit_code == 0, result.output
@@ -316,6 +289,6 @@ def test_a_prompt_that_fills_its_pids_limit_finishes_and_is_not_run_again_on_res
     assert containers_of(docker_api, runner.run_name) == []
 
     again = model_server(FAST)
-    result = runner.invoke(dataset, again, "--resume")
+    result = runner.invoke(dataset, "--resume", server=again)
     assert result.exit_code == 0, result.output
     assert again.calls_for("fork bomb") == again.calls_for("quiet") == 0

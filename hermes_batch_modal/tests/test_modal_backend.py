@@ -10,19 +10,15 @@ import time
 
 import modal
 import pytest
-from click.testing import CliRunner
 
-from hermes_batch.cli import cli
-from hermes_batch.errors import ConfigError, SandboxError
-from hermes_batch.plugins import collect, get_plugin_manager
-from hermes_batch.records import ExecResult, SandboxSpec
-from hermes_batch.run_context import RunContext
-from hermes_batch.serialization import structure_config
+import hermes_batch
+from hermes_batch import ConfigError, ExecResult, RunContext, SandboxError, SandboxSpec, structure_config
+from hermes_batch.testing import Runner
 from hermes_batch_modal import ModalBackend, ModalConfig, backend as backend_module
 from hermes_batch_modal import connection, leftovers
 from hermes_batch_modal.leftovers import LIVE_SESSIONS
 
-from modal_testing import IMAGE_A, IMAGE_B, MISSING_IMAGE, docker_engine, run_name, standin  # noqa: F401 (fixtures)
+from modal_rig import IMAGE_A, IMAGE_B, MISSING_IMAGE
 
 DEAD_PID = "2147483646"  # above any pid_max: no process has it
 
@@ -54,10 +50,10 @@ def fast_backoff(monkeypatch):
 # --- the plugin and its options ----------------------------------------------------------------
 
 
-def test_installed_distribution_registers_the_backend_and_the_cleanup_command():
-    pm = get_plugin_manager(strict=True)
-    assert collect(pm).get("sandboxes", "modal") is ModalBackend
-    result = CliRunner().invoke(cli, ["modal", "cleanup", "--help"])
+def test_installed_distribution_registers_the_backend_and_the_cleanup_command(tmp_path):
+    pm = hermes_batch.get_plugin_manager(strict=True)
+    assert pm.registry().get("sandboxes", "modal") is ModalBackend
+    result = Runner(tmp_path).cli("modal", "cleanup", "--help")
     assert result.exit_code == 0, result.output
     assert "--run NAME" in result.output and "--app NAME" in result.output
 

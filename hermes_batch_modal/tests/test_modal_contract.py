@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from hermes_batch.run_context import RunContext
-from hermes_batch.testing.sandbox_contract import SandboxContract
+from hermes_batch import RunContext
+from hermes_batch.testing import SandboxContract
 from hermes_batch_modal import ModalBackend, ModalConfig, ModalSandbox
 
-from modal_testing import IMAGE_A, docker_engine, run_name, standin  # noqa: F401 (fixtures)
+from modal_rig import IMAGE_A
 
 
 class TestModalSandboxContractAgainstStandIn(SandboxContract):

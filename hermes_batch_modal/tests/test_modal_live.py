@@ -11,15 +11,11 @@ import os
 
 import modal
 import pytest
-from click.testing import CliRunner
 
-from hermes_batch.cli import cli
-from hermes_batch.run_context import RunContext
-from hermes_batch.testing import ToolLoopScript
-from hermes_batch.testing.sandbox_contract import SandboxContract
+from hermes_batch import RunContext
+from hermes_batch.testing import Runner, SandboxContract, ToolLoopScript, write_dataset
 from hermes_batch_modal import ModalBackend, ModalConfig, ModalSandbox
 
-from modal_testing import API_KEY, model_server, run_name, write_dataset  # noqa: F401 (fixtures)
 
 LIVE = bool(os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")) and not os.environ.get("MODAL_SERVER_URL")
 pytestmark = pytest.mark.skipif(not LIVE, reason="MODAL_TOKEN_ID and MODAL_TOKEN_SECRET are not set (live Modal tests)")
@@ -50,12 +46,9 @@ def test_five_prompts_run_on_modal(tmp_path, run_name, model_server):
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}", **({"cwd": "/srv"} if i % 2 else {})} for i in range(5)])
     server = model_server(ToolLoopScript(tool_calls=1, command="pwd; python3 -c 'print(6*7)'"))
     folder = tmp_path / "out" / run_name
-    result = CliRunner().invoke(cli, [
-        "run", "--dataset_file", str(dataset), "--batch_size", "5", "--run_name", run_name,
-        "--output_dir", str(tmp_path / "out"), "--model", "scripted-model", "--api_key", API_KEY,
-        "--base_url", server.base_url, "--distribution", "terminal_only", "--no-progress",
-        "--num_workers", "5", "--sandbox", "modal", "-S", f"app={APP}", "-S", f"image={IMAGE}", "-S", "timeout=600",
-    ], catch_exceptions=False)
+    runner = Runner(tmp_path, run_name=run_name, options=("--distribution", "terminal_only", "--sandbox", "modal"))
+    result = runner.invoke(dataset, "--num_workers", "5", "-S", f"app={APP}", "-S", f"image={IMAGE}", "-S", "timeout=600",
+                           server=server)
     assert result.exit_code == 0, result.output
     trajectories = [json.loads(line) for line in (folder / "trajectories.jsonl").read_text().splitlines()]
     assert sorted(t["prompt_index"] for t in trajectories) == list(range(5))
@@ -65,5 +58,5 @@ def test_five_prompts_run_on_modal(tmp_path, run_name, model_server):
     for path in folder.rglob("*"):
         if path.is_file():
             assert os.environ["MODAL_TOKEN_SECRET"].encode() not in path.read_bytes()
-    cleanup = CliRunner().invoke(cli, ["modal", "cleanup", "--app", APP, "--run", run_name])
+    cleanup = runner.cli("modal", "cleanup", "--app", APP, "--run", run_name)
     assert "No leftover Modal sandboxes" in cleanup.output

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -12,33 +11,15 @@ import threading
 import time
 
 import modal
-import pytest
-from click.testing import CliRunner
 
-from hermes_batch.cli import cli
-from hermes_batch.testing import RoutedScript, ToolLoopScript
-from hermes_batch.testing.fixtures import wait_for
+from hermes_batch.testing import RoutedScript, Runner, ToolLoopScript, tool_outputs, wait_for, write_dataset
 from hermes_batch_modal import leftovers
 
-from modal_testing import (  # noqa: F401 (fixtures)
-    IMAGE_A, IMAGE_B, MISSING_IMAGE, docker_engine, model_server, run_name, runner, standin, write_dataset,
-)
+from modal_rig import IMAGE_A, IMAGE_B, MISSING_IMAGE
 
 SLEEPER = ToolLoopScript(tool_calls=1, command="sleep 30")
 FAST = ToolLoopScript(tool_calls=1, command="echo fine")
 DEAD_PID = "2147483646"
-
-
-def tool_outputs(trajectory: dict) -> list:
-    """The ``output`` of every terminal result in a trajectory."""
-    outputs = []
-    for turn in trajectory["conversations"]:
-        if turn["from"] != "tool":
-            continue
-        for block in turn["value"].split("<tool_response>")[1:]:
-            payload = json.loads(block.split("</tool_response>")[0])
-            outputs.append(payload["content"]["output"])
-    return outputs
 
 
 def assert_no_token_in(folder, standin) -> None:
@@ -55,16 +36,6 @@ def running_sleep(standin, sandbox) -> bool:
         return "sleep 30" in standin.exec_in(sandbox, "ps -o args")
     except Exception:
         return False
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
 
 
 def test_twenty_prompts_run_each_in_a_sandbox_of_its_own_with_the_rows_image_and_cwd(tmp_path, runner, model_server, standin):
@@ -85,7 +56,7 @@ def test_twenty_prompts_run_each_in_a_sandbox_of_its_own_with_the_rows_image_and
     dataset = write_dataset(tmp_path / "data.jsonl", rows)
     server = model_server(ToolLoopScript(tool_calls=1, command="cat /etc/hermes-image; pwd; hostname"))
 
-    result = runner.invoke(dataset, server, "--num_workers", "8", "-S", f"image={IMAGE_B}")
+    result = runner.invoke(dataset, "--num_workers", "8", "-S", f"image={IMAGE_B}", server=server)
 
     assert result.exit_code == 0, result.output
     trajectories = runner.records("trajectories.jsonl")
@@ -105,7 +76,7 @@ def test_twenty_prompts_run_each_in_a_sandbox_of_its_own_with_the_rows_image_and
     assert len(made) == 20 and not any(s.running for s in made)
     assert standin.calls["AppGetOrCreate"] == 1
     assert standin.calls["ImageJoinStreaming"] == 2  # each image resolved once for the run
-    assert_no_token_in(runner.folder, standin)
+    assert_no_token_in(runner.folder(), standin)
 
 
 def test_no_credentials_stop_the_run_at_start_with_status_2(tmp_path, runner, model_server, standin):
@@ -114,7 +85,7 @@ def test_no_credentials_stop_the_run_at_start_with_status_2(tmp_path, runner, mo
     env = {k: v for k, v in os.environ.items() if k not in ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET")}
     env["MODAL_CONFIG_PATH"] = str(tmp_path / "no-such-modal.toml")
 
-    proc = subprocess.run([sys.executable, "-m", "hermes_batch", *runner.args(dataset, server)],
+    proc = subprocess.run([sys.executable, "-m", "hermes_batch", *runner.args(dataset, server=server)],
                           capture_output=True, text=True, env=env, timeout=120)
 
     assert proc.returncode == 2, proc.stderr
@@ -127,19 +98,19 @@ def test_no_credentials_stop_the_run_at_start_with_status_2(tmp_path, runner, mo
     assert "Traceback" not in proc.stderr
     assert server.request_count == 0  # no model call
     assert sum(standin.calls.values()) == 0  # nor any call to Modal
-    assert not runner.folder.exists()
+    assert not runner.folder().exists()
 
 
 def test_a_refused_token_stops_the_run_at_start_with_status_2(tmp_path, runner, model_server, standin, monkeypatch):
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-revoked-0123456789")
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": "task"}])
     server = model_server(FAST)
-    result = runner.invoke(dataset, server)
+    result = runner.invoke(dataset, server=server)
     assert result.exit_code == 2
     assert "Error: Modal refused the token it was given; run `modal token new`" in result.output
     assert "as-revoked" not in result.output
     assert server.request_count == 0
-    assert not runner.folder.exists()
+    assert not runner.folder().exists()
 
 
 def test_a_missing_image_fails_only_its_prompts_without_a_model_call(tmp_path, runner, model_server):
@@ -147,7 +118,7 @@ def test_a_missing_image_fails_only_its_prompts_without_a_model_call(tmp_path, r
     dataset = write_dataset(tmp_path / "data.jsonl", rows)
     server = model_server(FAST)
 
-    result = runner.invoke(dataset, server, "--num_workers", "3")
+    result = runner.invoke(dataset, "--num_workers", "3", server=server)
 
     assert result.exit_code == 3, result.output
     failed = runner.records("failed.jsonl")
@@ -166,7 +137,7 @@ def test_a_sandbox_that_never_becomes_ready_fails_its_prompt_and_resume_runs_it(
     dataset = write_dataset(tmp_path / "data.jsonl", rows)
     server = model_server(FAST)
 
-    result = runner.invoke(dataset, server, "--num_workers", "4", "-S", "startup_timeout=8")
+    result = runner.invoke(dataset, "--num_workers", "4", "-S", "startup_timeout=8", server=server)
 
     assert result.exit_code == 3, result.output
     [failure] = runner.records("failed.jsonl")
@@ -176,7 +147,7 @@ def test_a_sandbox_that_never_becomes_ready_fails_its_prompt_and_resume_runs_it(
 
     standin.faults.never_ready = None
     again = model_server(FAST)
-    result = runner.invoke(dataset, again, "--resume", "-S", "startup_timeout=8")
+    result = runner.invoke(dataset, "--resume", "-S", "startup_timeout=8", server=again)
     assert result.exit_code == 0, result.output
     assert [again.calls_for(row["prompt"]) for row in rows] == [0, 0, 2, 0]
 
@@ -197,7 +168,7 @@ def test_a_sandbox_terminated_from_outside_fails_its_prompt_and_the_run_goes_on(
 
     killer = threading.Thread(target=terminate_the_sleeper)
     killer.start()
-    result = runner.invoke(dataset, server, "--num_workers", "5")
+    result = runner.invoke(dataset, "--num_workers", "5", server=server)
     killer.join()
 
     assert result.exit_code == 3, result.output
@@ -212,7 +183,7 @@ def test_a_prompt_whose_deadline_fires_is_saved_as_partial_and_its_sandbox_termi
     server = model_server(RoutedScript({"sleepy": SLEEPER}, default=FAST))
 
     started = time.monotonic()
-    result = runner.invoke(dataset, server, "--num_workers", "2", "--prompt_timeout", "6", "--no_filters")
+    result = runner.invoke(dataset, "--num_workers", "2", "--prompt_timeout", "6", "--no_filters", server=server)
 
     assert result.exit_code == 0, result.output
     assert time.monotonic() - started < 28  # the 30 s sleep was cut by the deadline
@@ -224,7 +195,7 @@ def test_a_prompt_whose_deadline_fires_is_saved_as_partial_and_its_sandbox_termi
 
 def test_ctrl_c_in_the_middle_of_a_run_leaves_no_sandbox_running(tmp_path, runner, model_server, standin, procs):
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(8)])
-    proc = runner.spawn(dataset, model_server(SLEEPER), "--num_workers", "4")
+    proc = runner.spawn(dataset, "--num_workers", "4", server=model_server(SLEEPER))
     procs.append(proc)
 
     def sleeping():
@@ -237,14 +208,14 @@ def test_ctrl_c_in_the_middle_of_a_run_leaves_no_sandbox_running(tmp_path, runne
     assert proc.returncode == 130, err[-3000:]
     assert "Interrupted" in err
     assert standin.running(**{leftovers.TAG_RUN: runner.run_name}) == []
-    assert_no_token_in(runner.folder, standin)
+    assert_no_token_in(runner.folder(), standin)
     assert standin.token_secret not in err
 
 
 def leave_sandboxes_behind(tmp_path, runner, model_server, standin, procs, count=3):
     """Start a run and SIGKILL it while its prompts are in their sandboxes."""
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(count)])
-    proc = runner.spawn(dataset, model_server(SLEEPER), "--num_workers", str(count))
+    proc = runner.spawn(dataset, "--num_workers", str(count), server=model_server(SLEEPER))
     procs.append(proc)
     wait_for(lambda: len(standin.running(**{leftovers.TAG_RUN: runner.run_name})) == count, 90, "the sandboxes", proc)
     proc.kill()
@@ -266,16 +237,16 @@ def test_cleanup_command_terminates_a_crashed_runs_sandboxes(tmp_path, runner, m
         return created.object_id
 
     other = asyncio.run(make_other())
-    result = CliRunner().invoke(cli, ["modal", "cleanup", "--run", runner.run_name])
+    result = runner.cli("modal", "cleanup", "--run", runner.run_name)
     assert result.exit_code == 0, result.output
     assert f"Terminated 3 leftover Modal sandbox(es) of run {runner.run_name!r} in app 'hermes-batch'" in result.output
     assert result.output.count("Terminating sb-") == 3
     assert standin.running(**{leftovers.TAG_RUN: runner.run_name}) == []
     assert [s.id for s in standin.running(**{leftovers.TAG_RUN: other_run})] == [other]
 
-    result = CliRunner().invoke(cli, ["modal", "cleanup", "--run", runner.run_name])
+    result = runner.cli("modal", "cleanup", "--run", runner.run_name)
     assert "No leftover Modal sandboxes of run" in result.output
-    result = CliRunner().invoke(cli, ["modal", "cleanup"])
+    result = runner.cli("modal", "cleanup")
     assert "Terminated 1 leftover Modal sandbox(es) in app 'hermes-batch'" in result.output
     assert standin.running() == []
 
@@ -287,14 +258,14 @@ def test_resume_terminates_the_sandboxes_a_killed_process_left(tmp_path, runner,
         client = await modal.Client.from_credentials.aio(standin.token_id, standin.token_secret)
         app = await modal.App.lookup.aio("hermes-batch", create_if_missing=True, client=client)
         for index in range(3):
-            tags = {**leftovers.sandbox_tags(runner.run_name, runner.folder, index, "k", "killed"), leftovers.TAG_PID: DEAD_PID}
+            tags = {**leftovers.sandbox_tags(runner.run_name, runner.folder(), index, "k", "killed"), leftovers.TAG_PID: DEAD_PID}
             await modal.Sandbox.create.aio(app=app, image=modal.Image.from_registry(IMAGE_A), tags=tags, client=client)
         await client.close.aio()
 
     asyncio.run(leave_behind())
     assert len(standin.running(**{leftovers.TAG_RUN: runner.run_name})) == 3
     server = model_server(FAST)
-    result = runner.invoke(dataset, server)
+    result = runner.invoke(dataset, server=server)
     assert result.exit_code == 0, result.output
     assert "Terminated 3 Modal sandbox(es) left running by an earlier process" in result.output
     assert [server.calls_for(f"task {i}") for i in range(3)] == [2, 2, 2]
@@ -305,6 +276,6 @@ def test_cleanup_without_credentials_says_how_to_log_in(tmp_path, monkeypatch):
     monkeypatch.delenv("MODAL_TOKEN_ID", raising=False)
     monkeypatch.delenv("MODAL_TOKEN_SECRET", raising=False)
     monkeypatch.setattr(modal.config, "_user_config", {})
-    result = CliRunner().invoke(cli, ["modal", "cleanup"])
+    result = Runner(tmp_path).cli("modal", "cleanup")
     assert result.exit_code == 2
     assert "No Modal credentials were found" in result.output and "modal token new" in result.output

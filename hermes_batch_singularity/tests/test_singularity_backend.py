@@ -11,26 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from hermes_batch.cli import cli
-from hermes_batch.errors import ConfigError, SandboxError
-from hermes_batch.plugins import collect, get_plugin_manager
-from hermes_batch.records import SandboxSpec
-from hermes_batch.run_context import RunContext
-from hermes_batch.serialization import structure_config
+import hermes_batch
+from hermes_batch import ConfigError, RunContext, SandboxError, SandboxSpec, structure_config
+from hermes_batch.testing import Runner
 from hermes_batch_singularity import SingularityBackend, SingularityConfig, instances, runtime
 from hermes_batch_singularity.config import default_max_starting
 from hermes_batch_singularity.images import classify
 
-from singularity_rig import (  # noqa: F401 (fixtures)
-    _apptainer_on_path,
-    apptainer_bin,
-    images,
-    model_server,
-    run_name,
-    runner,
-)
 from singularity_rig import IMAGE_A, IMAGE_B, instances_of
 
 DEAD_PID = 2147483646  # above any pid_max: no process has it
@@ -100,10 +88,10 @@ async def sandbox(backend, run_name):
 # --- the plugin and its options ---------------------------------------------------------------------
 
 
-def test_installed_distribution_registers_the_backend_and_the_cleanup_command():
-    pm = get_plugin_manager(strict=True)
-    assert collect(pm).get("sandboxes", "singularity") is SingularityBackend
-    result = CliRunner().invoke(cli, ["singularity", "cleanup", "--help"])
+def test_installed_distribution_registers_the_backend_and_the_cleanup_command(tmp_path):
+    pm = hermes_batch.get_plugin_manager(strict=True)
+    assert pm.registry().get("sandboxes", "singularity") is SingularityBackend
+    result = Runner(tmp_path).cli("singularity", "cleanup", "--help")
     assert result.exit_code == 0 and "--run NAME" in result.output
 
 

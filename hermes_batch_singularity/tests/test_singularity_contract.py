@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hermes_batch.run_context import RunContext
-from hermes_batch.testing.sandbox_contract import SandboxContract
+from hermes_batch import RunContext
+from hermes_batch.testing import SandboxContract
 from hermes_batch_singularity import SingularityBackend, SingularityConfig, SingularitySandbox
 
-from singularity_rig import (  # noqa: F401 (fixtures)
-    _apptainer_on_path,
-    apptainer_bin,
-    images,
-    model_server,
-    run_name,
-    runner,
-)
 from singularity_rig import instances_of
 
 

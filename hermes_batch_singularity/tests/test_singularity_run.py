@@ -2,45 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import time
 
 import pytest
-from click.testing import CliRunner
 
-from hermes_batch.cli import cli
-from hermes_batch.testing import RoutedScript, ToolLoopScript
-from hermes_batch.testing.fixtures import wait_for
+from hermes_batch.testing import RoutedScript, ToolLoopScript, tool_outputs, wait_for, write_dataset
 from hermes_batch_singularity import instances
 
-from singularity_rig import (  # noqa: F401 (fixtures)
-    _apptainer_on_path,
-    apptainer_bin,
-    images,
-    model_server,
-    run_name,
-    runner,
-)
-from singularity_rig import IMAGE_A, IMAGE_B, Runner, instances_of, write_dataset
+from singularity_rig import IMAGE_A, IMAGE_B, instances_of, singularity_runner
 
 DEAD_PID = 2147483646  # above any pid_max: no process has it
 SLEEPER = ToolLoopScript(tool_calls=1, command="sleep 30")
 FAST = ToolLoopScript(tool_calls=1, command="echo fine")
-
-
-def tool_outputs(trajectory: dict) -> list:
-    """The ``output`` of every terminal result in a trajectory."""
-    outputs = []
-    for turn in trajectory["conversations"]:
-        if turn["from"] != "tool":
-            continue
-        for block in turn["value"].split("<tool_response>")[1:]:
-            payload = json.loads(block.split("</tool_response>")[0])
-            outputs.append(payload["content"]["output"])
-    return outputs
 
 
 def sleeping_instances(apptainer_bin: str, run_name: str) -> list:
@@ -55,16 +31,6 @@ def sleeping_instances(apptainer_bin: str, run_name: str) -> list:
         if "sleep 30" in done.stdout:
             busy.append(name)
     return busy
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
 
 
 # --- images per row, filters --------------------------------------------------------------------------
@@ -92,7 +58,7 @@ def test_twenty_prompts_run_each_in_the_image_its_row_names(tmp_path, runner, mo
     unreasoned = rows[6]["prompt"]
     server = model_server(RoutedScript({unreasoned: silent}, default=thinking))
 
-    result = runner.invoke(dataset, server, "--num_workers", "8", "-S", f"image={images.sif_a}", "--filter", "no-reasoning")
+    result = runner.invoke(dataset, "--num_workers", "8", "-S", f"image={images.sif_a}", "--filter", "no-reasoning", server=server)
 
     assert result.exit_code == 0, result.output
     kept = runner.records("trajectories.jsonl")
@@ -124,7 +90,7 @@ def test_a_bad_image_fails_only_its_prompts_without_a_model_call(tmp_path, runne
     dataset = write_dataset(tmp_path / "data.jsonl", rows)
     server = model_server(FAST)
 
-    result = runner.invoke(dataset, server, "--num_workers", "3", "-S", f"image={images.sif_a}")
+    result = runner.invoke(dataset, "--num_workers", "3", "-S", f"image={images.sif_a}", server=server)
 
     assert result.exit_code == 3, result.output
     failed = runner.records("failed.jsonl")
@@ -135,7 +101,7 @@ def test_a_bad_image_fails_only_its_prompts_without_a_model_call(tmp_path, runne
     for i, row in enumerate(rows):
         assert server.calls_for(row["prompt"]) == (0 if i in (1, 4) else 2), i
     assert sorted(t["prompt_index"] for t in runner.records("trajectories.jsonl")) == [0, 2, 3, 5]
-    assert not list((runner.cache_dir / "sif").glob("*.sif"))  # nothing half-made was kept
+    assert not list((tmp_path / "sif-cache" / "sif").glob("*.sif"))  # nothing half-made was kept
 
 
 def test_a_prompt_whose_deadline_fires_is_saved_as_partial_and_its_instance_stopped(
@@ -146,8 +112,8 @@ def test_a_prompt_whose_deadline_fires_is_saved_as_partial_and_its_instance_stop
 
     started = time.monotonic()
     result = runner.invoke(
-        dataset, server, "--num_workers", "2", "--prompt_timeout", "20", "--no_filters", "-S", f"image={images.sif_a}"
-    )
+        dataset, "--num_workers", "2", "--prompt_timeout", "20", "--no_filters", "-S", f"image={images.sif_a}"
+    , server=server)
 
     assert result.exit_code == 0, result.output
     assert time.monotonic() - started < 200  # the 300 s sleep was cut by the deadline
@@ -162,7 +128,7 @@ def test_a_prompt_whose_deadline_fires_is_saved_as_partial_and_its_instance_stop
 
 def test_ctrl_c_in_the_middle_of_a_run_leaves_no_instance(tmp_path, runner, model_server, images, apptainer_bin, procs):
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(8)])
-    proc = runner.spawn(dataset, model_server(SLEEPER), "--num_workers", "4", "-S", f"image={images.sif_a}")
+    proc = runner.spawn(dataset, "--num_workers", "4", "-S", f"image={images.sif_a}", server=model_server(SLEEPER))
     procs.append(proc)
 
     wait_for(lambda: len(sleeping_instances(apptainer_bin, runner.run_name)) >= 3, 120, "three prompts sleeping in their instances", proc)
@@ -177,7 +143,7 @@ def test_ctrl_c_in_the_middle_of_a_run_leaves_no_instance(tmp_path, runner, mode
 def leave_instances_behind(tmp_path, runner, model_server, images, apptainer_bin, procs, count=3):
     """Start a run and SIGKILL it while its prompts are in their instances."""
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(count)])
-    proc = runner.spawn(dataset, model_server(SLEEPER), "--num_workers", str(count), "-S", f"image={images.sif_a}")
+    proc = runner.spawn(dataset, "--num_workers", str(count), "-S", f"image={images.sif_a}", server=model_server(SLEEPER))
     procs.append(proc)
     wait_for(lambda: len(instances_of(apptainer_bin, runner.run_name)) == count, 120, "the instances", proc)
     proc.kill()
@@ -189,7 +155,7 @@ def leave_instances_behind(tmp_path, runner, model_server, images, apptainer_bin
 def test_resume_stops_the_instances_a_killed_process_left(tmp_path, runner, model_server, images, apptainer_bin, procs):
     dataset = leave_instances_behind(tmp_path, runner, model_server, images, apptainer_bin, procs)
     server = model_server(FAST)
-    result = runner.invoke(dataset, server, "--resume", "-S", f"image={images.sif_a}")
+    result = runner.invoke(dataset, "--resume", "-S", f"image={images.sif_a}", server=server)
     assert result.exit_code == 0, result.output
     assert "Stopped 3 instance(s) left behind by an earlier process" in result.output
     assert [server.calls_for(f"task {i}") for i in range(3)] == [2, 2, 2]
@@ -210,15 +176,15 @@ def test_cleanup_command_stops_the_leftovers_of_one_run(tmp_path, runner, model_
     other = f"hb-{other_run}.{instances.run_hash(other_run)}0000.p0.{DEAD_PID}.abcd.0"
     start_named_instance(apptainer_bin, images.sif_a, other)
     try:
-        result = CliRunner().invoke(cli, ["singularity", "cleanup", "--run", runner.run_name])
+        result = runner.cli("singularity", "cleanup", "--run", runner.run_name)
         assert result.exit_code == 0, result.output
         assert f"Stopped 3 leftover instance(s) of run {runner.run_name!r}" in result.output
         assert instances_of(apptainer_bin, runner.run_name) == []
         assert instances_of(apptainer_bin, other_run) == [other]
 
-        result = CliRunner().invoke(cli, ["singularity", "cleanup", "--run", runner.run_name])
+        result = runner.cli("singularity", "cleanup", "--run", runner.run_name)
         assert "No leftover instances of run" in result.output
-        result = CliRunner().invoke(cli, ["singularity", "cleanup", "--run", other_run])
+        result = runner.cli("singularity", "cleanup", "--run", other_run)
         assert "Stopped 1 leftover instance(s)" in result.output
         assert instances_of(apptainer_bin, other_run) == []
     finally:
@@ -226,17 +192,17 @@ def test_cleanup_command_stops_the_leftovers_of_one_run(tmp_path, runner, model_
             subprocess.run([os.path.join(apptainer_bin, "apptainer"), "instance", "stop", "--force", name], capture_output=True)
 
 
-def test_cleanup_leaves_instances_of_runs_in_progress_unless_forced(run_name, images, apptainer_bin):
+def test_cleanup_leaves_instances_of_runs_in_progress_unless_forced(run_name, images, apptainer_bin, runner):
     instances.LIVE_SESSIONS.add("beef")
     live = f"hb-{run_name}.{instances.run_hash(run_name)}0000.p0.{os.getpid()}.beef.0"
     start_named_instance(apptainer_bin, images.sif_a, live)
     try:
-        result = CliRunner().invoke(cli, ["singularity", "cleanup", "--run", run_name])
+        result = runner.cli("singularity", "cleanup", "--run", run_name)
         assert result.exit_code == 0
         assert "Left 1 instance(s) of runs that may still be in progress" in result.output
         assert str(os.getpid()) in result.output
         assert instances_of(apptainer_bin, run_name) == [live]
-        result = CliRunner().invoke(cli, ["singularity", "cleanup", "--run", run_name, "--force"])
+        result = runner.cli("singularity", "cleanup", "--run", run_name, "--force")
         assert "Stopped 1 leftover instance(s)" in result.output
     finally:
         instances.LIVE_SESSIONS.discard("beef")
@@ -255,11 +221,11 @@ def _path_without_runtimes() -> str:
 
 def test_a_missing_runtime_stops_the_run_before_the_preflight_with_status_2(tmp_path, model_server, monkeypatch):
     monkeypatch.setenv("PATH", _path_without_runtimes())
-    runner = Runner(tmp_path, "no-runtime", tmp_path / "cache")
+    runner = singularity_runner(tmp_path, "no-runtime")
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": "task"}])
     server = model_server(FAST)
 
-    result = runner.invoke(dataset, server)
+    result = runner.invoke(dataset, server=server)
 
     assert result.exit_code == 2
     [line] = [line for line in result.output.splitlines() if line.strip()]
@@ -268,13 +234,13 @@ def test_a_missing_runtime_stops_the_run_before_the_preflight_with_status_2(tmp_
         "install Apptainer (or SingularityCE), load its module, or give its path with -S binary=PATH."
     )
     assert server.request_count == 0  # the runtime is checked before the model preflight
-    assert not runner.folder.exists()
+    assert not runner.folder().exists()
 
-    result = runner.invoke(dataset, server, "-S", f"binary={tmp_path}/no-such-apptainer")
+    result = runner.invoke(dataset, "-S", f"binary={tmp_path}/no-such-apptainer", server=server)
     assert result.exit_code == 2 and "-S binary=" in result.output and "no such command" in result.output
     assert server.request_count == 0
 
-    cleanup = CliRunner().invoke(cli, ["singularity", "cleanup"])
+    cleanup = runner.cli("singularity", "cleanup")
     assert cleanup.exit_code == 2 and "Neither apptainer nor singularity is on PATH" in cleanup.output
 
 
@@ -289,11 +255,11 @@ def test_a_missing_runtime_stops_the_run_before_the_preflight_with_status_2(tmp_
     ],
 )
 def test_bad_options_stop_the_run_before_anything_is_sent(tmp_path, model_server, option, says):
-    runner = Runner(tmp_path, "bad-options", tmp_path / "cache")
+    runner = singularity_runner(tmp_path, "bad-options")
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": "task"}])
     server = model_server(FAST)
-    result = runner.invoke(dataset, server, "-S", option)
+    result = runner.invoke(dataset, "-S", option, server=server)
     assert result.exit_code == 2
     assert "Error: Invalid options for the singularity sandbox (-S):" in result.output and says in result.output
     assert server.request_count == 0
-    assert not runner.folder.exists()
+    assert not runner.folder().exists()

@@ -10,16 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hermes_batch.records import SandboxSpec
-from hermes_batch.run_context import RunContext
+from hermes_batch import RunContext, SandboxSpec
 from hermes_batch_singularity import SingularityBackend, SingularityConfig
-from singularity_rig import (  # noqa: F401 (fixtures)
-    _apptainer_on_path,
-    apptainer_bin,
-    images,
-    run_name,
-    user_apptainer_bin,
-)
 from singularity_rig import IMAGE_B, instances_of
 
 INTERFACES = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"

@@ -21,7 +21,6 @@ from hermes_batch_toolbox.browser_tools import (
     compact,
     shorten,
 )
-from toolbox_fixtures import sandbox, site, toolsets  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.skipif(not os.access("/usr/bin/chromium", os.X_OK), reason="needs Debian's chromium")
 

@@ -13,14 +13,9 @@ import os
 import re
 
 import pytest
-from click.testing import CliRunner
 
-from hermes_batch.cli import cli
-from hermes_batch.records import Usage
-from hermes_batch.testing import Reply, RoutedScript
-from hermes_batch.testing.fixtures import TEST_API_KEY, write_dataset
-from hermes_batch.testing.images import data_url_bytes, png_size
-from toolbox_fixtures import model_server, searxng, site  # noqa: F401 (fixtures)
+from hermes_batch import Usage
+from hermes_batch.testing import TEST_API_KEY, Reply, RoutedScript, Runner, data_url_bytes, png_size, write_dataset
 
 pytestmark = pytest.mark.skipif(not os.access("/usr/bin/chromium", os.X_OK), reason="needs Debian's chromium")
 
@@ -124,7 +119,7 @@ def test_thirty_prompts_with_every_toolset(tmp_path, model_server, site, searxng
         "-T", "image_gen.model=gpt-image-1",
         "-T", "moa.models=ref-a,ref-b", "-T", "moa.aggregator=judge",
     ]
-    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    result = Runner(tmp_path).cli(*args)
     assert result.exit_code == 0, result.output
     assert server.script_errors == []
     folder = out / "toolbox"
@@ -170,7 +165,7 @@ def _run(tmp_path, server, *extra):
     args = ["run", "--dataset_file", str(dataset), "--batch_size", "10", "--run_name", "r", "--output_dir",
             str(tmp_path / "out"), "--model", "agent-model", "--base_url", server.base_url, "--api_key", TEST_API_KEY,
             "--no-progress", *extra]
-    return CliRunner().invoke(cli, args, catch_exceptions=False)
+    return Runner(tmp_path).cli(*args)
 
 
 def test_without_options_web_and_image_gen_are_left_out_once(tmp_path, model_server):

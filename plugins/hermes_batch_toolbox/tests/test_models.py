@@ -7,17 +7,25 @@ import hashlib
 
 import pytest
 
-from hermes_batch.default_plugins.openai_client import OpenAIClient
-from hermes_batch.interfaces import ModelSettings
-from hermes_batch.records import Usage
-from hermes_batch.testing import ErrorRule, ImageReply, Reply, RoutedScript
-from hermes_batch.testing.fixtures import TEST_API_KEY
-from hermes_batch.testing.images import data_url_bytes, png_for, png_size, solid_png
+import hermes_batch
+from hermes_batch import ModelSettings, Usage
+from hermes_batch.testing import (
+    TEST_API_KEY,
+    ErrorRule,
+    ImageReply,
+    Reply,
+    RoutedScript,
+    data_url_bytes,
+    png_for,
+    png_size,
+    solid_png,
+)
 from hermes_batch_toolbox.image_gen import ImageGenerateTool
 from hermes_batch_toolbox.moa import MixtureOfAgentsTool
 from hermes_batch_toolbox.testing import FalStandIn
 from hermes_batch_toolbox.vision import VisionAnalyzeTool
-from toolbox_fixtures import model_server, sandbox, site, toolsets  # noqa: F401 (fixtures)
+
+OpenAIClient = hermes_batch.get_plugin_manager(load_entry_points=False).registry().get("model_clients", "openai")
 
 
 def describe_image(request):

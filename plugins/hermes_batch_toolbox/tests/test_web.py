@@ -6,20 +6,17 @@ import time
 
 import pytest
 
-from hermes_batch.errors import ConfigError, UsageError
-from hermes_batch.interfaces import ModelSettings
-from hermes_batch.plugins import collect, get_plugin_manager
-from hermes_batch.toolsets import build_runtimes
+from hermes_batch import ConfigError, ModelSettings, UsageError
+from hermes_batch.testing import ToolsetHarness
 from hermes_batch_toolbox.net import FetchError, PublicOnlyResolver, address_blocked, check_url
 from hermes_batch_toolbox.testing import BraveStandIn, SearxngStandIn
 from hermes_batch_toolbox.web import WebExtractTool, WebSearchTool
-from toolbox_fixtures import sandbox, searxng, site, toolsets  # noqa: F401 (fixtures)
 
 SETTINGS = ModelSettings(model="m", base_url="http://127.0.0.1:9/v1")
 
 
 def web_runtime(options: dict):
-    return build_runtimes(collect(get_plugin_manager()), ["web"], {"web": options}, SETTINGS)["web"]
+    return ToolsetHarness("unused").build("web", options, settings=SETTINGS)
 
 
 @pytest.fixture
@@ -80,7 +77,7 @@ def test_a_misspelt_provider_or_option_is_an_error():
     with pytest.raises(ConfigError, match="web toolset"):
         web_runtime({"max_result": 3})
     with pytest.raises(UsageError, match="not installed"):
-        build_runtimes(collect(get_plugin_manager()), [], {"wbe": {"provider": "brave"}}, SETTINGS)
+        ToolsetHarness("unused").build("wbe", {"provider": "brave"}, settings=SETTINGS)
 
 
 async def test_extract_reads_the_article_as_text_with_its_title(web, site):

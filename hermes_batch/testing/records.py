@@ -1,0 +1,50 @@
+"""Records for tests of filters and writers, built with every field filled in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from hermes_batch.records import Metadata, ToolCallRecord, ToolStat, Trajectory, Turn
+
+
+def make_trajectory(**overrides: Any) -> Trajectory:
+    """A kept, completed Trajectory (system, human, gpt with reasoning and a tool call, tool, final gpt turn).
+
+    Any field can be overridden by name; ``metadata`` may be a dict of Metadata
+    fields to change, and ``answer`` / ``reasoning`` set the last turn's text::
+
+        make_trajectory(tool_stats={"terminal": ToolStat(4, 1, 3)}, metadata={"end_reason": "max_turns"})
+    """
+    answer = overrides.pop("answer", "The answer is 42.")
+    reasoning = overrides.pop("reasoning", "The user wants a number.")
+    call = ToolCallRecord("call-1", "terminal", {"command": "echo 42"})
+    final = f"<think>\n{reasoning}\n</think>\n{answer}" if reasoning else answer
+    fields: dict[str, Any] = dict(
+        prompt_index=0,
+        conversations=(
+            Turn("system", "You are a helpful assistant."),
+            Turn("human", "What is six times seven?"),
+            Turn("gpt", '<think>\nLet me compute.\n</think>\n<tool_call>\n{"name": "terminal", "arguments": {"command": "echo 42"}}\n</tool_call>', (call,)),
+            Turn("tool", '<tool_response>\n{"tool_call_id": "call-1", "name": "terminal", "content": {"output": "42", "exit_code": 0, "error": null}}\n</tool_response>'),
+            Turn("gpt", final),
+        ),
+        metadata=Metadata(
+            batch_num=0, timestamp="2025-01-01T00:00:00Z", model="scripted-model", content_key="0" * 32,
+            end_reason="final_answer", tools_offered=("terminal",),
+        ),
+        completed=True,
+        partial=False,
+        api_calls=2,
+        toolsets_used=("terminal",),
+        tool_stats={"terminal": ToolStat(1, 1, 0)},
+        tool_error_counts={"terminal": 0},
+    )
+    metadata = overrides.pop("metadata", None)
+    if isinstance(metadata, dict):
+        fields["metadata"] = attrs.evolve(fields["metadata"], **metadata)
+    elif metadata is not None:
+        fields["metadata"] = metadata
+    fields.update(overrides)
+    return Trajectory(**fields)

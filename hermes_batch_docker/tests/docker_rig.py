@@ -1,0 +1,47 @@
+"""Constants and helpers of the docker sandbox tests (the fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import docker
+from docker.utils import kwargs_from_env
+
+from hermes_batch_docker.engine import LABEL_RUN
+
+IMAGE_A = "hermes-batch-test/busybox-a:1"
+IMAGE_B = "hermes-batch-test/busybox-b:1"
+MISSING_IMAGE = "hermes-batch-test/no-such-image:1"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SESSION = uuid.uuid4().hex[:6]  # run names of this test session start with hbtest-SESSION-
+
+
+def containers_of(client, run_name: str) -> list:
+    return client.containers(all=True, filters={"label": f"{LABEL_RUN}={run_name}"})
+
+
+def _images_missing(client) -> list:
+    missing = []
+    for image in (IMAGE_A, IMAGE_B):
+        try:
+            client.inspect_image(image)
+        except docker.errors.NotFound:
+            missing.append(image)
+    return missing
+
+
+def engine_problem() -> tuple[Optional[str], Optional[docker.APIClient]]:
+    """(None, a client of the engine), or (why there is none, ...): the images are built when missing."""
+    try:
+        client = docker.APIClient(**kwargs_from_env(), version="auto", timeout=30)
+        client.ping()
+    except Exception as exc:
+        return f"no Docker engine answers ({type(exc).__name__})", None
+    if _images_missing(client):
+        build = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "docker.sh"), "images"], capture_output=True, text=True)
+        if build.returncode != 0 or _images_missing(client):
+            return f"the test images could not be built: {build.stderr.strip()[-500:]}", client
+    return None, client
