@@ -9,6 +9,7 @@ import click
 from .. import __version__
 from ..errors import HermesBatchError, PluginError
 from .listing import distributions_command, listing_commands, plugins_command
+from .new_plugin import new_plugin_command
 from .run import run_command
 
 _PLUGIN_MANAGER = "hermes_batch.plugin_manager"
@@ -79,6 +80,7 @@ def cli():
 cli.add_command(run_command)
 cli.add_command(distributions_command)
 cli.add_command(plugins_command)
+cli.add_command(new_plugin_command)
 for command in listing_commands():
     cli.add_command(command)
 
