@@ -21,6 +21,7 @@ import json
 import math
 import os
 import random
+import tomllib
 from typing import Any, Iterable, Mapping, Optional, Union
 
 from .errors import ConfigError
@@ -218,7 +219,6 @@ def _read_file(name: str) -> Any:
         except (ValueError, RecursionError) as exc:  # an integer of 4300 digits; nesting past the decoder's limit
             raise ConfigError(f"{name}: invalid JSON ({str(exc) or 'nested too deeply'}).") from exc
     else:
-        tomllib = _tomllib()
         try:
             data = tomllib.loads(text)
         except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:
@@ -227,17 +227,6 @@ def _read_file(name: str) -> Any:
     if problem is not None:
         raise ConfigError(f"{name}: {problem}.")
     return data
-
-
-def _tomllib() -> Any:
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        try:
-            import tomli as tomllib
-        except ImportError:
-            raise ConfigError("Reading TOML distribution files needs Python 3.11 or the tomli package; use JSON instead.") from None
-    return tomllib
 
 
 class _DuplicateKey(ValueError):

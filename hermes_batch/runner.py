@@ -150,7 +150,7 @@ class Run:
 
         self.report = dataset.validate_dataset(cfg.dataset_file, max_samples=cfg.max_samples)
         if self.report.invalid and not cfg.skip_invalid:
-            raise DatasetError(dataset.format_problems(self.report), self.report.problems)
+            raise dataset.dataset_error(self.report)
         if self.report.valid == 0:
             raise DatasetError(f"{cfg.dataset_file} holds no valid prompt; add rows with a non-empty \"prompt\".")
         notices.ignored_images(self.report, self.backend_cls, cfg.dataset_file)

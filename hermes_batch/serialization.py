@@ -203,10 +203,6 @@ def from_json(data: Any, cls: type[T]) -> T:
     return record_converter.structure(data, cls)
 
 
-def trajectory_to_dict(traj: Trajectory) -> dict:
-    return record_converter.unstructure(traj)
-
-
 def _format_exception(exc: BaseException, type_) -> str:
     # A validator's ValueError (raised by the class itself, so no type) is a sentence meant for the user.
     if isinstance(exc, ValueError) and type_ is None and str(exc):

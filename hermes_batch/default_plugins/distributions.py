@@ -1,4 +1,4 @@
-"""The seed's toolset distributions, registered like any plugin's.
+"""The seventeen toolset distributions of the original Hermes batch runner, registered like any plugin's.
 
 Percents are each toolset's independent chance of being offered on a prompt.
 Only ``terminal`` and ``file`` come with the core; the other toolsets named
@@ -86,6 +86,6 @@ SEED_DISTRIBUTIONS: dict[str, tuple[str, dict[str, int]]] = {
 
 @hermes_batch.hookimpl
 def register_distributions(register):
-    """Register the seed's seventeen distributions."""
+    """Register the seventeen built-in distributions."""
     for name, (description, percents) in SEED_DISTRIBUTIONS.items():
         register(distribution_from_percent(name, description, percents))

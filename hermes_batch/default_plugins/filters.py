@@ -1,4 +1,4 @@
-"""The two seed quality filters."""
+"""The default quality filters: no-reasoning and hallucinated-tools."""
 
 from __future__ import annotations
 
