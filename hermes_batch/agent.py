@@ -10,9 +10,10 @@ from typing import Callable, Mapping, Optional
 import attrs
 
 from .errors import ModelOutcome, PromptFailure, RunFolderWriteError
-from .interfaces import ModelClient, Tool, ToolContext
+from .interfaces import COMMAND_TIMEOUT, ModelClient, Tool, ToolContext
 from .jsonguard import arguments_problem, safe_message, scrub_text
 from .records import InvalidToolCall, Message, ToolCall, ToolStat, Usage
+from .run_context import LOG_PREFIX_CHARS
 from .schema import validate
 
 log = logging.getLogger("hermes_batch.agent")
@@ -21,21 +22,23 @@ log = logging.getLogger("hermes_batch.agent")
 _EARLY_STOPS = {"length": "length", "content_filter": "content_filter"}
 # a tool call may outlive --command_timeout by this much (killing a process tree, a slow sandbox) before it is cut
 TOOL_GRACE_S = 30.0
+MAX_TURNS = 10  # the default of --max_turns
+MAX_TOOL_CALLS_PER_TURN = 20  # the default of --max_tool_calls_per_turn
 
 
 @attrs.frozen
 class AgentSettings:
     """How sessions run; the same for every prompt of a run."""
 
-    max_turns: int = 10
+    max_turns: int = MAX_TURNS
     system_prompt: str = ""
     ephemeral_system_prompt: Optional[str] = None
     prefill: tuple = ()  # of Message, sent before the prompt and never saved
-    command_timeout: float = 180.0
+    command_timeout: float = COMMAND_TIMEOUT
     max_output_chars: int = 20000
-    log_prefix_chars: int = 100
+    log_prefix_chars: int = LOG_PREFIX_CHARS
     prompt_timeout: Optional[float] = None  # wall-clock limit of one prompt's whole session, sandbox included
-    max_tool_calls_per_turn: int = 20  # calls of one reply beyond this are answered with an error, not run
+    max_tool_calls_per_turn: int = MAX_TOOL_CALLS_PER_TURN  # calls of one reply beyond this are answered with an error, not run
 
 
 @attrs.frozen

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 from urllib.parse import urlsplit
 
 import attrs
+import click
 
+from .agent import MAX_TOOL_CALLS_PER_TURN, MAX_TURNS
 from .errors import UsageError
+from .interfaces import COMMAND_TIMEOUT, MAX_RETRIES, REQUEST_TIMEOUT
 from .jsonguard import has_lone_surrogate
+from .options import Cli, at_least, one_of, option, positive
+from .run_context import LOG_PREFIX_CHARS
+from .serialization import parse_key_values
 
 DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
@@ -20,95 +25,155 @@ PROVIDER_SORTS = ("price", "throughput", "latency")
 HTTP_BACKENDS = ("aiohttp", "httpx")
 
 
+def split_list(value: Optional[str]) -> tuple:
+    """``"a, b,c"`` -> ``("a", "b", "c")``."""
+    if not value:
+        return ()
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def _key_values(option: str) -> Callable[[tuple], dict]:
+    return lambda items: parse_key_values(items, option)
+
+
+def _tool_options(items: tuple) -> dict:
+    from .toolsets import parse_tool_options  # toolsets imports the interfaces; config stays light
+
+    return parse_tool_options(items)
+
+
 @attrs.frozen
 class RunConfig:
-    """Every option of ``hermes-batch run``; ``api_key`` and ``ephemeral_system_prompt`` are never written anywhere."""
+    """Every option of ``hermes-batch run``: its default, help and validation.
 
-    dataset_file: Path
-    batch_size: int
-    run_name: str
-    distribution: str = "default"
-    distribution_file: Optional[Path] = None
-    model: str = DEFAULT_MODEL
-    base_url: str = DEFAULT_BASE_URL
-    api_key: Optional[str] = attrs.field(default=None, repr=False)
-    max_turns: int = 10
-    num_workers: int = 4
-    resume: bool = False
-    overwrite: bool = False
-    verbose: bool = False
-    max_samples: Optional[int] = None
-    max_tokens: Optional[int] = None
-    providers_allowed: tuple = ()
-    providers_ignored: tuple = ()
-    providers_order: tuple = ()
-    provider_sort: Optional[str] = None
-    reasoning_effort: Optional[str] = None
-    reasoning_disabled: bool = False
-    ephemeral_system_prompt: Optional[str] = None
-    log_prefix_chars: int = 100
-    prefill_messages_file: Optional[Path] = None
-    skip_invalid: bool = False
-    sandbox: str = "local"
-    sandbox_options: dict = attrs.field(factory=dict)
-    filters: Optional[tuple] = None  # None: the default filters
-    writers: tuple = ("jsonl",)
-    model_client: Optional[str] = None  # None: chosen from base_url
-    executor: str = "local"
-    executor_options: dict = attrs.field(factory=dict)
-    tool_options: dict = attrs.field(factory=dict)  # toolset -> {key: value}; secrets only as variable names
-    seed: Optional[int] = None
-    output_dir: Path = Path("data")
-    command_timeout: float = 180.0
-    max_retries: int = 6  # retries of one failing model call before its prompt fails
-    progress: Optional[bool] = None  # None: live display when stderr is a terminal
-    request_timeout: float = 600.0  # longest one model request may take
-    prompt_timeout: Optional[float] = None  # wall-clock limit of one prompt's session
-    max_tool_calls_per_turn: int = 20  # tool calls of one model reply that are run; the rest get an error result
-    max_concurrent_requests: Optional[int] = None  # None: --num_workers
-    max_requests_per_minute: Optional[float] = None
-    max_tokens_per_minute: Optional[float] = None
-    max_cost: Optional[float] = None  # USD; stop starting prompts once the run's reported cost reaches it
-    preflight: bool = True
-    http_backend: str = "aiohttp"  # the model SDKs' HTTP transport (HTTP_BACKENDS)
+    ``api_key`` and ``ephemeral_system_prompt`` are never written anywhere.
+
+    The command's click options are made from these fields (``hermes_batch.options``),
+    and docs/options.md is checked against them.
+    """
+
+    dataset_file: Path = option(help="JSONL file of prompts.", cli=Cli(type=click.Path(path_type=Path, dir_okay=True)))
+    batch_size: int = option(help="Prompts per batch file and checkpoint unit.", validator=at_least(1))
+    run_name: str = option(help="Name of the run folder and checkpoint identity.")
+    distribution: str = option("default", help="Toolset distribution to sample from.")
+    distribution_file: Optional[Path] = option(
+        None, help="TOML or JSON file of more distributions.",
+        cli=Cli(type=click.Path(path_type=Path, dir_okay=False), eager=True),
+    )
+    model: str = option(DEFAULT_MODEL, help="Model name sent to the endpoint.")
+    base_url: str = option(DEFAULT_BASE_URL, help="API base URL.")
+    api_key: Optional[str] = option(
+        None, repr=False, help="API key.",
+        cli=Cli(default_text="ANTHROPIC_API_KEY for Anthropic, else OPENROUTER_API_KEY or OPENAI_API_KEY"),
+    )
+    max_turns: int = option(MAX_TURNS, help="Most model calls per prompt.", validator=at_least(1))
+    num_workers: int = option(4, help="Prompts processed at the same time.", validator=at_least(1))
+    resume: bool = option(False, help="Continue the run from its outputs.")
+    overwrite: bool = option(False, help="Delete the run folder's outputs and start afresh.")
+    verbose: bool = option(False, help="Log each prompt's turns and tool calls.")
+    max_samples: Optional[int] = option(None, help="Only the first N prompts of the dataset.", validator=at_least(1))
+    max_tokens: Optional[int] = option(None, help="Most tokens per model response.", validator=at_least(1))
+    providers_allowed: tuple = option(
+        (), help="OpenRouter providers to allow, comma-separated.", cli=Cli(type=str, convert=split_list))
+    providers_ignored: tuple = option(
+        (), help="OpenRouter providers to ignore, comma-separated.", cli=Cli(type=str, convert=split_list))
+    providers_order: tuple = option(
+        (), help="OpenRouter providers to try in order, comma-separated.", cli=Cli(type=str, convert=split_list))
+    provider_sort: Optional[str] = option(None, help="Sort OpenRouter providers by this.", validator=one_of(PROVIDER_SORTS))
+    reasoning_effort: Optional[str] = option(None, help="Reasoning effort.", validator=one_of(REASONING_EFFORTS))
+    reasoning_disabled: bool = option(False, help="Turn reasoning/thinking off entirely.")
+    ephemeral_system_prompt: Optional[str] = option(None, help="System prompt used while running, never saved.")
+    log_prefix_chars: int = option(LOG_PREFIX_CHARS, help="Characters of tool calls/results shown in logs.")
+    prefill_messages_file: Optional[Path] = option(
+        None, help="JSON list of {role, content} few-shot messages.",
+        cli=Cli(type=click.Path(path_type=Path, dir_okay=False)),
+    )
+    skip_invalid: bool = option(False, help="Skip invalid dataset lines instead of stopping.")
+    sandbox: str = option("local", help="Sandbox backend.")
+    sandbox_options: dict = option(
+        factory=dict, help="Sandbox backend option (repeatable).",
+        cli=Cli(decls=("-S", "--sandbox_option", "--sandbox-option"), multiple=True, metavar="KEY=VALUE",
+                convert=_key_values("-S/--sandbox_option")),
+    )
+    filters: Optional[tuple] = option(
+        None, help="Quality filter, in order (repeatable).",
+        cli=Cli(decls=("--filter",), multiple=True, metavar="NAME", convert=lambda names: tuple(names) or None,
+                default_text="no-reasoning, hallucinated-tools"),
+    )  # None: the default filters; (): none (--no_filters)
+    writers: tuple = option(
+        ("jsonl",), help="Output writer (repeatable).",
+        cli=Cli(decls=("--writer",), multiple=True, metavar="NAME", convert=lambda names: tuple(names) or ("jsonl",),
+                default_text="jsonl"),
+    )
+    model_client: Optional[str] = option(None, help="Model client.", cli=Cli(default_text="chosen from --base_url"))
+    executor: str = option("local", help="Executor.")
+    executor_options: dict = option(
+        factory=dict, help="Executor option (repeatable).",
+        cli=Cli(decls=("-E", "--executor_option", "--executor-option"), multiple=True, metavar="KEY=VALUE",
+                convert=_key_values("-E/--executor_option")),
+    )
+    tool_options: dict = option(
+        factory=dict,
+        help="Toolset option (repeatable), e.g. -T web.provider=searxng; secrets by environment variable name "
+             "only (-T web.api_key_env=BRAVE_API_KEY).",
+        cli=Cli(decls=("-T", "--tool_option", "--tool-option"), multiple=True, metavar="TOOLSET.KEY=VALUE",
+                convert=_tool_options),
+    )  # toolset -> {key: value}
+    seed: Optional[int] = option(
+        None, help="Seed for toolset sampling.", cli=Cli(default_text="random, recorded in run.json"))
+    output_dir: Path = option(
+        Path("data"), help="Parent folder of the run folder.", cli=Cli(type=click.Path(path_type=Path, file_okay=False)))
+    command_timeout: float = option(COMMAND_TIMEOUT, validator=positive, help="Longest a tool command may run, in seconds.")
+    max_retries: int = option(
+        MAX_RETRIES, validator=at_least(0),
+        help="Retries of a failing model call (429, 5xx, timeouts, dropped connections) before its prompt fails.",
+    )
+    progress: Optional[bool] = option(
+        None, help="Live progress display.",
+        cli=Cli(decls=("--progress/--no-progress",), default_text="when stderr is a terminal"),
+    )
+    request_timeout: float = option(
+        REQUEST_TIMEOUT, validator=positive,
+        help="Longest one model request may take, in seconds, before it is retried.",
+    )
+    prompt_timeout: Optional[float] = option(
+        None, validator=positive, cli=Cli(default_text="none"),
+        help="Wall-clock limit of one prompt's whole session, in seconds; a prompt cut by it is saved as partial.",
+    )
+    max_tool_calls_per_turn: int = option(
+        MAX_TOOL_CALLS_PER_TURN, validator=at_least(1),
+        help="Tool calls of one model reply that are run; the rest are answered with an error result.",
+    )
+    max_concurrent_requests: Optional[int] = option(
+        None, validator=at_least(1), cli=Cli(default_text="--num_workers"),
+        help="Model calls in flight at the start; shrinks on 429 and grows back.",
+    )
+    max_requests_per_minute: Optional[float] = option(
+        None, validator=positive, cli=Cli(default_text="none"), help="Budget of model requests per minute.")
+    max_tokens_per_minute: Optional[float] = option(
+        None, validator=positive, cli=Cli(default_text="none"), help="Budget of prompt + completion tokens per minute.")
+    max_cost: Optional[float] = option(
+        None, validator=at_least(0), cli=Cli(default_text="none"),
+        help="Stop starting new prompts once the run's reported cost (USD, across resumes) reaches this.",
+    )
+    preflight: bool = option(
+        True, help="Skip the one minimal request that checks endpoint, key and model before the run.",
+        cli=Cli(decls=("--no_preflight", "--no-preflight"), convert=lambda skip: not skip),
+    )
+    http_backend: str = option(
+        "aiohttp", validator=one_of(HTTP_BACKENDS),
+        help="HTTP transport of the model SDKs; httpx for a SOCKS proxy or a proxy/TLS setup aiohttp does not handle.",
+    )
 
     def __attrs_post_init__(self):
         for field in attrs.fields(RunConfig):
-            value = getattr(self, field.name)
-            # NaN passes every comparison below and inf is no limit at all: refused for every float option
-            if isinstance(value, float) and not math.isfinite(value):
-                raise UsageError(f"--{field.name} must be a finite number, got {value}.")
             # bytes that are not UTF-8 in argv arrive as lone surrogates, which no request or file can carry
+            value = getattr(self, field.name)
             texts = value if isinstance(value, tuple) else (value,)
             if any(isinstance(text, str) and has_lone_surrogate(text) for text in texts):
                 raise UsageError(f"--{field.name} holds bytes that are not UTF-8 text; pass it as UTF-8.")
-        for name in ("batch_size", "max_turns", "num_workers", "max_tool_calls_per_turn"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}.")
-        if self.max_samples is not None and self.max_samples < 1:
-            raise UsageError(f"--max_samples must be at least 1, got {self.max_samples}.")
-        if self.max_retries < 0:
-            raise UsageError(f"--max_retries must be 0 or more, got {self.max_retries}.")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise UsageError(f"--max_tokens must be at least 1, got {self.max_tokens}.")
-        if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
-            raise UsageError(f"--reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}.")
-        if self.provider_sort is not None and self.provider_sort not in PROVIDER_SORTS:
-            raise UsageError(f"--provider_sort must be one of {', '.join(PROVIDER_SORTS)}.")
-        if self.http_backend not in HTTP_BACKENDS:
-            raise UsageError(f"--http_backend must be one of {', '.join(HTTP_BACKENDS)}.")
         if self.resume and self.overwrite:
             raise UsageError("--resume and --overwrite contradict each other; pass one of them.")
-        for name in (
-            "command_timeout", "request_timeout", "prompt_timeout", "max_requests_per_minute", "max_tokens_per_minute",
-        ):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise UsageError(f"--{name} must be more than 0, got {value:g}.")
-        if self.max_concurrent_requests is not None and self.max_concurrent_requests < 1:
-            raise UsageError(f"--max_concurrent_requests must be at least 1, got {self.max_concurrent_requests}.")
-        if self.max_cost is not None and self.max_cost < 0:
-            raise UsageError(f"--max_cost must be 0 or more, got {self.max_cost:g}.")
 
     def public(self) -> dict:
         """The configuration as saved in run.json: no API key, no ephemeral prompt, no credentials in URLs or options."""
@@ -154,10 +219,3 @@ def require_api_key(api_key: Optional[str], base_url: str, model_client: Optiona
     if model_client == "anthropic":
         variable = "ANTHROPIC_API_KEY"
     raise UsageError(f"No API key for {base_url}: set {variable} or pass --api_key.")
-
-
-def split_list(value: Optional[str]) -> tuple:
-    """``"a, b,c"`` -> ``("a", "b", "c")``."""
-    if not value:
-        return ()
-    return tuple(item.strip() for item in value.split(",") if item.strip())

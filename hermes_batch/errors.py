@@ -1,10 +1,20 @@
-"""Errors meant for users: each is one sentence saying what is wrong and what to do."""
+"""Errors meant for users: each is one sentence saying what is wrong and what to do; and the exit statuses."""
+
+import signal
+
+# The exit statuses of hermes-batch, in one place (docs/options.md lists them for users).
+EXIT_OK = 0  # every prompt ended, or --max_cost was reached and the rest not started
+EXIT_USAGE = 2  # usage, configuration or dataset error, or an endpoint the preflight found unusable
+EXIT_FAILED_PROMPTS = 3  # the run finished but some prompts failed; --resume retries them
+EXIT_IO_ERROR = 74  # EX_IOERR of sysexits.h: the run folder cannot be written
+EXIT_INTERRUPTED = 130  # Ctrl-C, after a clean shutdown
+EXIT_TERMINATED = 128 + signal.SIGTERM  # SIGTERM, after the same clean shutdown
 
 
 class HermesBatchError(Exception):
     """Base of every error a user is meant to read; the CLI prints it without a traceback."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class UsageError(HermesBatchError):
@@ -34,7 +44,7 @@ class RunFolderError(HermesBatchError):
 class RunFolderWriteError(HermesBatchError):
     """Writing the run folder failed (disk full, file too large, quota, I/O error): the run stops, nothing is lost."""
 
-    exit_code = 74  # EX_IOERR of sysexits.h
+    exit_code = EXIT_IO_ERROR
 
 
 class FatalModelError(HermesBatchError):

@@ -16,6 +16,11 @@ import attrs
 
 from .records import ExecResult, Message, ModelResponse, SandboxSpec, ToolSpec, Trajectory, Usage
 
+# Defaults of the run options of the same names (RunConfig), also used where a plugin builds these classes itself.
+COMMAND_TIMEOUT = 180.0  # seconds one tool command may run
+REQUEST_TIMEOUT = 600.0  # seconds one model request may take before it counts as failed (and is retried)
+MAX_RETRIES = 6  # retries of one failing model call
+
 if TYPE_CHECKING:
     from .ratelimit import CallLimiter
     from .run_context import RunContext
@@ -44,8 +49,8 @@ class ModelSettings:
     providers_ignored: tuple = ()
     providers_order: tuple = ()
     provider_sort: Optional[str] = None
-    request_timeout: float = 600.0  # longest one request may take before it counts as failed (and is retried)
-    max_retries: int = 6
+    request_timeout: float = REQUEST_TIMEOUT
+    max_retries: int = MAX_RETRIES
     max_concurrent_requests: Optional[int] = None  # starting limit of calls in flight; None: no limit until a 429
     max_requests_per_minute: Optional[float] = None
     max_tokens_per_minute: Optional[float] = None
@@ -290,7 +295,7 @@ class ToolContext:
     """What a tool call can use: the prompt's sandbox, the run's settings and the prompt's toolset sessions."""
 
     sandbox: Sandbox
-    command_timeout: float = 180.0
+    command_timeout: float = COMMAND_TIMEOUT
     max_output_chars: int = 20000
     toolsets: Optional["PromptToolsets"] = None  # None outside a run (unit tests of a tool)
 

@@ -19,6 +19,7 @@ import time
 from typing import Awaitable, Callable, Optional
 
 from .errors import FatalModelError, ModelCallError, ModelEndpointError, ModelOutcome, RetryableModelError
+from .interfaces import MAX_RETRIES
 from .jsonguard import scrub_text
 from .records import CallRecord, ModelResponse
 from .retry import backoff_delay
@@ -39,7 +40,7 @@ class CallLimiter:
         self,
         *,
         limit: Optional[int] = None,
-        max_retries: int = 6,
+        max_retries: int = MAX_RETRIES,
         requests_per_minute: Optional[float] = None,
         tokens_per_minute: Optional[float] = None,
         backoff_base: float = 1.0,

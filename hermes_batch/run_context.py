@@ -8,6 +8,8 @@ from typing import Optional
 
 import attrs
 
+LOG_PREFIX_CHARS = 100  # the default of --log_prefix_chars
+
 
 @attrs.define
 class RunContext:
@@ -17,7 +19,7 @@ class RunContext:
     run_dir: Path
     seed: int
     verbose: bool = False
-    log_prefix_chars: int = 100
+    log_prefix_chars: int = LOG_PREFIX_CHARS
     thread_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
     @property

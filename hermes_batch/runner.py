@@ -21,7 +21,16 @@ from . import (
 from .agent import AgentSettings
 from .config import RunConfig
 from .conversation import DEFAULT_SYSTEM_PROMPT
-from .errors import DatasetError, HermesBatchError, RunFolderError, RunFolderWriteError, UsageError
+from .errors import (
+    EXIT_FAILED_PROMPTS,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    DatasetError,
+    HermesBatchError,
+    RunFolderError,
+    RunFolderWriteError,
+    UsageError,
+)
 from .inputfiles import load_prefill
 from .interfaces import ModelSettings, PromptJob
 from .journal import CallJournal, journal_path
@@ -49,7 +58,6 @@ from .statistics import RunInfo, build_statistics, render_statistics, reported_c
 
 log = logging.getLogger("hermes_batch.run")
 
-EXIT_OK, EXIT_FAILED_PROMPTS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 3, 2, 130
 
 
 @attrs.frozen

@@ -7,7 +7,7 @@ import sys
 import click
 
 from .. import __version__
-from ..errors import HermesBatchError, PluginError
+from ..errors import EXIT_INTERRUPTED, HermesBatchError, PluginError
 from .listing import distributions_command, listing_commands, plugins_command
 from .new_plugin import new_plugin_command
 from .run import run_command
@@ -91,4 +91,4 @@ def main(argv=None) -> None:
         cli.main(args=argv, prog_name="hermes-batch", standalone_mode=True)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
