@@ -47,6 +47,7 @@ from .interfaces import (  # noqa: E402
     Writer,
 )
 from .output import BoundedOutput, FirstBytes  # noqa: E402
+from .plan import RunPlan, build_processor  # noqa: E402
 from .plugins import PluginManager, get_plugin_manager  # noqa: E402
 from .ratelimit import CallLimiter  # noqa: E402
 from .records import (  # noqa: E402
@@ -96,6 +97,8 @@ __all__ = [
     "Writer",
     "Executor",
     "PromptJob",
+    "RunPlan",
+    "build_processor",
     "NoOptions",
     "RunContext",
     # records

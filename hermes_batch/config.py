@@ -10,9 +10,10 @@ from urllib.parse import urlsplit
 import attrs
 import click
 
-from .agent import MAX_TOOL_CALLS_PER_TURN, MAX_TURNS
+from .agent import MAX_TOOL_CALLS_PER_TURN, MAX_TURNS, AgentSettings
+from .conversation import DEFAULT_SYSTEM_PROMPT
 from .errors import UsageError
-from .interfaces import COMMAND_TIMEOUT, MAX_RETRIES, REQUEST_TIMEOUT
+from .interfaces import COMMAND_TIMEOUT, MAX_RETRIES, REQUEST_TIMEOUT, ModelSettings
 from .jsonguard import has_lone_surrogate
 from .options import Cli, at_least, one_of, option, positive
 from .run_context import LOG_PREFIX_CHARS
@@ -186,6 +187,30 @@ class RunConfig:
             k: (str(v) if isinstance(v, Path) else public_options(v) if isinstance(v, dict) else v)
             for k, v in data.items()
         }
+
+
+def model_settings(config: RunConfig, concurrency: int) -> ModelSettings:
+    """How the run reaches and drives the model; the call limit starts at --max_concurrent_requests or ``concurrency``."""
+    return ModelSettings(
+        model=config.model, base_url=config.base_url, api_key=config.api_key, max_tokens=config.max_tokens,
+        reasoning_effort=config.reasoning_effort, reasoning_disabled=config.reasoning_disabled,
+        providers_allowed=config.providers_allowed, providers_ignored=config.providers_ignored,
+        providers_order=config.providers_order, provider_sort=config.provider_sort, max_retries=config.max_retries,
+        request_timeout=config.request_timeout,
+        max_concurrent_requests=config.max_concurrent_requests or concurrency,
+        max_requests_per_minute=config.max_requests_per_minute, max_tokens_per_minute=config.max_tokens_per_minute,
+        http_backend=config.http_backend,
+    )
+
+
+def agent_settings(config: RunConfig, prefill: tuple) -> AgentSettings:
+    """How the run's sessions go; ``prefill``: the messages of --prefill_messages_file."""
+    return AgentSettings(
+        max_turns=config.max_turns, system_prompt=DEFAULT_SYSTEM_PROMPT,
+        ephemeral_system_prompt=config.ephemeral_system_prompt, prefill=prefill,
+        command_timeout=config.command_timeout, log_prefix_chars=config.log_prefix_chars,
+        prompt_timeout=config.prompt_timeout, max_tool_calls_per_turn=config.max_tool_calls_per_turn,
+    )
 
 
 def resolve_api_key(

@@ -443,7 +443,8 @@ class Executor(abc.ABC):
         ``jobs`` is a lazy iterator (a million-row dataset is never in memory);
         take the next job only when a slot is free.
         Each outcome (a Trajectory or a Failure) is handed to ``on_outcome`` in
-        this process as soon as its prompt ends.  ``processor`` holds only
-        picklable configuration, so a distributed executor can rebuild it on
-        its workers.  Cancelling ``run`` must cancel every prompt in flight.
+        this process as soon as its prompt ends.  ``processor.plan`` is the
+        run's RunPlan, plain picklable data: an executor that runs prompts in
+        other processes sends it there and rebuilds the processor with
+        ``build_processor``.  Cancelling ``run`` must cancel every prompt in flight.
         """

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Callable, Mapping, Union
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Union
 
 import attrs
 
@@ -16,9 +16,21 @@ from .errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeou
 from .interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
 from .journal import current_prompt
 from .records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
+from .run_context import RunContext
 from .toolsets import PromptToolsets
 
+if TYPE_CHECKING:
+    from .plan import RunPlan
+
 log = logging.getLogger("hermes_batch.prompt")
+
+
+async def quietly(awaitable) -> None:
+    """Await a cleanup step; its failure is logged, since it must not hide the outcome being reported."""
+    try:
+        await awaitable
+    except Exception:
+        log.debug("cleanup step failed", exc_info=True)
 
 
 def now_iso() -> str:
@@ -40,6 +52,21 @@ class PromptProcessor:
     agent: AgentSettings
     verbose: bool = False
     runtimes: Mapping = attrs.Factory(dict)  # toolset name -> ToolsetRuntime
+    run: Optional[RunContext] = None  # what the runtimes are started with
+    plan: Optional["RunPlan"] = None  # what it was built from (plan.build_processor), for executors that run prompts elsewhere
+
+    async def start(self) -> None:
+        """Before the first prompt: start the sandbox backend, then the toolset runtimes."""
+        await self.backend.start()
+        for runtime in self.runtimes.values():
+            await runtime.start(self.run, self.client)
+
+    async def aclose(self) -> None:
+        """After the last prompt, also on Ctrl-C: shut the runtimes, the backend and the client down."""
+        for runtime in self.runtimes.values():
+            await quietly(runtime.shutdown())
+        await quietly(self.backend.shutdown())
+        await quietly(self.client.aclose())
 
     async def process(self, job: PromptJob) -> Union[Trajectory, Failure]:
         row: PromptRow = job.row

@@ -8,7 +8,6 @@ import concurrent.futures
 import json
 import logging
 import os
-import random
 import time
 from typing import Optional
 
@@ -18,26 +17,22 @@ import pluggy
 from . import (
     __version__, cleanup, dataset, distributions, limits, notices, refilter, reindex, runfolder, selection, toolsets,
 )
-from .agent import AgentSettings
 from .config import RunConfig
-from .conversation import DEFAULT_SYSTEM_PROMPT
 from .errors import (
     EXIT_FAILED_PROMPTS,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    DatasetError,
     HermesBatchError,
     RunFolderError,
     RunFolderWriteError,
-    UsageError,
 )
-from .inputfiles import load_prefill
-from .interfaces import ModelSettings, PromptJob
+from .interfaces import PromptJob
 from .journal import CallJournal, journal_path
 from .lock import RunFolderLock
 from .merge import merge_run
 from .plugins import collect, describe_plugins, get_plugin_manager
-from .processor import PromptProcessor, now_iso
+from .plan import RunPlan, build_processor, make_plan
+from .processor import now_iso, quietly
 from .progress import Progress
 from .redaction import Redactor
 from .records import Checkpoint, Discarded, Failure, SessionInfo
@@ -123,7 +118,8 @@ class Run:
 
     # --- before any model call -------------------------------------------------------------
 
-    def prepare(self) -> None:
+    def prepare(self) -> RunPlan:
+        """Check everything that can be checked before a model call and decide the run (``self.plan``)."""
         cfg = self.config
         validate_run_name(cfg.run_name)
         # files and threads for the concurrency asked, said before any model call rather than as EMFILE after it
@@ -133,58 +129,19 @@ class Run:
         self.concurrency = fit.concurrency
         self.folder = RunFolder(cfg.output_dir, cfg.run_name)
         self.registry = collect(self.pm)
-        if cfg.distribution_file is not None:
-            for dist in distributions.load_distribution_file(cfg.distribution_file):
-                self.registry.add("distributions", dist, f"file {cfg.distribution_file}")
-        self.distribution = selection.distribution(self.registry, cfg.distribution)
-        available = set(self.registry.names("toolsets"))
-        self.available = {name for name, _p in self.distribution.probabilities if name in available}
-        if not self.available:
-            wanted = [name for name, _p in self.distribution.probabilities]
-            raise UsageError(
-                f"None of the toolsets of distribution {cfg.distribution!r} is installed ({', '.join(wanted)}): "
-                f"{distributions.where_to_get(wanted)}; install it or choose another --distribution."
-            )
-        self._prepare_toolsets()
-        self.toolsets = selection.toolset_tools(self.registry, sorted(self.available))
-        self.all_tools = tuple(sorted(t.name for tools in self.toolsets.values() for t in tools))
-        self.backend_cls, self.backend_config = selection.sandbox_backend(self.registry, cfg.sandbox, cfg.sandbox_options)
-        self.client_cls = selection.model_client_class(self.registry, cfg.model_client, cfg.base_url)
-        self.filters = selection.filters(self.registry, cfg.filters)
-        self.writers = selection.writers(self.registry, cfg.writers)
-        self.executor = selection.executor(self.registry, cfg.executor, cfg.executor_options)
-        self.prefill = load_prefill(cfg.prefill_messages_file)
-        notices.routing_elsewhere(cfg)
-
-        self.report = dataset.validate_dataset(cfg.dataset_file, max_samples=cfg.max_samples)
-        if self.report.invalid and not cfg.skip_invalid:
-            raise dataset.dataset_error(self.report)
-        if self.report.valid == 0:
-            raise DatasetError(f"{cfg.dataset_file} holds no valid prompt; add rows with a non-empty \"prompt\".")
-        notices.ignored_images(self.report, self.backend_cls, cfg.dataset_file)
-        self.dataset_fingerprint = reindex.fingerprint(cfg.dataset_file)
+        plan, self.runtimes = make_plan(cfg, self.registry, self.folder, self.concurrency)
+        self.plan = plan
+        self.filters = selection.filters(self.registry, plan.filters)
+        self.writers = selection.writers(self.registry, plan.writers)
+        self.executor = self.registry.get("executors", plan.executor)(plan.executor_config)
 
         self._check_folder()
         try:
             self.previous = self._load_checkpoint()
-            self.seed = self._choose_seed()
         except BaseException:
             self.close()
             raise
-
-    def _prepare_toolsets(self) -> None:
-        """Structure the -T options; leave out the toolsets whose provider is not configured."""
-        cfg = self.config
-        self.runtimes = toolsets.build_runtimes(self.registry, self.available, cfg.tool_options, self._model_settings())
-        self.unconfigured = {
-            name: reason for name in sorted(self.available) if (reason := self.runtimes[name].unavailable_reason())
-        }
-        self.available -= set(self.unconfigured)
-        if not self.available:
-            reasons = " ".join(f"{name}: {reason}" for name, reason in self.unconfigured.items())
-            raise UsageError(f"No toolset of distribution {cfg.distribution!r} can run. {reasons}")
-        self._all_runtimes = self.runtimes
-        self.runtimes = {name: rt for name, rt in self.runtimes.items() if name in self.available}
+        return plan
 
     def _check_folder(self) -> None:
         cfg = self.config
@@ -226,18 +183,6 @@ class Run:
             return checkpoint
         return None
 
-    def _choose_seed(self) -> int:
-        if self.config.seed is not None:
-            return self.config.seed
-        if self.config.resume and self.folder.run_json.exists():
-            try:
-                recorded = json.loads(self.folder.run_json.read_text())["seed"]
-                if isinstance(recorded, int):
-                    return recorded
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
-        return random.SystemRandom().randrange(2**32)
-
     # --- the run -----------------------------------------------------------------------------
 
     async def execute(self) -> RunResult:
@@ -247,7 +192,7 @@ class Run:
             self.close()
 
     async def _execute(self) -> RunResult:
-        cfg = self.config
+        cfg, plan = self.config, self.plan
         loop = asyncio.get_running_loop()
         # Sandboxes and tools get a pool of their own: a tool stuck for ever (a FIFO) may take all of it, but
         # not the threads the SDKs need (DNS lookups, the openai SDK's platform probe: the default executor)
@@ -257,7 +202,7 @@ class Run:
             concurrent.futures.ThreadPoolExecutor(self.concurrency + 4, thread_name_prefix="hermes-batch")
         )
         fresh = not self.folder.has_outputs()
-        finished, to_run = collections.Counter(), self.report.valid
+        finished, to_run = collections.Counter(), plan.dataset.valid
         if cfg.resume:
             try:
                 # off the event loop, like the merge: reading a big run folder must not make Ctrl-C wait
@@ -265,9 +210,10 @@ class Run:
             except (asyncio.CancelledError, Stopped):
                 return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
         self.previously_finished = sum(finished.values())
-        client = self.client = self.client_cls(self._model_settings())
-        self.context = RunContext(cfg.run_name, self.folder.dir, self.seed, cfg.verbose, cfg.log_prefix_chars, pool)
-        backend = self.backend_cls(self.backend_config, self.context)
+        self.context = RunContext(cfg.run_name, self.folder.dir, plan.seed, cfg.verbose, cfg.log_prefix_chars, pool)
+        processor = build_processor(plan, self.context, self.registry, self.runtimes)
+        client = self.client = processor.client
+        backend = processor.backend
         self.previous_cost = reported_cost(self.folder) if cfg.resume and cfg.max_cost is not None else 0.0
         # Before the run folder is touched and any sandbox started: a dead engine or a refused key
         # costs nothing to fix.  The engine goes first, since the preflight costs a model request.
@@ -276,8 +222,8 @@ class Run:
             if to_run and cfg.preflight and not self._over_budget():
                 await client.preflight()
         except (HermesBatchError, asyncio.CancelledError) as exc:
-            await _quietly(backend.shutdown())
-            await _quietly(client.aclose())
+            await quietly(backend.shutdown())
+            await quietly(client.aclose())
             if isinstance(exc, asyncio.CancelledError):
                 return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
             return RunResult(exc.exit_code, None, str(exc))
@@ -285,22 +231,22 @@ class Run:
             self.folder.create()
             self._write_run_json()
             client.journal = self.journal = CallJournal(journal_path(self.folder.dir), self._session_number())
-            notices.skipped_lines(self.report, self.folder, cfg.dataset_file, cfg.max_samples)
+            notices.skipped_lines(plan.dataset, self.folder, cfg.dataset_file, cfg.max_samples)
             # on record from the start, so a session killed before its first batch completes still counts
             self._save_checkpoint(interrupted=False)
         except RunFolderWriteError as exc:
-            await _quietly(backend.shutdown())
-            await _quietly(client.aclose())
+            await quietly(backend.shutdown())
+            await quietly(client.aclose())
             if self.journal is not None:
                 self.journal.close()
             if fresh:
                 cleanup.remove_outputs(self.folder, kept=False)
             return RunResult(exc.exit_code, None, str(exc))
         # uninstalled toolsets first (one warning naming the plugins), then installed but unconfigured ones
-        warning = distributions.unavailable_warning(self.distribution, self.registry.names("toolsets"))
+        warning = distributions.unavailable_warning(plan.distribution, self.registry.names("toolsets"))
         if warning:
             log.warning("%s", warning)
-        for name, reason in self.unconfigured.items():
+        for name, reason in plan.unconfigured.items():
             log.warning("Toolset %s is left out of sampling: %s", name, reason)
         self.progress = Progress(total=to_run, enabled=cfg.progress)
         self.progress.watch(client.limiter.summary)
@@ -309,18 +255,11 @@ class Run:
             "failed": AppendLog(self.folder.failed),
         }
         self.tracker = BatchTracker(self._batch_complete)
-        processor = PromptProcessor(
-            run_name=cfg.run_name, model=cfg.model, seed=self.seed, client=client, backend=backend,
-            toolsets=self.toolsets, all_tools=self.all_tools, agent=self._agent_settings(), verbose=cfg.verbose,
-            runtimes=self.runtimes,
-        )
         self.pm.hook.run_started(run=self.context)
         interrupted = False
         fatal: Optional[HermesBatchError] = None
         try:
-            await backend.start()
-            for runtime in self.runtimes.values():
-                await runtime.start(self.context, client)
+            await processor.start()
             self.progress.start()
             jobs = self._jobs(plan_resume(dataset.iter_rows(cfg.dataset_file, max_samples=cfg.max_samples), finished))
             await self.executor.run(jobs, processor, self._on_outcome, self.concurrency)
@@ -330,10 +269,7 @@ class Run:
             fatal = exc
         finally:
             self.progress.stop()
-            for runtime in self.runtimes.values():
-                await _quietly(runtime.shutdown())
-            await _quietly(backend.shutdown())
-            await _quietly(client.aclose())
+            await processor.aclose()
             if self._recording:  # outcomes being written when Ctrl-C came: they are saved, so they count
                 await asyncio.gather(*self._recording, return_exceptions=True)
             for log_ in (*self.batch_logs.values(), *self.failed_logs.values()):
@@ -390,7 +326,7 @@ class Run:
         self._repair_torn_tails()
         self._reindex()
         finished = scan_finished(self.folder)
-        return finished, (self._count_to_run(finished) if finished else self.report.valid)
+        return finished, (self._count_to_run(finished) if finished else self.plan.dataset.valid)
 
     def _repair_torn_tails(self) -> None:
         # also in files this session will never append to, so every file parses when the resume ends
@@ -403,7 +339,7 @@ class Run:
     def _reindex(self) -> None:
         # prompt_index stays "the row of the current file": renumber the records if the file changed
         cfg = self.config
-        if not reindex.needs_check(self.folder, self.dataset_fingerprint, cfg.batch_size):
+        if not reindex.needs_check(self.folder, self.plan.dataset_fingerprint, cfg.batch_size):
             return
         result = reindex.reindex(self.folder, cfg.dataset_file, cfg.batch_size)
         reindex.warn(result)
@@ -417,14 +353,15 @@ class Run:
 
     def _jobs(self, rows):
         size = self.config.batch_size
+        available = frozenset(self.plan.toolsets)
         for row in rows:
             if self._over_budget():
                 self.budget_reached = True
                 log.warning("The cost budget --max_cost %g is reached; no new prompt is started.", self.config.max_cost)
                 break
             batch = row.prompt_index // size
-            rng = distributions.rng_for(self.seed, row.content_key)
-            toolsets = distributions.sample_toolsets(self.distribution, self.available, rng)
+            rng = distributions.rng_for(self.plan.seed, row.content_key)
+            toolsets = distributions.sample_toolsets(self.plan.distribution, available, rng)
             self.tracker.dispatched(batch)
             self.progress.dispatched()
             yield PromptJob(row, batch, toolsets)
@@ -484,8 +421,8 @@ class Run:
             started_at=self.started_at,
             duration_s=round(time.monotonic() - self.started, 3),
             prompts_run=sum(self.counts.values()),
-            invalid_skipped=self.report.invalid,
-            seed=self.seed,
+            invalid_skipped=self.plan.dataset.invalid,
+            seed=self.plan.seed,
             interrupted=interrupted,
             rate_limited_calls=limiter.rate_limited,
             concurrency_start=limiter.start_limit,
@@ -514,20 +451,21 @@ class Run:
         return checkpoint
 
     def _write_run_json(self) -> None:
+        plan = self.plan
         data = {
             "schema_version": 1,
             "hermes_batch_version": __version__,
-            "seed": self.seed,
-            "config": self.config.public() | {"seed": self.seed},
-            "model_client": self.client_cls.name,
-            "distribution": {"name": self.distribution.name, "probabilities": dict(self.distribution.probabilities)},
+            "seed": plan.seed,
+            "config": self.config.public() | {"seed": plan.seed},
+            "model_client": plan.model_client,
+            "distribution": {"name": plan.distribution.name, "probabilities": dict(plan.distribution.probabilities)},
             # a resume over a file whose fingerprint differs renumbers the records (reindex.py)
-            "dataset": {"path": str(self.config.dataset_file), "fingerprint": self.dataset_fingerprint,
-                        "lines": self.report.total, "valid": self.report.valid},
-            "tools": list(self.all_tools),
+            "dataset": {"path": str(self.config.dataset_file), "fingerprint": plan.dataset_fingerprint,
+                        "lines": plan.dataset.total, "valid": plan.dataset.valid},
+            "tools": list(plan.all_tools),
             "toolsets": {
-                name: {"options": toolsets.describe_config(rt.config), "left_out": self.unconfigured.get(name)}
-                for name, rt in self._all_runtimes.items()
+                name: {"options": toolsets.describe_config(config), "left_out": plan.unconfigured.get(name)}
+                for name, config in plan.toolset_configs.items()
             },
             "plugins": [{k: p[k] for k in ("name", "distribution", "version")} for p in describe_plugins(self.pm)],
         }
@@ -549,45 +487,16 @@ class Run:
             self.folder,
             filters_run=tuple(f.name for f in self.filters),
             sessions=checkpoint.sessions,
-            invalid_skipped_total=self.report.invalid,
+            invalid_skipped_total=self.plan.dataset.invalid,
             run=RunInfo(
                 model=self.config.model, distribution=self.config.distribution, batch_size=self.config.batch_size,
-                total_prompts=self.report.valid, total_lines=self.report.total,
+                total_prompts=self.plan.dataset.valid, total_lines=self.plan.dataset.total,
             ),
         )
         runfolder.check_stop()
         stats = self.redactor.data(stats)
         atomic_write_text(self.folder.statistics, json.dumps(stats, indent=2) + "\n")
         return stats
-
-    def _model_settings(self) -> ModelSettings:
-        cfg = self.config
-        return ModelSettings(
-            model=cfg.model, base_url=cfg.base_url, api_key=cfg.api_key, max_tokens=cfg.max_tokens,
-            reasoning_effort=cfg.reasoning_effort, reasoning_disabled=cfg.reasoning_disabled,
-            providers_allowed=cfg.providers_allowed, providers_ignored=cfg.providers_ignored,
-            providers_order=cfg.providers_order, provider_sort=cfg.provider_sort, max_retries=cfg.max_retries,
-            request_timeout=cfg.request_timeout,
-            max_concurrent_requests=cfg.max_concurrent_requests or self.concurrency,
-            max_requests_per_minute=cfg.max_requests_per_minute, max_tokens_per_minute=cfg.max_tokens_per_minute,
-            http_backend=cfg.http_backend,
-        )
-
-    def _agent_settings(self) -> AgentSettings:
-        cfg = self.config
-        return AgentSettings(
-            max_turns=cfg.max_turns, system_prompt=DEFAULT_SYSTEM_PROMPT,
-            ephemeral_system_prompt=cfg.ephemeral_system_prompt, prefill=self.prefill,
-            command_timeout=cfg.command_timeout, log_prefix_chars=cfg.log_prefix_chars,
-            prompt_timeout=cfg.prompt_timeout, max_tool_calls_per_turn=cfg.max_tool_calls_per_turn,
-        )
-
-
-async def _quietly(awaitable) -> None:
-    try:
-        await awaitable
-    except Exception:  # cleanup must not hide the run's own outcome
-        log.debug("cleanup step failed", exc_info=True)
 
 
 def render(statistics: dict, console) -> None:

@@ -54,13 +54,17 @@ def plugin(registry: Registry, kind: str, text: str, option: str):
     return cls(build_config(cls, spec, KIND[kind].singular))
 
 
+def filter_specs(names: Optional[tuple]) -> tuple:
+    """The ``NAME[:OPTIONS]`` specs of the filters a run applies: ``names``, or DEFAULT_FILTERS when None."""
+    return tuple(DEFAULT_FILTERS if names is None else names)
+
+
 def filters(registry: Registry, names: Optional[tuple], whole_run: bool = False) -> tuple:
-    """Instances of the selected filters (``NAME[:OPTIONS]``), in order; None selects the seed's two.
+    """Instances of the selected filters (``NAME[:OPTIONS]``), in order; None selects DEFAULT_FILTERS.
 
     Filters that compare trajectories across the run are refused unless ``whole_run`` (export, refilter).
     """
-    chosen = DEFAULT_FILTERS if names is None else names
-    selected = tuple(plugin(registry, "filters", n, "--filter") for n in chosen)
+    selected = tuple(plugin(registry, "filters", n, "--filter") for n in filter_specs(names))
     if not whole_run:
         refuse_run_filters(selected)
     return selected
