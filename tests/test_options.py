@@ -1,4 +1,4 @@
-"""Each option of ``hermes-batch run`` is defined once (a RunConfig field): the CLI, its defaults and the docs agree."""
+"""Each option of ``hermes-batch run`` is defined once (a RunConfig field): the CLI, its defaults and docs/options.md agree."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from hermes_batch.cli import run as run_cli
 from hermes_batch.config import RunConfig
 from hermes_batch.errors import UsageError
 
-OPTIONS_DOC = Path(__file__).resolve().parents[1] / "README.md"
-TABLE_HEADING = "## Options of `hermes-batch run`"
+OPTIONS_DOC = Path(__file__).resolve().parents[1] / "docs" / "options.md"
+TABLE_HEADING = "## The options"
 
 
 def documented_rows() -> dict[str, str]:

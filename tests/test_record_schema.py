@@ -26,7 +26,7 @@ from hermes_batch.testing import Reply
 pa_json = pytest.importorskip("pyarrow.json")
 pytestmark = pytest.mark.slow  # a run of 2,900 prompts: a couple of minutes
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+RECORD_DOC = Path(__file__).resolve().parent.parent / "docs" / "run-folder.md"
 PROMPT_TIMEOUT = 2.0
 
 # --- a model that does everything a real one does, decided by the prompt ---------------------------------
@@ -283,11 +283,11 @@ def test_the_records_read_back_as_they_were_written(varied_records):
         assert json.loads(to_json_line(from_json(record, Trajectory))) == record
 
 
-# --- the README's example is a real record --------------------------------------------------------------
+# --- the example in docs/run-folder.md is a real record ---------------------------------------------------
 
 
-def _readme_record() -> dict:
-    text = README.read_text(encoding="utf-8")
+def _documented_record() -> dict:
+    text = RECORD_DOC.read_text(encoding="utf-8")
     section = text.split("### Trajectory record", 1)[1]
     block = re.search(r"```json\n(.*?)\n```", section, re.DOTALL).group(1)
     return json.loads(block)
@@ -307,8 +307,8 @@ def _shape(value):
     return type(value).__name__
 
 
-def test_the_readme_record_example_has_the_shape_of_a_real_record(varied_records):
-    example = _readme_record()
+def test_the_documented_record_example_has_the_shape_of_a_real_record(varied_records):
+    example = _documented_record()
     real = next(r for r in varied_records if _calls_tools(r) and r["metadata"]["usage"]["cost_reported"])
     example_meta, real_meta = example.pop("metadata"), real["metadata"]
     assert list(example_meta) == list(real_meta), "metadata fields differ in name or order"
