@@ -14,9 +14,8 @@ from typing import Optional
 import attrs
 import pluggy
 
-from . import (
-    __version__, cleanup, dataset, distributions, limits, notices, refilter, reindex, runfolder, selection, toolsets,
-)
+from . import cleanup, dataset, distributions, limits, notices, refilter, reindex, runfolder, selection
+from .checkpoint import BatchTracker, Checkpoints, load_checkpoint, repair_torn_tails, write_run_json
 from .config import RunConfig
 from .errors import (
     EXIT_FAILED_PROMPTS,
@@ -32,22 +31,13 @@ from .lock import RunFolderLock
 from .merge import merge_run
 from .plugins import collect, describe_plugins, get_plugin_manager
 from .plan import RunPlan, build_processor, make_plan
-from .processor import now_iso, quietly
+from .processor import quietly
 from .progress import Progress
 from .redaction import Redactor
 from .records import Checkpoint, Discarded, Failure, SessionInfo
 from .resume import plan_resume, scan_finished
 from .run_context import RunContext
-from .runfolder import (
-    AppendLog,
-    RunFolder,
-    Stopped,
-    atomic_write_text,
-    read_records,
-    repair_torn_tail,
-    run_off_loop,
-    validate_run_name,
-)
+from .runfolder import AppendLog, RunFolder, Stopped, atomic_write_text, run_off_loop, validate_run_name
 from .serialization import to_json_line
 from .statistics import RunInfo, build_statistics, render_statistics, reported_cost
 
@@ -62,51 +52,14 @@ class RunResult:
     message: Optional[str] = None
 
 
-class BatchTracker:
-    """Knows when every prompt of a batch dispatched in this session has ended."""
-
-    def __init__(self, on_complete):
-        self.pending: collections.Counter = collections.Counter()
-        self.current: Optional[int] = None
-        self.exhausted = False
-        self.on_complete = on_complete
-
-    def dispatched(self, batch: int) -> None:
-        if self.current is not None and batch != self.current:
-            self._leave(self.current)
-        self.current = batch
-        self.pending[batch] += 1
-
-    def finished(self, batch: int) -> None:
-        self.pending[batch] -= 1
-        if self.pending[batch] == 0 and (batch != self.current or self.exhausted):
-            self._complete(batch)
-
-    def end_of_jobs(self) -> None:
-        self.exhausted = True
-        if self.current is not None:
-            self._leave(self.current)
-
-    def _leave(self, batch: int) -> None:
-        if self.pending[batch] == 0:
-            self._complete(batch)
-
-    def _complete(self, batch: int) -> None:
-        del self.pending[batch]
-        self.on_complete(batch)
-
-
 class Run:
     """Everything one invocation needs; ``prepare`` raises before anything is sent to a model."""
 
     def __init__(self, config: RunConfig, pm: Optional[pluggy.PluginManager] = None):
         self.config = config
         self.pm = pm or get_plugin_manager()
-        self.started = time.monotonic()
-        self.started_at = now_iso()
         self.counts = collections.Counter()
         self.batch_logs: dict[int, AppendLog] = {}
-        self.completed_batches: set[int] = set()
         self.budget_reached = False
         self.journal: Optional[CallJournal] = None  # calls.jsonl, opened with the run folder
         self.client = None
@@ -137,7 +90,7 @@ class Run:
 
         self._check_folder()
         try:
-            self.previous = self._load_checkpoint()
+            self.checkpoints = Checkpoints(self.folder, cfg, load_checkpoint(self.folder) if cfg.resume else None)
         except BaseException:
             self.close()
             raise
@@ -176,13 +129,6 @@ class Run:
         if self.lock is not None:
             self.lock.release()
 
-    def _load_checkpoint(self) -> Optional[Checkpoint]:
-        if not self.config.resume:
-            return None
-        for _line, checkpoint in read_records(self.folder.checkpoint, Checkpoint):
-            return checkpoint
-        return None
-
     # --- the run -----------------------------------------------------------------------------
 
     async def execute(self) -> RunResult:
@@ -209,7 +155,7 @@ class Run:
                 finished, to_run = await run_off_loop(self._read_run_folder)
             except (asyncio.CancelledError, Stopped):
                 return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
-        self.previously_finished = sum(finished.values())
+        self.checkpoints.previously_finished = sum(finished.values())
         self.context = RunContext(cfg.run_name, self.folder.dir, plan.seed, cfg.verbose, cfg.log_prefix_chars, pool)
         processor = build_processor(plan, self.context, self.registry, self.runtimes)
         client = self.client = processor.client
@@ -229,8 +175,8 @@ class Run:
             return RunResult(exc.exit_code, None, str(exc))
         try:
             self.folder.create()
-            self._write_run_json()
-            client.journal = self.journal = CallJournal(journal_path(self.folder.dir), self._session_number())
+            write_run_json(self.folder, plan, describe_plugins(self.pm), self.redactor)
+            client.journal = self.journal = CallJournal(journal_path(self.folder.dir), self.checkpoints.session_number)
             notices.skipped_lines(plan.dataset, self.folder, cfg.dataset_file, cfg.max_samples)
             # on record from the start, so a session killed before its first batch completes still counts
             self._save_checkpoint(interrupted=False)
@@ -323,18 +269,10 @@ class Run:
         """What a resume starts from: (finished content keys, prompts still to run), the folder repaired."""
         refilter.recover_files(self.folder)  # an interrupted refilter's files, before anything reads them
         reindex.recover(self.folder)
-        self._repair_torn_tails()
+        repair_torn_tails(self.folder)
         self._reindex()
         finished = scan_finished(self.folder)
         return finished, (self._count_to_run(finished) if finished else self.plan.dataset.valid)
-
-    def _repair_torn_tails(self) -> None:
-        # also in files this session will never append to, so every file parses when the resume ends
-        paths = [path for _num, path in self.folder.iter_batch_files()] + [self.folder.discarded, self.folder.failed]
-        for path in paths:
-            dropped = repair_torn_tail(path)
-            if dropped:
-                log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", path, dropped)
 
     def _reindex(self) -> None:
         # prompt_index stays "the row of the current file": renumber the records if the file changed
@@ -343,9 +281,8 @@ class Run:
             return
         result = reindex.reindex(self.folder, cfg.dataset_file, cfg.batch_size)
         reindex.warn(result)
-        if result.rewritten and self.previous is not None:
-            # batch numbers changed meaning; the batches of this session will be recorded again
-            self.previous = attrs.evolve(self.previous, completed_batches=())
+        if result.rewritten:
+            self.checkpoints.renumbered()
 
     def _count_to_run(self, finished: collections.Counter) -> int:
         rows = dataset.iter_rows(self.config.dataset_file, max_samples=self.config.max_samples)
@@ -406,20 +343,19 @@ class Run:
         log_ = self.batch_logs.pop(batch, None)
         if log_ is not None:
             log_.close()
-        self.completed_batches.add(batch)
+        self.checkpoints.completed_batches.add(batch)
         self._save_checkpoint(interrupted=False)
 
     # --- bookkeeping -------------------------------------------------------------------------
 
-    def _session_number(self) -> int:
-        """0 for the first session of the run, then 1, 2, ... for each resume."""
-        return len(self.previous.sessions) if self.previous else 0
+    def _save_checkpoint(self, interrupted: bool) -> Checkpoint:
+        return self.checkpoints.save(self.counts, self._session(interrupted))
 
     def _session(self, interrupted: bool) -> SessionInfo:
         limiter = self.client.limiter
         return SessionInfo(
-            started_at=self.started_at,
-            duration_s=round(time.monotonic() - self.started, 3),
+            started_at=self.checkpoints.started_at,
+            duration_s=round(time.monotonic() - self.checkpoints.started, 3),
             prompts_run=sum(self.counts.values()),
             invalid_skipped=self.plan.dataset.invalid,
             seed=self.plan.seed,
@@ -431,45 +367,6 @@ class Run:
             cost=None if limiter.cost is None else round(limiter.cost, 6),
             budget_reached=self.budget_reached,
         )
-
-    def _save_checkpoint(self, interrupted: bool) -> Checkpoint:
-        prev = self.previous
-        finished = self.previously_finished + self.counts["kept"] + self.counts["discarded"]
-        updated = now_iso()
-        checkpoint = Checkpoint(
-            run_name=self.config.run_name,
-            batch_size=self.config.batch_size,
-            completed_batches=tuple(sorted(self.completed_batches | set(prev.completed_batches if prev else ()))),
-            prompts_finished=finished,
-            prompts_failed=self.counts["failed"],
-            sessions=(prev.sessions if prev else ()) + (self._session(interrupted),),
-            updated_at=updated,
-            completed_prompts=finished,
-            last_updated=updated,
-        )
-        atomic_write_text(self.folder.checkpoint, to_json_line(checkpoint))
-        return checkpoint
-
-    def _write_run_json(self) -> None:
-        plan = self.plan
-        data = {
-            "schema_version": 1,
-            "hermes_batch_version": __version__,
-            "seed": plan.seed,
-            "config": self.config.public() | {"seed": plan.seed},
-            "model_client": plan.model_client,
-            "distribution": {"name": plan.distribution.name, "probabilities": dict(plan.distribution.probabilities)},
-            # a resume over a file whose fingerprint differs renumbers the records (reindex.py)
-            "dataset": {"path": str(self.config.dataset_file), "fingerprint": plan.dataset_fingerprint,
-                        "lines": plan.dataset.total, "valid": plan.dataset.valid},
-            "tools": list(plan.all_tools),
-            "toolsets": {
-                name: {"options": toolsets.describe_config(config), "left_out": plan.unconfigured.get(name)}
-                for name, config in plan.toolset_configs.items()
-            },
-            "plugins": [{k: p[k] for k in ("name", "distribution", "version")} for p in describe_plugins(self.pm)],
-        }
-        atomic_write_text(self.folder.run_json, json.dumps(self.redactor.data(data), indent=2, default=str) + "\n")
 
     async def _finish(self, interrupted: bool) -> dict:
         checkpoint = self._save_checkpoint(interrupted)

@@ -1,0 +1,145 @@
+"""The run folder's record across sessions: completed batches, checkpoint.json, run.json, torn last lines."""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import time
+from typing import Optional
+
+import attrs
+
+from . import __version__, toolsets
+from .config import RunConfig
+from .plan import RunPlan
+from .processor import now_iso
+from .records import Checkpoint, SessionInfo
+from .redaction import Redactor
+from .runfolder import RunFolder, atomic_write_text, read_records, repair_torn_tail
+from .serialization import to_json_line
+
+log = logging.getLogger("hermes_batch.run")
+
+
+class BatchTracker:
+    """Knows when every prompt of a batch dispatched in this session has ended."""
+
+    def __init__(self, on_complete):
+        self.pending: collections.Counter = collections.Counter()
+        self.current: Optional[int] = None
+        self.exhausted = False
+        self.on_complete = on_complete
+
+    def dispatched(self, batch: int) -> None:
+        if self.current is not None and batch != self.current:
+            self._leave(self.current)
+        self.current = batch
+        self.pending[batch] += 1
+
+    def finished(self, batch: int) -> None:
+        self.pending[batch] -= 1
+        if self.pending[batch] == 0 and (batch != self.current or self.exhausted):
+            self._complete(batch)
+
+    def end_of_jobs(self) -> None:
+        self.exhausted = True
+        if self.current is not None:
+            self._leave(self.current)
+
+    def _leave(self, batch: int) -> None:
+        if self.pending[batch] == 0:
+            self._complete(batch)
+
+    def _complete(self, batch: int) -> None:
+        del self.pending[batch]
+        self.on_complete(batch)
+
+
+class Checkpoints:
+    """checkpoint.json: the completed batches and counts of the run, one SessionInfo per session.
+
+    A session is the first run or one resume; ``previous`` is the checkpoint
+    the earlier sessions left (None for the first).
+    """
+
+    def __init__(self, folder: RunFolder, config: RunConfig, previous: Optional[Checkpoint]):
+        self.folder = folder
+        self.config = config
+        self.previous = previous
+        self.started = time.monotonic()
+        self.started_at = now_iso()
+        self.completed_batches: set[int] = set()  # in this session
+        self.previously_finished = 0  # prompts finished before this session (kept or discarded)
+
+    @property
+    def session_number(self) -> int:
+        """0 for the first session of the run, then 1, 2, ... for each resume."""
+        return len(self.previous.sessions) if self.previous else 0
+
+    def renumbered(self) -> None:
+        """The records were renumbered (a changed dataset): batch numbers changed meaning, so earlier ones are void."""
+        if self.previous is not None:
+            self.previous = attrs.evolve(self.previous, completed_batches=())
+
+    def save(self, counts: collections.Counter, session: SessionInfo) -> Checkpoint:
+        """Replace checkpoint.json: this session's ``counts`` (kept, discarded, failed) and ``session`` so far."""
+        prev = self.previous
+        finished = self.previously_finished + counts["kept"] + counts["discarded"]
+        updated = now_iso()
+        checkpoint = Checkpoint(
+            run_name=self.config.run_name,
+            batch_size=self.config.batch_size,
+            completed_batches=tuple(sorted(self.completed_batches | set(prev.completed_batches if prev else ()))),
+            prompts_finished=finished,
+            prompts_failed=counts["failed"],
+            sessions=(prev.sessions if prev else ()) + (session,),
+            updated_at=updated,
+            completed_prompts=finished,
+            last_updated=updated,
+        )
+        atomic_write_text(self.folder.checkpoint, to_json_line(checkpoint))
+        return checkpoint
+
+
+def load_checkpoint(folder: RunFolder) -> Optional[Checkpoint]:
+    """The checkpoint earlier sessions left, or None."""
+    for _line, checkpoint in read_records(folder.checkpoint, Checkpoint):
+        return checkpoint
+    return None
+
+
+def repair_torn_tails(folder: RunFolder) -> None:
+    """Cut the torn last line a crash left, in every file a resume reads or appends to."""
+    # also in files this session will never append to, so every file parses when the resume ends
+    paths = [path for _num, path in folder.iter_batch_files()] + [folder.discarded, folder.failed]
+    for path in paths:
+        dropped = repair_torn_tail(path)
+        if dropped:
+            log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", path, dropped)
+
+
+def write_run_json(folder: RunFolder, plan: RunPlan, plugins: list[dict], redactor: Redactor) -> None:
+    """run.json: the configuration (never the API key), the plan's decisions and the plugins' versions.
+
+    ``redactor`` hides any secret of the run that reached a value (an option, a path).
+    """
+    config = plan.config
+    data = {
+        "schema_version": 1,
+        "hermes_batch_version": __version__,
+        "seed": plan.seed,
+        "config": config.public() | {"seed": plan.seed},
+        "model_client": plan.model_client,
+        "distribution": {"name": plan.distribution.name, "probabilities": dict(plan.distribution.probabilities)},
+        # a resume over a file whose fingerprint differs renumbers the records (reindex.py)
+        "dataset": {"path": str(config.dataset_file), "fingerprint": plan.dataset_fingerprint,
+                    "lines": plan.dataset.total, "valid": plan.dataset.valid},
+        "tools": list(plan.all_tools),
+        "toolsets": {
+            name: {"options": toolsets.describe_config(options), "left_out": plan.unconfigured.get(name)}
+            for name, options in plan.toolset_configs.items()
+        },
+        "plugins": [{k: p[k] for k in ("name", "distribution", "version")} for p in plugins],
+    }
+    atomic_write_text(folder.run_json, json.dumps(redactor.data(data), indent=2, default=str) + "\n")
