@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import write_dataset
+from hermes_batch.testing import write_dataset
 
 from hermes_batch.testing import Reply
 
@@ -29,7 +29,7 @@ FLOAT_OPTIONS = ("command_timeout", "request_timeout", "prompt_timeout", "max_re
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "Infinity"])
 def test_every_float_option_refuses_nan_and_infinity_in_one_sentence(runner, tmp_path, option, value):
     dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "hi"}])
-    result = runner.invoke(dataset, "run", f"--{option}", value)
+    result = runner.invoke(dataset, f"--{option}", value)
     assert result.exit_code == 2, result.output
     message = result.output.strip().splitlines()[-1]
     assert message.startswith(f"Error: --{option} must be a finite number") and message.endswith(".")
@@ -40,7 +40,7 @@ def test_every_float_option_refuses_nan_and_infinity_in_one_sentence(runner, tmp
 @pytest.mark.parametrize("value", ["0", "-1", "-0.5"])
 def test_command_timeout_must_be_more_than_zero(runner, tmp_path, value):
     dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "hi"}])
-    result = runner.invoke(dataset, "run", "--command_timeout", value)
+    result = runner.invoke(dataset, "--command_timeout", value)
     assert result.exit_code == 2, result.output
     assert "Error: --command_timeout must be more than 0" in result.output
 
@@ -83,7 +83,7 @@ def test_plugin_option_values_no_record_can_carry_are_one_sentence(runner, tmp_p
     if option == "-T":
         item = "terminal." + item
     dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "hi"}])
-    result = runner.invoke(dataset, "run", option, item)
+    result = runner.invoke(dataset, option, item)
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and "Error: The value of " in result.output
     assert expected in result.output
@@ -163,14 +163,14 @@ def test_hostile_rows_stop_the_run_before_any_model_call_and_skip_invalid_runs_t
     server = runner.server = model_server()
     lines = [{"prompt": "fine one"}] + [line for line, _ in BAD_ROWS] + [{"prompt": "fine two"}]
     dataset = write_dataset(tmp_path / "d.jsonl", lines)
-    result = runner.invoke(dataset, "run", "--distribution", "terminal_only")
+    result = runner.invoke(dataset, "--distribution", "terminal_only")
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     for number, (_line, reason) in enumerate(BAD_ROWS, start=2):
         assert f"{dataset}:{number}: " in result.output and reason in result.output
     assert server.request_count == 0 and not runner.folder().exists()
 
-    result = runner.invoke(dataset, "run", "--distribution", "terminal_only", "--skip_invalid")
+    result = runner.invoke(dataset, "--distribution", "terminal_only", "--skip_invalid")
     assert result.exit_code == 0, result.output
     kept = runner.records("trajectories.jsonl") + [r["trajectory"] for r in runner.records("discarded.jsonl")]
     assert sorted(t["prompt_index"] for t in kept) == [0, len(BAD_ROWS) + 1]
@@ -181,7 +181,7 @@ def test_a_dataset_whose_file_name_is_not_utf8_is_listed_safely(model_server, ru
     # a file name's bytes that are not UTF-8 reach Python as lone surrogates, and FILE:LINE goes into a file
     runner.server = model_server()
     dataset = write_dataset(tmp_path / "rows-\udcff.jsonl", [{"prompt": "fine"}, "{broken"])
-    result = runner.invoke(dataset, "run", "--distribution", "terminal_only", "--skip_invalid")
+    result = runner.invoke(dataset, "--distribution", "terminal_only", "--skip_invalid")
     assert result.exit_code == 0, result.output
     listed = (runner.folder() / "skipped_lines.txt").read_bytes().decode("utf-8")
     assert listed.startswith(f"{tmp_path}/rows-\ufffd.jsonl:2: ")
@@ -195,7 +195,7 @@ def test_rows_at_the_limits_run_and_keep_their_fields_whole(model_server, runner
     rows = [{"prompt": "deep row", "deep": deep}, {"prompt": "big id", "id": 2**64}, {"prompt": "plain"},
             {"prompt": "\u00e9t\u00e9 \U0001f600 \ud55c\uad6d\uc5b4"}]
     dataset = write_dataset(tmp_path / "d.jsonl", rows)
-    result = runner.invoke(dataset, "run", "--distribution", "terminal_only", "--no_filters")
+    result = runner.invoke(dataset, "--distribution", "terminal_only", "--no_filters")
     assert result.exit_code == 0, result.output
     merged = {t["prompt_index"]: t for t in runner.records("trajectories.jsonl")}
     assert sorted(merged) == [0, 1, 2, 3]
@@ -232,7 +232,7 @@ def test_half_an_emoji_from_the_model_is_stored_as_a_replacement_character(model
 
     runner.server = model_server(RoutedScript({"emoji": half_emoji_script, "deep": deep_arguments_script}))
     dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "emoji"}, {"prompt": "deep"}])
-    result = runner.invoke(dataset, "run", "--distribution", "terminal_only", "--no_filters")
+    result = runner.invoke(dataset, "--distribution", "terminal_only", "--no_filters")
     assert result.exit_code == 0, result.output
     for name in ("batch_0.jsonl", "trajectories.jsonl", "statistics.json", "checkpoint.json", "calls.jsonl"):
         text = (runner.folder() / name).read_bytes().decode("utf-8")  # strict: every byte is UTF-8
@@ -262,7 +262,7 @@ def test_option_text_that_is_not_utf8_is_refused_before_any_model_call(model_ser
     # on Linux argv bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape)
     server = runner.server = model_server()
     dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "hi"}])
-    result = runner.invoke(dataset, "run", option, b"caf\xe9".decode("utf-8", "surrogateescape"))
+    result = runner.invoke(dataset, option, b"caf\xe9".decode("utf-8", "surrogateescape"))
     assert result.exit_code == 2, result.output
     assert f"Error: {option} holds bytes that are not UTF-8 text; pass it as UTF-8." in result.output
     assert server.request_count == 0
@@ -273,7 +273,7 @@ def test_resume_over_records_holding_lone_surrogates_works(model_server, runner,
     # Files written by another tool, an older version or a hand edit may hold \ud83d escapes (ensure_ascii JSON).
     runner.server = model_server()
     dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "one"}, {"prompt": "two"}])
-    assert runner.invoke(dataset, "run", "--distribution", "terminal_only", "--no_filters").exit_code == 0
+    assert runner.invoke(dataset, "--distribution", "terminal_only", "--no_filters").exit_code == 0
     batch = runner.folder() / "batch_0.jsonl"
     records = [json.loads(line) for line in batch.read_text().splitlines()]
     for record in records:
@@ -284,7 +284,7 @@ def test_resume_over_records_holding_lone_surrogates_works(model_server, runner,
     write_dataset(dataset, rows + [{"prompt": "three"}] if new_row == "appended" else [{"prompt": "three"}] + rows)
 
     server = runner.server = model_server()
-    result = runner.invoke(dataset, "run", "--distribution", "terminal_only", "--no_filters", "--resume")
+    result = runner.invoke(dataset, "--distribution", "terminal_only", "--no_filters", "--resume")
     assert result.exit_code == 0, result.output
     assert {r.prompt for r in server.requests if not r.preflight} == {"three"}
     text = (runner.folder() / "trajectories.jsonl").read_bytes().decode("utf-8")

@@ -13,7 +13,7 @@ from hermes_batch import limits
 from hermes_batch.errors import UsageError
 from hermes_batch.testing import ToolLoopScript
 
-from conftest import write_dataset
+from hermes_batch.testing import write_dataset
 
 BASE = ("--distribution", "terminal_only", "--seed", "3", "--no_filters", "--batch_size", "100")
 
@@ -22,7 +22,7 @@ def spawn_with_open_files(runner, data, server, soft: int, hard: int, *extra) ->
     def low_limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
-    args = runner.args(data, "run", *BASE, *extra, server=server)
+    args = runner.args(data, *BASE, *extra, server=server)
     proc = subprocess.run([sys.executable, "-m", "hermes_batch", *args], capture_output=True, text=True,
                           preexec_fn=low_limit, timeout=600)
     return proc.returncode, proc.stderr

@@ -36,10 +36,8 @@ from hermes_batch.records import Failure, content_key
 from hermes_batch.runfolder import AppendLog, RunFolder, read_records
 from hermes_batch.runner import Run
 from hermes_batch.serialization import to_json_line
-from hermes_batch.testing import ToolLoopScript
-from hermes_batch.testing.fixtures import wait_for
-
-from conftest import API_KEY, write_dataset
+from hermes_batch.testing import TEST_API_KEY as API_KEY
+from hermes_batch.testing import ToolLoopScript, wait_for, write_dataset
 from test_resume_durability import cleanup_procs  # noqa: F401 (fixture)
 
 BASE = ("--distribution", "terminal_only", "--seed", "7", "--no_filters")
@@ -82,7 +80,7 @@ class PoolHog:
         self.size = 0
 
     @hermes_batch.hookimpl
-    def hermes_batch_run_start(self, run):
+    def run_started(self, run):
         self.size = run.thread_pool._max_workers
         for _ in range(self.size):
             run.thread_pool.submit(self._block)
@@ -193,7 +191,7 @@ def test_disk_full_stops_the_run_with_its_own_status_and_resume_finishes(tmp_pat
     # 30 prompts with 30 KB answers cannot fit in 600 KiB; the dataset lives outside the small disk
     server = model_server(ToolLoopScript(tool_calls=1, final="x" * 30_000 + " {prompt}"))
     data = write_dataset(tmp_path / "d.jsonl", prompts(30))
-    args = runner.args(data, "run", *BASE, "--num_workers", "4", server=server)
+    args = runner.args(data, *BASE, "--num_workers", "4", server=server)
     out = small_disk / "out"
     args[args.index("--output_dir") + 1] = str(out)
     from click.testing import CliRunner
@@ -231,14 +229,14 @@ def test_a_file_size_limit_is_reported_as_a_write_error_and_resume_finishes(tmp_
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
 
-    proc = runner.spawn(data, "run", *BASE, "--batch_size", "100", server=server, preexec_fn=small_files)
+    proc = runner.spawn(data, *BASE, "--batch_size", "100", server=server, preexec_fn=small_files)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 74, err
     assert "File too large (EFBIG)" in err and "ulimit -f" in err and "Traceback" not in err
     assert_whole_lines(runner.folder())
 
     second = model_server(ToolLoopScript(tool_calls=1, final="y" * 20_000 + " {prompt}"))
-    result = runner.invoke(data, "run", *BASE, "--batch_size", "100", "--resume", server=second)
+    result = runner.invoke(data, *BASE, "--batch_size", "100", "--resume", server=second)
     assert result.exit_code == 0, result.output
     assert merged_prompts(runner) == Counter(f"task {i}" for i in range(12))
 
@@ -247,14 +245,14 @@ def test_a_reindex_that_cannot_write_is_a_write_error_and_the_old_files_stay(tmp
     # a resume over a changed dataset renumbers the records (reindex.py): its writes fail like any other
     server = model_server(ToolLoopScript(tool_calls=1, final="z" * 20_000 + " {prompt}"))
     data = write_dataset(tmp_path / "d.jsonl", prompts(4))
-    assert runner.invoke(data, "run", *BASE, "--batch_size", "100", server=server).exit_code == 0
+    assert runner.invoke(data, *BASE, "--batch_size", "100", server=server).exit_code == 0
     before = {p.name: p.read_bytes() for p in runner.folder().glob("batch_*.jsonl")}
     write_dataset(data, [{"prompt": "new first"}] + prompts(4))  # every record moves down one row
 
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))
 
-    proc = runner.spawn(data, "run", *BASE, "--batch_size", "100", "--resume", server=server, preexec_fn=small_files)
+    proc = runner.spawn(data, *BASE, "--batch_size", "100", "--resume", server=server, preexec_fn=small_files)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 74, err
     assert f"Error: Re-indexing {runner.folder()}/.reindex/batch_0.jsonl failed: File too large (EFBIG)" in err
@@ -262,7 +260,7 @@ def test_a_reindex_that_cannot_write_is_a_write_error_and_the_old_files_stay(tmp
     assert {p.name: p.read_bytes() for p in runner.folder().glob("batch_*.jsonl")} == before
 
     second = model_server(ToolLoopScript(tool_calls=1, final="z" * 20_000 + " {prompt}"))
-    result = runner.invoke(data, "run", *BASE, "--batch_size", "100", "--resume", server=second)
+    result = runner.invoke(data, *BASE, "--batch_size", "100", "--resume", server=second)
     assert result.exit_code == 0, result.output
     assert merged_prompts(runner) == Counter(["new first"] + [f"task {i}" for i in range(4)])
     assert {r.prompt for r in second.requests if not r.preflight} == {"new first"}
@@ -287,7 +285,7 @@ def test_a_journal_that_cannot_be_written_stops_the_run_as_a_write_error(tmp_pat
         return real_write(fd, chunk)
 
     monkeypatch.setattr(os, "write", journal_fills_the_disk)
-    result = runner.invoke(data, "run", *BASE, "--num_workers", "1", server=server)
+    result = runner.invoke(data, *BASE, "--num_workers", "1", server=server)
     monkeypatch.undo()
     assert result.exit_code == 74, result.output
     assert last_line(result.output).startswith(f"Error: Writing {journal} failed: No space left on device (ENOSPC)")
@@ -296,7 +294,7 @@ def test_a_journal_that_cannot_be_written_stops_the_run_as_a_write_error(tmp_pat
     assert_whole_lines(runner.folder())
 
     second = model_server(FAST)
-    result = runner.invoke(data, "run", *BASE, "--resume", server=second)
+    result = runner.invoke(data, *BASE, "--resume", server=second)
     assert result.exit_code == 0, result.output
     assert merged_prompts(runner) == Counter(f"task {i}" for i in range(6))
 
@@ -345,7 +343,7 @@ def test_a_prefill_file_that_cannot_be_used_gets_one_sentence(tmp_path, runner, 
     else:
         prefill.write_text('[{"role": "user", "content": ' + "[" * 200 + "]" * 200 + "}]")
     data = write_dataset(tmp_path / "d.jsonl", prompts(1))
-    result = runner.invoke(data, "run", "--prefill_messages_file", str(prefill))
+    result = runner.invoke(data, "--prefill_messages_file", str(prefill))
     assert result.exit_code == 2, result.output
     message = last_line(result.output)
     assert message.startswith("Error: ") and message.endswith(".") and expected in message, message
@@ -365,7 +363,7 @@ def test_the_prefill_file_is_checked_the_same_through_the_api(tmp_path):
 def test_a_dataset_that_is_a_pipe_is_refused_at_once(tmp_path, runner):
     fifo = tmp_path / "d.jsonl"
     os.mkfifo(fifo)
-    result = runner.invoke(fifo, "run")
+    result = runner.invoke(fifo)
     assert result.exit_code == 2
     assert last_line(result.output) == (
         f"Error: The dataset {fifo} is not a regular file (a pipe, socket or device); pass a JSONL file."
@@ -376,7 +374,7 @@ def test_a_dataset_that_is_a_pipe_is_refused_at_once(tmp_path, runner):
 def test_a_distribution_file_that_cannot_be_used_gets_one_sentence(tmp_path, runner, content):
     path = tmp_path / "dists.json"
     path.write_bytes(content)
-    result = runner.invoke(write_dataset(tmp_path / "d.jsonl", prompts(1)), "run", "--distribution_file", str(path))
+    result = runner.invoke(write_dataset(tmp_path / "d.jsonl", prompts(1)), "--distribution_file", str(path))
     assert result.exit_code == 2, result.output
     assert last_line(result.output).startswith(("Error: The distribution file", f"Error: {path}:"))
     assert "Traceback" not in result.output
@@ -405,7 +403,7 @@ def test_a_fatal_error_early_in_a_run_deletes_only_what_the_run_wrote(tmp_path, 
     server = model_server(api_key="the-right-key")
     folder = runner.folder()
     before = users_files(folder, prompts(3))
-    result = runner.invoke(folder / "dataset.jsonl", "run", *BASE, "--no_preflight", server=server)
+    result = runner.invoke(folder / "dataset.jsonl", *BASE, "--no_preflight", server=server)
     assert result.exit_code == 2, result.output  # the key is refused at the first prompt: the whole run stops
     assert_users_files_intact(folder, before)
     left = {p.relative_to(folder) for p in folder.rglob("*")}
@@ -417,7 +415,7 @@ def test_overwrite_replaces_the_outputs_and_keeps_the_users_files(tmp_path, runn
     folder = runner.folder()
     before = users_files(folder, prompts(7, "old"))
     data = folder / "dataset.jsonl"
-    assert runner.invoke(data, "run", *BASE, "-S", "keep=true").exit_code == 0
+    assert runner.invoke(data, *BASE, "-S", "keep=true").exit_code == 0
     assert (folder / "batch_1.jsonl").exists() and list((folder / "scratch").iterdir())
 
     # what a resume over a changed dataset and --skip_invalid leave, and a re-index a crash cut short
@@ -430,7 +428,7 @@ def test_overwrite_replaces_the_outputs_and_keeps_the_users_files(tmp_path, runn
 
     write_dataset(data, prompts(3, "new"))
     before[Path("dataset.jsonl")] = data.read_bytes()
-    result = runner.invoke(data, "run", *BASE, "--overwrite")
+    result = runner.invoke(data, *BASE, "--overwrite")
     assert result.exit_code == 0, result.output
     assert merged_prompts(runner) == Counter(f"new {i}" for i in range(3))
     assert not (folder / "batch_1.jsonl").exists()  # the old run's batch, which the new one never wrote
@@ -446,9 +444,9 @@ def test_overwrite_replaces_the_outputs_and_keeps_the_users_files(tmp_path, runn
 
 def test_overwrite_refuses_to_delete_the_dataset_it_is_about_to_read(tmp_path, runner, model_server):
     runner.server = model_server(FAST)
-    assert runner.invoke(write_dataset(tmp_path / "d.jsonl", prompts(3)), "run", *BASE).exit_code == 0
+    assert runner.invoke(write_dataset(tmp_path / "d.jsonl", prompts(3)), *BASE).exit_code == 0
     data = write_dataset(runner.folder() / "batch_9.jsonl", prompts(2, "next"))  # named like a batch file
-    result = runner.invoke(data, "run", *BASE, "--overwrite")
+    result = runner.invoke(data, *BASE, "--overwrite")
     assert result.exit_code == 2, result.output
     assert last_line(result.output) == (
         f"Error: The dataset {data} is an output of the run in {runner.folder()}, which --overwrite would "
@@ -460,14 +458,14 @@ def test_overwrite_refuses_to_delete_the_dataset_it_is_about_to_read(tmp_path, r
 def test_overwrite_never_follows_a_link_out_of_the_folder(tmp_path, runner, model_server):
     runner.server = model_server(FAST)
     data = write_dataset(tmp_path / "d.jsonl", prompts(2))
-    assert runner.invoke(data, "run", *BASE).exit_code == 0
+    assert runner.invoke(data, *BASE).exit_code == 0
     precious = tmp_path / "precious.jsonl"
     precious.write_text("do not touch\n")
     batch = runner.folder() / "batch_9.jsonl"
     batch.symlink_to(precious)
     (runner.folder() / "scratch").mkdir()
     (runner.folder() / "scratch" / "p1-0123abcd-abcdefgh").symlink_to(tmp_path, target_is_directory=True)
-    assert runner.invoke(data, "run", *BASE, "--overwrite").exit_code == 0
+    assert runner.invoke(data, *BASE, "--overwrite").exit_code == 0
     assert precious.read_text() == "do not touch\n" and not batch.exists()
     assert (tmp_path / "d.jsonl").exists()
 
@@ -475,7 +473,7 @@ def test_overwrite_never_follows_a_link_out_of_the_folder(tmp_path, runner, mode
 def test_leftovers_of_a_killed_session_are_removed_at_the_next_start_and_nothing_else(tmp_path, runner, model_server):
     runner.server = model_server(FAST)
     data = write_dataset(tmp_path / "d.jsonl", prompts(2))
-    assert runner.invoke(data, "run", *BASE).exit_code == 0
+    assert runner.invoke(data, *BASE).exit_code == 0
     folder = runner.folder()
     scratch = folder / "scratch"
     scratch.mkdir()
@@ -490,7 +488,7 @@ def test_leftovers_of_a_killed_session_are_removed_at_the_next_start_and_nothing
     users = [folder / ".trajectories.jsonl.tmp", folder / ".x.hermes-batch-short.tmp", scratch / "mine"]
     for path in users:
         path.write_text("the user's")
-    result = runner.invoke(data, "run", *BASE, "--resume")
+    result = runner.invoke(data, *BASE, "--resume")
     assert result.exit_code == 0, result.output
     assert not any(p.exists() for p in leftovers) and not (scratch / "p0-0123abcd-x1y2z3_w").exists()
     assert kept.is_dir() and all(p.read_text() == "the user's" for p in users)
@@ -519,13 +517,13 @@ def test_a_second_run_on_the_same_folder_refuses_at_once_naming_the_first(
 ):
     first_server = model_server(ToolLoopScript(tool_calls=1), latency=0.3)
     data = write_dataset(tmp_path / "d.jsonl", prompts(8))
-    first = runner.spawn(data, "run", *BASE, "--num_workers", "2", server=first_server)
+    first = runner.spawn(data, *BASE, "--num_workers", "2", server=first_server)
     cleanup_procs.append(first)
     wait_for(lambda: first_server.request_count > 2, 60, "the first run to be under way", first)
 
     second_server = model_server(FAST)
     started = time.monotonic()
-    result = runner.invoke(data, "run", *BASE, "--resume", server=second_server)
+    result = runner.invoke(data, *BASE, "--resume", server=second_server)
     assert time.monotonic() - started < 10
     assert result.exit_code == 2, result.output
     assert last_line(result.output) == (
@@ -544,14 +542,14 @@ def test_a_second_run_on_the_same_folder_refuses_at_once_naming_the_first(
 def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, runner, model_server, cleanup_procs):
     server = model_server(ToolLoopScript(tool_calls=1, command="sleep 30"))
     data = write_dataset(tmp_path / "d.jsonl", prompts(4))
-    first = runner.spawn(data, "run", *BASE, server=server)
+    first = runner.spawn(data, *BASE, server=server)
     cleanup_procs.append(first)
     wait_for(lambda: (runner.folder() / LOCK_NAME).exists() and server.request_count > 1, 60, "the run", first)
     first.kill()
     first.communicate()
     assert json.loads((runner.folder() / LOCK_NAME).read_text())["pid"] == first.pid  # left behind
 
-    result = runner.invoke(data, "run", *BASE, "--resume", server=model_server(FAST))
+    result = runner.invoke(data, *BASE, "--resume", server=model_server(FAST))
     assert result.exit_code == 0, result.output
     assert merged_prompts(runner) == Counter(f"task {i}" for i in range(4))
 
@@ -597,7 +595,7 @@ def test_every_file_of_the_run_folder_gets_the_users_umask(tmp_path, runner, mod
     data = write_dataset(tmp_path / "d.jsonl", prompts(3) + ["{broken"])
     old = os.umask(umask)
     try:
-        result = runner.invoke(data, "run", *BASE, "--skip_invalid")
+        result = runner.invoke(data, *BASE, "--skip_invalid")
     finally:
         os.umask(old)
     assert result.exit_code == 0, result.output
@@ -636,7 +634,7 @@ def test_ctrl_c_during_the_merge_stops_it_at_once_and_leaves_consistent_files(
 ):
     data = big_finished_run(runner, tmp_path, 30_000)
     folder = runner.folder()
-    proc = runner.spawn(data, "run", *BASE, "--batch_size", "100000", "--resume", server=model_server(FAST))
+    proc = runner.spawn(data, *BASE, "--batch_size", "100000", "--resume", server=model_server(FAST))
     cleanup_procs.append(proc)
     merging = lambda: [name for name in temp_files(folder) if name.startswith(".trajectories.jsonl.")]  # noqa: E731
     wait_for(merging, 300, "the merge to start writing", proc)
@@ -649,7 +647,7 @@ def test_ctrl_c_during_the_merge_stops_it_at_once_and_leaves_consistent_files(
     assert temp_files(folder) == []
     json.loads((folder / "checkpoint.json").read_text())
 
-    result = runner.invoke(data, "run", *BASE, "--batch_size", "100000", "--resume", server=model_server(FAST))
+    result = runner.invoke(data, *BASE, "--batch_size", "100000", "--resume", server=model_server(FAST))
     assert result.exit_code == 0, result.output
     assert sum(1 for _ in open(folder / "trajectories.jsonl")) == 30_000
 
@@ -697,11 +695,11 @@ def test_ctrl_c_while_a_resume_reads_the_run_folder_is_heard_at_once(tmp_path, r
 def test_a_run_folder_file_that_is_a_folder_is_one_sentence_and_the_lock_is_released(tmp_path, runner, model_server):
     runner.server = model_server(FAST)
     data = write_dataset(tmp_path / "d.jsonl", prompts(2))
-    assert runner.invoke(data, "run", *BASE).exit_code == 0
+    assert runner.invoke(data, *BASE).exit_code == 0
     checkpoint = runner.folder() / "checkpoint.json"
     checkpoint.unlink()
     checkpoint.mkdir()
-    result = runner.invoke(data, "run", *BASE, "--resume")
+    result = runner.invoke(data, *BASE, "--resume")
     assert result.exit_code == 2, result.output
     assert last_line(result.output) == (
         f"Error: {checkpoint} cannot be read (Is a directory); it must be a file a run wrote, so move it away."
@@ -713,7 +711,7 @@ def test_an_output_folder_that_cannot_be_created_is_one_sentence(tmp_path, runne
     server = runner.server = model_server()
     (tmp_path / "out").write_text("a file where the output folder should be")
     out = tmp_path / "out" / "below"
-    result = runner.invoke(write_dataset(tmp_path / "d.jsonl", prompts(1)), "run", *BASE, "--output_dir", str(out))
+    result = runner.invoke(write_dataset(tmp_path / "d.jsonl", prompts(1)), *BASE, "--output_dir", str(out))
     assert result.exit_code == 74, result.output
     assert last_line(result.output) == f"Error: Writing {out / 'run'} failed: Not a directory (ENOTDIR); fix the cause."
     assert server.request_count == 0
