@@ -18,7 +18,7 @@ def register_commands(register):
 
 
 @hermes_batch.hookimpl
-def hermes_batch_run_end(run, statistics):
+def run_finished(run, statistics):
     from hermes_batch.view import write_report
 
     try:
