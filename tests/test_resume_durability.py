@@ -125,27 +125,17 @@ def processes_matching(pattern: str) -> list[str]:
     return found.stdout.split()
 
 
-@pytest.fixture
-def cleanup_procs():
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-
-
 # --- SIGKILL and torn writes ---------------------------------------------------------------
 
 
 def test_sigkill_mid_run_then_resume_finishes_each_prompt_once_without_paying_twice(
-    tmp_path, runner, model_server, cleanup_procs
+    tmp_path, runner, model_server, procs
 ):
     prompts = make_prompts(30)
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
     first = model_server(FAST, latency=0.1)
     proc = runner.spawn(data, *BASE, "--num_workers", "4", server=first)
-    cleanup_procs.append(proc)
+    procs.append(proc)
     folder = runner.folder()
     wait_for(lambda: batch_line_count(folder) >= 8, 60, "8 finished prompts", proc)
     proc.kill()
@@ -214,7 +204,7 @@ def test_torn_last_line_is_repaired_and_its_prompt_runs_again(tmp_path, runner, 
 
 
 def test_a_failure_in_a_session_killed_before_any_checkpoint_is_cleared_by_the_resume(
-    tmp_path, runner, model_server, cleanup_procs
+    tmp_path, runner, model_server, procs
 ):
     failing = "this prompt meets a broken endpoint"
     prompts = [failing] + make_prompts(6)
@@ -222,7 +212,7 @@ def test_a_failure_in_a_session_killed_before_any_checkpoint_is_cleared_by_the_r
     # every other prompt hangs, so no batch completes before the kill
     first = model_server(RoutedScript(lambda p: _always_500 if p == failing else FAST), hang=lambda r: r.prompt != failing and not r.preflight)
     proc = runner.spawn(data, *BASE, "--num_workers", "3", server=first)
-    cleanup_procs.append(proc)
+    procs.append(proc)
     folder = runner.folder()
     failed_file = folder / "failed.jsonl"
     wait_for(lambda: failed_file.exists() and failed_file.read_bytes().count(b"\n"), 60, "the failure record", proc)
@@ -438,7 +428,7 @@ def test_statistics_cover_every_session_of_the_run(tmp_path, runner, model_serve
 # --- Ctrl-C ---------------------------------------------------------------------------------------
 
 
-def test_ctrl_c_shuts_down_cleanly_and_resume_completes(tmp_path, runner, model_server, cleanup_procs):
+def test_ctrl_c_shuts_down_cleanly_and_resume_completes(tmp_path, runner, model_server, procs):
     prompts = make_prompts(10)
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
     marker = f"29.{uuid.uuid4().int % 10**9:09d}"  # a sleep no other process runs
@@ -446,7 +436,7 @@ def test_ctrl_c_shuts_down_cleanly_and_resume_completes(tmp_path, runner, model_
     quick = set(prompts[:4])  # the first four workers' prompts finish; the next ones sleep
     first = model_server(RoutedScript(lambda p: FAST if p in quick else slow), latency=0.05)
     proc = runner.spawn(data, *BASE, "--num_workers", "4", server=first)
-    cleanup_procs.append(proc)
+    procs.append(proc)
     folder = runner.folder()
 
     wait_for(lambda: batch_line_count(folder) >= 4, 60, "the quick prompts to finish", proc)
@@ -502,12 +492,12 @@ async def test_ctrl_c_lets_every_prompt_in_flight_finish_closing_its_sandbox():
     assert closed == in_flight == {0, 1, 2, 3}
 
 
-def test_sigterm_shuts_down_cleanly_with_its_own_status(tmp_path, runner, model_server, cleanup_procs):
+def test_sigterm_shuts_down_cleanly_with_its_own_status(tmp_path, runner, model_server, procs):
     prompts = make_prompts(6)
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
     server = model_server(ToolLoopScript(tool_calls=1, command="sleep 30"), latency=0.05)
     proc = runner.spawn(data, *BASE, "--num_workers", "3", server=server)
-    cleanup_procs.append(proc)
+    procs.append(proc)
     wait_for(lambda: server.request_count >= 1 + 3, 60, "the preflight and the first model calls", proc)
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=60)

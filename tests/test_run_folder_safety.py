@@ -38,7 +38,6 @@ from hermes_batch.runner import Run
 from hermes_batch.serialization import to_json_line
 from hermes_batch.testing import TEST_API_KEY as API_KEY
 from hermes_batch.testing import ToolLoopScript, wait_for, write_dataset
-from test_resume_durability import cleanup_procs  # noqa: F401 (fixture)
 
 BASE = ("--distribution", "terminal_only", "--seed", "7", "--no_filters")
 FAST = ToolLoopScript(tool_calls=1)
@@ -513,12 +512,12 @@ async def test_the_local_sandbox_makes_folders_cleanup_recognises_and_renames_ke
 
 
 def test_a_second_run_on_the_same_folder_refuses_at_once_naming_the_first(
-    tmp_path, runner, model_server, cleanup_procs
+    tmp_path, runner, model_server, procs
 ):
     first_server = model_server(ToolLoopScript(tool_calls=1), latency=0.3)
     data = write_dataset(tmp_path / "d.jsonl", prompts(8))
     first = runner.spawn(data, *BASE, "--num_workers", "2", server=first_server)
-    cleanup_procs.append(first)
+    procs.append(first)
     wait_for(lambda: first_server.request_count > 2, 60, "the first run to be under way", first)
 
     second_server = model_server(FAST)
@@ -539,11 +538,11 @@ def test_a_second_run_on_the_same_folder_refuses_at_once_naming_the_first(
     assert not (runner.folder() / LOCK_NAME).exists()
 
 
-def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, runner, model_server, cleanup_procs):
+def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, runner, model_server, procs):
     server = model_server(ToolLoopScript(tool_calls=1, command="sleep 30"))
     data = write_dataset(tmp_path / "d.jsonl", prompts(4))
     first = runner.spawn(data, *BASE, server=server)
-    cleanup_procs.append(first)
+    procs.append(first)
     wait_for(lambda: (runner.folder() / LOCK_NAME).exists() and server.request_count > 1, 60, "the run", first)
     first.kill()
     first.communicate()
@@ -630,12 +629,12 @@ def big_finished_run(runner, tmp_path, count: int) -> Path:
 
 
 def test_ctrl_c_during_the_merge_stops_it_at_once_and_leaves_consistent_files(
-    tmp_path, runner, model_server, cleanup_procs
+    tmp_path, runner, model_server, procs
 ):
     data = big_finished_run(runner, tmp_path, 30_000)
     folder = runner.folder()
     proc = runner.spawn(data, *BASE, "--batch_size", "100000", "--resume", server=model_server(FAST))
-    cleanup_procs.append(proc)
+    procs.append(proc)
     merging = lambda: [name for name in temp_files(folder) if name.startswith(".trajectories.jsonl.")]  # noqa: E731
     wait_for(merging, 300, "the merge to start writing", proc)
     proc.send_signal(signal.SIGINT)
