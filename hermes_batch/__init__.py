@@ -28,6 +28,7 @@ from .errors import (  # noqa: E402 (hookimpl and PROJECT_NAME first: the module
     SandboxError,
     UsageError,
 )
+from .filtering import RunFilter  # noqa: E402
 from .function_tools import tool  # noqa: E402
 from .interfaces import (  # noqa: E402
     Distribution,
@@ -51,6 +52,7 @@ from .plan import RunPlan, build_processor  # noqa: E402
 from .plugins import PluginManager, get_plugin_manager  # noqa: E402
 from .ratelimit import CallLimiter  # noqa: E402
 from .records import (  # noqa: E402
+    SCHEMA_VERSION,
     CallRecord,
     Discarded,
     ExecResult,
@@ -70,7 +72,8 @@ from .records import (  # noqa: E402
 )
 from .retry import error_for_status  # noqa: E402
 from .run_context import RunContext  # noqa: E402
-from .serialization import structure_config  # noqa: E402
+from .serialization import structure_config, trajectory_from_dict, trajectory_to_dict  # noqa: E402
+from .writers import FileWriter, Sink  # noqa: E402
 
 __all__ = [
     # writing a plugin
@@ -94,7 +97,10 @@ __all__ = [
     "ToolContext",
     "Distribution",
     "Filter",
+    "RunFilter",
     "Writer",
+    "FileWriter",
+    "Sink",
     "Executor",
     "PromptJob",
     "RunPlan",
@@ -102,6 +108,7 @@ __all__ = [
     "NoOptions",
     "RunContext",
     # records
+    "SCHEMA_VERSION",
     "Message",
     "ToolCall",
     "ToolSpec",
@@ -133,5 +140,7 @@ __all__ = [
     "RetryableModelError",
     "ModelOutcome",
     "error_for_status",
+    "trajectory_to_dict",
+    "trajectory_from_dict",
     "__version__",
 ]

@@ -211,13 +211,9 @@ class Trajectory:
         end in an answer (``completed`` is false: turns, time or context ran out, or content was filtered)."""
         if not self.completed:
             return None
-        for turn in reversed(self.conversations):
-            if turn.from_ == "gpt":
-                if turn.value.startswith("<think>"):
-                    end = turn.value.rfind("</think>")
-                    return turn.value[end + len("</think>"):].lstrip("\n") if end != -1 else ""
-                return turn.value
-        return None
+        from .openai_format import final_answer  # it imports this module; one reading of an assistant turn
+
+        return final_answer(self)
 
     def with_tools(self, tool_names) -> "Trajectory":
         """The same trajectory with zeroed stats for every tool in ``tool_names`` it lacks."""

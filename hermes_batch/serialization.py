@@ -203,6 +203,16 @@ def from_json(data: Any, cls: type[T]) -> T:
     return record_converter.structure(data, cls)
 
 
+def trajectory_to_dict(trajectory: Trajectory) -> dict:
+    """The trajectory as the JSON object of its line in trajectories.jsonl (a writer of another format starts here)."""
+    return record_converter.unstructure(trajectory)
+
+
+def trajectory_from_dict(data: dict) -> Trajectory:
+    """The Trajectory of a decoded line of trajectories.jsonl or batch_N.jsonl."""
+    return from_json(data, Trajectory)
+
+
 def _format_exception(exc: BaseException, type_) -> str:
     # A validator's ValueError (raised by the class itself, so no type) is a sentence meant for the user.
     if isinstance(exc, ValueError) and type_ is None and str(exc):

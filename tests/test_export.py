@@ -7,9 +7,9 @@ import pytest
 
 from hermes_batch.export import parse_splits, split_of
 from hermes_batch.testing.openai_finetune import check_line
-from hermes_batch.testing.run_folders import SHAPES, ShapeScript, answer_for, run_shapes, shape_rows
-from hermes_batch.testing.run_folders import invoke as hb
-from hermes_batch.testing.run_folders import read_jsonl as lines
+from hermes_batch.testing import SHAPES, ShapeScript, answer_for, run_shapes, shape_rows
+from hermes_batch.testing import read_jsonl as lines
+from hermes_batch.testing import run_cli as hb
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ def _pyproject(folder: Path) -> dict:
 def test_every_distribution_is_found():
     names = {folder.name for folder in PLUGIN_FOLDERS}
     assert {"hermes_batch_docker", "hermes_batch_singularity", "hermes_batch_modal", "hermes_batch_example",
-            "hermes_batch_toolbox"} <= names
+            "hermes_batch_toolbox", "hermes_batch_filters", "hermes_batch_parquet"} <= names
     # no stray pyproject.toml elsewhere: a distribution outside these homes would escape the checks below
     found = {path.parent for path in REPO.glob("**/pyproject.toml") if ".venv" not in path.parts and "build" not in path.parts}
     assert found == {REPO, *PLUGIN_FOLDERS}

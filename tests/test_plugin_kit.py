@@ -54,3 +54,11 @@ def test_new_plugin_refuses_a_bad_name_or_an_existing_folder(tmp_path):
     (tmp_path / "hermes-batch-taken").mkdir()
     result = runner.cli("new-plugin", "taken", "--directory", str(tmp_path))
     assert result.exit_code == 2 and "already exists" in result.output
+
+
+def test_final_answer_is_the_last_answer_without_its_reasoning():
+    from hermes_batch.testing import make_trajectory
+
+    assert make_trajectory(answer="Forty-two.", reasoning="Six sevens.").final_answer == "Forty-two."
+    assert make_trajectory(answer="Plain.", reasoning=None).final_answer == "Plain."
+    assert make_trajectory(completed=False).final_answer is None  # cut by turns, time or the context

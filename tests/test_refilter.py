@@ -15,9 +15,10 @@ from hermes_batch.resume import scan_finished
 from hermes_batch.runfolder import RunFolder
 from hermes_batch.serialization import from_json
 from hermes_batch.testing.fixtures import TEST_API_KEY
-from hermes_batch.testing.run_folders import SHAPES, ShapeScript, run_args, run_shapes, shape_rows
-from hermes_batch.testing.run_folders import invoke as hb
-from hermes_batch.testing.run_folders import read_jsonl as lines
+from hermes_batch.testing import SHAPES, ShapeScript, run_shapes, shape_rows
+from hermes_batch.testing import read_jsonl as lines
+from hermes_batch.testing import run_cli as hb
+from hermes_batch.testing.run_folders import run_args
 from hermes_batch_filters import FinalAnswerFilter
 
 SEED_FILTERS = ["--filter", "no-reasoning", "--filter", "hallucinated-tools"]

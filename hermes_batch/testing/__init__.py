@@ -30,6 +30,7 @@ _EXPORTS = {
     "Runner": "runner",
     "tool_outputs": "runner",
     "make_trajectory": "records",
+    "make_filter": "records",
     "ToolsetHarness": "toolsets",
     "TEST_API_KEY": "runner",
     "write_dataset": "fixtures",
@@ -38,6 +39,13 @@ _EXPORTS = {
     "png_for": "images",
     "png_size": "images",
     "data_url_bytes": "images",
+    "ShapeScript": "run_folders",
+    "SHAPES": "run_folders",
+    "shape_rows": "run_folders",
+    "answer_for": "run_folders",
+    "run_shapes": "run_folders",
+    "run_cli": "run_folders",
+    "read_jsonl": "run_folders",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -45,7 +53,8 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from .fixtures import wait_for, write_dataset
     from .images import data_url_bytes, png_for, png_size, solid_png
-    from .records import make_trajectory
+    from .records import make_filter, make_trajectory
+    from .run_folders import SHAPES, ShapeScript, answer_for, read_jsonl, run_cli, run_shapes, shape_rows
     from .runner import TEST_API_KEY, Runner, tool_outputs
     from .sandbox_contract import SandboxContract
     from .toolsets import ToolsetHarness

@@ -48,3 +48,14 @@ def make_trajectory(**overrides: Any) -> Trajectory:
         fields["metadata"] = metadata
     fields.update(overrides)
     return Trajectory(**fields)
+
+
+def make_filter(spec: str, pm=None):
+    """The filter ``--filter SPEC`` selects (``NAME[:OPTIONS]``), its options structured as the command line does.
+
+    ``pm``: a plugin manager (default: the core's plugins and the installed ones).
+    """
+    from hermes_batch import get_plugin_manager
+    from hermes_batch.selection import plugin
+
+    return plugin((pm or get_plugin_manager()).registry(), "filters", spec, "--filter")

@@ -88,7 +88,7 @@ def shape_rows(shapes: Iterable[str], copies: int = 1) -> list[dict]:
     return rows
 
 
-def invoke(*args, ok: bool = True):
+def run_cli(*args, ok: bool = True):
     """``hermes-batch ARGS`` in-process (click's runner); with ``ok``, fail unless it exits 0."""
     from click.testing import CliRunner
 

@@ -4,40 +4,34 @@ import json
 import random
 
 import pytest
-from click.testing import CliRunner
 
-from hermes_batch.cli import cli
-from hermes_batch.filtering import RunFilter
-from hermes_batch.plugins import collect, get_plugin_manager
-from hermes_batch.records import Trajectory
-from hermes_batch.selection import filters as select_filters
-from hermes_batch.serialization import from_json
-from hermes_batch.testing.fixtures import model_server  # noqa: F401 (fixture)
-from hermes_batch.testing.run_folders import SHAPES, ShapeScript, answer_for, run_shapes, shape_rows
-from hermes_batch.testing.run_folders import invoke as hb
-from hermes_batch.testing.run_folders import read_jsonl as lines
+import hermes_batch
+from hermes_batch import RunFilter, trajectory_from_dict
+from hermes_batch.testing import SHAPES, ShapeScript, answer_for, make_filter, run_shapes, shape_rows
+from hermes_batch.testing import read_jsonl as lines
+from hermes_batch.testing import run_cli as hb
 from hermes_batch_filters.near_duplicates import MinHasher, band_layout
 
 
 @pytest.fixture
-def shapes_run(tmp_path, model_server):  # noqa: F811
+def shapes_run(tmp_path, model_server):
     server = model_server(script=ShapeScript())
     return run_shapes(tmp_path, server, shape_rows(SHAPES, 1), extra=["--no_filters"])
 
 
 def verdicts(run_dir, *specs):
     """prompt text -> the reasons the filters give, for every record of the run."""
-    registry = collect(get_plugin_manager())
-    chosen = select_filters(registry, specs, whole_run=True)
+    pm = hermes_batch.get_plugin_manager()
+    chosen = [make_filter(spec, pm) for spec in specs]
     out = {}
     for record in lines(run_dir / "trajectories.jsonl"):
-        traj = from_json(record, Trajectory)
+        traj = trajectory_from_dict(record)
         out[traj.conversations[1].value] = [r for f in chosen if (r := f.check(traj)) is not None]
     return out
 
 
 def test_the_plugin_registers_every_filter():
-    names = collect(get_plugin_manager()).names("filters")
+    names = hermes_batch.get_plugin_manager().registry().names("filters")
     for name in ("max-tool-errors", "min-tool-calls", "final-answer", "repetition", "length", "near-duplicates"):
         assert name in names
 
@@ -83,13 +77,13 @@ def test_length(shapes_run):
     assert all(r and r[0].endswith("completion tokens, fewer than 1000000") for r in found.values())
 
 
-def test_whole_run_filters_are_refused_by_run(tmp_path, model_server):  # noqa: F811
+def test_whole_run_filters_are_refused_by_run(tmp_path, model_server):
     server = model_server(script=ShapeScript())
-    result = CliRunner().invoke(cli, [
-        "run", "--dataset_file", str(tmp_path / "x.jsonl"), "--batch_size", "2", "--run_name", "r",
-        "--output_dir", str(tmp_path / "out"), "--api_key", "k", "--base_url", server.base_url,
-        "--filter", "near-duplicates",
-    ])
+    result = hb(
+        "run", "--dataset_file", tmp_path / "x.jsonl", "--batch_size", "2", "--run_name", "r",
+        "--output_dir", tmp_path / "out", "--api_key", "k", "--base_url", server.base_url,
+        "--filter", "near-duplicates", ok=False,
+    )
     assert result.exit_code == 2
     assert "apply it afterwards with 'hermes-batch refilter'" in result.output
     assert server.request_count == 0
@@ -119,7 +113,7 @@ def test_band_layout_separates_around_the_threshold():
     assert hit(0.95) > 0.999 and hit(0.9) > 0.95 and hit(0.5) < 0.01
 
 
-def test_planted_near_duplicates_are_found_and_nothing_else(tmp_path, model_server):  # noqa: F811
+def test_planted_near_duplicates_are_found_and_nothing_else(tmp_path, model_server):
     server = model_server(script=ShapeScript())
     groups = {f"g{group}": [f"[dup] g{group} {variant}" for variant in range(1 + group % 3)] for group in range(6)}
     prompts = [p for members in groups.values() for p in members] + [f"[long] distinct {n}" for n in range(12)]
@@ -153,11 +147,11 @@ def test_planted_near_duplicates_are_found_and_nothing_else(tmp_path, model_serv
 
 
 def test_near_duplicates_is_a_run_filter():
-    registry = collect(get_plugin_manager())
+    registry = hermes_batch.get_plugin_manager().registry()
     assert issubclass(registry.get("filters", "near-duplicates"), RunFilter)
 
 
-def test_a_run_applies_the_filters_with_their_options(tmp_path, model_server):  # noqa: F811
+def test_a_run_applies_the_filters_with_their_options(tmp_path, model_server):
     server = model_server(script=ShapeScript())
     folder = run_shapes(tmp_path, server, shape_rows(["ok", "fail", "cut", "loop"], 1),
                         extra=["--filter", "final-answer", "--filter", "max-tool-errors:0.6", "--filter", "repetition:times=4"])

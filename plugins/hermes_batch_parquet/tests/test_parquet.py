@@ -6,15 +6,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hermes_batch.testing.fixtures import model_server  # noqa: F401 (fixture)
-from hermes_batch.testing.run_folders import SHAPES, ShapeScript, answer_for, run_shapes, shape_rows
-from hermes_batch.testing.run_folders import invoke as hb
-from hermes_batch.testing.run_folders import read_jsonl as lines
+from hermes_batch.testing import SHAPES, ShapeScript, answer_for, run_shapes, shape_rows
+from hermes_batch.testing import read_jsonl as lines
+from hermes_batch.testing import run_cli as hb
 from hermes_batch_parquet import SCHEMA
 
 
 @pytest.fixture
-def run_dir(tmp_path, model_server):  # noqa: F811
+def run_dir(tmp_path, model_server):
     server = model_server(script=ShapeScript())
     return run_shapes(tmp_path, server, shape_rows(SHAPES, 2), extra=["--writer", "jsonl", "--writer", "parquet"])
 

@@ -27,9 +27,7 @@ from typing import Iterable
 import attrs
 import numpy as np
 
-from hermes_batch.filtering import RunFilter
-from hermes_batch.openai_format import final_answer
-from hermes_batch.records import Trajectory
+from hermes_batch import RunFilter, Trajectory
 
 from .rules import _at_least
 
@@ -54,7 +52,7 @@ def _threshold_range(_instance, attribute, value):
 def text_of(trajectory: Trajectory, over: str) -> str:
     """What is compared: the final answer, or every non-system turn."""
     if over == "answer":
-        return final_answer(trajectory)
+        return trajectory.final_answer or ""
     return "\n".join(turn.value for turn in trajectory.conversations if turn.from_ != "system")
 
 

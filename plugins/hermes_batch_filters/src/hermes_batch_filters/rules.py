@@ -7,9 +7,7 @@ from typing import Optional
 
 import attrs
 
-from hermes_batch.interfaces import Filter
-from hermes_batch.openai_format import final_answer
-from hermes_batch.records import Trajectory
+from hermes_batch import Filter, Trajectory
 
 _v = attrs.validators
 
@@ -86,7 +84,7 @@ class FinalAnswerFilter(Filter):
             return f"ended by {end}, not by a final answer"
         if trajectory.partial or not trajectory.completed:
             return "ended before a final answer"
-        answer = final_answer(trajectory).strip()
+        answer = (trajectory.final_answer or "").strip()
         if len(answer) < self.config.min_chars:
             if not answer:
                 return "the final answer is empty"

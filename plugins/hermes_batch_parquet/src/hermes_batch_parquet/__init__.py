@@ -12,7 +12,7 @@ from __future__ import annotations
 import attrs
 
 import hermes_batch
-from hermes_batch.writers import FileWriter
+from hermes_batch import FileWriter
 
 
 @attrs.frozen

@@ -8,9 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hermes_batch.records import SCHEMA_VERSION, Trajectory
-from hermes_batch.serialization import trajectory_to_dict
-from hermes_batch.writers import Sink
+from hermes_batch import SCHEMA_VERSION, Sink, Trajectory, trajectory_to_dict
 
 TOOL_CALL = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
 TURN = pa.struct([("from", pa.string()), ("value", pa.string()), ("tool_calls", pa.list_(TOOL_CALL))])
