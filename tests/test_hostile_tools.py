@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import write_dataset
+from hermes_batch.testing import write_dataset
 
 from hermes_batch.default_plugins import local_processes
 from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
@@ -40,7 +40,7 @@ def test_file_tools_on_a_fifo_end_at_once_and_the_run_exits(model_server, runner
     runner.server = model_server(fifo_script)
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "Play with a pipe."}])
     started = time.monotonic()
-    proc = runner.spawn(dataset, "run", "--no_filters", "--command_timeout", "20")
+    proc = runner.spawn(dataset, "--no_filters", "--command_timeout", "20")
     try:
         _out, err = proc.communicate(timeout=120)
     finally:

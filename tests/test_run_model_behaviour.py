@@ -284,7 +284,7 @@ def test_tool_calls_beyond_the_per_turn_cap_are_answered_but_not_run(model_serve
     script = ToolLoopScript(tool_calls=1, calls_per_turn=300, command="echo ran-{call} >> calls.log; sleep 30")
     runner.server = model_server(script)
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "Call everything at once."}])
-    result = runner.invoke(dataset, "run", "--max_tool_calls_per_turn", "2", "--command_timeout", "1", "--no_filters")
+    result = runner.invoke(dataset, "--max_tool_calls_per_turn", "2", "--command_timeout", "1", "--no_filters")
     assert result.exit_code == 0, result.output
     (trajectory,) = runner.records("trajectories.jsonl")
     responses = [
@@ -302,6 +302,6 @@ def test_tool_calls_beyond_the_per_turn_cap_are_answered_but_not_run(model_serve
 
 def test_the_per_turn_cap_must_be_positive(runner, tmp_path):
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "hi"}])
-    result = runner.invoke(dataset, "run", "--max_tool_calls_per_turn", "0")
+    result = runner.invoke(dataset, "--max_tool_calls_per_turn", "0")
     assert result.exit_code == 2
     assert "--max_tool_calls_per_turn must be at least 1, got 0." in result.output

@@ -19,7 +19,7 @@ from urllib.parse import quote
 import pytest
 from click.testing import CliRunner
 
-from conftest import write_dataset
+from hermes_batch.testing import write_dataset
 
 from hermes_batch.cli import cli
 from hermes_batch.config import RunConfig
