@@ -13,7 +13,7 @@ import pytest
 
 from hermes_batch.config import RunConfig
 from hermes_batch.dataset import iter_rows
-from hermes_batch.errors import UsageError
+from hermes_batch.errors import HermesBatchError, UsageError
 from hermes_batch.interfaces import PromptJob
 from hermes_batch.plan import build_processor, make_plan
 from hermes_batch.plugins import get_plugin_manager
@@ -69,6 +69,15 @@ def test_the_plan_holds_the_decisions_of_the_run(tmp_path, model_server):
     assert (plan.model.max_concurrent_requests, plan.agent.max_turns) == (7, 10)
 
 
+def test_the_plan_keeps_filter_and_writer_specs_with_their_options(tmp_path, model_server):
+    server = model_server()
+    plan = plan_of(config(tmp_path, server, filters=("no-reasoning:0.5",), writers=("jsonl", "openai:reasoning=drop")))
+    assert (plan.filters, plan.writers) == (("no-reasoning:0.5",), ("jsonl", "openai:reasoning=drop"))
+    assert plan_of(config(tmp_path, server)).filters == ("no-reasoning", "hallucinated-tools")  # the defaults, named
+    with pytest.raises(HermesBatchError, match="Invalid options for the filter no-reasoning"):
+        plan_of(config(tmp_path, server, filters=("no-reasoning:nope",)))  # refused before anything is sent
+
+
 def test_the_plan_survives_pickling_unchanged(tmp_path, model_server):
     plan = plan_of(config(tmp_path, model_server()))
     assert pickle.loads(pickle.dumps(plan)) == plan
@@ -76,7 +85,7 @@ def test_the_plan_survives_pickling_unchanged(tmp_path, model_server):
 
 def test_planning_refuses_before_anything_is_sent(tmp_path, model_server):
     server = model_server()
-    with pytest.raises(UsageError, match="Unknown sandbox backend 'nowhere'"):
+    with pytest.raises(UsageError, match="Unknown --sandbox 'nowhere'; installed: .*local"):
         plan_of(config(tmp_path, server, sandbox="nowhere"))
     assert server.request_count == 0
 
