@@ -4,6 +4,9 @@ Everything a plugin needs is importable from here (see ``__all__``); test helper
 are in :mod:`hermes_batch.testing`.  Other modules are internal and may change.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 import pluggy
 
 __version__ = "0.1.0"
@@ -48,7 +51,6 @@ from .interfaces import (  # noqa: E402
     Writer,
 )
 from .output import BoundedOutput, FirstBytes  # noqa: E402
-from .plan import RunPlan, build_processor  # noqa: E402
 from .plugins import PluginManager, get_plugin_manager  # noqa: E402
 from .ratelimit import CallLimiter  # noqa: E402
 from .records import (  # noqa: E402
@@ -144,3 +146,23 @@ __all__ = [
     "trajectory_from_dict",
     "__version__",
 ]
+
+# The run engine loads the model SDKs: imported at first use, so that a plugin's
+# ``import hermes_batch`` stays light.
+_LAZY = {"RunPlan": "plan", "build_processor": "plan"}
+
+if TYPE_CHECKING:
+    from .plan import RunPlan, build_processor
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
