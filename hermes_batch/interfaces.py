@@ -200,6 +200,9 @@ class SandboxBackend(abc.ABC):
     description: ClassVar[str] = ""
     Config: ClassVar[type] = NoOptions
     ignores_images: ClassVar[bool] = False  # True: rows' images are not used (the run warns once)
+    # True: a prompt's sandbox starts opening beside its first model request; False: at its first tool call,
+    # for backends where a sandbox costs more than the wait (a prompt that calls no tool then never opens one)
+    open_early: ClassVar[bool] = True
 
     def __init__(self, config: Any, run: "RunContext"):
         self.config = config

@@ -16,6 +16,7 @@ from .errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeou
 from .interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
 from .journal import current_prompt
 from .records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
+from .sandbox_start import OpeningSandbox, SandboxCloser
 from .toolsets import PromptToolsets
 
 log = logging.getLogger("hermes_batch.prompt")
@@ -40,6 +41,11 @@ class PromptProcessor:
     agent: AgentSettings
     verbose: bool = False
     runtimes: Mapping = attrs.Factory(dict)  # toolset name -> ToolsetRuntime
+    closer: SandboxCloser = attrs.field(factory=SandboxCloser, init=False)  # sandboxes closed once they are open
+
+    async def aclose(self) -> None:
+        """Wait for the sandboxes still being opened when their prompts ended to be closed."""
+        await self.closer.drain()
 
     async def process(self, job: PromptJob) -> Union[Trajectory, Failure]:
         row: PromptRow = job.row
@@ -62,7 +68,10 @@ class PromptProcessor:
         tools = {tool.name: tool for name in job.toolsets for tool in self.toolsets[name]}
         say = self._logger(job) if self.verbose else None
         await self.backend.prepare_image(row.image)  # shared by every prompt of the image, so not on its clock
-        sandbox = None
+        spec = SandboxSpec(self.run_name, row.prompt_index, row.content_key, row.image, row.cwd)
+        sandbox = OpeningSandbox(self.backend, spec, self.closer, label=f"[B{job.batch_num}:P{row.prompt_index}]")
+        if tools and self.backend.open_early:
+            sandbox.start()  # beside the first model request, which does not need it; a tool call waits for it
 
         def count_usage(usage, journaled):  # model calls made by tools count in the prompt's usage and the run's
             state.usage = state.usage + usage
@@ -71,10 +80,8 @@ class PromptProcessor:
 
         sessions = PromptToolsets({n: self.runtimes[n] for n in job.toolsets if n in self.runtimes}, count_usage)
         try:
-            # the deadline covers the session from opening the sandbox; closing it is outside, so it always happens
+            # the deadline covers the session and the open of the sandbox; closing is outside, so it always happens
             async with asyncio.timeout(self.agent.prompt_timeout) as deadline:
-                spec = SandboxSpec(self.run_name, row.prompt_index, row.content_key, row.image, row.cwd)
-                sandbox = await self.backend.open(spec)
                 ctx = ToolContext(
                     sandbox, command_timeout=self.agent.command_timeout, max_output_chars=self.agent.max_output_chars,
                     toolsets=sessions,
@@ -94,8 +101,7 @@ class PromptProcessor:
             try:
                 await sessions.aclose()  # a browser context, say; before the sandbox, and also on errors and Ctrl-C
             finally:
-                if sandbox is not None:
-                    await sandbox.close()
+                await sandbox.close()  # at once when it is open; one still opening is closed when it is
         specs = tuple(tool.spec() for tool in tools.values())
         metadata = Metadata(
             batch_num=job.batch_num,
@@ -106,7 +112,7 @@ class PromptProcessor:
             row=row.extra,
             seed=self.seed,
             sandbox=self.backend.name,
-            image=(sandbox.image if sandbox is not None else "") or row.image or "",  # -S image=... too
+            image=sandbox.image or row.image or "",  # -S image=... too, when the sandbox was opened
             cwd=row.cwd or "",
             tools_offered=tuple(tools),
             end_reason=result.end_reason,
