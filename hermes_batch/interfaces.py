@@ -392,9 +392,19 @@ class Writer(abc.ABC):
     def __init__(self, config: Any = None):
         self.config = self.Config() if config is None else config
 
+    can_append: ClassVar[bool] = False
+    """True when :meth:`append` can add trajectories to the end of ``filename``: a resume then merges only
+    the new batches instead of writing everything again."""
+    filename: ClassVar[Optional[str]] = None  # the main file, in the run folder (required with can_append)
+
     @abc.abstractmethod
     def write(self, run_dir, trajectories: Iterable[Trajectory]) -> Optional[str]:
         """Write the output files into ``run_dir``; return the main file's name."""
+
+    def append(self, path, trajectories: Iterable[Trajectory]) -> None:
+        """Add ``trajectories`` at the end of the file ``path`` durably (flushed and fsynced), writing nothing
+        else: the merge may cut the file back to an earlier size before it calls this."""
+        raise NotImplementedError(f"the {self.name} writer cannot append")
 
 
 @attrs.frozen

@@ -16,7 +16,8 @@ import attrs
 import pluggy
 
 from . import (
-    __version__, cleanup, dataset, distributions, limits, notices, refilter, reindex, runfolder, selection, toolsets,
+    __version__, bookkeeping, cleanup, dataset, distributions, limits, notices, refilter, reindex, rowkeys, runfolder,
+    selection, toolsets,
 )
 from .agent import AgentSettings
 from .config import RunConfig
@@ -32,7 +33,6 @@ from .processor import PromptProcessor, now_iso
 from .progress import Progress
 from .redaction import Redactor
 from .records import Checkpoint, Discarded, Failure, SessionInfo
-from .resume import plan_resume, scan_finished
 from .run_context import RunContext
 from .runfolder import (
     AppendLog,
@@ -148,13 +148,15 @@ class Run:
         self.prefill = load_prefill(cfg.prefill_messages_file)
         notices.routing_elsewhere(cfg)
 
-        self.report = dataset.validate_dataset(cfg.dataset_file, max_samples=cfg.max_samples)
+        # on a resume over the same file, the report and row keys of the last session (rowkeys.py)
+        self.validated = rowkeys.validate(cfg.dataset_file, cfg.max_samples, self.folder if cfg.resume else None)
+        self.report = self.validated.report
         if self.report.invalid and not cfg.skip_invalid:
             raise DatasetError(dataset.format_problems(self.report), self.report.problems)
         if self.report.valid == 0:
             raise DatasetError(f"{cfg.dataset_file} holds no valid prompt; add rows with a non-empty \"prompt\".")
         notices.ignored_images(self.report, self.backend_cls, cfg.dataset_file)
-        self.dataset_fingerprint = reindex.fingerprint(cfg.dataset_file)
+        self.dataset_fingerprint = self.validated.fingerprint
 
         self._check_folder()
         try:
@@ -249,18 +251,21 @@ class Run:
             concurrent.futures.ThreadPoolExecutor(self.concurrency + 4, thread_name_prefix="hermes-batch")
         )
         fresh = not self.folder.has_outputs()
-        finished, to_run = collections.Counter(), self.report.valid
+        self.index = bookkeeping.RunIndex(self.folder)
+        self.plan = rowkeys.plan(self.validated.keys, None)
         if cfg.resume:
             try:
                 # off the event loop, like the merge: reading a big run folder must not make Ctrl-C wait
-                finished, to_run = await run_off_loop(self._read_run_folder)
+                self.plan = await run_off_loop(self._read_run_folder)
             except (asyncio.CancelledError, Stopped):
                 return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
-        self.previously_finished = sum(finished.values())
+        self.previously_finished = self.plan.finished
+        to_run = self.report.valid - self.plan.skipped
         client = self.client = self.client_cls(self._model_settings())
         self.context = RunContext(cfg.run_name, self.folder.dir, self.seed, cfg.verbose, cfg.log_prefix_chars, pool)
         backend = self.backend_cls(self.backend_config, self.context)
-        self.previous_cost = reported_cost(self.folder) if cfg.resume and cfg.max_cost is not None else 0.0
+        if cfg.resume and cfg.max_cost is not None:
+            self.previous_cost = reported_cost(self.folder, self.index.journal_totals())
         # Before the run folder is touched and any sandbox started: a dead engine or a refused key
         # costs nothing to fix.  The engine goes first, since the preflight costs a model request.
         try:
@@ -276,6 +281,8 @@ class Run:
         try:
             self.folder.create()
             self._write_run_json()
+            rowkeys.save(self.folder, self.validated, cfg.max_samples)
+            self.validated.keys.digests = self.validated.keys.indexes = None  # matched: 16 bytes a row less
             client.journal = self.journal = CallJournal(journal_path(self.folder.dir), self._session_number())
             notices.skipped_lines(self.report, self.folder, cfg.dataset_file, cfg.max_samples)
             # on record from the start, so a session killed before its first batch completes still counts
@@ -314,7 +321,7 @@ class Run:
             for runtime in self.runtimes.values():
                 await runtime.start(self.context, client)
             self.progress.start()
-            jobs = self._jobs(plan_resume(dataset.iter_rows(cfg.dataset_file, max_samples=cfg.max_samples), finished))
+            jobs = self._jobs(rowkeys.rows_left(cfg.dataset_file, cfg.max_samples, self.plan.left))
             await self.executor.run(jobs, processor, self._on_outcome, self.concurrency)
         except asyncio.CancelledError:
             interrupted = True
@@ -324,7 +331,6 @@ class Run:
             self.progress.stop()
             for runtime in self.runtimes.values():
                 await _quietly(runtime.shutdown())
-            await _quietly(processor.aclose())  # sandboxes of ended prompts that were still opening
             await _quietly(backend.shutdown())
             await _quietly(client.aclose())
             if self._recording:  # outcomes being written when Ctrl-C came: they are saved, so they count
@@ -376,14 +382,15 @@ class Run:
             "--max_cost to continue."
         )
 
-    def _read_run_folder(self) -> tuple:
-        """What a resume starts from: (finished content keys, prompts still to run), the folder repaired."""
+    def _read_run_folder(self) -> rowkeys.Plan:
+        """What a resume starts from, the folder repaired: the rows left, from the indexes and the row keys."""
         refilter.recover_files(self.folder)  # an interrupted refilter's files, before anything reads them
+        if (self.folder.dir / reindex.STAGING).is_dir():
+            self.index.drop()  # the records may be rewritten under their indexes
         reindex.recover(self.folder)
         self._repair_torn_tails()
         self._reindex()
-        finished = scan_finished(self.folder)
-        return finished, (self._count_to_run(finished) if finished else self.report.valid)
+        return rowkeys.plan(self.validated.keys, self.index.finished_digests())
 
     def _repair_torn_tails(self) -> None:
         # also in files this session will never append to, so every file parses when the resume ends
@@ -400,13 +407,11 @@ class Run:
             return
         result = reindex.reindex(self.folder, cfg.dataset_file, cfg.batch_size)
         reindex.warn(result)
+        if result.rewritten:
+            self.index.drop()  # the records moved: their indexes are built again from them
         if result.rewritten and self.previous is not None:
             # batch numbers changed meaning; the batches of this session will be recorded again
             self.previous = attrs.evolve(self.previous, completed_batches=())
-
-    def _count_to_run(self, finished: collections.Counter) -> int:
-        rows = dataset.iter_rows(self.config.dataset_file, max_samples=self.config.max_samples)
-        return sum(1 for _ in plan_resume(runfolder.stoppable(rows), collections.Counter(finished)))
 
     def _jobs(self, rows):
         size = self.config.batch_size
@@ -434,19 +439,17 @@ class Run:
     async def _record_outcome(self, job: PromptJob, outcome) -> None:
         outcome = self.redactor.record(outcome)
         if isinstance(outcome, Failure):
-            await self.failed_logs["failed"].append(to_json_line(outcome))
-            kind = "failed"
-            record = outcome
+            kind, record, log_ = "failed", outcome, self.failed_logs["failed"]
         else:
             rejected = [(f.name, reason) for f in self.filters if (reason := f.check(outcome)) is not None]
             if rejected:
                 record = Discarded(outcome, tuple(n for n, _ in rejected), tuple(r for _, r in rejected))
-                await self.failed_logs["discarded"].append(to_json_line(record))
-                kind = "discarded"
+                kind, log_ = "discarded", self.failed_logs["discarded"]
             else:
-                record = outcome
-                await self._batch_log(job.batch_num).append(to_json_line(outcome))
-                kind = "kept"
+                kind, record, log_ = "kept", outcome, self._batch_log(job.batch_num)
+        self.index.touch(kind, job.batch_num)  # before the append: the index covers what the file held
+        await log_.append(to_json_line(record))
+        self.index.add(kind, job.batch_num, record)
         self.counts[kind] += 1
         self.progress.ended(kind)
         self.tracker.finished(job.batch_num)
@@ -462,6 +465,7 @@ class Run:
         log_ = self.batch_logs.pop(batch, None)
         if log_ is not None:
             log_.close()
+        self.index.close_batch(batch)
         self.completed_batches.add(batch)
         self._save_checkpoint(interrupted=False)
 
@@ -534,12 +538,16 @@ class Run:
         return stats
 
     def _merge_and_count(self, checkpoint: Checkpoint) -> dict:
+        self.index.close()
+        aggregate, finish_times, batches = self.index.totals()
         try:
-            merge_run(self.folder, self.writers)
+            merge_run(self.folder, self.writers, batches=batches)
         except OSError as exc:  # a writer plugin's own write
             raise runfolder.write_error(self.folder.dir, exc) from exc
         stats = build_statistics(
             self.folder,
+            totals=(aggregate, finish_times),
+            journal=self.index.journal_totals(),
             filters_run=tuple(f.name for f in self.filters),
             sessions=checkpoint.sessions,
             invalid_skipped_total=self.report.invalid,
