@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -44,6 +45,7 @@ INDEX_DIR = "index"
 VERSION = 1
 _EDGE = 4096  # bytes hashed at each end of what an index covers
 _KINDS = {"kept": Trajectory, "discarded": Discarded, "failed": Failure}
+_BATCH_INDEX_RE = re.compile(r"batch_(\d+)\.json")
 
 
 def pack_array(values: array.array) -> str:
@@ -169,8 +171,18 @@ class RunIndex:
     # --- files ---------------------------------------------------------------------------------
 
     def sources(self) -> list[tuple[Path, str]]:
-        """Every record file of the run with its kind, batch files in batch order."""
-        paths = [(path, "kept") for _num, path in self.folder.iter_batch_files()]
+        """Every record file of the run with its kind, batch files in batch order.
+
+        A batch file deleted once the run was final (its trajectories are in the merged output) is still
+        listed while its index is there: its prompts stay finished.
+        """
+        batches = dict(self.folder.iter_batch_files())
+        if self.dir.is_dir():
+            for entry in os.scandir(self.dir):
+                match = _BATCH_INDEX_RE.fullmatch(entry.name)
+                if match and int(match.group(1)) not in batches:
+                    batches[int(match.group(1))] = self.folder.batch_path(int(match.group(1)))
+        paths = [(batches[num], "kept") for num in sorted(batches)]
         return paths + [(self.folder.discarded, "discarded"), (self.folder.failed, "failed")]
 
     def path_of(self, source: Path) -> Path:
@@ -181,6 +193,8 @@ class RunIndex:
         if source.name in self.open:
             return self.open[source.name]
         index, changed = self._read(source, kind), False
+        if index is not None and kind == "kept" and not source.exists():
+            return index  # a batch file deleted once the run was final: what it held is in the merged output
         end = covered_end(source)
         if index is None or index.covered > end or index.edges != edges(source, index.covered):
             if index is not None or end:

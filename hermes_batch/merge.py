@@ -91,6 +91,16 @@ def _load_state(folder: RunFolder) -> dict:
     return {}
 
 
+def _usable(saved, names: frozenset) -> bool:
+    try:
+        return (saved["tools"] == sorted(names) and isinstance(saved["batches"], list)
+                and isinstance(saved["size"], int) and isinstance(saved["edges"], str)
+                and len(saved["ends"]) == len(saved["edges_at"])
+                and all(isinstance(end, int) for end in saved["ends"]))
+    except (KeyError, TypeError):
+        return False
+
+
 def _same_prefix(previous: list, current: list) -> int:
     """How many batches at the start are unchanged since the last merge."""
     same = 0
@@ -123,54 +133,71 @@ def merge_run(folder: RunFolder, writers: Sequence[Writer], tool_names: Iterable
         names.update(batch.tools)
     names = frozenset(names)
     current = [[b.num, b.covered, b.edges] for b in batches if b.kept]
-    state = _load_state(folder)
-    previous = state.get("batches", []) if state.get("tools") == sorted(names) else []
-    same = _same_prefix(previous, current)
-    outputs, new_writers = {}, {}
+    deleted = {num for num, _covered, _edges in current if not folder.batch_path(num).exists()}
+    saved_states = _load_state(folder).get("writers", {})
+    outputs, states = {}, {}
     appended = rewritten = 0
     for writer in writers:
-        saved = state.get("writers", {}).get(writer.name) if previous else None
-        filename = saved and saved.get("file")
-        path = folder.dir / filename if isinstance(filename, str) else None
-        ends = saved.get("ends", []) if saved else []
-        unchanged = same == len(previous) == len(current)
-        if path is not None and unchanged and _intact(path, saved["size"], saved["edges"]) \
-                and os.path.getsize(path) == saved["size"]:
-            outputs[writer.name], new_writers[writer.name] = filename, saved
-            continue
-        if path is not None and getattr(writer, "can_append", False) and same and len(ends) == len(previous) \
-                and _intact(path, ends[same - 1], saved["edges_at"][same - 1]):
-            ends = ends[:same]
-            _cut(path, ends[-1])
-            _append(writer, folder, path, names, current[same:], ends)
-            appended += len(current) - same
-            outputs[writer.name] = filename
-        elif getattr(writer, "can_append", False):
-            path = folder.dir / writer.filename
-            ends = _write_appending(writer, folder, path, names, current)
-            rewritten += len(current)
-            outputs[writer.name] = filename = writer.filename
-        else:
-            filename = writer.write(folder.dir, iter_merged(folder, names, [b[0] for b in current]))
-            outputs[writer.name] = filename
-            rewritten += len(current)
-            path = folder.dir / filename if isinstance(filename, str) else None
-            ends = []
-        new_writers[writer.name] = _writer_state(path, filename, ends)
+        saved = saved_states.get(writer.name)
+        if not _usable(saved, names):
+            saved = None  # none, damaged, or of other tool names (a new tool name changes every line)
+        filename, state, counts = _merge_writer(folder, writer, names, current, deleted, saved)
+        outputs[writer.name] = filename
+        if state is not None:
+            states[writer.name] = state
+        appended, rewritten = appended + counts[0], rewritten + counts[1]
     (folder.dir / INDEX_DIR).mkdir(exist_ok=True)
-    atomic_write_text(folder.dir / INDEX_DIR / STATE, json.dumps(
-        {"version": VERSION, "tools": sorted(names), "batches": current, "writers": new_writers}) + "\n")
+    atomic_write_text(folder.dir / INDEX_DIR / STATE, json.dumps({"version": VERSION, "writers": states}) + "\n")
     kept = sum(b.kept for b in batches)
     return MergeResult(trajectories=kept, tool_names=tuple(sorted(names)), outputs=outputs, appended=appended,
                        rewritten=rewritten)
 
 
-def _writer_state(path: Optional[Path], filename, ends: list) -> dict:
-    if path is None or not path.exists():
-        return {"file": filename, "size": -1, "edges": "", "ends": [], "edges_at": []}
-    size = os.path.getsize(path)
-    return {"file": filename, "size": size, "edges": edges(path, size), "ends": ends,
-            "edges_at": [edges(path, end) for end in ends]}
+def _merge_writer(folder: RunFolder, writer: Writer, names: frozenset, current: list, deleted: set,
+                  saved: Optional[dict]) -> tuple:
+    """Bring one writer's output up to date: (its file name, its new state, (batches appended, written))."""
+    previous = saved["batches"] if saved else []
+    same = _same_prefix(previous, current)
+    filename = saved and saved.get("file")
+    path = folder.dir / filename if isinstance(filename, str) else None
+    ends = saved.get("ends", []) if saved else []
+    if path is not None and same == len(previous) == len(current) and _intact(path, saved["size"], saved["edges"]) \
+            and os.path.getsize(path) == saved["size"]:
+        return filename, saved, (0, 0)
+    can_append = getattr(writer, "can_append", False)
+    appending = path is not None and can_append and same > 0 and len(ends) == len(previous) \
+        and _intact(path, ends[same - 1], saved["edges_at"][same - 1])
+    missing = sorted(deleted & {b[0] for b in current[same if appending else 0:]})
+    if missing:
+        # batch files deleted once the run was final: what they held exists only in the output
+        log.warning("%s is left as it was: it would have to be written again from batch_%d.jsonl, which was "
+                    "deleted; the trajectories of this session stay in their batch files.",
+                    filename or writer.name, missing[0])
+        return filename, saved, (0, 0)
+    if appending:
+        ends = ends[:same]
+        _cut(path, ends[-1])
+        _append(writer, folder, path, names, current[same:], ends)
+        counts = (len(current) - same, 0)
+    elif can_append:
+        filename = writer.filename
+        path = folder.dir / filename
+        ends = _write_appending(writer, folder, path, names, current)
+        counts = (0, len(current))
+    else:
+        filename = writer.write(folder.dir, iter_merged(folder, names, [b[0] for b in current]))
+        path = folder.dir / filename if isinstance(filename, str) else None
+        ends, counts = [], (0, len(current))
+    return filename, _writer_state(path, filename, ends, names, current), counts
+
+
+def _writer_state(path: Optional[Path], filename, ends: list, names: frozenset, current: list) -> dict:
+    state = {"file": filename, "tools": sorted(names), "batches": current, "size": -1, "edges": "", "ends": [],
+             "edges_at": []}
+    if path is not None and path.exists():
+        size = os.path.getsize(path)
+        state.update(size=size, edges=edges(path, size), ends=ends, edges_at=[edges(path, end) for end in ends])
+    return state
 
 
 def _cut(path: Path, size: int) -> None:

@@ -318,3 +318,18 @@ def test_the_row_plan_counts_duplicates_and_keeps_the_multiset_at_8_bytes_a_prom
     assert list(plan.left) == [1, 3]  # the third "a" and "b" still run
     assert (plan.finished, plan.skipped, plan.unmatched) == (3, 3, 0)
     assert finished.itemsize == 8
+
+
+def test_once_final_the_batch_files_can_go_and_a_resume_runs_only_new_prompts(tmp_path, runner, model_server):
+    prompts, data = finished_run(tmp_path, runner, model_server, 10)
+    folder = runner.folder()
+    for path in folder.glob("batch_*.jsonl"):
+        path.unlink()
+    more = prompts + [f"task {i}: list the files" for i in range(10, 15)]
+    data = write_dataset(tmp_path / "data.jsonl", rows(more))
+    second = model_server(FAST)
+    result = runner.invoke(data, "run", *BASE, "--resume", server=second)
+    assert result.exit_code == 0, result.output
+    assert {p for p in more if second.calls_for(p)} == set(more[10:])  # the deleted batches' prompts stay done
+    assert_merged_once(runner, more)  # the new batch appended to what the output held
+    assert json.loads((folder / "statistics.json").read_text())["prompts"]["kept"] == 15
