@@ -9,9 +9,11 @@ peak memory stays under 300 MB for both; the disk of a finished run is at most
 The big run folder is built synthetically: a real run of a few hundred prompts
 against the scripted model server gives the template records, which are copied
 with new prompts, indexes and content keys (their journal lines too).  The
-bookkeeping files a run of this version keeps beside the records (the per-batch
-index, the dataset's key index) are built by the library from those copies, as
-the run that wrote them would have.  "Outside model and tool calls" is the
+indexes a run of this version keeps beside the records (index/) are built with
+the library's own classes as each copy is written, as the run that wrote them
+would have; the first resume then checks them against the files.  The folder
+with a share left is the same run cut off before its last prompts (the merge
+of the resume then only appends).  "Outside model and tool calls" is the
 resume's wall time minus that of a fresh run of just the prompts left.
 
     python bench/bench_big_resume.py [--prompts 1000000] [--batch_size 1000] [--left 0.01] [--workdir DIR]
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -66,44 +67,72 @@ def _template_records(folder: Path) -> tuple[list[dict], dict]:
     return records, calls
 
 
+def _line_template(record: dict) -> str:
+    """The record as one JSON line with markers where each copy's prompt, index, batch and key go."""
+    marked = dict(record, prompt_index="@@INDEX@@")
+    marked["conversations"] = [dict(t, value="@@PROMPT@@") if t["from"] == "human" else t
+                               for t in record["conversations"]]
+    marked["metadata"] = dict(record["metadata"], batch_num="@@BATCH@@", content_key="@@KEY@@")
+    return json.dumps(marked, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+def _fill(template: str, index: int, batch: int, prompt: str, key: str) -> str:
+    return (template.replace('"@@INDEX@@"', str(index)).replace('"@@BATCH@@"', str(batch))
+            .replace("@@PROMPT@@", prompt).replace("@@KEY@@", key))
+
+
 def build_folder(template: Path, out: Path, name: str, prompts: int, batch_size: int, left: float) -> Path:
-    """A finished run of ``prompts`` prompts (every 1/left-th one not finished) in ``out/name``."""
+    """A finished run of ``prompts`` prompts (the last ``left`` share not run yet) in ``out/name``."""
     from hermes_batch import reindex
-    from hermes_batch.records import content_key
+    from hermes_batch.records import Trajectory, content_key
+    from hermes_batch.serialization import from_json
 
     records, calls = _template_records(template)
+    lines = [_line_template(r) for r in records]
+    call_lines = ["".join(json.dumps(dict(entry, prompt_index="@@INDEX@@"), separators=(",", ":")) + "\n"
+                          for entry in calls.get(t, ())) for t in range(len(records))]
+    structured = [from_json(r, Trajectory) for r in records]
+    try:
+        from hermes_batch import bookkeeping, rowkeys
+        from hermes_batch.aggregate import epoch, key_digest
+        from hermes_batch.runfolder import RunFolder
+    except ImportError:  # a version that scans the records instead of keeping indexes
+        bookkeeping = None
+    epochs = [epoch(r["metadata"]["timestamp"]) for r in records] if bookkeeping else []
     folder = out / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     dataset = write_dataset(out / f"{name}.jsonl", prompts)
-    skip_every = round(1 / left) if left else 0
-    sep = (",", ":")
-    finished = 0
+    done = prompts - round(prompts * left)
+    run_index = bookkeeping.RunIndex(RunFolder(out, name)) if bookkeeping else None
+    index = None
+    ends: list = []  # where each batch ends in trajectories.jsonl
     with open(folder / "trajectories.jsonl", "w") as merged, open(folder / "calls.jsonl", "w") as journal:
         journal.write('{"event":"journal","first_session":0}\n')
         batch_file = None
-        for i in range(prompts):
+        for i in range(done):
+            batch = i // batch_size
             if i % batch_size == 0:
                 if batch_file:
                     batch_file.close()
-                batch_file = open(folder / f"batch_{i // batch_size}.jsonl", "w")
-            template_index = i % len(records)
-            for entry in calls.get(template_index, ()):
-                journal.write(json.dumps(dict(entry, prompt_index=i), separators=sep) + "\n")
-            if skip_every and i % skip_every == skip_every - 1:
-                continue
-            record = dict(records[template_index])
+                    _save(run_index, index)
+                    ends.append(merged.tell())
+                batch_file = open(folder / f"batch_{batch}.jsonl", "w")
+                index = run_index and bookkeeping.FileIndex(folder / f"batch_{batch}.jsonl", "kept")
+            t = i % len(records)
+            journal.write(call_lines[t].replace('"@@INDEX@@"', str(i)))
             text = prompt_text(i)
-            record["prompt_index"] = i
-            record["conversations"] = [dict(t, value=text) if t["from"] == "human" else t
-                                       for t in record["conversations"]]
-            record["metadata"] = dict(record["metadata"], batch_num=i // batch_size,
-                                      content_key=content_key(text, None, None))
-            line = json.dumps(record, ensure_ascii=False, separators=sep) + "\n"
+            key = content_key(text, None, None)
+            line = _fill(lines[t], i, batch, text, key)
             batch_file.write(line)
             merged.write(line)
-            finished += 1
+            if index is not None:  # what the run adds to the index as it writes each record
+                index.aggregate.add(structured[t])
+                index.digests.append(key_digest(key))
+                index.epochs.append(epochs[t])
         batch_file.close()
+        _save(run_index, index)
+        ends.append(merged.tell())
     run = json.loads((template / "run.json").read_text())
     run["config"]["batch_size"] = batch_size
     run["config"]["dataset_file"] = str(dataset)
@@ -111,12 +140,32 @@ def build_folder(template: Path, out: Path, name: str, prompts: int, batch_size:
                       "valid": prompts}
     (folder / "run.json").write_text(json.dumps(run, indent=2))
     checkpoint = json.loads((template / "checkpoint.json").read_text())
-    checkpoint.update(run_name=name, batch_size=batch_size, prompts_finished=finished, completed_prompts=finished,
-                      completed_batches=list(range((prompts + batch_size - 1) // batch_size)))
-    (folder / "checkpoint.json").write_text(json.dumps(checkpoint))
+    checkpoint.update(run_name=name, batch_size=batch_size, prompts_finished=done, completed_prompts=done,
+                      completed_batches=list(range(done // batch_size)))
+    (folder / "checkpoint.json").write_text(json.dumps(checkpoint) + "\n")
     shutil.copy(template / "statistics.json", folder / "statistics.json")
-    build_bookkeeping(folder, dataset, batch_size)
+    if run_index is not None:
+        run_index.journal_totals()
+        rowkeys.build(RunFolder(out, name), dataset, None)
+        _save_merge_state(run_index, folder, ends)
     return folder
+
+
+def _save_merge_state(run_index, folder: Path, ends: list) -> None:
+    """index/merged.json as the merge that wrote trajectories.jsonl would have left it."""
+    from hermes_batch import merge
+
+    _total, _times, batches = run_index.totals()
+    names = frozenset().union(*(b.tools for b in batches))
+    current = [[b.num, b.covered, b.edges] for b in batches if b.kept]
+    state = merge._writer_state(folder / "trajectories.jsonl", "trajectories.jsonl", ends, names, current)
+    (folder / "index" / merge.STATE).write_text(json.dumps({"version": merge.VERSION, "writers": {"jsonl": state}}))
+
+
+def _save(run_index, index) -> None:
+    if index is not None:
+        index.seal()
+        run_index.save(index)
 
 
 def write_dataset(path: Path, prompts: int) -> Path:
@@ -124,15 +173,6 @@ def write_dataset(path: Path, prompts: int) -> Path:
         for i in range(prompts):
             fh.write(json.dumps({"prompt": prompt_text(i)}) + "\n")
     return path
-
-
-def build_bookkeeping(folder: Path, dataset: Path, batch_size: int) -> None:
-    """The index files the run that wrote ``folder`` would have left (versions that keep them)."""
-    try:
-        from hermes_batch import bookkeeping
-    except ImportError:
-        return  # a version that scans the records instead
-    bookkeeping.build_for_bench(folder, dataset, batch_size)
 
 
 def disk_use(folder: Path) -> tuple[int, int]:
