@@ -341,36 +341,3 @@ def _journal_from_state(state: dict) -> JournalTotals:
         requests_by_provider=Counter(state["requests_by_provider"]),
         errors_by_provider=Counter(state["errors_by_provider"]), latency_ms=latency,
     )
-
-
-def build_for_bench(folder: Path, dataset_file: Path, batch_size: int) -> None:
-    """The indexes a run leaves, for bench/bench_big_resume.py's synthetic folders of kept records (copies of a
-    few real ones): built by adding each record, as the run that wrote them would have."""
-    from . import rowkeys
-    from .serialization import from_json
-
-    run_folder = RunFolder(folder.parent, folder.name)
-    run_index = RunIndex(run_folder)
-    templates: dict = {}
-    for source, kind in run_index.sources():
-        if not source.exists():
-            continue
-        index = FileIndex(source, kind)
-        with open(source, "rb") as handle:
-            for raw in handle:
-                data = json.loads(raw)
-                meta = data["metadata"]
-                # copies that differ only in their prompt, index and key count alike: structured once
-                turns = [dict(t, value="") if t["from"] == "human" else t for t in data["conversations"]]
-                shape = json.dumps(dict(data, prompt_index=0, conversations=turns,
-                                        metadata=dict(meta, content_key="", batch_num=0)), sort_keys=True)
-                template = templates.get(shape)
-                if template is None:
-                    template = templates[shape] = from_json(data, _KINDS[kind])
-                index.aggregate.add(template)
-                index.digests.append(key_digest(meta["content_key"]))
-                index.epochs.append(epoch(meta["timestamp"]))
-        index.seal()
-        run_index.save(index)
-    run_index.journal_totals()
-    rowkeys.build(run_folder, dataset_file, None)
