@@ -46,6 +46,7 @@ VERSION = 1
 _EDGE = 4096  # bytes hashed at each end of what an index covers
 _KINDS = {"kept": Trajectory, "discarded": Discarded, "failed": Failure}
 _BATCH_INDEX_RE = re.compile(r"batch_(\d+)\.json")
+_RECORD_INDEX_RE = re.compile(r"(batch_\d+|discarded|failed|merged)\.json")
 
 
 def pack_array(values: array.array) -> str:
@@ -229,11 +230,15 @@ class RunIndex:
         atomic_write_text(self.path_of(index.source), index.to_json())
 
     def drop(self) -> None:
-        """Forget every index (the records were rewritten): they are built again when next needed."""
+        """Forget the indexes of the record files and the merge's state (the records were rewritten, so the
+        merged output is too): they are built again from the records when next needed."""
         self.open.clear()
         if self.dir.is_dir():
             for entry in os.scandir(self.dir):
-                if entry.name.endswith(".json") and entry.is_file(follow_symlinks=False):
+                deleted_batch = _BATCH_INDEX_RE.fullmatch(entry.name) and not self.folder.batch_path(
+                    int(entry.name[6:-5])).exists()  # its prompts stay finished (see sources)
+                if _RECORD_INDEX_RE.fullmatch(entry.name) and not deleted_batch \
+                        and entry.is_file(follow_symlinks=False):
                     os.unlink(entry.path)
 
     # --- a session -------------------------------------------------------------------------------
