@@ -37,7 +37,7 @@ import attrs
 from .aggregate import Aggregate, epoch, key_digest
 from .journal import JournalTotals, finish_totals, journal_path, scan_journal
 from .records import Discarded, Failure, Trajectory, Usage
-from .runfolder import RunFolder, _fsync_dir, atomic_write_text, read_records
+from .runfolder import RunFolder, _fsync_dir, atomic_write_text, check_stop, read_records
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,12 @@ _EDGE = 4096  # bytes hashed at each end of what an index covers
 _KINDS = {"kept": Trajectory, "discarded": Discarded, "failed": Failure}
 _BATCH_INDEX_RE = re.compile(r"batch_(\d+)\.json")
 _RECORD_INDEX_RE = re.compile(r"(batch_\d+|discarded|failed|merged)\.json")
+_INDEX_FILE_RE = re.compile(r"(batch_\d+|discarded|failed|merged|calls|dataset)\.json")
+
+
+def is_index_file(name: str) -> bool:
+    """True for the name of a file a run writes in index/ (temporary files aside)."""
+    return _INDEX_FILE_RE.fullmatch(name) is not None
 
 
 def pack_array(values: array.array) -> str:
@@ -247,6 +253,7 @@ class RunIndex:
         """The digests of every finished prompt (kept or discarded), sorted: the multiset a resume matches."""
         digests = array.array("Q")
         for source, kind in self.sources():
+            check_stop()  # a resume reads these off the event loop: Ctrl-C stops it between files
             if kind != "failed":
                 digests.extend(self.load(source, kind).digests)
         return array.array("Q", sorted(digests))

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
 
@@ -35,7 +34,7 @@ import attrs
 from .bookkeeping import INDEX_DIR, BatchState, RunIndex, edges
 from .interfaces import Writer
 from .records import Trajectory
-from .runfolder import RunFolder, _fsync_dir, atomic_write_text, check_stop, read_records
+from .runfolder import RunFolder, _create_temp, _fsync_dir, atomic_write_text, check_stop, read_records
 
 log = logging.getLogger(__name__)
 
@@ -209,13 +208,14 @@ def _cut(path: Path, size: int) -> None:
 def _append(writer: Writer, folder: RunFolder, path: Path, names: frozenset, batches: list, ends: list) -> None:
     """Append each batch's lines in turn, noting where each ends."""
     for num, _covered, _edges in batches:
+        check_stop()  # Ctrl-C: stop between batches; the next merge goes on from the last whole one
         writer.append(path, batch_trajectories(folder.batch_path(num), names))
         ends.append(os.path.getsize(path))
 
 
 def _write_appending(writer: Writer, folder: RunFolder, path: Path, names: frozenset, batches: list) -> list:
     """All of an appending writer's output, batch by batch into a temporary file renamed over it at the end."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temp(path)  # named so that a start after a kill removes it (cleanup.py)
     os.close(fd)
     ends: list = []
     try:

@@ -19,7 +19,7 @@ from typing import Optional
 
 import attrs
 
-from . import dataset, reindex
+from . import dataset, reindex, runfolder
 from .aggregate import key_digest
 from .bookkeeping import INDEX_DIR, pack_array, unpack_array
 from .records import content_key
@@ -129,7 +129,7 @@ def plan(keys: RowKeys, finished: array.array) -> Plan:
     claimed = bytearray(len(finished))
     left = array.array("Q")
     size = len(finished)
-    for digest, index in zip(keys.digests, keys.indexes):
+    for digest, index in runfolder.stoppable(zip(keys.digests, keys.indexes), 1 << 16):
         at = bisect.bisect_left(finished, digest)
         while at < size and finished[at] == digest and claimed[at]:
             at += 1
