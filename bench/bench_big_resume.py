@@ -198,24 +198,25 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=1000)
     parser.add_argument("--left", type=float, default=0.01, help="share left to run in the second folder (0: skip)")
     parser.add_argument("--workdir", type=Path, help="kept between invocations (the template is reused)")
-    parser.add_argument("--resumes", type=int, default=2, help="resumes of the finished folder to time")
+    parser.add_argument("--resumes", type=int, default=2, help="resumes of the finished folder to time (0: skip it)")
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-big-"))
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "runs"
     with model_server(0.0, tool_calls=2) as url:
         template = make_template(workdir, url)
-        started = time.perf_counter()
-        folder = build_folder(template, out, "finished", args.prompts, args.batch_size, 0.0)
-        print(f"built {args.prompts} finished prompts in {time.perf_counter() - started:.0f} s", flush=True)
-        dataset = out / "finished.jsonl"
-        for n in range(args.resumes):
-            report(f"--resume of the finished run ({n + 1})",
-                   measure_run(run_args(dataset, out, "finished", url, args.batch_size, "--resume")))
-        total, data = disk_use(folder)
-        print(f"disk of the finished run: {total / 1e9:.2f} GB, records + merged output {data / 1e9:.2f} GB, "
-              f"ratio {total / data:.3f}", flush=True)
-        shutil.rmtree(folder)
+        if args.resumes:
+            started = time.perf_counter()
+            folder = build_folder(template, out, "finished", args.prompts, args.batch_size, 0.0)
+            print(f"built {args.prompts} finished prompts in {time.perf_counter() - started:.0f} s", flush=True)
+            dataset = out / "finished.jsonl"
+            for n in range(args.resumes):
+                report(f"--resume of the finished run ({n + 1})",
+                       measure_run(run_args(dataset, out, "finished", url, args.batch_size, "--resume")))
+            total, data = disk_use(folder)
+            print(f"disk of the finished run: {total / 1e9:.2f} GB, records + merged output {data / 1e9:.2f} GB, "
+                  f"ratio {total / data:.3f}", flush=True)
+            shutil.rmtree(folder)
         if args.left:
             left = round(args.prompts * args.left)
             folder = build_folder(template, out, "partial", args.prompts, args.batch_size, args.left)

@@ -250,13 +250,13 @@ class RunIndex:
     # --- a session -------------------------------------------------------------------------------
 
     def finished_digests(self) -> array.array:
-        """The digests of every finished prompt (kept or discarded), sorted: the multiset a resume matches."""
+        """The digests of every finished prompt (kept or discarded): the multiset a resume matches."""
         digests = array.array("Q")
         for source, kind in self.sources():
             check_stop()  # a resume reads these off the event loop: Ctrl-C stops it between files
             if kind != "failed":
                 digests.extend(self.load(source, kind).digests)
-        return array.array("Q", sorted(digests))
+        return digests
 
     def touch(self, kind: str, batch_num: int) -> None:
         """Call before the first append of this session to a file, so the index covers what was there before."""
