@@ -321,7 +321,7 @@ class RunIndex:
         if raw is None:
             raw, covered = JournalTotals(), 0
         end = scan_journal(path, raw, covered)
-        if end != covered or not saved.exists():
+        if path.exists() and (end != covered or not saved.exists()):
             if not self.dir.is_dir():
                 self.dir.mkdir(exist_ok=True)
             atomic_write_text(saved, json.dumps({"version": VERSION, "covered": end, "edges": edges(path, end),
