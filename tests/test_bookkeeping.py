@@ -24,7 +24,7 @@ from hermes_batch.merge import merge_run
 from hermes_batch.records import SessionInfo
 from hermes_batch.runfolder import RunFolder
 from hermes_batch.serialization import from_json
-from hermes_batch.statistics import RunInfo, build_statistics, scan_records
+from hermes_batch.statistics import RunInfo, build_statistics
 from hermes_batch.testing import Reply, RoutedScript, ToolLoopScript
 
 from conftest import write_dataset
@@ -249,7 +249,7 @@ def test_a_merge_cut_off_is_completed_by_the_next_resume(tmp_path, runner, model
 def test_a_changed_earlier_batch_rewrites_from_that_batch_on(tmp_path):
     folder = RunFolder(tmp_path, "run")
     folder.create()
-    records = _copies(tmp_path, 3)
+    records = _copies()
 
     def add(batch: int, line: bytes) -> None:
         with open(folder.batch_path(batch), "ab") as handle:
@@ -271,7 +271,7 @@ def test_a_changed_earlier_batch_rewrites_from_that_batch_on(tmp_path):
 def test_a_writer_that_cannot_append_writes_everything_only_when_something_changed(tmp_path):
     folder = RunFolder(tmp_path, "run")
     folder.create()
-    records = _copies(tmp_path, 2)
+    records = _copies()
 
     class Counting(Writer):
         name = "counting"
@@ -294,13 +294,13 @@ def test_a_writer_that_cannot_append_writes_everything_only_when_something_chang
     assert (folder.dir / "counted.txt").read_text() == "2"
 
 
-def _copies(tmp_path, count: int) -> list[bytes]:
+def _copies() -> list[bytes]:
     """Lines of kept records at prompt indexes 0, 5, 10, 6 (batch size 5) with distinct prompts and keys."""
     from hermes_batch.records import Metadata, ToolStat, Trajectory, Turn, content_key
     from hermes_batch.serialization import to_json_line
 
     lines = []
-    for index in (0, 5, 10, 6)[: max(count, 4)]:
+    for index in (0, 5, 10, 6):
         prompt = f"prompt {index}"
         meta = Metadata(index // 5, "2026-01-01T00:00:00", "m", content_key(prompt, None, None))
         traj = Trajectory(index, (Turn("human", prompt), Turn("gpt", "<think>x</think>done")), meta, True, False, 1,
