@@ -331,6 +331,7 @@ class Run:
             self.progress.stop()
             for runtime in self.runtimes.values():
                 await _quietly(runtime.shutdown())
+            await _quietly(processor.aclose())  # sandboxes of ended prompts that were still opening
             await _quietly(backend.shutdown())
             await _quietly(client.aclose())
             if self._recording:  # outcomes being written when Ctrl-C came: they are saved, so they count
