@@ -16,7 +16,13 @@ that is how the viewer is live.  A file that was replaced (``--overwrite``,
 a reindex) is noticed by its inode and first bytes, and the index is rebuilt.
 
 The index is cached in ``RUN_DIR/.hermes-batch-view/`` (elsewhere when the run
-folder is read-only), so the second start is a load, not a pass.
+folder is read-only), so the second start is a load, not a pass.  The cache is
+a list of segments, each the rows one save added (its columns and its search
+text), never changed once written: a save writes only the rows added since
+the index was loaded or last saved, so the report a run writes at its end
+costs what that run added, not what the whole run folder holds.  The counts
+the summary shows are kept as rows are added (:class:`Tallies`), so a summary
+never walks the rows either.
 """
 
 from __future__ import annotations
@@ -38,11 +44,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from .aggregates import Aggregates, Vocabulary
+from .aggregates import Aggregates, Tallies, Vocabulary
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: the cache in segments, with the tallies
 CACHE_DIR_NAME = ".hermes-batch-view"
 STATUSES = ("kept", "discarded", "failed")
 KEPT, DISCARDED, FAILED = range(3)
@@ -50,6 +56,8 @@ SEARCH_FIELD_CHARS = 4096  # of the prompt and of the answer: what the search lo
 _BATCH_RE = re.compile(r"batch_(\d+)\.jsonl")
 _HEAD_BYTES = 256
 _CHUNK = 4 * 1024 * 1024
+_MAX_SEGMENTS = 64  # a save past this many writes the cache again as one segment
+_FEW = 4096  # of a status: fewer rows than this are listed one by one to pick samples from
 
 # column name -> array typecode
 COLUMNS = {
@@ -201,6 +209,7 @@ class RunIndex:
         for name in ("end", "error"):
             self.vocab[name].id("")
         self.aggregates = Aggregates()
+        self.tallies = Tallies()
         self.columns = _Columns()
         # bumps when records are added or the index is rebuilt (never back: pages compare it)
         self.generation = getattr(self, "generation", -1) + 1
@@ -212,12 +221,26 @@ class RunIndex:
         if old is not None:
             old.unlink(missing_ok=True)
         self._blob_size = 0
+        self._use_parts([])
+        self._segments: list[dict] = []  # the cache's segments that hold this index's first rows: {dir, rows, bytes}
+
+    def _use_parts(self, parts: list) -> None:
+        """The search text before this process's own search file: the open search files of the loaded segments.
+
+        They stay open, so a segment that another process removes (it rebuilt
+        the cache) can still be searched.
+        """
+        for fh, _base, _size in getattr(self, "_parts", ()):
+            fh.close()
+        self._parts = parts  # [(open file, first byte, bytes)]
+        self._work_base = sum(size for _fh, _base, size in parts)  # where the search file's text starts
 
     def __len__(self) -> int:
         return len(self.columns)
 
 
     def close(self) -> None:
+        self._use_parts([])
         self.search_path.unlink(missing_ok=True)
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
@@ -389,62 +412,101 @@ class RunIndex:
         cols.filters.append(filters)
         cols.error.append(error)
         cols.key.append(_key_hash(str(key)))  # last: len(columns) counts whole rows only
+        # the duration as the column holds it (a 32-bit float), so the tallies say what the rows say
+        self.tallies.add(status, status != FAILED, status == DISCARDED, end, turns, cols.duration[-1], toolsets,
+                         filters)
         return 1
 
     # -- the cache ------------------------------------------------------------------------
 
     def save(self) -> None:
-        """Write a snapshot folder, then point the manifest at it (atomically): readers see the old one or the new."""
+        """Write the rows added since the last load or save as a new segment, then point the manifest at the list.
+
+        The manifest is replaced atomically: readers see the old list or the
+        new one, and segments are never changed, only removed once no manifest
+        lists them.  A list grown too long, or one whose segments another
+        process removed, is written again as one segment.
+        """
         if not self.persist:
             return
         with self._lock:
-            count = len(self.columns)
-            snapshot = self.cache_dir / f"snap-{os.getpid()}-{time.time_ns()}"
-            snapshot.mkdir()
-            for name in COLUMNS:
-                with open(snapshot / f"{name}.bin", "wb") as fh:
-                    getattr(self.columns, name)[:count].tofile(fh)
-            with open(self.search_path, "rb") as src, open(snapshot / "search.txt", "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-                dst.truncate(self._blob_size)
+            count, size = len(self.columns), self._blob_size
+            segments = list(self._segments)
+            if len(segments) >= _MAX_SEGMENTS or not all((self.cache_dir / seg["dir"]).is_dir() for seg in segments):
+                segments = []
+            first_row = sum(seg["rows"] for seg in segments)
+            first_byte = sum(seg["bytes"] for seg in segments)
+            if count > first_row or not segments:
+                segments.append(self._write_segment(first_row, count, first_byte, size))
             manifest = {
-                "version": INDEX_VERSION, "snapshot": snapshot.name, "count": count, "blob_size": self._blob_size,
+                "version": INDEX_VERSION, "segments": segments, "count": count, "blob_size": size,
                 "files": self.files, "sources": self.sources, "aggregates": self.aggregates.to_dict(),
-                "vocab": {name: v.values for name, v in self.vocab.items()},
+                "tallies": self.tallies.to_dict(), "vocab": {name: v.values for name, v in self.vocab.items()},
             }
             tmp = self.cache_dir / f"manifest.json.{os.getpid()}.tmp"
             tmp.write_text(json.dumps(manifest), encoding="utf-8")
             os.replace(tmp, self.cache_dir / "manifest.json")
+            self._segments = segments
+            kept = {seg["dir"] for seg in segments}
             for old in self.cache_dir.glob("snap-*"):
-                if old != snapshot:
+                if old.name not in kept:
                     shutil.rmtree(old, ignore_errors=True)
 
+    def _write_segment(self, first_row: int, count: int, first_byte: int, size: int) -> dict:
+        """A segment folder holding rows ``first_row:count`` and search bytes ``first_byte:size``."""
+        folder = self.cache_dir / f"snap-{os.getpid()}-{time.time_ns()}"
+        folder.mkdir()
+        for name in COLUMNS:
+            with open(folder / f"{name}.bin", "wb") as fh:
+                getattr(self.columns, name)[first_row:count].tofile(fh)
+        with open(folder / "search.txt", "wb") as dst:
+            for fh, base, length in [*self._parts, (None, self._work_base, size - self._work_base)]:
+                if base + length <= first_byte:
+                    continue
+                skip = max(0, first_byte - base)
+                src = fh if fh is not None else open(self.search_path, "rb")
+                try:
+                    src.seek(skip)
+                    _copy(src, dst, length - skip)
+                finally:
+                    if fh is None:
+                        src.close()
+        return {"dir": folder.name, "rows": count - first_row, "bytes": size - first_byte}
+
     def _load(self) -> None:
+        parts: list = []
         try:
             manifest = json.loads((self.cache_dir / "manifest.json").read_text(encoding="utf-8"))
             if manifest.get("version") != INDEX_VERSION:
                 raise ValueError(f"index version {manifest.get('version')}")
-            snapshot = self.cache_dir / manifest["snapshot"]
-            count = manifest["count"]
             columns = _Columns()
-            for name in COLUMNS:
-                with open(snapshot / f"{name}.bin", "rb") as fh:
-                    getattr(columns, name).fromfile(fh, count)
-            with open(snapshot / "search.txt", "rb") as src, open(self.search_path, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            if os.path.getsize(self.search_path) != manifest["blob_size"]:
-                raise ValueError("search file of another size")
+            base = 0
+            for seg in manifest["segments"]:
+                folder = self.cache_dir / seg["dir"]
+                for name in COLUMNS:
+                    with open(folder / f"{name}.bin", "rb") as fh:
+                        getattr(columns, name).fromfile(fh, seg["rows"])
+                parts.append((open(folder / "search.txt", "rb"), base, seg["bytes"]))
+                if os.fstat(parts[-1][0].fileno()).st_size != seg["bytes"]:
+                    raise ValueError("search file of another size")
+                base += seg["bytes"]
+            if len(columns) != manifest["count"] or base != manifest["blob_size"]:
+                raise ValueError("segments that do not add up")
             files, sources = manifest["files"], manifest["sources"]
-            aggregates = Aggregates(manifest["aggregates"])
+            aggregates, tallies = Aggregates(manifest["aggregates"]), Tallies(dict(manifest["tallies"]))
             vocab = {name: Vocabulary(tuple(v) if isinstance(v, list) else v for v in values)
                      for name, values in manifest["vocab"].items()}
         except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
+            for fh, _base, _size in parts:
+                fh.close()
             log.info("%s: no usable view index cache (%s); building it.", self.cache_dir, exc)
             self._reset()
             return
-        self.files, self.sources, self.aggregates, self.vocab = files, sources, aggregates, vocab
+        self.files, self.sources, self.aggregates, self.tallies, self.vocab = files, sources, aggregates, tallies, vocab
         self._blob_size = manifest["blob_size"]
         self.columns = columns
+        self._use_parts(parts)
+        self._segments = manifest["segments"]
         self.generation += 1
 
     # -- reading --------------------------------------------------------------------------
@@ -486,30 +548,94 @@ class RunIndex:
             return
         texts = self.columns.text
         end = self._blob_size if count == len(texts) else texts[count]
-        with open(self.search_path, "rb") as fh:
-            if os.fstat(fh.fileno()).st_size == 0:
-                return
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as blob:
-                pos = 0
-                while True:
-                    hit = blob.find(needle, pos, end)
-                    if hit < 0:
-                        return
-                    i = bisect_right(texts, hit, 0, count) - 1
-                    yield i
-                    pos = texts[i + 1] if i + 1 < count else end
+        with open(self.search_path, "rb") as work:
+            # each part holds whole lines and a needle holds no newline: no match spans two parts
+            for fh, base, size in [*self._parts, (work, self._work_base, end - self._work_base)]:
+                stop = min(size, end - base)
+                if stop <= 0 or os.fstat(fh.fileno()).st_size == 0:
+                    continue
+                with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+                    pos = 0
+                    while True:
+                        hit = blob.find(needle, pos, stop)
+                        if hit < 0:
+                            break
+                        i = bisect_right(texts, base + hit, 0, count) - 1
+                        yield i
+                        pos = (texts[i + 1] if i + 1 < count else end) - base
+
+    def rows_of(self, status: int) -> Iterator[int]:
+        """The record numbers of one status, in order (found in the column's bytes, not row by row)."""
+        column = self.columns.status[:len(self.columns)].tobytes()
+        code = bytes((status,))
+        i = column.find(code)
+        while i >= 0:
+            yield i
+            i = column.find(code, i + 1)
+
+    def spread(self, status: int, k: int, max_length: int) -> list:
+        """``k`` records of ``status`` no longer than ``max_length``, spread evenly (first and last included).
+
+        The same choice every time.  A status with many records is not listed:
+        the n-th record of it is found from counts of the status column's bytes
+        by blocks (a record longer than ``max_length`` gives way to the next).
+        """
+        length = self.columns.length
+        count = len(self.columns)
+        column = self.columns.status[:count].tobytes()
+        code = bytes((status,))
+        total = column.count(code)
+        if total <= max(k, _FEW):
+            return _spread([i for i in self.rows_of(status) if length[i] <= max_length], k)
+        block = 4096
+        blocks = [column.count(code, start, start + block) for start in range(0, count, block)]
+        step = (total - 1) / (k - 1) if k > 1 else 0
+        chosen: list = []
+        for j in range(k):
+            nth, start = round(j * step), 0
+            for n in blocks:  # the block that holds the nth record of the status
+                if nth < n:
+                    break
+                nth, start = nth - n, start + block
+            i = column.find(code, start)
+            for _ in range(nth):
+                i = column.find(code, i + 1)
+            while i >= 0 and (length[i] > max_length or (chosen and i <= chosen[-1])):
+                i = column.find(code, i + 1)
+            if i < 0:
+                break
+            chosen.append(i)
+        return chosen
 
     def still_failed(self) -> set:
         """Record numbers of failures whose prompt has no finished record (a later retry did not succeed)."""
-        cols = self.columns
-        status, keys = cols.status, cols.key
-        failed = [i for i in range(len(cols)) if status[i] == FAILED]
+        keys = self.columns.key
+        failed = list(self.rows_of(FAILED))
         if not failed:
             return set()
         failed_keys = {keys[i] for i in failed}
-        finished = Counter(keys[i] for i in range(len(cols)) if status[i] != FAILED and keys[i] in failed_keys)
+        # rows of any status with one of those keys, counted in C; less the failures, the finished ones remain
+        finished = Counter(filter(failed_keys.__contains__, keys[:len(self.columns)]))
+        finished.subtract(keys[i] for i in failed)
         latest = {}  # a prompt that failed in several sessions counts once, by its last failure
         for i in failed:
             if not finished[keys[i]]:
                 latest[keys[i]] = i
         return set(latest.values())
+
+
+def _spread(items: list, k: int) -> list:
+    """``k`` items spread evenly over ``items`` (first and last included): a sample that is the same every time."""
+    if len(items) <= k:
+        return items
+    step = (len(items) - 1) / (k - 1) if k > 1 else 0
+    return [items[round(j * step)] for j in range(k)]
+
+
+def _copy(src, dst, length: int) -> None:
+    while length > 0:
+        chunk = src.read(min(length, 1 << 20))
+        if not chunk:
+            raise OSError(f"{getattr(src, 'name', 'a search file')} ended before its recorded size")
+        dst.write(chunk)
+        length -= len(chunk)
