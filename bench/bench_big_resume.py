@@ -11,7 +11,8 @@ against the scripted model server gives the template records, which are copied
 with new prompts, indexes and content keys (their journal lines too).  The
 indexes a run of this version keeps beside the records (index/) are built with
 the library's own classes as each copy is written, as the run that wrote them
-would have; the first resume then checks them against the files.  The folder
+would have, and so is report.html with the view cache behind it; the first
+resume then checks the indexes against the files.  The folder
 with a share left is the same run cut off before its last prompts (the merge
 of the resume then only appends).  "Outside model and tool calls" is the
 resume's wall time minus that of a fresh run of just the prompts left.
@@ -148,6 +149,12 @@ def build_folder(template: Path, out: Path, name: str, prompts: int, batch_size:
         run_index.journal_totals()
         rowkeys.build(RunFolder(out, name), dataset, None)
         _save_merge_state(run_index, folder, ends)
+    try:  # report.html and its view cache, as the run's end would have left them
+        from hermes_batch.view import write_report
+    except ImportError:
+        pass
+    else:
+        write_report(folder)
     return folder
 
 
