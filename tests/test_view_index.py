@@ -186,14 +186,13 @@ def test_each_save_writes_only_the_rows_added_and_a_load_equals_a_full_pass(run_
 
 
 def test_a_cache_of_too_many_segments_or_one_removed_is_written_again_as_one(run_copy, monkeypatch):
-    from hermes_batch.view import index as index_module
+    from hermes_batch.view import cache as cache_module
 
     cache = run_copy / CACHE_DIR_NAME
-    RunIndex(run_copy).refresh() and None
     built = RunIndex(run_copy)
     built.refresh()
     built.save()
-    monkeypatch.setattr(index_module, "_MAX_SEGMENTS", 3)
+    monkeypatch.setattr(cache_module, "_MAX_SEGMENTS", 3)
     for n in range(3):
         with open(run_copy / "batch_2.jsonl", "ab") as fh:
             fh.write(_kept_line(run_copy, f"Prompt about otters number {n}.", 50 + n))

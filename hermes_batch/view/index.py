@@ -27,7 +27,6 @@ never walks the rows either.
 
 from __future__ import annotations
 
-import array
 import hashlib
 import itertools
 import json
@@ -38,17 +37,17 @@ import re
 import shutil
 import tempfile
 import threading
-import time
 from bisect import bisect_right
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from . import cache
+from .cache import _Columns
 from .aggregates import Aggregates, Tallies, Vocabulary
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 2  # 2: the cache in segments, with the tallies
 CACHE_DIR_NAME = ".hermes-batch-view"
 STATUSES = ("kept", "discarded", "failed")
 KEPT, DISCARDED, FAILED = range(3)
@@ -56,38 +55,8 @@ SEARCH_FIELD_CHARS = 4096  # of the prompt and of the answer: what the search lo
 _BATCH_RE = re.compile(r"batch_(\d+)\.jsonl")
 _HEAD_BYTES = 256
 _CHUNK = 4 * 1024 * 1024
-_MAX_SEGMENTS = 64  # a save past this many writes the cache again as one segment
 _FEW = 4096  # of a status: fewer rows than this are listed one by one to pick samples from
 
-# column name -> array typecode
-COLUMNS = {
-    "file": "H",  # index into RunIndex.files
-    "offset": "Q",
-    "length": "I",
-    "prompt": "q",  # prompt_index
-    "status": "B",  # KEPT, DISCARDED or FAILED
-    "turns": "I",  # model calls
-    "duration": "f",  # seconds
-    "tokens": "I",  # prompt + completion
-    "tools": "I",  # interned tuple of the tools called
-    "toolsets": "I",  # interned tuple of toolsets_used
-    "end": "H",  # interned end reason (finished records)
-    "filters": "H",  # interned tuple of filters (discarded records)
-    "error": "H",  # interned error kind (failed records)
-    "key": "Q",  # 64 bits of the content key: tells which failures were finished later
-    "text": "Q",  # offset of the record's line in the search file
-}
-
-
-class _Columns:
-    """The per-record arrays; swapped as a whole on a rebuild so readers never see half of one."""
-
-    def __init__(self):
-        for name, code in COLUMNS.items():
-            setattr(self, name, array.array(code))
-
-    def __len__(self) -> int:
-        return len(self.key)  # the column appended last: only whole rows count
 
 
 def _key_hash(content_key: str) -> int:
@@ -196,7 +165,7 @@ class RunIndex:
         _remove_orphans(self.cache_dir)
         self._reset()
         if persist:
-            self._load()
+            cache.load(self)
 
     # -- state --------------------------------------------------------------------------
 
@@ -420,94 +389,10 @@ class RunIndex:
     # -- the cache ------------------------------------------------------------------------
 
     def save(self) -> None:
-        """Write the rows added since the last load or save as a new segment, then point the manifest at the list.
-
-        The manifest is replaced atomically: readers see the old list or the
-        new one, and segments are never changed, only removed once no manifest
-        lists them.  A list grown too long, or one whose segments another
-        process removed, is written again as one segment.
-        """
-        if not self.persist:
-            return
-        with self._lock:
-            count, size = len(self.columns), self._blob_size
-            segments = list(self._segments)
-            if len(segments) >= _MAX_SEGMENTS or not all((self.cache_dir / seg["dir"]).is_dir() for seg in segments):
-                segments = []
-            first_row = sum(seg["rows"] for seg in segments)
-            first_byte = sum(seg["bytes"] for seg in segments)
-            if count > first_row or not segments:
-                segments.append(self._write_segment(first_row, count, first_byte, size))
-            manifest = {
-                "version": INDEX_VERSION, "segments": segments, "count": count, "blob_size": size,
-                "files": self.files, "sources": self.sources, "aggregates": self.aggregates.to_dict(),
-                "tallies": self.tallies.to_dict(), "vocab": {name: v.values for name, v in self.vocab.items()},
-            }
-            tmp = self.cache_dir / f"manifest.json.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(manifest), encoding="utf-8")
-            os.replace(tmp, self.cache_dir / "manifest.json")
-            self._segments = segments
-            kept = {seg["dir"] for seg in segments}
-            for old in self.cache_dir.glob("snap-*"):
-                if old.name not in kept:
-                    shutil.rmtree(old, ignore_errors=True)
-
-    def _write_segment(self, first_row: int, count: int, first_byte: int, size: int) -> dict:
-        """A segment folder holding rows ``first_row:count`` and search bytes ``first_byte:size``."""
-        folder = self.cache_dir / f"snap-{os.getpid()}-{time.time_ns()}"
-        folder.mkdir()
-        for name in COLUMNS:
-            with open(folder / f"{name}.bin", "wb") as fh:
-                getattr(self.columns, name)[first_row:count].tofile(fh)
-        with open(folder / "search.txt", "wb") as dst:
-            for fh, base, length in [*self._parts, (None, self._work_base, size - self._work_base)]:
-                if base + length <= first_byte:
-                    continue
-                skip = max(0, first_byte - base)
-                src = fh if fh is not None else open(self.search_path, "rb")
-                try:
-                    src.seek(skip)
-                    _copy(src, dst, length - skip)
-                finally:
-                    if fh is None:
-                        src.close()
-        return {"dir": folder.name, "rows": count - first_row, "bytes": size - first_byte}
-
-    def _load(self) -> None:
-        parts: list = []
-        try:
-            manifest = json.loads((self.cache_dir / "manifest.json").read_text(encoding="utf-8"))
-            if manifest.get("version") != INDEX_VERSION:
-                raise ValueError(f"index version {manifest.get('version')}")
-            columns = _Columns()
-            base = 0
-            for seg in manifest["segments"]:
-                folder = self.cache_dir / seg["dir"]
-                for name in COLUMNS:
-                    with open(folder / f"{name}.bin", "rb") as fh:
-                        getattr(columns, name).fromfile(fh, seg["rows"])
-                parts.append((open(folder / "search.txt", "rb"), base, seg["bytes"]))
-                if os.fstat(parts[-1][0].fileno()).st_size != seg["bytes"]:
-                    raise ValueError("search file of another size")
-                base += seg["bytes"]
-            if len(columns) != manifest["count"] or base != manifest["blob_size"]:
-                raise ValueError("segments that do not add up")
-            files, sources = manifest["files"], manifest["sources"]
-            aggregates, tallies = Aggregates(manifest["aggregates"]), Tallies(dict(manifest["tallies"]))
-            vocab = {name: Vocabulary(tuple(v) if isinstance(v, list) else v for v in values)
-                     for name, values in manifest["vocab"].items()}
-        except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
-            for fh, _base, _size in parts:
-                fh.close()
-            log.info("%s: no usable view index cache (%s); building it.", self.cache_dir, exc)
-            self._reset()
-            return
-        self.files, self.sources, self.aggregates, self.tallies, self.vocab = files, sources, aggregates, tallies, vocab
-        self._blob_size = manifest["blob_size"]
-        self.columns = columns
-        self._use_parts(parts)
-        self._segments = manifest["segments"]
-        self.generation += 1
+        """Write what was added since the last load or save to the cache (see cache.py)."""
+        if self.persist:
+            with self._lock:
+                cache.save(self)
 
     # -- reading --------------------------------------------------------------------------
 
@@ -630,12 +515,3 @@ def _spread(items: list, k: int) -> list:
         return items
     step = (len(items) - 1) / (k - 1) if k > 1 else 0
     return [items[round(j * step)] for j in range(k)]
-
-
-def _copy(src, dst, length: int) -> None:
-    while length > 0:
-        chunk = src.read(min(length, 1 << 20))
-        if not chunk:
-            raise OSError(f"{getattr(src, 'name', 'a search file')} ended before its recorded size")
-        dst.write(chunk)
-        length -= len(chunk)
