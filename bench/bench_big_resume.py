@@ -15,7 +15,10 @@ would have, and so is report.html with the view cache behind it; the first
 resume then checks the indexes against the files.  The folder
 with a share left is the same run cut off before its last prompts (the merge
 of the resume then only appends).  "Outside model and tool calls" is the
-resume's wall time minus that of a fresh run of just the prompts left.
+resume's wall time minus that of a fresh run of just the prompts left, and,
+measured within the one run (so it holds on a busy machine), the time from
+its start to its first model request plus that from its last answer to its
+exit (read off the growth of its call journal).
 
     python bench/bench_big_resume.py [--prompts 1000000] [--batch_size 1000] [--left 0.01] [--workdir DIR]
 """
@@ -194,9 +197,55 @@ def disk_use(folder: Path) -> tuple[int, int]:
     return total, data
 
 
+def timed_run(args: list[str], journal: Path) -> dict:
+    """measure_run, plus the run's serial ends read off its call journal: from the start to the first model
+    request written to ``journal``, and from the last line written to the exit.
+
+    Those two are the time a session spends outside model and tool calls
+    before and after them, measured within one run, so unlike a difference of
+    two runs' wall times they hold on a busy machine.
+    """
+    import threading
+
+    start_size = journal.stat().st_size if journal.exists() else 0
+    seen = {"first": None, "last": None}
+    done = threading.Event()
+
+    def watch() -> None:
+        size = start_size
+        while not done.is_set():
+            try:
+                now = journal.stat().st_size
+            except FileNotFoundError:
+                now = 0
+            if now > size:
+                stamp = time.perf_counter()
+                seen["first"] = seen["first"] or stamp
+                seen["last"], size = stamp, now
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    started = time.perf_counter()
+    watcher.start()
+    try:
+        result = measure_run(args)
+    finally:
+        done.set()
+        watcher.join()
+    ended = started + result["wall_s"]
+    if seen["first"] is not None:
+        result["to_first_call_s"] = seen["first"] - started
+        result["after_last_call_s"] = ended - seen["last"]
+    return result
+
+
 def report(label: str, result: dict) -> None:
+    ends = ""
+    if "to_first_call_s" in result:
+        ends = (f"  start to first model request {result['to_first_call_s']:5.1f} s, "
+                f"last answer to exit {result['after_last_call_s']:5.1f} s")
     print(f"{label:44s} wall {result['wall_s']:7.1f} s  cpu {result['cpu_s']:7.1f} s  "
-          f"peak {result['peak_rss_mb']:5.0f} MB", flush=True)
+          f"peak {result['peak_rss_mb']:5.0f} MB{ends}", flush=True)
 
 
 def main() -> None:
@@ -227,17 +276,23 @@ def main() -> None:
         if args.left:
             left = round(args.prompts * args.left)
             folder = build_folder(template, out, "partial", args.prompts, args.batch_size, args.left)
-            partial = measure_run(run_args(out / "partial.jsonl", out, "partial", url, args.batch_size, "--resume"))
+            partial = timed_run(run_args(out / "partial.jsonl", out, "partial", url, args.batch_size, "--resume"),
+                                folder / "calls.jsonl")
             report(f"--resume with {left} of {args.prompts} left", partial)
             shutil.rmtree(folder)
             fresh_dataset = workdir / "fresh.jsonl"
             with open(fresh_dataset, "w") as fh:
                 for i in range(left):
                     fh.write(json.dumps({"prompt": prompt_text(i)}) + "\n")
-            fresh = measure_run(run_args(fresh_dataset, out, "fresh", url, args.batch_size))
+            fresh = timed_run(run_args(fresh_dataset, out, "fresh", url, args.batch_size), out / "fresh" / "calls.jsonl")
             report(f"fresh run of {left} prompts", fresh)
             print(f"time outside model and tool calls: {partial['wall_s'] - fresh['wall_s']:.1f} s "
-                  f"(cpu {partial['cpu_s'] - fresh['cpu_s']:.1f} s)", flush=True)
+                  f"(cpu {partial['cpu_s'] - fresh['cpu_s']:.1f} s) as the difference of the two runs", flush=True)
+            if "to_first_call_s" in partial:
+                serial = partial["to_first_call_s"] + partial["after_last_call_s"]
+                print(f"the resume's own serial ends (before its first model request, after its last answer): "
+                      f"{serial:.1f} s, {serial - fresh['to_first_call_s'] - fresh['after_last_call_s']:.1f} s "
+                      "more than the fresh run's", flush=True)
             shutil.rmtree(out / "fresh")
     if not args.workdir:
         shutil.rmtree(workdir)
