@@ -128,6 +128,14 @@ class Tallies:
         if discarded:
             self.filters[filters] += 1
 
+    def copy(self) -> "Tallies":
+        other = Tallies()
+        other.status = list(self.status)
+        for name in ("end", "turns", "duration", "toolsets", "filters"):
+            setattr(other, name, Counter(getattr(self, name)))
+        other.model_calls = self.model_calls
+        return other
+
     def to_dict(self) -> dict:
         return {"status": self.status, "end": self.end, "turns": self.turns, "toolsets": self.toolsets,
                 "filters": self.filters, "model_calls": self.model_calls,

@@ -449,6 +449,11 @@ class RunIndex:
                         yield i
                         pos = (texts[i + 1] if i + 1 < count else end) - base
 
+    def tallies_now(self) -> Tallies:
+        """A copy of the tallies taken between two refreshes (the viewer summarizes in one thread, refreshes in another)."""
+        with self._lock:
+            return self.tallies.copy()
+
     def rows_of(self, status: int) -> Iterator[int]:
         """The record numbers of one status, in order (found in the column's bytes, not row by row)."""
         column = self.columns.status[:len(self.columns)].tobytes()

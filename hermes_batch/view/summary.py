@@ -39,11 +39,11 @@ def summarize(index: RunIndex) -> dict:
     stats = _read_json(run_dir / "statistics.json")
     run = _read_json(run_dir / "run.json") or {}
     checkpoint = _read_json(run_dir / "checkpoint.json") or {}
-    cols, vocab, agg, tallies = index.columns, index.vocab, index.aggregates, index.tallies
+    cols, vocab, agg, tallies = index.columns, index.vocab, index.aggregates, index.tallies_now()
     # the counts were kept as the rows were added: a summary never walks a million rows
     counts = dict(enumerate(tallies.status))
     still_failed = index.still_failed()
-    finished = len(cols) - counts[FAILED]
+    finished = sum(tallies.status) - counts[FAILED]
 
     end_reasons = Counter()
     for end_id, c in tallies.end.items():
