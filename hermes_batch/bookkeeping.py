@@ -74,15 +74,15 @@ def covered_end(path: Path) -> int:
     """Where the whole lines of a file end (a torn last line is never covered); 0 if it does not exist."""
     try:
         with open(path, "rb") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            end = size
+            end = handle.seek(0, os.SEEK_END)
+            step = 4096  # a whole file ends with its newline: one small read, at every load of a thousand indexes
             while end > 0:
-                start = max(0, end - 65536)
+                start = max(0, end - step)
                 handle.seek(start)
                 pos = handle.read(end - start).rfind(b"\n")
                 if pos >= 0:
                     return start + pos + 1
-                end = start
+                end, step = start, min(step * 4, 1 << 20)
             return 0
     except FileNotFoundError:
         return 0
