@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 from . import refilter
+from .bookkeeping import INDEX_DIR, is_index_file
 from .journal import JOURNAL_NAME
 from .notices import SKIPPED_LINES
 from .reindex import STAGING, UNMATCHED
@@ -55,7 +56,22 @@ def remove_outputs(folder: RunFolder, writer_files: Iterable[str] = (), *, kept:
     for path in output_files(folder, writer_files) + _temp_files(folder):
         removed += _unlink(path)
     removed += _remove_staging(folder, STAGING) + _remove_staging(folder, refilter.STAGING)
+    removed += _remove_index(folder)
     removed += _remove_sandbox_folders(folder, kept=kept)
+    return removed
+
+
+def _remove_index(folder: RunFolder) -> int:
+    """index/ (bookkeeping.py): its files and temporary files, and the folder if nothing else is in it."""
+    index = folder.dir / INDEX_DIR
+    if index.is_symlink() or not index.is_dir():
+        return 0
+    removed = sum(_unlink(Path(entry.path)) for entry in os.scandir(index)
+                  if is_index_file(entry.name) or is_temp_file(entry.name))
+    try:
+        index.rmdir()  # only when empty: anything else in it stays
+    except OSError:
+        pass
     return removed
 
 
@@ -81,6 +97,9 @@ def _remove_staging(folder: RunFolder, name: str) -> int:
 def remove_leftovers(folder: RunFolder) -> None:
     """Remove what a killed session left: temporary files of an atomic replace and unkept sandbox folders."""
     temps = sum(_unlink(path) for path in _temp_files(folder))
+    index = folder.dir / INDEX_DIR
+    if index.is_dir() and not index.is_symlink():
+        temps += sum(_unlink(Path(entry.path)) for entry in os.scandir(index) if is_temp_file(entry.name))
     sandboxes = _remove_sandbox_folders(folder, kept=False)
     if temps or sandboxes:
         log.warning(

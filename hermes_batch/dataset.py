@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import attrs
 
@@ -63,17 +63,24 @@ class DatasetReport:
         return self.invalid == 0
 
 
-def validate_dataset(path: PathLike, *, max_samples: Optional[int] = None) -> DatasetReport:
-    """Check every non-blank line (up to ``max_samples``) without holding the file in memory."""
+def validate_dataset(
+    path: PathLike, *, max_samples: Optional[int] = None, on_valid: Optional[Callable[[int, dict], None]] = None
+) -> DatasetReport:
+    """Check every non-blank line (up to ``max_samples``) without holding the file in memory.
+
+    ``on_valid(prompt_index, row)`` is called with each valid row, in order, as it is read.
+    """
     name = os.fspath(path)
     _check_arguments(name, max_samples)
     valid = invalid = total = 0
     problems: list[str] = []
     images: set[str] = set()
-    for line_number, _index, row, reason in _scan(name, max_samples):
+    for line_number, index, row, reason in _scan(name, max_samples):
         total += 1
         if reason is None:
             valid += 1
+            if on_valid is not None:
+                on_valid(index, row)
             image = row.get("image") or row.get("docker_image")
             if image is not None:
                 images.add(image)

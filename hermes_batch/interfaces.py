@@ -205,6 +205,9 @@ class SandboxBackend(abc.ABC):
     description: ClassVar[str] = ""
     Config: ClassVar[type] = NoOptions
     ignores_images: ClassVar[bool] = False  # True: rows' images are not used (the run warns once)
+    # True: a prompt's sandbox starts opening beside its first model request; False: at its first tool call,
+    # for backends where a sandbox costs more than the wait (a prompt that calls no tool then never opens one)
+    open_early: ClassVar[bool] = True
 
     def __init__(self, config: Any, run: "RunContext"):
         self.config = config
@@ -406,9 +409,19 @@ class Writer(abc.ABC):
     def __init__(self, config: Any = None):
         self.config = self.Config() if config is None else config
 
+    can_append: ClassVar[bool] = False
+    """True when :meth:`append` can add trajectories to the end of ``filename``: a resume then merges only
+    the new batches instead of writing everything again."""
+    filename: ClassVar[Optional[str]] = None  # the main file, in the run folder (required with can_append)
+
     @abc.abstractmethod
     def write(self, run_dir, trajectories: Iterable[Trajectory]) -> Optional[str]:
         """Write the output files into ``run_dir``; return the main file's name."""
+
+    def append(self, path, trajectories: Iterable[Trajectory]) -> None:
+        """Add ``trajectories`` at the end of the file ``path`` durably (flushed and fsynced), writing nothing
+        else: the merge may cut the file back to an earlier size before it calls this."""
+        raise NotImplementedError(f"the {self.name} writer cannot append")
 
 
 @attrs.frozen

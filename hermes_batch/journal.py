@@ -180,15 +180,27 @@ class JournalTotals:
 def read_journal(path) -> JournalTotals:
     """Sum up a calls.jsonl; a missing file gives empty totals, a bad line is skipped."""
     totals = JournalTotals()
+    scan_journal(path, totals)
+    return finish_totals(totals)
+
+
+def scan_journal(path, totals: JournalTotals, start: int = 0) -> int:
+    """Add the whole lines of a calls.jsonl from byte ``start`` on to ``totals``; return where they end.
+
+    The totals stay raw (requests without an answer not yet counted), so a later
+    call can go on from where this one ended: :func:`finish_totals` completes them.
+    """
     try:
         handle = open(path, "rb")
     except FileNotFoundError:
-        return totals
-    usage = Usage()
+        return start
+    end = start
     with handle:
+        handle.seek(start)
         for raw in handle:
             if not raw.endswith(b"\n"):
                 break  # a torn last line
+            end += len(raw)
             if raw.startswith(_SENT):  # half the lines: counted without decoding (millions on a big run)
                 totals.sent += 1
                 continue
@@ -212,7 +224,7 @@ def read_journal(path) -> JournalTotals:
                     totals.rate_limited += 1
             if event in ("done", "usage"):  # "usage": a model call a tool made, counted in tokens and cost only
                 cost = entry.get("cost")
-                usage = usage + Usage(
+                totals.usage = totals.usage + Usage(
                     entry.get("prompt_tokens", 0), entry.get("completion_tokens", 0),
                     entry.get("reasoning_tokens", 0), entry.get("cached_tokens", 0),
                     float(cost) if isinstance(cost, (int, float)) else None,
@@ -222,7 +234,14 @@ def read_journal(path) -> JournalTotals:
                     totals.cost_by_session[session] = totals.cost_by_session.get(session, 0.0) + cost
             if event == "journal" and totals.first_session is None:
                 totals.first_session = entry.get("first_session")
-    totals.usage = usage
+    return end
+
+
+def finish_totals(raw: JournalTotals) -> JournalTotals:
+    """The totals of :func:`scan_journal` with the requests sent but never answered counted as errors."""
+    totals = attrs.evolve(
+        raw, requests_by_provider=Counter(raw.requests_by_provider), errors_by_provider=Counter(raw.errors_by_provider),
+    )
     unanswered = totals.unanswered
     if unanswered:
         totals.requests_by_provider["unknown"] += unanswered

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import attrs
 
-from . import dataset, distributions, notices, reindex, selection, toolsets
+from . import dataset, distributions, notices, rowkeys, selection, toolsets
 from .config import RunConfig, agent_settings, model_settings
 from .dataset import DatasetReport
 from .errors import DatasetError, UsageError
@@ -52,6 +52,7 @@ class RunPlan:
 
 def make_plan(
     config: RunConfig, registry: Registry, folder: RunFolder, concurrency: Optional[int] = None,
+    on_validated: Optional[Callable[[rowkeys.Validated], None]] = None,
 ) -> tuple[RunPlan, dict]:
     """Check everything that can be checked without a model call and decide the run; raises HermesBatchError.
 
@@ -60,6 +61,8 @@ def make_plan(
     per toolset, so the runner's processor uses these.  ``registry`` gains the
     distributions of --distribution_file.  ``concurrency`` (default:
     --num_workers) is what the model client's limit of calls in flight starts from.
+    ``on_validated`` receives the dataset's validation with its row keys, which a
+    resume matches against the finished records and the plan does not carry.
     """
     if config.distribution_file is not None:
         for dist in distributions.load_distribution_file(config.distribution_file):
@@ -90,7 +93,11 @@ def make_plan(
     prefill = load_prefill(config.prefill_messages_file)
     notices.routing_elsewhere(config)
 
-    report = dataset.validate_dataset(config.dataset_file, max_samples=config.max_samples)
+    # on a resume over the same file, the report and row keys of the last session (rowkeys.py)
+    validated = rowkeys.validate(config.dataset_file, config.max_samples, folder if config.resume else None)
+    if on_validated is not None:
+        on_validated(validated)
+    report = validated.report
     if report.invalid and not config.skip_invalid:
         raise dataset.dataset_error(report)
     if report.valid == 0:
@@ -115,7 +122,7 @@ def make_plan(
         executor=executor.name,
         executor_config=executor.config,
         dataset=report,
-        dataset_fingerprint=reindex.fingerprint(config.dataset_file),
+        dataset_fingerprint=validated.fingerprint,
     )
     return plan, {name: runtimes[name] for name in plan.toolsets}
 

@@ -17,6 +17,7 @@ from .interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
 from .journal import current_prompt
 from .records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
 from .run_context import RunContext
+from .sandbox_start import OpeningSandbox, SandboxCloser
 from .toolsets import PromptToolsets
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class PromptProcessor:
     runtimes: Mapping = attrs.Factory(dict)  # toolset name -> ToolsetRuntime
     run: Optional[RunContext] = None  # what the runtimes are started with
     plan: Optional["RunPlan"] = None  # what it was built from (plan.build_processor), for executors that run prompts elsewhere
+    closer: SandboxCloser = attrs.field(factory=SandboxCloser, init=False)  # sandboxes closed once they are open
 
     async def start(self) -> None:
         """Before the first prompt: start the sandbox backend, then the toolset runtimes."""
@@ -62,9 +64,12 @@ class PromptProcessor:
             await runtime.start(self.run, self.client)
 
     async def aclose(self) -> None:
-        """After the last prompt, also on Ctrl-C: shut the runtimes, the backend and the client down."""
+        """After the last prompt, also on Ctrl-C: shut the runtimes down, wait for the
+        sandboxes still being opened when their prompts ended to be closed, then shut
+        the backend and the client down."""
         for runtime in self.runtimes.values():
             await quietly(runtime.shutdown())
+        await quietly(self.closer.drain())
         await quietly(self.backend.shutdown())
         await quietly(self.client.aclose())
 
@@ -89,7 +94,10 @@ class PromptProcessor:
         tools = {tool.name: tool for name in job.toolsets for tool in self.toolsets[name]}
         say = self._logger(job) if self.verbose else None
         await self.backend.prepare_image(row.image)  # shared by every prompt of the image, so not on its clock
-        sandbox = None
+        spec = SandboxSpec(self.run_name, row.prompt_index, row.content_key, row.image, row.cwd)
+        sandbox = OpeningSandbox(self.backend, spec, self.closer, label=f"[B{job.batch_num}:P{row.prompt_index}]")
+        if tools and self.backend.open_early:
+            sandbox.start()  # beside the first model request, which does not need it; a tool call waits for it
 
         def count_usage(usage, journaled):  # model calls made by tools count in the prompt's usage and the run's
             state.usage = state.usage + usage
@@ -98,10 +106,8 @@ class PromptProcessor:
 
         sessions = PromptToolsets({n: self.runtimes[n] for n in job.toolsets if n in self.runtimes}, count_usage)
         try:
-            # the deadline covers the session from opening the sandbox; closing it is outside, so it always happens
+            # the deadline covers the session and the open of the sandbox; closing is outside, so it always happens
             async with asyncio.timeout(self.agent.prompt_timeout) as deadline:
-                spec = SandboxSpec(self.run_name, row.prompt_index, row.content_key, row.image, row.cwd)
-                sandbox = await self.backend.open(spec)
                 ctx = ToolContext(
                     sandbox, command_timeout=self.agent.command_timeout, max_output_chars=self.agent.max_output_chars,
                     toolsets=sessions,
@@ -121,8 +127,7 @@ class PromptProcessor:
             try:
                 await sessions.aclose()  # a browser context, say; before the sandbox, and also on errors and Ctrl-C
             finally:
-                if sandbox is not None:
-                    await sandbox.close()
+                await sandbox.close()  # at once when it is open; one still opening is closed when it is
         specs = tuple(tool.spec() for tool in tools.values())
         metadata = Metadata(
             batch_num=job.batch_num,
@@ -133,7 +138,7 @@ class PromptProcessor:
             row=row.extra,
             seed=self.seed,
             sandbox=self.backend.name,
-            image=(sandbox.image if sandbox is not None else "") or row.image or "",  # -S image=... too
+            image=sandbox.image or row.image or "",  # -S image=... too, when the sandbox was opened
             cwd=row.cwd or "",
             tools_offered=tuple(tools),
             end_reason=result.end_reason,

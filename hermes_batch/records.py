@@ -15,9 +15,12 @@ from attrs import field, frozen
 SCHEMA_VERSION = 2  # 2: invalid_tool_calls a list, row and tool-call arguments JSON text, no nulls
 
 
+_KEY_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # json.dumps would build one a call
+
+
 def content_key(prompt: str, image: Optional[str], cwd: Optional[str]) -> str:
     """The identity of a dataset row for resume: a hash of its prompt, image and cwd."""
-    blob = json.dumps([prompt, image, cwd], ensure_ascii=False, separators=(",", ":"))
+    blob = _KEY_ENCODER.encode([prompt, image, cwd])
     # surrogatepass: a key for any text, identical to plain UTF-8 for every valid string
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 

@@ -237,12 +237,18 @@ def _append_audit_summary(folder: RunFolder, result: RefilterResult) -> None:
 
 
 def _move_files(folder: RunFolder, staging: Path) -> dict:
+    from .bookkeeping import RunIndex
+
     plan_data = json.loads((staging / PLAN).read_text(encoding="utf-8"))
     for name in plan_data["files"]:
         staged = staging / name
         if staged.exists():  # else an interrupted switch already moved it in
             os.replace(staged, folder.dir / name)
     _fsync_dir(folder.dir)
+    # The record files were rewritten: their indexes (and the merge's state) are built again from them when next
+    # needed.  A rewrite can keep a file's length and both ends (a discarded record's reasons of the same size),
+    # which the index's own check would not see.  PLAN.json is still there, so a kill here drops them next time.
+    RunIndex(folder).drop()
     return plan_data
 
 

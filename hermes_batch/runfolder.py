@@ -391,8 +391,12 @@ def atomic_write_text(path: PathLike, text: str) -> None:
     atomic_write_lines(path, (text,))
 
 
-def read_records(path: PathLike, cls: type[T]) -> Iterator[tuple[int, T]]:
-    """Yield ``(line_no, record)`` for each good line of a JSONL file; bad and torn lines are logged and skipped."""
+def read_records(path: PathLike, cls: type[T], start: int = 0, stop: Optional[int] = None) -> Iterator[tuple[int, T]]:
+    """Yield ``(line_no, record)`` for each good line of a JSONL file; bad and torn lines are logged and skipped.
+
+    With ``start`` and ``stop``, only the lines that begin between those byte offsets (``start`` must begin a
+    line; line numbers then count from it).
+    """
     try:
         fh = open(path, "rb")
     except FileNotFoundError:
@@ -402,9 +406,14 @@ def read_records(path: PathLike, cls: type[T]) -> Iterator[tuple[int, T]]:
             f"{path} cannot be read ({exc.strerror or exc}); it must be a file a run wrote, so move it away."
         ) from None
     with fh:
+        fh.seek(start)
+        offset = start
         for line_no, raw in enumerate(fh, start=1):
             if not line_no & 0xFF:
                 check_stop()
+            if stop is not None and offset >= stop:
+                return
+            offset += len(raw)
             if not raw.endswith(b"\n"):
                 # an unterminated last line is a torn write: AppendLog.open cuts it, so never count it
                 log.warning("%s:%d: ignored an incomplete last line (interrupted write).", path, line_no)

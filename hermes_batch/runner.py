@@ -14,7 +14,7 @@ from typing import Optional
 import attrs
 import pluggy
 
-from . import cleanup, dataset, distributions, limits, notices, refilter, reindex, runfolder, selection
+from . import bookkeeping, cleanup, distributions, limits, notices, refilter, reindex, rowkeys, runfolder, selection
 from .checkpoint import BatchTracker, Checkpoints, load_checkpoint, repair_torn_tails, write_run_json
 from .config import RunConfig
 from .errors import (
@@ -35,7 +35,6 @@ from .processor import quietly
 from .progress import Progress
 from .redaction import Redactor
 from .records import Checkpoint, Discarded, Failure, SessionInfo
-from .resume import plan_resume, scan_finished
 from .run_context import RunContext
 from .runfolder import AppendLog, RunFolder, Stopped, atomic_write_text, run_off_loop, validate_run_name
 from .serialization import to_json_line
@@ -82,7 +81,9 @@ class Run:
         self.concurrency = fit.concurrency
         self.folder = RunFolder(cfg.output_dir, cfg.run_name)
         self.registry = collect(self.pm)
-        plan, self.runtimes = make_plan(cfg, self.registry, self.folder, self.concurrency)
+        plan, self.runtimes = make_plan(
+            cfg, self.registry, self.folder, self.concurrency, on_validated=lambda v: setattr(self, "validated", v)
+        )
         self.plan = plan
         self.filters = selection.filters(self.registry, plan.filters)
         self.writers = selection.writers(self.registry, plan.writers)
@@ -148,19 +149,22 @@ class Run:
             concurrent.futures.ThreadPoolExecutor(self.concurrency + 4, thread_name_prefix="hermes-batch")
         )
         fresh = not self.folder.has_outputs()
-        finished, to_run = collections.Counter(), plan.dataset.valid
+        self.index = bookkeeping.RunIndex(self.folder)
+        self.resume_plan = rowkeys.plan(self.validated.keys, None)
         if cfg.resume:
             try:
                 # off the event loop, like the merge: reading a big run folder must not make Ctrl-C wait
-                finished, to_run = await run_off_loop(self._read_run_folder)
+                self.resume_plan = await run_off_loop(self._read_run_folder)
             except (asyncio.CancelledError, Stopped):
                 return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
-        self.checkpoints.previously_finished = sum(finished.values())
+        self.checkpoints.previously_finished = self.resume_plan.finished
+        to_run = plan.dataset.valid - self.resume_plan.skipped
         self.context = RunContext(cfg.run_name, self.folder.dir, plan.seed, cfg.verbose, cfg.log_prefix_chars, pool)
         processor = build_processor(plan, self.context, self.registry, self.runtimes)
         client = self.client = processor.client
         backend = processor.backend
-        self.previous_cost = reported_cost(self.folder) if cfg.resume and cfg.max_cost is not None else 0.0
+        if cfg.resume and cfg.max_cost is not None:
+            self.previous_cost = reported_cost(self.folder, self.index.journal_totals())
         # Before the run folder is touched and any sandbox started: a dead engine or a refused key
         # costs nothing to fix.  The engine goes first, since the preflight costs a model request.
         try:
@@ -176,6 +180,8 @@ class Run:
         try:
             self.folder.create()
             write_run_json(self.folder, plan, describe_plugins(self.pm), self.redactor)
+            rowkeys.save(self.folder, self.validated, cfg.max_samples)
+            self.validated.keys.digests = self.validated.keys.indexes = None  # matched: 16 bytes a row less
             client.journal = self.journal = CallJournal(journal_path(self.folder.dir), self.checkpoints.session_number)
             notices.skipped_lines(plan.dataset, self.folder, cfg.dataset_file, cfg.max_samples)
             # on record from the start, so a session killed before its first batch completes still counts
@@ -207,7 +213,7 @@ class Run:
         try:
             await processor.start()
             self.progress.start()
-            jobs = self._jobs(plan_resume(dataset.iter_rows(cfg.dataset_file, max_samples=cfg.max_samples), finished))
+            jobs = self._jobs(rowkeys.rows_left(cfg.dataset_file, cfg.max_samples, self.resume_plan.left))
             await self.executor.run(jobs, processor, self._on_outcome, self.concurrency)
         except asyncio.CancelledError:
             interrupted = True
@@ -215,7 +221,7 @@ class Run:
             fatal = exc
         finally:
             self.progress.stop()
-            await processor.aclose()
+            await processor.aclose()  # the runtimes, sandboxes of ended prompts still opening, backend, client
             if self._recording:  # outcomes being written when Ctrl-C came: they are saved, so they count
                 await asyncio.gather(*self._recording, return_exceptions=True)
             for log_ in (*self.batch_logs.values(), *self.failed_logs.values()):
@@ -265,14 +271,15 @@ class Run:
             "--max_cost to continue."
         )
 
-    def _read_run_folder(self) -> tuple:
-        """What a resume starts from: (finished content keys, prompts still to run), the folder repaired."""
+    def _read_run_folder(self) -> rowkeys.Plan:
+        """What a resume starts from, the folder repaired: the rows left, from the indexes and the row keys."""
         refilter.recover_files(self.folder)  # an interrupted refilter's files, before anything reads them
+        if (self.folder.dir / reindex.STAGING).is_dir():
+            self.index.drop()  # the records may be rewritten under their indexes
         reindex.recover(self.folder)
         repair_torn_tails(self.folder)
         self._reindex()
-        finished = scan_finished(self.folder)
-        return finished, (self._count_to_run(finished) if finished else self.plan.dataset.valid)
+        return rowkeys.plan(self.validated.keys, self.index.finished_digests())
 
     def _reindex(self) -> None:
         # prompt_index stays "the row of the current file": renumber the records if the file changed
@@ -282,11 +289,8 @@ class Run:
         result = reindex.reindex(self.folder, cfg.dataset_file, cfg.batch_size)
         reindex.warn(result)
         if result.rewritten:
+            self.index.drop()  # the records moved: their indexes are built again from them
             self.checkpoints.renumbered()
-
-    def _count_to_run(self, finished: collections.Counter) -> int:
-        rows = dataset.iter_rows(self.config.dataset_file, max_samples=self.config.max_samples)
-        return sum(1 for _ in plan_resume(runfolder.stoppable(rows), collections.Counter(finished)))
 
     def _jobs(self, rows):
         size = self.config.batch_size
@@ -315,19 +319,17 @@ class Run:
     async def _record_outcome(self, job: PromptJob, outcome) -> None:
         outcome = self.redactor.record(outcome)
         if isinstance(outcome, Failure):
-            await self.failed_logs["failed"].append(to_json_line(outcome))
-            kind = "failed"
-            record = outcome
+            kind, record, log_ = "failed", outcome, self.failed_logs["failed"]
         else:
             rejected = [(f.name, reason) for f in self.filters if (reason := f.check(outcome)) is not None]
             if rejected:
                 record = Discarded(outcome, tuple(n for n, _ in rejected), tuple(r for _, r in rejected))
-                await self.failed_logs["discarded"].append(to_json_line(record))
-                kind = "discarded"
+                kind, log_ = "discarded", self.failed_logs["discarded"]
             else:
-                record = outcome
-                await self._batch_log(job.batch_num).append(to_json_line(outcome))
-                kind = "kept"
+                kind, record, log_ = "kept", outcome, self._batch_log(job.batch_num)
+        self.index.touch(kind, job.batch_num)  # before the append: the index covers what the file held
+        await log_.append(to_json_line(record))
+        self.index.add(kind, job.batch_num, record)
         self.counts[kind] += 1
         self.progress.ended(kind)
         self.tracker.finished(job.batch_num)
@@ -343,6 +345,7 @@ class Run:
         log_ = self.batch_logs.pop(batch, None)
         if log_ is not None:
             log_.close()
+        self.index.close_batch(batch)
         self.checkpoints.completed_batches.add(batch)
         self._save_checkpoint(interrupted=False)
 
@@ -376,12 +379,16 @@ class Run:
         return stats
 
     def _merge_and_count(self, checkpoint: Checkpoint) -> dict:
+        self.index.close()
+        aggregate, finish_times, batches = self.index.totals()
         try:
-            merge_run(self.folder, self.writers)
+            merge_run(self.folder, self.writers, batches=batches)
         except OSError as exc:  # a writer plugin's own write
             raise runfolder.write_error(self.folder.dir, exc) from exc
         stats = build_statistics(
             self.folder,
+            totals=(aggregate, finish_times),
+            journal=self.index.journal_totals(),
             filters_run=tuple(f.name for f in self.filters),
             sessions=checkpoint.sessions,
             invalid_skipped_total=self.plan.dataset.invalid,

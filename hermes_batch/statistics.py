@@ -1,4 +1,4 @@
-"""statistics.json: built by scanning the run folder, so it always covers the whole run across resumes."""
+"""statistics.json: the totals of every record of the run and its call journal, across resumes."""
 
 from __future__ import annotations
 
@@ -6,16 +6,16 @@ import bisect
 import datetime
 import math
 from collections import Counter, defaultdict
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import attrs
 from rich.console import Console
 from rich.table import Table
 
-from .conversation import reasoning_counts
+from .aggregate import Aggregate, Requests, Scope, epoch, key_digest
 from .journal import JournalTotals, journal_path, read_journal
 from .reindex import count_unmatched
-from .records import CallRecord, Discarded, Failure, SessionInfo, Trajectory, Usage
+from .records import Discarded, Failure, SessionInfo, Usage
 from .resume import iter_finished
 from .runfolder import RunFolder, read_records
 from .serialization import record_converter
@@ -42,126 +42,70 @@ def _percent(part: int, whole: int) -> float:
     return round(part / whole * 100, 2) if whole else 0.0
 
 
-class _Scope:
-    """Running totals over one set of samples (all finished, or kept only)."""
-
-    def __init__(self) -> None:
-        self.samples = self.completed = self.partial = self.model_calls = self.invalid_tool_calls = 0
-        self.turns_with = self.turns_without = self.samples_without_reasoning = 0
-        self.tools: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-        self.partial_by_reason: Counter = Counter()
-
-    def add(self, traj: Trajectory) -> None:
-        self.samples += 1
-        self.completed += traj.completed
-        self.partial += traj.partial
-        if traj.partial:
-            self.partial_by_reason[traj.metadata.end_reason or "unknown"] += 1
-        self.model_calls += traj.api_calls
-        self.invalid_tool_calls += len(traj.metadata.invalid_tool_calls)
-        with_reasoning, without = reasoning_counts(traj.conversations)
-        self.turns_with += with_reasoning
-        self.turns_without += without
-        self.samples_without_reasoning += with_reasoning == 0
-        for name, stat in traj.tool_stats.items():
-            totals = self.tools[name]
-            totals[0] += stat.count
-            totals[1] += stat.success
-            totals[2] += stat.failure
-
-    def seed_tool_statistics(self, tool_names: Iterable[str]) -> dict:
-        """Per tool as the seed's ``tool_statistics``: counts, and success and failure rates in percent."""
-        out = {}
-        for name in sorted(tool_names):
-            count, success, failure = self.tools.get(name, (0, 0, 0))
+def _tool_usage(scope: Scope, tool_names: Iterable[str], seed_style: bool) -> dict:
+    """Per tool: counts, and success and failure rates (ratios; in percent of ended calls as the seed wrote them)."""
+    out = {}
+    for name in sorted(tool_names):
+        count, success, failure = scope.tools.get(name, (0, 0, 0))
+        if seed_style:
             ended = success + failure
-            out[name] = {
-                "count": count, "success": success, "failure": failure,
-                "success_rate": _percent(success, ended), "failure_rate": _percent(failure, ended),
+            rates = {"success_rate": _percent(success, ended), "failure_rate": _percent(failure, ended)}
+        else:
+            rates = {"success_rate": _ratio(success, count), "failure_rate": _ratio(failure, count)}
+        out[name] = {"count": count, "success": success, "failure": failure, **rates}
+    return out
+
+
+def _scope_dict(scope: Scope, tool_names: Iterable[str]) -> dict:
+    turns = scope.turns_with + scope.turns_without
+    return {
+        "samples": scope.samples,
+        "completed": scope.completed,
+        "partial": scope.partial,
+        "partial_by_reason": dict(sorted(scope.partial_by_reason.items())),
+        "model_calls": scope.model_calls,
+        "invalid_tool_calls": scope.invalid_tool_calls,
+        "tool_usage": _tool_usage(scope, tool_names, seed_style=False),
+        "reasoning": {
+            "assistant_turns": turns,
+            "with_reasoning": scope.turns_with,
+            "without_reasoning": scope.turns_without,
+            "share_with_reasoning": _ratio(scope.turns_with, turns),
+            "samples_without_reasoning": scope.samples_without_reasoning,
+        },
+    }
+
+
+def _requests_from_journal(journal: JournalTotals) -> Requests:
+    requests = Requests()
+    requests.requests, requests.errors = journal.requests_by_provider, journal.errors_by_provider
+    requests.latency_ms = journal.latency_ms
+    requests.rate_limited, requests.unanswered = journal.rate_limited, journal.unanswered
+    return requests
+
+
+def _requests_dict(requests: Requests, sessions: Sequence[SessionInfo]) -> dict:
+    limits = [s for s in sessions if s.concurrency_start is not None]
+    rate_limited = requests.rate_limited
+    return {
+        "requests": sum(requests.requests.values()),
+        "errors": sum(requests.errors.values()),
+        "rate_limited": sum(s.rate_limited_calls for s in sessions) if rate_limited is None else rate_limited,
+        "unanswered": requests.unanswered,
+        "concurrency_limit": {
+            "start": limits[-1].concurrency_start if limits else None,
+            "min": min(s.concurrency_min for s in limits) if limits else None,
+            "final": limits[-1].concurrency_final if limits else None,
+        },
+        "by_provider": {
+            name: {
+                "requests": requests.requests[name],
+                "errors": requests.errors[name],
+                "median_latency_s": _median_ms(requests.latency_ms[name]) / 1000,
             }
-        return out
-
-    def seed_reasoning_statistics(self) -> dict:
-        return {
-            "total_assistant_turns": self.turns_with + self.turns_without,
-            "turns_with_reasoning": self.turns_with,
-            "turns_without_reasoning": self.turns_without,
-        }
-
-    def to_dict(self, tool_names: Iterable[str]) -> dict:
-        turns = self.turns_with + self.turns_without
-        usage = {}
-        for name in sorted(tool_names):
-            count, success, failure = self.tools.get(name, (0, 0, 0))
-            usage[name] = {
-                "count": count, "success": success, "failure": failure,
-                "success_rate": _ratio(success, count), "failure_rate": _ratio(failure, count),
-            }
-        return {
-            "samples": self.samples,
-            "completed": self.completed,
-            "partial": self.partial,
-            "partial_by_reason": dict(sorted(self.partial_by_reason.items())),
-            "model_calls": self.model_calls,
-            "invalid_tool_calls": self.invalid_tool_calls,
-            "tool_usage": usage,
-            "reasoning": {
-                "assistant_turns": turns,
-                "with_reasoning": self.turns_with,
-                "without_reasoning": self.turns_without,
-                "share_with_reasoning": _ratio(self.turns_with, turns),
-                "samples_without_reasoning": self.samples_without_reasoning,
-            },
-        }
-
-
-class _Requests:
-    """Model requests per provider: count, errors, and latencies in whole milliseconds (for exact medians)."""
-
-    def __init__(self) -> None:
-        self.requests: Counter = Counter()
-        self.errors: Counter = Counter()
-        self.latency_ms: dict[str, Counter] = defaultdict(Counter)
-        self.rate_limited: Optional[int] = None  # None: the limiters' counts of the sessions
-        self.unanswered = 0
-
-    @classmethod
-    def from_journal(cls, journal: JournalTotals) -> "_Requests":
-        requests = cls()
-        requests.requests, requests.errors = journal.requests_by_provider, journal.errors_by_provider
-        requests.latency_ms = journal.latency_ms
-        requests.rate_limited, requests.unanswered = journal.rate_limited, journal.unanswered
-        return requests
-
-    def add(self, calls: Iterable[CallRecord]) -> None:
-        for call in calls:
-            provider = call.provider or "unknown"
-            self.requests[provider] += 1
-            if call.status != 200:
-                self.errors[provider] += 1
-            self.latency_ms[provider][int(round(call.latency_s * 1000))] += 1
-
-    def to_dict(self, sessions: Sequence[SessionInfo]) -> dict:
-        limits = [s for s in sessions if s.concurrency_start is not None]
-        return {
-            "requests": sum(self.requests.values()),
-            "errors": sum(self.errors.values()),
-            "rate_limited": sum(s.rate_limited_calls for s in sessions) if self.rate_limited is None else self.rate_limited,
-            "unanswered": self.unanswered,
-            "concurrency_limit": {
-                "start": limits[-1].concurrency_start if limits else None,
-                "min": min(s.concurrency_min for s in limits) if limits else None,
-                "final": limits[-1].concurrency_final if limits else None,
-            },
-            "by_provider": {
-                name: {
-                    "requests": self.requests[name],
-                    "errors": self.errors[name],
-                    "median_latency_s": _median_ms(self.latency_ms[name]) / 1000,
-                }
-                for name in sorted(self.requests)
-            },
-        }
+            for name in sorted(requests.requests)
+        },
+    }
 
 
 def _median_ms(histogram: Counter) -> float:
@@ -177,9 +121,9 @@ def _median_ms(histogram: Counter) -> float:
     return 0.0
 
 
-def reported_cost(folder: RunFolder) -> float:
+def reported_cost(folder: RunFolder, journal: Optional[JournalTotals] = None) -> float:
     """Cost reported for the run so far, as statistics.json counts it: every call in the journal (else the records)."""
-    journal = read_journal(journal_path(folder.dir))
+    journal = read_journal(journal_path(folder.dir)) if journal is None else journal
     if journal.covers_run:
         return journal.cost or 0.0
     cost = 0.0
@@ -190,26 +134,19 @@ def reported_cost(folder: RunFolder) -> float:
     return cost
 
 
-def _epoch(timestamp: str) -> Optional[float]:
-    try:
-        return datetime.datetime.fromisoformat(timestamp).timestamp()
-    except (TypeError, ValueError):
-        return None
-
-
 class _SessionClock:
     """Tells which session (first run = 0, then each resume) wrote a record, from its timestamp."""
 
     def __init__(self, sessions: Sequence[SessionInfo]):
-        starts = [_epoch(s.started_at) for s in sessions]
-        ok = starts and None not in starts and starts == sorted(starts)
+        starts = [epoch(s.started_at) for s in sessions]
+        ok = starts and not any(math.isnan(t) for t in starts) and starts == sorted(starts)
         self._starts = starts if ok else []
 
-    def session_of(self, timestamp: str) -> int:
-        t = _epoch(timestamp)
-        if t is None or not self._starts:
+    def session_at(self, seconds: float) -> int:
+        """The session of a record written at ``seconds`` since the epoch (NaN: unknown, counted as the first)."""
+        if math.isnan(seconds) or not self._starts:
             return 0
-        return max(0, bisect.bisect_right(self._starts, t) - 1)
+        return max(0, bisect.bisect_right(self._starts, seconds) - 1)
 
 
 def _still_failed(failed: Counter, finished: Counter) -> int:
@@ -226,6 +163,48 @@ def _still_failed(failed: Counter, finished: Counter) -> int:
     return max(0, attempted - finished_so_far)
 
 
+FinishTimes = Callable[[set], Iterable[tuple[int, float]]]
+"""Given key digests, (digest, epoch seconds) of every finished record with one of them."""
+
+
+def scan_records(folder: RunFolder) -> tuple[Aggregate, FinishTimes]:
+    """The totals of every record of the run, by reading each one: the reference the indexes must equal."""
+    aggregate = Aggregate()
+    for _line, failure in read_records(folder.failed, Failure):
+        aggregate.add(failure)
+    failed = {key_digest(key) for key, _ts, _kind in aggregate.failures}
+    finishes = []  # only of keys that ever failed, to bound memory
+    for record in iter_finished(folder):
+        aggregate.add(record)
+        meta = (record.trajectory if isinstance(record, Discarded) else record).metadata
+        if failed and (digest := key_digest(meta.content_key)) in failed:
+            finishes.append((digest, epoch(meta.timestamp)))
+    return aggregate, lambda _digests: finishes
+
+
+def _failed_prompts(aggregate: Aggregate, finish_times: FinishTimes, clock: _SessionClock) -> tuple[int, Counter]:
+    """Prompts that failed and never finished since, and the error kinds of their last failures."""
+    failed_by_key: dict[int, Counter] = defaultdict(Counter)
+    kinds_by_key: dict[int, dict[int, Counter]] = defaultdict(lambda: defaultdict(Counter))
+    for key, timestamp, kind in aggregate.failures:
+        digest, session = key_digest(key), clock.session_at(epoch(timestamp))
+        failed_by_key[digest][session] += 1
+        kinds_by_key[digest][session][kind] += 1
+    finished_by_key: dict[int, Counter] = defaultdict(Counter)
+    if failed_by_key:
+        for digest, seconds in finish_times(set(failed_by_key)):
+            finished_by_key[digest][clock.session_at(seconds)] += 1
+    failed_prompts = 0
+    failed_kinds: Counter = Counter()
+    for digest, failed in failed_by_key.items():
+        still = _still_failed(failed, finished_by_key[digest])
+        if still:
+            failed_prompts += still
+            # why they fail now: the kinds seen in the last session that failed them
+            failed_kinds.update(sorted(kinds_by_key[digest][max(failed)].elements())[:still])
+    return failed_prompts, failed_kinds
+
+
 def build_statistics(
     folder: RunFolder,
     *,
@@ -235,62 +214,27 @@ def build_statistics(
     tool_names: Iterable[str] = (),
     now: Optional[str] = None,
     run: RunInfo = RunInfo(),
+    totals: Optional[tuple[Aggregate, FinishTimes]] = None,
+    journal: Optional[JournalTotals] = None,
 ) -> dict:
-    """Aggregate statistics of the whole run, from its batch, discarded and failed files and its call journal."""
-    clock = _SessionClock(sessions)
-    failed_by_key: dict[str, Counter] = defaultdict(Counter)
-    kinds_by_key: dict[str, dict[int, Counter]] = defaultdict(lambda: defaultdict(Counter))
-    failure_records = 0
-    usage, usage_reported = Usage(), 0
-    requests = _Requests()
-    for _line, failure in read_records(folder.failed, Failure):
-        failure_records += 1
-        requests.add(failure.calls)
-        usage += failure.usage
-        session = clock.session_of(failure.timestamp)
-        failed_by_key[failure.content_key][session] += 1
-        kinds_by_key[failure.content_key][session][failure.error_kind] += 1
+    """Aggregate statistics of the whole run, from its batch, discarded and failed files and its call journal.
 
-    finished, kept = _Scope(), _Scope()
-    finished_by_key: dict[str, Counter] = defaultdict(Counter)  # only keys that ever failed, to bound memory
+    ``totals`` and ``journal`` are what the run's indexes hold (bookkeeping.py); without them every record
+    and the whole journal are read.
+    """
+    aggregate, finish_times = scan_records(folder) if totals is None else totals
+    failed_prompts, failed_kinds = _failed_prompts(aggregate, finish_times, _SessionClock(sessions))
+    finished, kept = aggregate.finished, aggregate.kept
     by_filter = Counter({name: 0 for name in filters_run})
-    first_ts: Optional[str] = None
-    last_ts: Optional[str] = None
-    all_tools = set(tool_names)
-    discarded_total = 0
-    for record in iter_finished(folder):
-        if isinstance(record, Discarded):
-            traj = record.trajectory
-            discarded_total += 1
-            by_filter.update(set(record.filters))
-        else:
-            traj = record
-            kept.add(traj)
-        finished.add(traj)
-        all_tools.update(traj.tool_stats)
-        meta = traj.metadata
-        if meta.content_key in failed_by_key:
-            finished_by_key[meta.content_key][clock.session_of(meta.timestamp)] += 1
-        usage += meta.usage
-        usage_reported += bool(meta.usage.prompt_tokens or meta.usage.completion_tokens)
-        requests.add(meta.calls)
-        if meta.timestamp:
-            first_ts = meta.timestamp if first_ts is None else min(first_ts, meta.timestamp)
-            last_ts = meta.timestamp if last_ts is None else max(last_ts, meta.timestamp)
-
-    failed_prompts = 0
-    failed_kinds: Counter = Counter()
-    for key, failed in failed_by_key.items():
-        still = _still_failed(failed, finished_by_key[key])
-        if still:
-            failed_prompts += still
-            # why they fail now: the kinds seen in the last session that failed them
-            failed_kinds.update(sorted(kinds_by_key[key][max(failed)].elements())[:still])
-
-    journal = read_journal(journal_path(folder.dir))
+    by_filter.update(aggregate.by_filter)
+    all_tools = aggregate.tools | set(tool_names)
+    usage = Usage(aggregate.prompt_tokens, aggregate.completion_tokens, aggregate.reasoning_tokens,
+                  aggregate.cached_tokens, aggregate.cost.value)
+    requests = aggregate.requests
+    journal = read_journal(journal_path(folder.dir)) if journal is None else journal
     if journal.covers_run:
         # every request the run made, also those of prompts a crash cut off, which no record holds
-        usage, requests = journal.usage, _Requests.from_journal(journal)
+        usage, requests = journal.usage, _requests_from_journal(journal)
     total_tokens = usage.prompt_tokens + usage.completion_tokens
     generated_at = now or datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds")
     duration = round(sum(s.duration_s for s in sessions), 3)
@@ -308,30 +252,35 @@ def build_statistics(
         "total_batches": total_batches,
         "completed_at": generated_at,
         "duration_seconds": round(duration, 2),
-        "tool_statistics": finished.seed_tool_statistics(all_tools),
-        "reasoning_statistics": finished.seed_reasoning_statistics(),
+        "tool_statistics": _tool_usage(finished, all_tools, seed_style=True),
+        "reasoning_statistics": {
+            "total_assistant_turns": finished.turns_with + finished.turns_without,
+            "turns_with_reasoning": finished.turns_with,
+            "turns_without_reasoning": finished.turns_without,
+        },
         "prompts": {
             "finished": finished.samples,
             "kept": kept.samples,
-            "discarded": discarded_total,
+            "discarded": aggregate.discarded,
             "failed": failed_prompts,
             "skipped_invalid": invalid_skipped_total,
         },
         "unmatched_records": count_unmatched(folder),
         "discarded_by_filter": dict(sorted(by_filter.items())),
-        "failures": {"prompts": failed_prompts, "by_kind": dict(sorted(failed_kinds.items())), "records": failure_records},
-        "finished": finished.to_dict(all_tools),
-        "kept": kept.to_dict(all_tools),
+        "failures": {"prompts": failed_prompts, "by_kind": dict(sorted(failed_kinds.items())),
+                     "records": aggregate.failure_records},
+        "finished": _scope_dict(finished, all_tools),
+        "kept": _scope_dict(kept, all_tools),
         "tokens": {
             "prompt": usage.prompt_tokens,
             "completion": usage.completion_tokens,
             "reasoning": usage.reasoning_tokens,
             "cached": usage.cached_tokens,
             "total": total_tokens,
-            "samples_reporting_usage": usage_reported,
+            "samples_reporting_usage": aggregate.usage_reported,
         },
         "cost": None if usage.cost is None else round(usage.cost, 6),
-        "model_requests": requests.to_dict(sessions),
+        "model_requests": _requests_dict(requests, sessions),
         "duration": {
             "total_s": duration,
             "sessions": [record_converter.unstructure(s) for s in sessions],
@@ -339,8 +288,8 @@ def build_statistics(
         "timestamps": {
             "generated_at": generated_at,
             "started_at": sessions[0].started_at if sessions else None,
-            "first_sample_at": first_ts,
-            "last_sample_at": last_ts,
+            "first_sample_at": aggregate.first_ts,
+            "last_sample_at": aggregate.last_ts,
         },
     }
 

@@ -250,3 +250,37 @@ def test_refilter_waits_for_no_run_it_takes_the_run_folders_lock(run_dir):
     assert result.exit_code == 2 and "in use by another run" in result.output
     assert snapshot(run_dir) == before
     hb("refilter", run_dir, *STRICTER)
+
+
+def test_a_refilter_drops_the_indexes_of_the_files_it_rewrote_and_a_resume_counts_from_them(
+        tmp_path, model_server, monkeypatch):
+    import hermes_batch.merge
+    from hermes_batch import bookkeeping
+
+    server = model_server(script=ShapeScript())
+    folder = run_shapes(tmp_path, server, shape_rows(SHAPES, 2))
+    index_dir = folder / bookkeeping.INDEX_DIR
+    indexed = {p.name for p in index_dir.iterdir()}
+    assert {"batch_0.json", "discarded.json", "merged.json"} <= indexed  # as the run left them
+    seen = []
+    merge_run = hermes_batch.merge.merge_run
+
+    def merge_after_the_switch(run_folder, writers, *args, **kwargs):
+        # the files are switched: no index may still describe the records as they were
+        seen.append({p.name for p in index_dir.iterdir()})
+        return merge_run(run_folder, writers, *args, **kwargs)
+
+    monkeypatch.setattr(hermes_batch.merge, "merge_run", merge_after_the_switch)
+    hb("refilter", folder, *STRICTER)
+    [left] = seen
+    assert not {name for name in left if name.startswith(("batch_", "discarded", "merged"))}, left
+    kept, discarded = kept_set(folder), set(discarded_map(folder))
+    calls = server.request_count
+    result = CliRunner().invoke(cli, run_args(tmp_path / "run.jsonl", tmp_path / "out", "run", server.base_url,
+                                              TEST_API_KEY, ["--resume"] + STRICTER), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert server.request_count == calls
+    check_consistent(folder, kept, discarded)  # statistics.json of the resume came from the indexes built again
+    index = bookkeeping.RunIndex(RunFolder(folder.parent, folder.name))
+    total, _times, _batches = index.totals()
+    assert total.kept.samples == len(kept) and total.discarded == len(discarded)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -145,3 +146,101 @@ def test_a_run_folder_where_the_cache_cannot_go_is_indexed_in_a_temporary_folder
     assert not index.cache_dir.is_relative_to(run_copy)
     index.close()
     assert not index.cache_dir.exists()
+
+
+def _snapshot(index):
+    """What an index holds, to compare a loaded one with one built by a full pass (rows in any order)."""
+    cols = index.columns
+
+    def where(i):
+        return index.files[cols.file[i]], cols.offset[i]
+
+    rows = sorted((where(i), cols.status[i], cols.key[i], cols.turns[i], cols.duration[i], cols.tools[i])
+                  for i in range(len(cols)))
+    found = {word: sorted(map(where, index.search(word))) for word in ("otters", "6 times 7", "walruses", "zebras")}
+    return rows, index.tallies.to_dict(), index.aggregates.to_dict(), index.sources, found
+
+
+def test_each_save_writes_only_the_rows_added_and_a_load_equals_a_full_pass(run_copy, tmp_path):
+    cache = run_copy / CACHE_DIR_NAME
+    first = RunIndex(run_copy)
+    first.refresh()
+    first.save()
+    [segment] = [p for p in cache.iterdir() if p.name.startswith("snap-")]
+    for n, word in enumerate(("otters", "zebras")):
+        with open(run_copy / "batch_1.jsonl", "ab") as fh:
+            fh.write(_kept_line(run_copy, f"A prompt about {word}.", 40 + n))
+        again = RunIndex(run_copy)
+        assert again.refresh() == 1
+        again.save()
+        again.close()
+    segments = sorted(p for p in cache.iterdir() if p.name.startswith("snap-"))
+    assert len(segments) == 3 and segment in segments  # the first segment was kept as it was, not written again
+    assert [(s / "status.bin").stat().st_size for s in segments if s != segment] == [1, 1]
+    loaded = RunIndex(run_copy)
+    assert loaded.refresh() == 0
+    full = RunIndex(run_copy, cache_dir=tmp_path / "elsewhere", persist=False)
+    full.refresh()
+    assert _snapshot(loaded) == _snapshot(full)
+    assert list(loaded.search("zebras")) == [len(loaded) - 1]
+
+
+def test_a_cache_of_too_many_segments_or_one_removed_is_written_again_as_one(run_copy, monkeypatch):
+    from hermes_batch.view import cache as cache_module
+
+    cache = run_copy / CACHE_DIR_NAME
+    built = RunIndex(run_copy)
+    built.refresh()
+    built.save()
+    monkeypatch.setattr(cache_module, "_MAX_SEGMENTS", 3)
+    for n in range(3):
+        with open(run_copy / "batch_2.jsonl", "ab") as fh:
+            fh.write(_kept_line(run_copy, f"Prompt about otters number {n}.", 50 + n))
+        index = RunIndex(run_copy)
+        index.refresh()
+        index.save()
+    assert len(list(cache.glob("snap-*"))) == 1  # the third save found three segments: one again
+    assert len(RunIndex(run_copy)) == len(built) + 3
+    # another process rebuilt the cache and removed the segments this index was loaded from
+    index = RunIndex(run_copy)
+    for segment in cache.glob("snap-*"):
+        shutil.rmtree(segment)
+    assert len(list(index.search("otters"))) == 3  # its own open files still serve a search
+    with open(run_copy / "batch_2.jsonl", "ab") as fh:
+        fh.write(_kept_line(run_copy, "One more about otters.", 60))
+    index.refresh()
+    index.save()
+    loaded = RunIndex(run_copy)
+    assert len(loaded) == len(built) + 4 and len(list(loaded.search("otters"))) == 4
+
+
+def test_an_old_or_damaged_cache_is_rebuilt(run_copy):
+    index = RunIndex(run_copy)
+    index.refresh()
+    index.save()
+    count = len(index)
+    manifest = run_copy / CACHE_DIR_NAME / "manifest.json"
+    data = json.loads(manifest.read_text())
+    for damage in ({"version": 1}, {"count": count + 1}, {"tallies": None}):
+        manifest.write_text(json.dumps({**data, **damage}))
+        again = RunIndex(run_copy)
+        assert len(again) == 0  # not loaded: the next refresh reads the records again
+        assert again.refresh() == count
+
+
+def test_samples_spread_over_many_records_as_over_a_list_of_them(run_copy, monkeypatch, tmp_path):
+    from hermes_batch.view import index as index_module
+
+    with open(run_copy / "batch_2.jsonl", "ab") as fh:
+        for n in range(40):
+            fh.write(_kept_line(run_copy, f"Filler {n}.", 100 + n))
+    index = RunIndex(run_copy, cache_dir=tmp_path / "c", persist=False)
+    index.refresh()
+    listed = {k: index.spread(0, k, 1 << 30) for k in (1, 2, 5, 7)}
+    too_long = index.spread(0, 5, 0)
+    monkeypatch.setattr(index_module, "_FEW", 0)  # now found from the counts by blocks
+    assert {k: index.spread(0, k, 1 << 30) for k in (1, 2, 5, 7)} == listed
+    assert index.spread(0, 5, 0) == too_long == []
+    longest = max(index.rows_of(0), key=lambda i: index.columns.length[i])
+    chosen = index.spread(0, 5, index.columns.length[longest] - 1)
+    assert longest not in chosen and len(chosen) == 5 and chosen == sorted(set(chosen))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import hermes_batch
 from hermes_batch.serialization import to_json_line
 from hermes_batch.writers import FileWriter, LineSink
@@ -15,8 +17,18 @@ class JsonlWriter(FileWriter):
     filename = "trajectories.jsonl"
     suffix = ".jsonl"
 
+    can_append = True
+
     def open(self, path) -> LineSink:
         return LineSink(path, to_json_line)
+
+    def append(self, path, trajectories) -> None:
+        """Add ``trajectories`` to the end of ``path``, then flush and fsync."""
+        with open(path, "a", encoding="utf-8", newline="") as handle:
+            for traj in trajectories:
+                handle.write(to_json_line(traj))
+            handle.flush()
+            os.fsync(handle.fileno())
 
 
 class ShareGPTWriter(JsonlWriter):

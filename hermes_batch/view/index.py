@@ -16,12 +16,17 @@ that is how the viewer is live.  A file that was replaced (``--overwrite``,
 a reindex) is noticed by its inode and first bytes, and the index is rebuilt.
 
 The index is cached in ``RUN_DIR/.hermes-batch-view/`` (elsewhere when the run
-folder is read-only), so the second start is a load, not a pass.
+folder is read-only), so the second start is a load, not a pass.  The cache is
+a list of segments, each the rows one save added (its columns and its search
+text), never changed once written: a save writes only the rows added since
+the index was loaded or last saved, so the report a run writes at its end
+costs what that run added, not what the whole run folder holds.  The counts
+the summary shows are kept as rows are added (:class:`Tallies`), so a summary
+never walks the rows either.
 """
 
 from __future__ import annotations
 
-import array
 import hashlib
 import itertools
 import json
@@ -32,17 +37,17 @@ import re
 import shutil
 import tempfile
 import threading
-import time
 from bisect import bisect_right
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from .aggregates import Aggregates, Vocabulary
+from . import cache
+from .cache import _Columns
+from .aggregates import Aggregates, Tallies, Vocabulary
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 1
 CACHE_DIR_NAME = ".hermes-batch-view"
 STATUSES = ("kept", "discarded", "failed")
 KEPT, DISCARDED, FAILED = range(3)
@@ -50,36 +55,8 @@ SEARCH_FIELD_CHARS = 4096  # of the prompt and of the answer: what the search lo
 _BATCH_RE = re.compile(r"batch_(\d+)\.jsonl")
 _HEAD_BYTES = 256
 _CHUNK = 4 * 1024 * 1024
+_FEW = 4096  # of a status: fewer rows than this are listed one by one to pick samples from
 
-# column name -> array typecode
-COLUMNS = {
-    "file": "H",  # index into RunIndex.files
-    "offset": "Q",
-    "length": "I",
-    "prompt": "q",  # prompt_index
-    "status": "B",  # KEPT, DISCARDED or FAILED
-    "turns": "I",  # model calls
-    "duration": "f",  # seconds
-    "tokens": "I",  # prompt + completion
-    "tools": "I",  # interned tuple of the tools called
-    "toolsets": "I",  # interned tuple of toolsets_used
-    "end": "H",  # interned end reason (finished records)
-    "filters": "H",  # interned tuple of filters (discarded records)
-    "error": "H",  # interned error kind (failed records)
-    "key": "Q",  # 64 bits of the content key: tells which failures were finished later
-    "text": "Q",  # offset of the record's line in the search file
-}
-
-
-class _Columns:
-    """The per-record arrays; swapped as a whole on a rebuild so readers never see half of one."""
-
-    def __init__(self):
-        for name, code in COLUMNS.items():
-            setattr(self, name, array.array(code))
-
-    def __len__(self) -> int:
-        return len(self.key)  # the column appended last: only whole rows count
 
 
 def _key_hash(content_key: str) -> int:
@@ -188,7 +165,7 @@ class RunIndex:
         _remove_orphans(self.cache_dir)
         self._reset()
         if persist:
-            self._load()
+            cache.load(self)
 
     # -- state --------------------------------------------------------------------------
 
@@ -201,6 +178,7 @@ class RunIndex:
         for name in ("end", "error"):
             self.vocab[name].id("")
         self.aggregates = Aggregates()
+        self.tallies = Tallies()
         self.columns = _Columns()
         # bumps when records are added or the index is rebuilt (never back: pages compare it)
         self.generation = getattr(self, "generation", -1) + 1
@@ -212,12 +190,26 @@ class RunIndex:
         if old is not None:
             old.unlink(missing_ok=True)
         self._blob_size = 0
+        self._use_parts([])
+        self._segments: list[dict] = []  # the cache's segments that hold this index's first rows: {dir, rows, bytes}
+
+    def _use_parts(self, parts: list) -> None:
+        """The search text before this process's own search file: the open search files of the loaded segments.
+
+        They stay open, so a segment that another process removes (it rebuilt
+        the cache) can still be searched.
+        """
+        for fh, _base, _size in getattr(self, "_parts", ()):
+            fh.close()
+        self._parts = parts  # [(open file, first byte, bytes)]
+        self._work_base = sum(size for _fh, _base, size in parts)  # where the search file's text starts
 
     def __len__(self) -> int:
         return len(self.columns)
 
 
     def close(self) -> None:
+        self._use_parts([])
         self.search_path.unlink(missing_ok=True)
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
@@ -389,63 +381,18 @@ class RunIndex:
         cols.filters.append(filters)
         cols.error.append(error)
         cols.key.append(_key_hash(str(key)))  # last: len(columns) counts whole rows only
+        # the duration as the column holds it (a 32-bit float), so the tallies say what the rows say
+        self.tallies.add(status, status != FAILED, status == DISCARDED, end, turns, cols.duration[-1], toolsets,
+                         filters)
         return 1
 
     # -- the cache ------------------------------------------------------------------------
 
     def save(self) -> None:
-        """Write a snapshot folder, then point the manifest at it (atomically): readers see the old one or the new."""
-        if not self.persist:
-            return
-        with self._lock:
-            count = len(self.columns)
-            snapshot = self.cache_dir / f"snap-{os.getpid()}-{time.time_ns()}"
-            snapshot.mkdir()
-            for name in COLUMNS:
-                with open(snapshot / f"{name}.bin", "wb") as fh:
-                    getattr(self.columns, name)[:count].tofile(fh)
-            with open(self.search_path, "rb") as src, open(snapshot / "search.txt", "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-                dst.truncate(self._blob_size)
-            manifest = {
-                "version": INDEX_VERSION, "snapshot": snapshot.name, "count": count, "blob_size": self._blob_size,
-                "files": self.files, "sources": self.sources, "aggregates": self.aggregates.to_dict(),
-                "vocab": {name: v.values for name, v in self.vocab.items()},
-            }
-            tmp = self.cache_dir / f"manifest.json.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(manifest), encoding="utf-8")
-            os.replace(tmp, self.cache_dir / "manifest.json")
-            for old in self.cache_dir.glob("snap-*"):
-                if old != snapshot:
-                    shutil.rmtree(old, ignore_errors=True)
-
-    def _load(self) -> None:
-        try:
-            manifest = json.loads((self.cache_dir / "manifest.json").read_text(encoding="utf-8"))
-            if manifest.get("version") != INDEX_VERSION:
-                raise ValueError(f"index version {manifest.get('version')}")
-            snapshot = self.cache_dir / manifest["snapshot"]
-            count = manifest["count"]
-            columns = _Columns()
-            for name in COLUMNS:
-                with open(snapshot / f"{name}.bin", "rb") as fh:
-                    getattr(columns, name).fromfile(fh, count)
-            with open(snapshot / "search.txt", "rb") as src, open(self.search_path, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            if os.path.getsize(self.search_path) != manifest["blob_size"]:
-                raise ValueError("search file of another size")
-            files, sources = manifest["files"], manifest["sources"]
-            aggregates = Aggregates(manifest["aggregates"])
-            vocab = {name: Vocabulary(tuple(v) if isinstance(v, list) else v for v in values)
-                     for name, values in manifest["vocab"].items()}
-        except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
-            log.info("%s: no usable view index cache (%s); building it.", self.cache_dir, exc)
-            self._reset()
-            return
-        self.files, self.sources, self.aggregates, self.vocab = files, sources, aggregates, vocab
-        self._blob_size = manifest["blob_size"]
-        self.columns = columns
-        self.generation += 1
+        """Write what was added since the last load or save to the cache (see cache.py)."""
+        if self.persist:
+            with self._lock:
+                cache.save(self)
 
     # -- reading --------------------------------------------------------------------------
 
@@ -486,30 +433,90 @@ class RunIndex:
             return
         texts = self.columns.text
         end = self._blob_size if count == len(texts) else texts[count]
-        with open(self.search_path, "rb") as fh:
-            if os.fstat(fh.fileno()).st_size == 0:
-                return
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as blob:
-                pos = 0
-                while True:
-                    hit = blob.find(needle, pos, end)
-                    if hit < 0:
-                        return
-                    i = bisect_right(texts, hit, 0, count) - 1
-                    yield i
-                    pos = texts[i + 1] if i + 1 < count else end
+        with open(self.search_path, "rb") as work:
+            # each part holds whole lines and a needle holds no newline: no match spans two parts
+            for fh, base, size in [*self._parts, (work, self._work_base, end - self._work_base)]:
+                stop = min(size, end - base)
+                if stop <= 0 or os.fstat(fh.fileno()).st_size == 0:
+                    continue
+                with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+                    pos = 0
+                    while True:
+                        hit = blob.find(needle, pos, stop)
+                        if hit < 0:
+                            break
+                        i = bisect_right(texts, base + hit, 0, count) - 1
+                        yield i
+                        pos = (texts[i + 1] if i + 1 < count else end) - base
+
+    def tallies_now(self) -> Tallies:
+        """A copy of the tallies taken between two refreshes (the viewer summarizes in one thread, refreshes in another)."""
+        with self._lock:
+            return self.tallies.copy()
+
+    def rows_of(self, status: int) -> Iterator[int]:
+        """The record numbers of one status, in order (found in the column's bytes, not row by row)."""
+        column = self.columns.status[:len(self.columns)].tobytes()
+        code = bytes((status,))
+        i = column.find(code)
+        while i >= 0:
+            yield i
+            i = column.find(code, i + 1)
+
+    def spread(self, status: int, k: int, max_length: int) -> list:
+        """``k`` records of ``status`` no longer than ``max_length``, spread evenly (first and last included).
+
+        The same choice every time.  A status with many records is not listed:
+        the n-th record of it is found from counts of the status column's bytes
+        by blocks (a record longer than ``max_length`` gives way to the next).
+        """
+        length = self.columns.length
+        count = len(self.columns)
+        column = self.columns.status[:count].tobytes()
+        code = bytes((status,))
+        total = column.count(code)
+        if total <= max(k, _FEW):
+            return _spread([i for i in self.rows_of(status) if length[i] <= max_length], k)
+        block = 4096
+        blocks = [column.count(code, start, start + block) for start in range(0, count, block)]
+        step = (total - 1) / (k - 1) if k > 1 else 0
+        chosen: list = []
+        for j in range(k):
+            nth, start = round(j * step), 0
+            for n in blocks:  # the block that holds the nth record of the status
+                if nth < n:
+                    break
+                nth, start = nth - n, start + block
+            i = column.find(code, start)
+            for _ in range(nth):
+                i = column.find(code, i + 1)
+            while i >= 0 and (length[i] > max_length or (chosen and i <= chosen[-1])):
+                i = column.find(code, i + 1)
+            if i < 0:
+                break
+            chosen.append(i)
+        return chosen
 
     def still_failed(self) -> set:
         """Record numbers of failures whose prompt has no finished record (a later retry did not succeed)."""
-        cols = self.columns
-        status, keys = cols.status, cols.key
-        failed = [i for i in range(len(cols)) if status[i] == FAILED]
+        keys = self.columns.key
+        failed = list(self.rows_of(FAILED))
         if not failed:
             return set()
         failed_keys = {keys[i] for i in failed}
-        finished = Counter(keys[i] for i in range(len(cols)) if status[i] != FAILED and keys[i] in failed_keys)
+        # rows of any status with one of those keys, counted in C; less the failures, the finished ones remain
+        finished = Counter(filter(failed_keys.__contains__, keys[:len(self.columns)]))
+        finished.subtract(keys[i] for i in failed)
         latest = {}  # a prompt that failed in several sessions counts once, by its last failure
         for i in failed:
             if not finished[keys[i]]:
                 latest[keys[i]] = i
         return set(latest.values())
+
+
+def _spread(items: list, k: int) -> list:
+    """``k`` items spread evenly over ``items`` (first and last included): a sample that is the same every time."""
+    if len(items) <= k:
+        return items
+    step = (len(items) - 1) / (k - 1) if k > 1 else 0
+    return [items[round(j * step)] for j in range(k)]

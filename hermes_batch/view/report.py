@@ -16,23 +16,13 @@ SAMPLES_PER_STATUS = 5
 SAMPLE_MAX_BYTES = 256 * 1024  # a sample this long is passed over, so one huge record cannot bloat the report
 
 
-def _spread(items: list, k: int) -> list:
-    """``k`` items spread evenly over ``items`` (first and last included): a sample that is the same every time."""
-    if len(items) <= k:
-        return items
-    step = (len(items) - 1) / (k - 1) if k > 1 else 0
-    return [items[round(j * step)] for j in range(k)]
-
-
 def _samples(index: RunIndex, per_status: int) -> str:
     cols = index.columns
-    n = len(cols)
     sections = []
     for status in (KEPT, DISCARDED, FAILED):
         name = STATUSES[status]
-        candidates = [i for i in range(n) if cols.status[i] == status and cols.length[i] <= SAMPLE_MAX_BYTES]
-        total = sum(1 for i in range(n) if cols.status[i] == status)
-        chosen = _spread(candidates, per_status)
+        total = index.tallies.status[status]
+        chosen = index.spread(status, per_status, SAMPLE_MAX_BYTES)
         if not chosen:
             continue
         records = []

@@ -34,27 +34,25 @@ def expected_shares(probabilities: dict) -> dict:
 
 
 def summarize(index: RunIndex) -> dict:
-    """Everything the summary and the charts show, computed from the index's columns and aggregates."""
+    """Everything the summary and the charts show, computed from the index's tallies and aggregates."""
     run_dir = index.run_dir
     stats = _read_json(run_dir / "statistics.json")
     run = _read_json(run_dir / "run.json") or {}
     checkpoint = _read_json(run_dir / "checkpoint.json") or {}
-    cols, vocab, agg = index.columns, index.vocab, index.aggregates
-    n = len(cols)
-    status = cols.status
-
-    counts = Counter(status[:n])
+    cols, vocab, agg, tallies = index.columns, index.vocab, index.aggregates, index.tallies_now()
+    # the counts were kept as the rows were added: a summary never walks a million rows
+    counts = dict(enumerate(tallies.status))
     still_failed = index.still_failed()
-    finished = [i for i in range(n) if status[i] != FAILED]
+    finished = sum(tallies.status) - counts[FAILED]
 
     end_reasons = Counter()
-    for end_id, c in Counter(cols.end[i] for i in finished).items():
+    for end_id, c in tallies.end.items():
         end_reasons[vocab["end"].values[end_id] or "unknown"] += c
-    turns = Counter(cols.turns[i] for i in finished)
-    duration = Counter(round(cols.duration[i], 3) for i in finished)
+    turns = tallies.turns
+    duration = tallies.duration
 
     toolset_counts = Counter()
-    for ts_id, c in Counter(cols.toolsets[i] for i in finished).items():
+    for ts_id, c in tallies.toolsets.items():
         for name in vocab["toolsets"].values[ts_id]:
             toolset_counts[name] += c
     probabilities = dict((run.get("distribution") or {}).get("probabilities") or {})
@@ -66,7 +64,7 @@ def summarize(index: RunIndex) -> dict:
     for i in still_failed:
         by_kind[vocab["error"].values[cols.error[i]] or "unknown"] += 1
     by_filter = Counter()
-    for f_id, c in Counter(cols.filters[i] for i in range(n) if status[i] == DISCARDED).items():
+    for f_id, c in tallies.filters.items():
         for name in vocab["filters"].values[f_id]:
             by_filter[name] += c
 
@@ -97,7 +95,7 @@ def summarize(index: RunIndex) -> dict:
             "skipped_invalid": ((stats or {}).get("prompts") or {}).get("skipped_invalid", 0),
         },
         "partial": agg.partial,
-        "model_calls": sum(cols.turns[i] for i in finished),
+        "model_calls": tallies.model_calls,
         "tokens": tokens,
         "cost": cost,
         "rate_limited": rate_limited,
@@ -112,7 +110,7 @@ def summarize(index: RunIndex) -> dict:
         "reasoning": agg.reasoning,
         "toolsets": sorted(toolset_counts.items(), key=lambda kv: (-kv[1], kv[0])),
         "expected": expected_shares(probabilities),
-        "finished": len(finished),
+        "finished": finished,
         "failures_by_kind": by_kind.most_common(),
         "discards_by_filter": by_filter.most_common(),
         "discard_reasons": agg.reasons.most_common(12),
