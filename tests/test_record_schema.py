@@ -107,8 +107,8 @@ def varied(request) -> Reply:
         if turn == 0:
             return Reply(reasoning=think, reasoning_format=fmt, tool_calls=[("terminal", {"command": "true"})], **extra)
         return final
-    if kind == "sandbox":
-        return final  # never reached: its sandbox cannot open
+    if kind == "sandbox":  # its sandbox cannot open, which fails the prompt at its first tool call
+        return Reply(reasoning=think, reasoning_format=fmt, tool_calls=[("terminal", {"command": "true"})], **extra)
     raise AssertionError(kind)
 
 
