@@ -14,7 +14,6 @@ from .interfaces import COMMAND_TIMEOUT, ModelClient, Tool, ToolContext
 from .jsonguard import arguments_problem, safe_message, scrub_text
 from .records import InvalidToolCall, Message, ToolCall, ToolStat, Usage
 from .run_context import LOG_PREFIX_CHARS
-from .sandbox_start import OpeningSandbox
 from .schema import validate
 
 log = logging.getLogger("hermes_batch.agent")
@@ -180,7 +179,7 @@ async def _call_tool(call: ToolCall, tools, tallies, invalid: list, ctx: ToolCon
         tally.failure += 1
         invalid.append(InvalidToolCall(call.id, call.name, problem))
         return {"error": f"Invalid arguments for {call.name}: {problem}."}
-    if isinstance(ctx.sandbox, OpeningSandbox):
+    if ctx.sandbox is not None:
         # opened beside the first model request; waiting for it is not on the tool's clock, and a sandbox
         # that cannot be opened fails the prompt (SandboxError), as it did when it was opened first
         await ctx.sandbox.ready()

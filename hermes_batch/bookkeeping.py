@@ -220,9 +220,7 @@ class RunIndex:
     def _read(self, source: Path, kind: str) -> Optional[FileIndex]:
         try:
             text = self.path_of(source).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return None
-        except (OSError, UnicodeDecodeError):
+        except (OSError, UnicodeDecodeError):  # missing or unreadable: built again from the records
             return None
         try:
             return FileIndex.from_json(source, kind, text)
@@ -258,16 +256,14 @@ class RunIndex:
                 digests.extend(self.load(source, kind).digests)
         return digests
 
-    def touch(self, kind: str, batch_num: int) -> None:
-        """Call before the first append of this session to a file, so the index covers what was there before."""
+    def touch(self, kind: str, batch_num: int) -> FileIndex:
+        """The index of the file a record of ``kind`` goes to; call before appending the record, so the
+        index covers what the file held before, then ``add`` the record to what this returns."""
         source = self.folder.batch_path(batch_num) if kind == "kept" else getattr(self.folder, kind)
-        if source.name not in self.open:
-            self.open[source.name] = self.load(source, kind)
-
-    def add(self, kind: str, batch_num: int, record) -> None:
-        """Count a record just appended (after :meth:`touch`)."""
-        source = self.folder.batch_path(batch_num) if kind == "kept" else getattr(self.folder, kind)
-        self.open[source.name].add(record)
+        index = self.open.get(source.name)
+        if index is None:
+            index = self.open[source.name] = self.load(source, kind)
+        return index
 
     def close_batch(self, batch_num: int) -> None:
         """Every record of the batch this session will write is written: save its index."""

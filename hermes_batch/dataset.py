@@ -71,7 +71,7 @@ def validate_dataset(
     ``on_valid(prompt_index, row)`` is called with each valid row, in order, as it is read.
     """
     name = os.fspath(path)
-    _check_arguments(name, max_samples)
+    check_arguments(name, max_samples)
     valid = invalid = total = 0
     problems: list[str] = []
     images: set[str] = set()
@@ -94,14 +94,14 @@ def validate_dataset(
 def iter_rows(path: PathLike, *, max_samples: Optional[int] = None) -> Iterator[PromptRow]:
     """Stream the valid rows as PromptRow, skipping invalid ones; indices count every non-blank line."""
     name = os.fspath(path)
-    _check_arguments(name, max_samples)
+    check_arguments(name, max_samples)
     return _rows(name, max_samples)
 
 
 def iter_problems(path: PathLike, *, max_samples: Optional[int] = None) -> Iterator[str]:
     """Every invalid line as ``FILE:LINE: reason``, streaming (a report keeps only the first MAX_PROBLEMS)."""
     name = os.fspath(path)
-    _check_arguments(name, max_samples)
+    check_arguments(name, max_samples)
     for line_number, _index, _row, reason in _scan(name, max_samples):
         if reason is not None:
             yield f"{name}:{line_number}: {reason}"
@@ -138,7 +138,8 @@ def _rows(name: str, max_samples: Optional[int]) -> Iterator[PromptRow]:
         )
 
 
-def _check_arguments(name: str, max_samples: Optional[int]) -> None:
+def check_arguments(name: str, max_samples: Optional[int]) -> None:
+    """DatasetError or UsageError, with the fix, for a path that is no readable JSONL file or a bad --max_samples."""
     # Checked eagerly so a bad path fails when the caller asks, not at the first row.
     if max_samples is not None and max_samples < 0:
         raise UsageError(f"--max_samples must be 0 or more, got {max_samples}.")

@@ -187,6 +187,15 @@ class Sandbox(abc.ABC):
         (``setsid``, daemons that fork twice).
         """
 
+    async def ready(self) -> "Sandbox":
+        """The sandbox once it can run commands; raises SandboxError when it cannot be opened.
+
+        A backend's sandboxes are ready when ``open`` returns them; the one a
+        prompt's tools see is opened beside its first model request, and the
+        agent awaits this before a tool call, off the tool's clock.
+        """
+        return self
+
     @property
     def workdir(self) -> str:
         """The working directory commands start in, as the sandbox sees it."""

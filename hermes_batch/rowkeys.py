@@ -56,6 +56,7 @@ class Validated:
 
 def validate(dataset_file, max_samples: Optional[int], folder: Optional[RunFolder]) -> Validated:
     """Validate the dataset (or take what ``folder``'s index says of the same bytes) and key its rows."""
+    dataset.check_arguments(str(dataset_file), max_samples)  # before the fingerprint reads it: a FIFO would block
     fingerprint = reindex.fingerprint(dataset_file)
     if folder is not None:
         cached = _load(folder, str(dataset_file), fingerprint, max_samples)

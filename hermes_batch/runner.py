@@ -327,9 +327,9 @@ class Run:
                 kind, log_ = "discarded", self.failed_logs["discarded"]
             else:
                 kind, record, log_ = "kept", outcome, self._batch_log(job.batch_num)
-        self.index.touch(kind, job.batch_num)  # before the append: the index covers what the file held
+        index = self.index.touch(kind, job.batch_num)  # before the append: the index covers what the file held
         await log_.append(to_json_line(record))
-        self.index.add(kind, job.batch_num, record)
+        index.add(record)
         self.counts[kind] += 1
         self.progress.ended(kind)
         self.tracker.finished(job.batch_num)

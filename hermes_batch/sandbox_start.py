@@ -38,8 +38,6 @@ class SandboxCloser:
     async def _close_when_open(opening: asyncio.Task, label: str) -> None:
         try:
             sandbox = await opening
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # nobody needed it, so its failure fails nothing
             log.info("%s the sandbox no tool needed could not be opened: %s", label, exc)
             return

@@ -267,6 +267,16 @@ def _alive_with(marker: str) -> list[int]:
     return pids
 
 
+async def _within(seconds: float, condition) -> bool:
+    """Whether ``condition()`` holds within ``seconds`` (polled on the event loop)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
 @pytest.mark.parametrize("isolation", ["namespace", "process"])
 async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(tmp_path, monkeypatch, isolation):
     # A command whose shell exec lost track of (cancelled right after the spawn) still dies at close:
@@ -287,15 +297,9 @@ async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(tmp_pa
         with pytest.raises(asyncio.CancelledError):
             await sandbox.exec(f"sleep {marker}", 60)
         monkeypatch.undo()
-        deadline = time.monotonic() + 5
-        while not _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert _alive_with(f"sleep {marker}"), "the command never started"
+        assert await _within(5, lambda: _alive_with(f"sleep {marker}")), "the command never started"
         await sandbox.close()
-        deadline = time.monotonic() + 5
-        while _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert not _alive_with(f"sleep {marker}")
+        assert await _within(5, lambda: not _alive_with(f"sleep {marker}"))
     finally:
         await backend.shutdown()
 
@@ -316,10 +320,7 @@ async def test_process_mode_holds_only_the_shells_whose_sessions_live_on(tmp_pat
         assert _alive_with(f"sleep {marker}")
         await sandbox.close()
         assert not sandbox._held
-        deadline = time.monotonic() + 5
-        while _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert not _alive_with(f"sleep {marker}")
+        assert await _within(5, lambda: not _alive_with(f"sleep {marker}"))
     finally:
         await backend.shutdown()
 
@@ -346,9 +347,7 @@ async def test_a_start_cancelled_while_the_process_starts_kills_and_reaps_it(mon
     release.set()
     with pytest.raises(asyncio.CancelledError):
         await task
-    deadline = time.monotonic() + 5
-    while popens[0].returncode is None and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    assert await _within(5, lambda: popens[0].returncode is not None)
     assert popens[0].returncode == -signal.SIGKILL  # killed, and reaped by Child
 
 

@@ -652,7 +652,7 @@ def test_ctrl_c_during_the_merge_stops_it_at_once_and_leaves_consistent_files(
 
 
 def test_ctrl_c_while_a_resume_reads_the_run_folder_is_heard_at_once(tmp_path, runner, model_server, monkeypatch):
-    from hermes_batch import resume, runner as runner_module
+    from hermes_batch import resume
 
     data = big_finished_run(runner, tmp_path, 30_000)
     folder = RunFolder(runner.folder().parent, "run")
@@ -662,14 +662,14 @@ def test_ctrl_c_while_a_resume_reads_the_run_folder_is_heard_at_once(tmp_path, r
 
     scanning = threading.Event()
     scan_started = []
-    real_scan = runner_module.scan_finished
+    real_read = Run._read_run_folder
 
-    def scan(folder):
+    def read(self):  # the folder built by copying has no index yet: the resume reads every record
         scan_started.append(time.perf_counter())
         scanning.set()
-        return real_scan(folder)
+        return real_read(self)
 
-    monkeypatch.setattr(runner_module, "scan_finished", scan)
+    monkeypatch.setattr(Run, "_read_run_folder", read)
     config = RunConfig(
         dataset_file=data, batch_size=100_000, run_name="run", output_dir=runner.folder().parent, resume=True,
         base_url=model_server(FAST).base_url, model="scripted-model", api_key=API_KEY, distribution="terminal_only",

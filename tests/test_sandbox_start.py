@@ -143,6 +143,20 @@ def test_a_late_backend_opens_at_the_first_tool_call(tmp_path, model_server):
     assert plugin.count("open") == plugin.count("close") == 1
 
 
+def test_waiting_for_the_sandbox_is_not_on_the_tool_calls_clock(tmp_path, model_server, monkeypatch):
+    # the open takes longer than the tool call may: the call still runs its command once the sandbox is open
+    from hermes_batch import agent
+
+    monkeypatch.setattr(agent, "TOOL_GRACE_S", 0.05)
+    plugin = SlowOpens(early=False)
+    server = model_server(ToolLoopScript(tool_calls=1))
+    result, _ = run_api(tmp_path, server, [{"prompt": "p0"}], plugin, command_timeout=OPEN_DELAY / 3)
+    assert result.exit_code == 0, result.message
+    [traj] = records(tmp_path)
+    tool_turn = next(t for t in traj["conversations"] if t["from"] == "tool")
+    assert '"exit_code": 0' in tool_turn["value"], tool_turn["value"]
+
+
 def test_a_sandbox_that_cannot_open_fails_the_prompts_that_call_a_tool(tmp_path, model_server):
     plugin = SlowOpens(fail=True)
     server = model_server(ToolLoopScript(tool_calls=1))

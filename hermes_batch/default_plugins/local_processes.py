@@ -43,7 +43,6 @@ from typing import Optional
 
 import attrs
 
-from ..threads import in_daemon_thread
 from .owned_processes import Child, kill_verified, live_pids, pidfd, pidfds_work, stat_fields
 
 log = logging.getLogger(__name__)
@@ -342,48 +341,6 @@ def session_members() -> dict:
 def alone(leader: int, members: dict) -> bool:
     """Whether nothing but ``leader`` is left in the session it leads, by :func:`session_members`."""
     return all(pid == leader for pid in members.get(leader, ()))
-
-
-class SessionCensus:
-    """:func:`session_members` for every sandbox of a run, from scans of /proc they share.
-
-    A scan reads the stat file of every process on the machine; one per
-    command was most of a process-mode run's CPU at 64 sessions.  A question
-    is answered by a scan that starts after it was asked, so every process
-    alive when it was asked is seen; the questions asked while a scan runs
-    share the next one, so scans never overlap.
-    """
-
-    def __init__(self):
-        self._waiting: list = []
-        self._scanning: Optional[asyncio.Task] = None
-
-    async def members(self) -> dict:
-        answer = asyncio.get_running_loop().create_future()
-        self._waiting.append(answer)
-        if self._scanning is None:
-            self._scanning = asyncio.get_running_loop().create_task(self._scan())
-        return await answer
-
-    async def _scan(self) -> None:
-        try:
-            while self._waiting:
-                asked, self._waiting = self._waiting, []
-                try:
-                    members = await in_daemon_thread(session_members)
-                except Exception as exc:  # reading /proc failed: every question of this round gets the error
-                    for answer in asked:
-                        if not answer.done():
-                            answer.set_exception(exc)
-                    continue
-                for answer in asked:
-                    if not answer.done():
-                        answer.set_result(members)
-        finally:
-            self._scanning = None
-            for answer in self._waiting:  # cancelled with questions left: they are cancelled too
-                answer.cancel()
-            self._waiting = []
 
 
 def kill_prompt_processes(root: str, marker: str, sessions: set, since: int = 0) -> int:

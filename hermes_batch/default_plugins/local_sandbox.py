@@ -39,10 +39,10 @@ from .local_processes import (
     MARKER_VARIABLE,
     Launcher,
     Namespace,
-    SessionCensus,
     alone,
     kill_prompt_processes,
     launcher,
+    session_members,
     ticks_since_boot,
 )
 from .owned_processes import Child
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 # After the kill, only processes that left the process group can still hold the pipe open.
 POST_KILL_DRAIN_S = 0.5
 # Process mode: a command's shell is held unreaped after it ends (its session may live on in `cmd &`);
-# once this many are held, one shared scan of /proc releases those whose sessions are empty.
+# once this many are held, one scan of /proc releases those whose sessions are empty.
 HELD_BEFORE_CHECK = 8
 
 
@@ -90,7 +90,6 @@ class LocalSandboxBackend(SandboxBackend):
         self._starting = asyncio.Semaphore(config.max_starting)
         self._open: set[LocalSandbox] = set()
         self.launcher: Optional[Launcher] = None
-        self.census = SessionCensus()  # process mode: which held shells' sessions still have members
 
     async def check(self) -> None:
         """Find how commands can run here; ConfigError when ``isolation=namespace`` cannot work."""
@@ -299,9 +298,9 @@ class LocalSandbox(Sandbox):
             child.reap()
 
     async def _release_alone(self) -> None:
-        # One scan of /proc, shared with other sandboxes, for every shell held: those whose sessions
-        # are empty need no holding.
-        members = await self._backend.census.members()
+        # One scan of /proc, off the event loop, for every shell held: those whose sessions are empty
+        # need no holding.
+        members = await in_daemon_thread(session_members)
         for child in [child for child in self._held if alone(child.pid, members)]:
             if child in self._held:  # another command of this prompt may have released it meanwhile
                 self._held.remove(child)

@@ -31,13 +31,11 @@ log = logging.getLogger(__name__)
 
 # Starting a process is a fork and an exec; a few threads keep up with any rate the event loop asks for.
 SPAWN_THREADS = 4
-_spawners: list = []
 
 
+@functools.cache
 def _spawn_executor() -> concurrent.futures.ThreadPoolExecutor:
-    if not _spawners:
-        _spawners.append(concurrent.futures.ThreadPoolExecutor(SPAWN_THREADS, thread_name_prefix="hermes-batch-spawn"))
-    return _spawners[0]
+    return concurrent.futures.ThreadPoolExecutor(SPAWN_THREADS, thread_name_prefix="hermes-batch-spawn")
 
 
 def pidfd(pid: int) -> Optional[int]:
