@@ -28,7 +28,7 @@ from cattrs.v import format_exception
 
 from .errors import ConfigError
 from .jsonguard import MAX_DEPTH, has_lone_surrogate, scrub_text, value_problem
-from .records import CallRecord, Failure, InvalidToolCall, Metadata, ToolCallRecord, Trajectory, Turn, Usage
+from .records import CallRecord, InvalidToolCall, Metadata, ToolCallRecord, Trajectory, Turn, Usage
 
 T = TypeVar("T")
 
