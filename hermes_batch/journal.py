@@ -123,6 +123,13 @@ class CallJournal:
                 answered = response is not None and i == len(ended) - 1
                 self.done(call, response.usage if answered else None)
 
+    def relay(self, entry: dict) -> None:
+        """Write a line another process journaled (a worker of the processes or Ray executor); its cost counts."""
+        cost = entry.get("cost")
+        if entry.get("event") in ("done", "usage") and isinstance(cost, (int, float)):
+            self.cost = (self.cost or 0.0) + cost
+        self._write(entry)
+
     def close(self) -> None:
         """Close the file; safe to call more than once."""
         fd, self._fd = self._fd, None

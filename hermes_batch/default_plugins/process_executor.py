@@ -1,0 +1,66 @@
+"""The processes executor: worker processes on this machine, each an event loop with its share of the sessions.
+
+One ``hermes-batch run`` process is one event loop, so it uses one core; with
+``--executor processes`` the run's process becomes the driver (it alone writes
+the run folder) and ``-E workers=N`` worker processes run the prompts.  The
+protocol is in ``hermes_batch.pipe_worker``, the leasing in ``hermes_batch.dispatch``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Awaitable, Callable, Iterator, Optional
+
+import attrs
+
+import hermes_batch
+from hermes_batch.dispatch import close_all, drive, worker_setups
+from hermes_batch.interfaces import Executor, PromptJob
+from hermes_batch.pipe_worker import PipeLink
+
+
+@hermes_batch.hookimpl
+def register_executors(register):
+    register(ProcessExecutor)
+
+
+def _positive(_instance, attribute, value) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"{attribute.name} must be at least 1, not {value}")
+
+
+@attrs.frozen
+class ProcessesConfig:
+    workers: Optional[int] = attrs.field(default=None, validator=_positive)  # None: one per core
+
+
+def default_workers() -> int:
+    """One worker per core this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class ProcessExecutor(Executor):
+    """Worker processes on this machine share --num_workers; the run's process writes the run folder."""
+
+    name = "processes"
+    description = "Worker processes on this machine (-E workers=N, default one per core) share --num_workers."
+    Config = ProcessesConfig
+
+    async def run(
+        self,
+        jobs: Iterator[PromptJob],
+        processor,
+        on_outcome: Callable[[PromptJob, object], Awaitable[None]],
+        concurrency: int,
+    ) -> None:
+        setups = worker_setups(processor, concurrency, self.config.workers or default_workers(), processor.run.run_dir)
+        links = []
+        try:
+            for setup in setups:  # each starts in the background: spawning does not wait for it to be ready
+                links.append(await PipeLink.spawn(setup, processor.plan.model.api_key))
+            await drive(links, jobs, processor, on_outcome)
+        finally:
+            await close_all(links)

@@ -1,0 +1,261 @@
+"""The driver end of a run split over workers: lease prompts, re-lease a lost worker's, record every outcome once.
+
+The driver (the ``hermes-batch run`` process) keeps the run folder to itself:
+the runner reads the dataset, decides what is left, samples toolsets and
+writes every record.  The Dispatcher only moves jobs and outcomes: each worker
+holds at most its concurrency plus ``prefetch`` prompts (so the driver's memory
+stays flat and a slow worker never hoards prompts); an outcome frees a place,
+which the next prompt fills.  A worker that is lost (its process or node died)
+takes only its leased prompts with it: they go to the remaining workers before
+any new prompt, and an outcome is recorded only for a prompt still leased to the
+worker that sends it, so every prompt ends exactly once.
+
+Budgets stay per run: the journal lines of every worker's model calls reach the
+run's calls.jsonl through the driver (``CallJournal.relay``), so ``--max_cost``
+sees the whole run's cost before each new prompt is leased; the run's call limit
+and per-minute budgets are divided among the workers in proportion to their
+concurrency (``worker.worker_plan``).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import itertools
+import logging
+from typing import Awaitable, Callable, Iterator, Optional
+
+from .errors import HermesBatchError
+from .interfaces import PromptJob
+
+log = logging.getLogger("hermes_batch.dispatch")
+
+PREFETCH = 4
+"""Prompts a worker holds beyond those it runs, so it never waits for the driver between two prompts."""
+
+
+class WorkerLost(Exception):
+    """The worker's process, actor or node is gone; ``str`` says how."""
+
+
+class WorkerError(HermesBatchError):
+    """No worker is left to run the remaining prompts."""
+
+
+class WorkerLink(abc.ABC):
+    """The driver's end of one worker, whatever carries the messages (pipes, Ray calls)."""
+
+    name: str = "worker"
+    concurrency: int = 1
+
+    @abc.abstractmethod
+    async def send(self, message: tuple) -> None:
+        """Send one message (``("lease", [(lease, job), ...])``); raise WorkerLost when the worker is gone."""
+
+    @abc.abstractmethod
+    async def receive(self) -> list:
+        """The next messages of the worker (at least one); raise WorkerLost when it is gone."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop the worker (its prompts in flight are cancelled and their sandboxes closed) and wait for it; never raises."""
+
+
+def split(total: int, parts: int) -> list[int]:
+    """``total`` divided into ``parts`` whole shares differing by at most one, none zero (fewer parts if needed)."""
+    parts = max(1, min(parts, total))
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+class Dispatcher:
+    """Runs ``jobs`` on ``links`` (each started: it has sent ``ready``) and hands each outcome to ``on_outcome``.
+
+    ``relay(entry)`` takes each journal line a worker sends; ``limits`` is called
+    with the summed state of the workers' call limiters.
+    """
+
+    def __init__(
+        self,
+        links: list[WorkerLink],
+        jobs: Iterator[PromptJob],
+        on_outcome: Callable[[PromptJob, object], Awaitable[None]],
+        relay: Callable[[dict], None],
+        limits: Optional[Callable[[tuple], None]] = None,
+        prefetch: int = PREFETCH,
+    ):
+        self.links = list(links)
+        self.jobs = jobs
+        self.on_outcome = on_outcome
+        self.relay = relay
+        self.report_limits = limits
+        self.prefetch = prefetch
+        self.leased: dict[WorkerLink, dict[int, PromptJob]] = {link: {} for link in self.links}
+        self.again: collections.deque = collections.deque()  # leases of lost workers, handed out first
+        self.exhausted = False
+        self._ids = itertools.count()
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._limits: dict[WorkerLink, tuple] = {}
+
+    async def run(self) -> None:
+        receivers = [asyncio.create_task(self._receive(link)) for link in self.links]
+        try:
+            for link in list(self.links):
+                await self._fill(link)
+            while self._outstanding():
+                link, messages = await self._events.get()
+                if isinstance(messages, WorkerLost):
+                    await self._lost(link, messages)
+                    continue
+                for message in messages:
+                    await self._handle(link, message)
+                if link in self.leased:
+                    await self._fill(link)
+        finally:
+            for task in receivers:
+                task.cancel()
+            await asyncio.gather(*receivers, return_exceptions=True)
+
+    def _outstanding(self) -> bool:
+        return bool(self.again) or not self.exhausted or any(self.leased.values())
+
+    async def _receive(self, link: WorkerLink) -> None:
+        while True:
+            try:
+                messages = await link.receive()
+            except WorkerLost as exc:
+                await self._events.put((link, exc))
+                return
+            await self._events.put((link, messages))
+
+    async def _handle(self, link: WorkerLink, message: tuple) -> None:
+        kind = message[0]
+        if kind == "journal":
+            self.relay(message[1])
+        elif kind == "outcome":
+            job = self.leased.get(link, {}).pop(message[1], None)
+            if job is not None:  # else: already re-leased elsewhere (never happens with the transports we have)
+                await self.on_outcome(job, message[2])
+        elif kind == "limits":
+            self._limits[link] = message[1:]
+            if self.report_limits is not None:
+                self.report_limits(tuple(map(sum, zip(*self._limits.values()))))
+        elif kind == "fatal":
+            raise message[1]
+
+    async def _lost(self, link: WorkerLink, why: WorkerLost) -> None:
+        orphans = self.leased.pop(link, {})
+        self.links.remove(link)
+        self._limits.pop(link, None)
+        self.again.extendleft(reversed(list(orphans.values())))
+        if orphans or not self.exhausted:
+            log.warning("%s was lost (%s); its %d prompt(s) in flight go to the other workers.", link.name, why, len(orphans))
+        if not self.links and self._outstanding():
+            raise WorkerError(
+                f"Every worker was lost (the last: {link.name}, {why}); finished prompts are saved, "
+                "run again with --resume to continue."
+            )
+        for other in list(self.links):
+            await self._fill(other)
+
+    async def _fill(self, link: WorkerLink) -> None:
+        """Lease prompts to ``link`` up to its concurrency plus the prefetch, in one message."""
+        held = self.leased[link]
+        room = link.concurrency + self.prefetch - len(held)
+        batch = []
+        while room > 0:
+            job = self._next_job()
+            if job is None:
+                break
+            lease = next(self._ids)
+            held[lease] = job
+            batch.append((lease, job))
+            room -= 1
+        if batch:
+            try:
+                await link.send(("lease", batch))
+            except WorkerLost:
+                pass  # its receiver reports the loss, and these leases go with the rest
+
+    def _next_job(self) -> Optional[PromptJob]:
+        if self.again:
+            return self.again.popleft()
+        if self.exhausted:
+            return None
+        job = next(self.jobs, None)
+        if job is None:
+            self.exhausted = True
+        return job
+
+
+# --- what every executor with workers does -----------------------------------------------------
+
+
+def worker_setups(processor, concurrency: int, workers: int, run_dir) -> list:
+    """One WorkerSetup per worker (at most ``concurrency`` of them), the concurrency split evenly."""
+    from .worker import WorkerSetup, without_secrets
+
+    plan = without_secrets(processor.plan)
+    journal = processor.client.journal
+    session = journal.session if journal is not None else 0
+    return [
+        WorkerSetup(plan, str(run_dir), share, share / concurrency, session, i)
+        for i, share in enumerate(split(concurrency, workers))
+    ]
+
+
+async def wait_ready(link: WorkerLink) -> None:
+    """Wait for a started worker's ``ready``; raise its fatal error, or WorkerError when it died starting."""
+    while True:
+        try:
+            messages = await link.receive()
+        except WorkerLost as exc:
+            raise WorkerError(f"{link.name} ended before it was ready ({exc}); see the errors above it.") from None
+        for message in messages:
+            if message[0] == "fatal":
+                raise message[1]
+            if message[0] == "ready":
+                return
+
+
+async def drive(links: list, jobs, processor, on_outcome) -> None:
+    """Wait for every worker to be ready, then dispatch ``jobs`` over them, the driver's journal and limiter fed."""
+    await asyncio.gather(*(wait_ready(link) for link in links))
+    relay, limits = _mirror(processor)
+    await Dispatcher(links, jobs, on_outcome, relay, limits).run()
+
+
+async def close_all(links: list) -> None:
+    """Stop every worker at once (each cancels its prompts and closes their sandboxes) and wait for all."""
+    await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
+
+
+def _mirror(processor) -> tuple:
+    """Relay journal lines to the run's calls.jsonl and keep the driver's limiter showing the workers' totals.
+
+    The driver's limiter makes no call itself: it is what the progress display
+    and the session record of the checkpoint read (requests, 429s, cost, limits).
+    """
+    journal, limiter = processor.client.journal, processor.client.limiter
+
+    def relay(entry: dict) -> None:
+        if journal is not None:
+            journal.relay(entry)
+        if entry.get("event") != "done":
+            return
+        limiter.requests += 1
+        status = entry.get("status")
+        if status != 200:
+            limiter.errors += 1
+        if status == 429:
+            limiter.rate_limited += 1
+        cost = entry.get("cost")
+        if isinstance(cost, (int, float)):
+            limiter.cost = (limiter.cost or 0.0) + cost
+
+    def limits(summed: tuple) -> None:
+        if len(summed) >= 3:
+            limiter.in_flight, limiter.limit = summed[0], summed[1]
+            limiter.min_limit = min(limiter.min_limit, summed[2])
+
+    return relay, limits

@@ -1,0 +1,218 @@
+"""``--executor processes``: worker processes run the prompts, the driver alone writes the run folder.
+
+Real worker processes, the real scripted model server through the real openai
+SDK, the local sandbox; kills with real signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import attrs
+import pytest
+
+from hermes_batch.dispatch import PREFETCH
+from hermes_batch.records import Usage
+from hermes_batch.testing import RoutedScript, ToolLoopScript, write_dataset
+from hermes_batch.testing.fixtures import wait_for
+from hermes_batch.testing.runner import TEST_API_KEY
+
+BASE = ("--distribution", "terminal_only", "--seed", "11", "--batch_size", "10")
+CALLS = 3  # ToolLoopScript(tool_calls=2): two tool-calling turns and the final answer
+PROCESSES = ("--executor", "processes", "-E", "workers=2")
+VOLATILE = {"timestamp", "duration_s", "latency_s"}  # differ between any two runs
+CALL_ID = re.compile(r"call_hb\d+")  # the scripted server numbers tool calls in the order requests arrive
+
+
+def prompts_of(n: int, tag: str = "task") -> list[str]:
+    return [f"{tag} {i}: say hello" for i in range(n)]
+
+
+def human(record: dict) -> str:
+    record = record.get("trajectory", record)
+    return next(turn["value"] for turn in record["conversations"] if turn["from"] == "human")
+
+
+def steady(value):
+    """``value`` without what differs between any two runs of a dataset: timestamps, durations, latencies, call ids."""
+    if isinstance(value, dict):
+        return {k: steady(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [steady(v) for v in value]
+    if isinstance(value, str):
+        return CALL_ID.sub("call_hb#", value)
+    return value
+
+
+def batch_lines(folder: Path) -> list[dict]:
+    lines = []
+    for path in folder.glob("batch_*.jsonl"):
+        lines += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return lines
+
+
+def children(pid: int, module: str = "hermes_batch.pipe_worker") -> list[int]:
+    """Worker processes whose parent is ``pid``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+            cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and module.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def processes_matching(pattern: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+
+
+def test_the_run_folder_matches_the_local_executors_record_for_record(tmp_path, runner, model_server):
+    server = model_server(ToolLoopScript(tool_calls=2), latency=0.01)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts_of(200)])
+
+    local = runner.invoke(data, *BASE, "--num_workers", "32", server=server, run_name="local")
+    assert local.exit_code == 0, local.output
+    split = runner.invoke(data, *BASE, *PROCESSES, "--num_workers", "32", server=server, run_name="split")
+    assert split.exit_code == 0, split.output
+
+    for name in ("trajectories.jsonl", "failed.jsonl", "discarded.jsonl"):
+        assert steady(runner.records(name, "split")) == steady(runner.records(name, "local")), name
+    trajectories = runner.records("trajectories.jsonl", "split")
+    assert [t["prompt_index"] for t in trajectories] == list(range(200))
+    assert all(t["api_calls"] == CALLS for t in trajectories)
+    batches = sorted(p.name for p in runner.folder("split").glob("batch_*.jsonl"))
+    assert batches == sorted(p.name for p in runner.folder("local").glob("batch_*.jsonl"))
+
+    stats = {name: json.loads((runner.folder(name) / "statistics.json").read_text()) for name in ("local", "split")}
+    for key in ("prompts", "finished", "kept", "tokens"):
+        assert steady(stats["split"][key]) == steady(stats["local"][key]), key
+    journal = [json.loads(line) for line in (runner.folder("split") / "calls.jsonl").read_text().splitlines()]
+    done = Counter(e["prompt_index"] for e in journal if e["event"] == "done")
+    assert done == Counter({i: CALLS for i in range(200)}), "each worker's calls reach the driver's journal"
+    assert server.request_count == 2 * (200 * CALLS + 1)  # the runs' calls and a preflight each
+    assert not (runner.folder("split") / "scratch").exists(), "every sandbox folder was removed"
+    for path in runner.folder("split").rglob("*"):
+        if path.is_file():
+            assert TEST_API_KEY.encode() not in path.read_bytes(), path
+
+
+def test_a_killed_worker_loses_only_its_prompts_in_flight(tmp_path, runner, model_server, procs):
+    prompts = prompts_of(80)
+    server = model_server(ToolLoopScript(tool_calls=2), latency=0.1)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
+    proc = runner.spawn(data, *BASE, *PROCESSES, "--num_workers", "8", server=server)
+    procs.append(proc)
+
+    workers = wait_for(lambda: len(children(proc.pid)) == 2 and children(proc.pid), 60, "two workers", proc)
+    wait_for(lambda: len(batch_lines(runner.folder())) >= 20, 60, "twenty finished prompts", proc)
+    os.kill(workers[0], signal.SIGKILL)
+    _out, err = proc.communicate(timeout=120)
+
+    assert proc.returncode == 0, err
+    assert "was lost (killed by signal 9)" in err and "Traceback" not in err
+    trajectories = runner.records("trajectories.jsonl")
+    assert Counter(human(t) for t in trajectories) == Counter(prompts), "every prompt exactly once"
+    assert all(t["completed"] and t["api_calls"] == CALLS for t in trajectories)
+    calls = Counter({p: server.calls_for(p) for p in prompts})
+    assert all(n >= CALLS for n in calls.values())
+    again = [p for p, n in calls.items() if n > CALLS]
+    # only the prompts the dead worker held were run again: its 4 sessions and its prefetched leases
+    assert len(again) <= 4 + PREFETCH, again
+
+
+def test_driver_killed_then_resume_loses_nothing_finished(tmp_path, runner, model_server, procs):
+    prompts = prompts_of(60)
+    first = model_server(ToolLoopScript(tool_calls=2), latency=0.1)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
+    proc = runner.spawn(data, *BASE, *PROCESSES, "--num_workers", "6", server=first)
+    procs.append(proc)
+    workers = wait_for(lambda: len(children(proc.pid)) == 2 and children(proc.pid), 60, "two workers", proc)
+    wait_for(lambda: len(batch_lines(runner.folder())) >= 15, 60, "fifteen finished prompts", proc)
+
+    proc.kill()
+    proc.communicate()
+    # a worker hears its driver is gone (end of its input) and stops, closing its sandboxes
+    wait_for(lambda: not any(alive(pid) for pid in workers), 30, "the workers to stop")
+    saved = Counter(human(t) for t in batch_lines(runner.folder()))
+    assert saved and max(saved.values()) == 1
+
+    second = model_server(ToolLoopScript(tool_calls=2), latency=0.01)
+    result = runner.invoke(data, *BASE, *PROCESSES, "--num_workers", "6", "--resume", server=second)
+    assert result.exit_code == 0, result.output
+    trajectories = runner.records("trajectories.jsonl")
+    assert Counter(human(t) for t in trajectories) == Counter(prompts)
+    assert not [p for p in saved if second.calls_for(p)], "a prompt finished before the kill was paid again"
+
+
+def test_ctrl_c_stops_the_workers_and_their_sandboxes(tmp_path, runner, model_server, procs):
+    prompts = prompts_of(12)
+    marker = f"31.{uuid.uuid4().int % 10**9:09d}"  # a sleep no other process runs
+    quick = set(prompts[:4])
+    slow = ToolLoopScript(tool_calls=1, command=f"sleep {marker}")
+    server = model_server(RoutedScript(lambda p: ToolLoopScript(tool_calls=1) if p in quick else slow), latency=0.05)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
+    proc = runner.spawn(data, *BASE, *PROCESSES, "--num_workers", "4", server=server)
+    procs.append(proc)
+    folder = runner.folder()
+
+    workers = wait_for(lambda: len(children(proc.pid)) == 2 and children(proc.pid), 60, "two workers", proc)
+    wait_for(lambda: len(batch_lines(folder)) >= 4, 60, "the quick prompts", proc)
+    wait_for(lambda: len(processes_matching(f"^sleep {marker}")) >= 4, 60, "four sleeping tool commands", proc)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=90)
+
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "--resume" in err
+    assert not any(alive(pid) for pid in workers)
+    wait_for(lambda: not processes_matching(marker), 5, "the tool commands to be killed")
+    scratch = folder / "scratch"
+    assert not scratch.exists() or list(scratch.iterdir()) == []
+    assert Counter(human(t) for t in batch_lines(folder)) == Counter(quick)
+
+
+def test_max_cost_is_one_budget_for_all_workers(tmp_path, runner, model_server):
+    usage = Usage(prompt_tokens=10, completion_tokens=5, cost=0.01)
+    loop = ToolLoopScript(tool_calls=1)
+
+    def priced(request):
+        return attrs.evolve(loop(request), usage=usage)
+
+    server = model_server(priced, latency=0.02)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts_of(40)])
+    result = runner.invoke(data, *BASE, *PROCESSES, "--num_workers", "2", "--max_cost", "0.05", server=server)
+    assert result.exit_code == 0, result.output
+    assert "--max_cost" in result.stderr
+    finished = runner.records("trajectories.jsonl")
+    # 0.02 per prompt: the budget is reached after 3 prompts; the 2 sessions and their prefetch may finish too
+    assert 3 <= len(finished) <= 3 + 2 + 2 * PREFETCH < 40
+    checkpoint = json.loads((runner.folder() / "checkpoint.json").read_text())
+    assert checkpoint["sessions"][-1]["budget_reached"] is True
+
+
+def test_a_bad_worker_count_is_one_sentence(tmp_path, runner, model_server):
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": "hi"}])
+    result = runner.invoke(data, "--executor", "processes", "-E", "workers=0", server=model_server())
+    assert result.exit_code == 2
+    assert "workers" in result.output and "Traceback" not in result.output
