@@ -191,17 +191,15 @@ class Dispatcher:
 # --- what every executor with workers does -----------------------------------------------------
 
 
-def worker_setups(processor, concurrency: int, workers: int, run_dir) -> list:
-    """One WorkerSetup per worker (at most ``concurrency`` of them), the concurrency split evenly."""
+def worker_setups(processor, shares: list, run_dir) -> list:
+    """One WorkerSetup per worker, ``shares`` its concurrency (see ``split``)."""
     from .worker import WorkerSetup, without_secrets
 
     plan = without_secrets(processor.plan)
     journal = processor.client.journal
     session = journal.session if journal is not None else 0
-    return [
-        WorkerSetup(plan, str(run_dir), share, share / concurrency, session, i)
-        for i, share in enumerate(split(concurrency, workers))
-    ]
+    total = sum(shares)
+    return [WorkerSetup(plan, str(run_dir), share, share / total, session, i) for i, share in enumerate(shares)]
 
 
 async def wait_ready(link: WorkerLink) -> None:

@@ -19,6 +19,7 @@ quietly "$VENV/bin/pip" install --disable-pip-version-check \
     -e plugins/hermes_batch_toolbox \
     -e plugins/hermes_batch_filters \
     -e plugins/hermes_batch_parquet \
+    -e plugins/hermes_batch_ray \
     'duckdb>=1.1'
 ensure_docker_for_tests
 ensure_apptainer_for_tests

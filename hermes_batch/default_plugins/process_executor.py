@@ -14,7 +14,7 @@ from typing import Awaitable, Callable, Iterator, Optional
 import attrs
 
 import hermes_batch
-from hermes_batch.dispatch import close_all, drive, worker_setups
+from hermes_batch.dispatch import close_all, drive, split, worker_setups
 from hermes_batch.interfaces import Executor, PromptJob
 from hermes_batch.pipe_worker import PipeLink
 
@@ -56,7 +56,8 @@ class ProcessExecutor(Executor):
         on_outcome: Callable[[PromptJob, object], Awaitable[None]],
         concurrency: int,
     ) -> None:
-        setups = worker_setups(processor, concurrency, self.config.workers or default_workers(), processor.run.run_dir)
+        shares = split(concurrency, self.config.workers or default_workers())
+        setups = worker_setups(processor, shares, processor.run.run_dir)
         links = []
         try:
             for setup in setups:  # each starts in the background: spawning does not wait for it to be ready

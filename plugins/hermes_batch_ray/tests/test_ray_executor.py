@@ -1,0 +1,117 @@
+"""``--executor ray`` on a real local Ray cluster of two nodes, against the scripted model server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from collections import Counter
+
+import pytest
+
+from hermes_batch.dispatch import PREFETCH
+from hermes_batch.testing import ToolLoopScript, write_dataset
+from hermes_batch.testing.fixtures import wait_for
+from hermes_batch.testing.runner import TEST_API_KEY
+
+from ray_rig import ray_cluster  # noqa: F401 - the session's cluster
+
+BASE = ("--distribution", "terminal_only", "--seed", "11", "--batch_size", "10")
+CALLS = 3  # ToolLoopScript(tool_calls=2)
+VOLATILE = {"timestamp", "duration_s", "latency_s"}
+CALL_ID = re.compile(r"call_hb\d+")  # the scripted server numbers tool calls in the order requests arrive
+
+
+def ray_options(cluster, *extra: str) -> tuple:
+    return ("--executor", "ray", "-E", f"address={cluster.address}", *extra)
+
+
+def prompts_of(n: int) -> list[str]:
+    return [f"task {i}: say hello" for i in range(n)]
+
+
+def human(record: dict) -> str:
+    return next(turn["value"] for turn in record["conversations"] if turn["from"] == "human")
+
+
+def steady(value):
+    """``value`` without what differs between any two runs of a dataset: timestamps, durations, latencies, call ids."""
+    if isinstance(value, dict):
+        return {k: steady(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [steady(v) for v in value]
+    if isinstance(value, str):
+        return CALL_ID.sub("call_hb#", value)
+    return value
+
+
+def test_the_run_folder_matches_the_local_executors_and_both_nodes_run_prompts(tmp_path, runner, model_server, ray_cluster):
+    server = model_server(ToolLoopScript(tool_calls=2), latency=0.01)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts_of(200)])
+
+    local = runner.invoke(data, *BASE, "--num_workers", "32", server=server, run_name="local")
+    assert local.exit_code == 0, local.output
+    spread = runner.invoke(data, *BASE, *ray_options(ray_cluster), "--num_workers", "32", "--verbose",
+                           server=server, run_name="ray")
+    assert spread.exit_code == 0, spread.output[-3000:]
+
+    for name in ("trajectories.jsonl", "failed.jsonl", "discarded.jsonl"):
+        assert steady(runner.records(name, "ray")) == steady(runner.records(name, "local")), name
+    assert [t["prompt_index"] for t in runner.records("trajectories.jsonl", "ray")] == list(range(200))
+    stats = {name: json.loads((runner.folder(name) / "statistics.json").read_text()) for name in ("local", "ray")}
+    for key in ("prompts", "finished", "kept", "tokens"):
+        assert steady(stats["ray"][key]) == steady(stats["local"][key]), key
+    # one actor per node (the default), each on a node of its own
+    nodes = set(re.findall(r"Ray worker \d+ on \S+ \(node (\w+)\)", spread.output))
+    assert len(nodes) == 2, spread.output[-3000:]
+    journal = [json.loads(line) for line in (runner.folder("ray") / "calls.jsonl").read_text().splitlines()]
+    assert Counter(e["prompt_index"] for e in journal if e["event"] == "done") == Counter({i: CALLS for i in range(200)})
+    for path in runner.folder("ray").rglob("*"):
+        if path.is_file():
+            assert TEST_API_KEY.encode() not in path.read_bytes(), path
+
+
+def test_a_killed_actor_loses_only_its_prompts_in_flight(tmp_path, runner, model_server, procs, ray_cluster):
+    prompts = prompts_of(60)
+    server = model_server(ToolLoopScript(tool_calls=2), latency=0.1)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
+    scratch = tmp_path / "node-scratch"
+    proc = runner.spawn(data, *BASE, *ray_options(ray_cluster, "-E", "workers=2", "-E", "concurrency_per_worker=3",
+                                                   "-E", f"scratch_dir={scratch}"),
+                        "--num_workers", "6", server=server)
+    procs.append(proc)
+
+    actors = wait_for(lambda: len(ray_cluster.processes("ray::PromptActor")) == 2 and ray_cluster.processes("ray::PromptActor"),
+                      120, "two actors", proc)
+    wait_for(lambda: len([l for p in runner.folder().glob("batch_*.jsonl") for l in p.read_text().splitlines()]) >= 15,
+             120, "fifteen finished prompts", proc)
+    os.kill(actors[0], signal.SIGKILL)
+    _out, err = proc.communicate(timeout=180)
+
+    assert proc.returncode == 0, err[-3000:]
+    assert "was lost" in err
+    trajectories = runner.records("trajectories.jsonl")
+    assert Counter(human(t) for t in trajectories) == Counter(prompts), "every prompt exactly once"
+    calls = {p: server.calls_for(p) for p in prompts}
+    assert all(n >= CALLS for n in calls.values())
+    again = [p for p, n in calls.items() if n > CALLS]
+    assert len(again) <= 3 + PREFETCH, again
+    # the surviving actor removed its folder; the killed one's holds only the sandboxes it had open
+    left = [path for path in scratch.glob("*/scratch/*")]
+    assert len(left) <= 3, left
+
+
+def test_an_unreachable_cluster_is_one_sentence_and_exit_status_2(tmp_path, runner, model_server):
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": "hi"}])
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = model_server()
+    result = runner.invoke(data, "--executor", "ray", "-E", f"address=127.0.0.1:{port}", server=server)
+    assert result.exit_code == 2, result.output
+    assert "Could not reach the Ray cluster at 127.0.0.1:" in result.output and "Traceback" not in result.output
+    assert not runner.folder().exists(), "nothing of the failed start is left behind"
+    assert server.request_count <= 1  # the preflight at most
