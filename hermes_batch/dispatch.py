@@ -138,7 +138,8 @@ class Dispatcher:
                 await self.on_outcome(job, message[2])
         elif kind == "limits":
             self._limits[link] = message[1:]
-            if self.report_limits is not None:
+            # summed once every worker has reported: one worker's limit alone is not the run's
+            if self.report_limits is not None and len(self._limits) == len(self.links):
                 self.report_limits(tuple(map(sum, zip(*self._limits.values()))))
         elif kind == "fatal":
             raise message[1]
