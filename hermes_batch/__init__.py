@@ -31,6 +31,7 @@ from .errors import (  # noqa: E402 (hookimpl and PROJECT_NAME first: the module
     SandboxError,
     UsageError,
 )
+from .dispatch import WorkerLink, WorkerLost, run_on_workers  # noqa: E402
 from .filtering import RunFilter  # noqa: E402
 from .function_tools import tool  # noqa: E402
 from .interfaces import (  # noqa: E402
@@ -75,6 +76,7 @@ from .records import (  # noqa: E402
 from .retry import error_for_status  # noqa: E402
 from .run_context import RunContext  # noqa: E402
 from .serialization import structure_config, trajectory_from_dict, trajectory_to_dict  # noqa: E402
+from .worker import PromptWorker, WorkerSetup  # noqa: E402
 from .writers import FileWriter, Sink  # noqa: E402
 
 __all__ = [
@@ -108,6 +110,12 @@ __all__ = [
     "RunPlan",
     "build_processor",
     "NoOptions",
+    # executors whose prompts run elsewhere: the driver leases, workers run them
+    "run_on_workers",
+    "WorkerLink",
+    "WorkerLost",
+    "WorkerSetup",
+    "PromptWorker",
     "RunContext",
     # records
     "SCHEMA_VERSION",

@@ -224,6 +224,31 @@ async def drive(links: list, jobs, processor, on_outcome) -> None:
     await Dispatcher(links, jobs, on_outcome, relay, limits).run()
 
 
+async def run_on_workers(
+    start: Callable[..., Awaitable[WorkerLink]],
+    shares: list,
+    jobs: Iterator[PromptJob],
+    processor,
+    on_outcome: Callable[[PromptJob, object], Awaitable[None]],
+) -> None:
+    """What an executor with workers does in ``Executor.run``: start them, lease them ``jobs``, stop them.
+
+    ``start(setup, api_key)`` starts one worker per entry of ``shares`` (its
+    sessions) and returns its link without waiting for it to be ready: it
+    hands ``setup`` (a WorkerSetup, without the key) to a ``PromptWorker`` where
+    the prompts are to run, and ``api_key`` through that place's environment
+    (``PromptWorker.environment``).  Every worker is stopped at the end, also
+    on errors and Ctrl-C.
+    """
+    links = []
+    try:
+        for setup in worker_setups(processor, shares, processor.run.run_dir):
+            links.append(await start(setup, processor.plan.model.api_key))
+        await drive(links, jobs, processor, on_outcome)
+    finally:
+        await close_all(links)
+
+
 async def close_all(links: list) -> None:
     """Stop every worker at once (each cancels its prompts and closes their sandboxes) and wait for all."""
     await asyncio.gather(*(link.close() for link in links), return_exceptions=True)

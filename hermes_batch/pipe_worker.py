@@ -11,7 +11,7 @@ worker stops the same way, closing its sandboxes.
 
 Workers run in a session of their own, so a Ctrl-C at the terminal reaches the
 driver only, which then stops them in order.  The API key comes in the
-worker's environment (API_KEY_VARIABLE), which the worker clears before any
+worker's environment (``PromptWorker.environment``), which the worker clears before any
 sandbox starts; the pickled setup never holds it.
 """
 
@@ -26,7 +26,7 @@ import sys
 from typing import Optional
 
 from .dispatch import WorkerLink, WorkerLost
-from .worker import API_KEY_VARIABLE, PromptWorker, WorkerSetup, worker_environment
+from .worker import PromptWorker, WorkerSetup
 
 log = logging.getLogger("hermes_batch.worker")
 
@@ -59,7 +59,7 @@ class PipeLink(WorkerLink):
 
     @classmethod
     async def spawn(cls, setup: WorkerSetup, api_key: Optional[str]) -> "PipeLink":
-        env = dict(os.environ, **worker_environment(api_key))
+        env = dict(os.environ, **PromptWorker.environment(api_key))
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "hermes_batch.pipe_worker",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True,
@@ -188,7 +188,7 @@ def main() -> int:
 
     # Ctrl-C is the driver's to handle: it stops its workers in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    api_key = os.environ.pop(API_KEY_VARIABLE, None)  # gone before any sandbox or tool starts
+    api_key = PromptWorker.take_api_key()  # gone from the environment before any sandbox or tool starts
     read_fd, write_fd = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)

@@ -53,11 +53,6 @@ def without_secrets(plan: RunPlan) -> RunPlan:
     return attrs.evolve(plan, config=attrs.evolve(plan.config, api_key=None), model=attrs.evolve(plan.model, api_key=None))
 
 
-def worker_environment(api_key: Optional[str]) -> dict:
-    """The environment variables a worker needs besides its parent's: the run's API key."""
-    return {API_KEY_VARIABLE: api_key} if api_key else {}
-
-
 def worker_plan(setup: WorkerSetup, api_key: Optional[str]) -> RunPlan:
     """The plan a worker runs: the key from its environment, its share of the call limit and per-minute budgets."""
     plan, share = setup.plan, setup.share
@@ -97,19 +92,30 @@ class PromptWorker:
     """Runs leased prompts ``setup.concurrency`` at a time and emits what happens.
 
     ``emit`` is called in the worker's event loop with each message; it must not
-    block (the transport batches them).
+    block (the transport batches them).  ``api_key``: what ``take_api_key``
+    found in the worker's environment.
     """
 
     def __init__(self, setup: WorkerSetup, emit: Callable[[tuple], None], *, api_key: Optional[str] = None,
                  registry: Any = None):
         self.setup = setup
         self.emit = emit
-        self.plan = worker_plan(setup, api_key if api_key is not None else os.environ.get(API_KEY_VARIABLE))
+        self.plan = worker_plan(setup, api_key)
         self.registry = registry if registry is not None else collect(get_plugin_manager())
         self.queue: asyncio.Queue = asyncio.Queue()
         self.tasks: list[asyncio.Task] = []
         self.processor = None
         self.failed = False
+
+    @staticmethod
+    def environment(api_key: Optional[str]) -> dict:
+        """The variables to add to a worker's environment (its process's, or a Ray runtime environment): the API key."""
+        return {API_KEY_VARIABLE: api_key} if api_key else {}
+
+    @staticmethod
+    def take_api_key() -> Optional[str]:
+        """The API key from this process's environment, removed from it (before any sandbox or tool starts)."""
+        return os.environ.pop(API_KEY_VARIABLE, None)
 
     async def start(self) -> None:
         """Build and start the prompt processor, then the consumers of leases; emits ``ready`` or ``fatal``."""

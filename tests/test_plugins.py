@@ -23,7 +23,7 @@ def test_default_plugins_register_the_core_features():
     assert {"terminal", "file"} <= set(registry.names("toolsets"))
     assert registry.names("filters") == ["hallucinated-tools", "no-reasoning"]
     assert registry.names("writers") == ["jsonl", "openai", "sharegpt"]
-    assert registry.names("executors") == ["local"]
+    assert registry.names("executors") == ["local", "processes"]
     assert "default" in registry.names("distributions")
     owners = registry.tool_owner()
     assert owners["terminal"] == "terminal"

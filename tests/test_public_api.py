@@ -14,7 +14,7 @@ import hermes_batch.testing
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN_FOLDERS = ["hermes_batch_docker", "hermes_batch_singularity", "hermes_batch_modal",
                   "plugins/hermes_batch_example", "plugins/hermes_batch_filters", "plugins/hermes_batch_parquet",
-                  "plugins/hermes_batch_toolbox"]
+                  "plugins/hermes_batch_ray", "plugins/hermes_batch_toolbox"]
 PUBLIC_MODULES = {"hermes_batch", "hermes_batch.testing"}
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 

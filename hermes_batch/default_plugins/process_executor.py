@@ -14,7 +14,7 @@ from typing import Awaitable, Callable, Iterator, Optional
 import attrs
 
 import hermes_batch
-from hermes_batch.dispatch import close_all, drive, split, worker_setups
+from hermes_batch.dispatch import run_on_workers, split
 from hermes_batch.interfaces import Executor, PromptJob
 from hermes_batch.pipe_worker import PipeLink
 
@@ -57,11 +57,4 @@ class ProcessExecutor(Executor):
         concurrency: int,
     ) -> None:
         shares = split(concurrency, self.config.workers or default_workers())
-        setups = worker_setups(processor, shares, processor.run.run_dir)
-        links = []
-        try:
-            for setup in setups:  # each starts in the background: spawning does not wait for it to be ready
-                links.append(await PipeLink.spawn(setup, processor.plan.model.api_key))
-            await drive(links, jobs, processor, on_outcome)
-        finally:
-            await close_all(links)
+        await run_on_workers(PipeLink.spawn, shares, jobs, processor, on_outcome)

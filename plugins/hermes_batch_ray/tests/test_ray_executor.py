@@ -10,15 +10,13 @@ from collections import Counter
 
 import pytest
 
-from hermes_batch.dispatch import PREFETCH
-from hermes_batch.testing import ToolLoopScript, write_dataset
-from hermes_batch.testing.fixtures import wait_for
-from hermes_batch.testing.runner import TEST_API_KEY
+from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, wait_for, write_dataset
 
 from ray_rig import ray_cluster  # noqa: F401 - the session's cluster
 
 BASE = ("--distribution", "terminal_only", "--seed", "11", "--batch_size", "10")
 CALLS = 3  # ToolLoopScript(tool_calls=2)
+PREFETCH = 4  # prompts the driver leases a worker beyond its sessions (docs/executors.md)
 VOLATILE = {"timestamp", "duration_s", "latency_s"}
 CALL_ID = re.compile(r"call_hb\d+")  # the scripted server numbers tool calls in the order requests arrive
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import attrs
 
-from hermes_batch.worker import API_KEY_VARIABLE, PromptWorker, WorkerSetup
+from hermes_batch import PromptWorker, WorkerSetup
 
 
 class PromptActor:
@@ -28,7 +28,7 @@ class PromptActor:
     """
 
     def __init__(self, setup: WorkerSetup, scratch_dir: Optional[str] = None):
-        self.api_key = os.environ.pop(API_KEY_VARIABLE, None)
+        self.api_key = PromptWorker.take_api_key()
         self.setup = setup
         self.pending: list = []
         self.wake = asyncio.Event()

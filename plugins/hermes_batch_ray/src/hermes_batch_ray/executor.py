@@ -16,10 +16,7 @@ from typing import Awaitable, Callable, Iterator, Optional
 
 import attrs
 
-from hermes_batch.dispatch import WorkerError, WorkerLink, WorkerLost, close_all, drive, worker_setups
-from hermes_batch.errors import UsageError
-from hermes_batch.interfaces import Executor, PromptJob
-from hermes_batch.worker import worker_environment
+from hermes_batch import Executor, PromptJob, PromptWorker, UsageError, WorkerLink, WorkerLost, run_on_workers
 
 log = logging.getLogger("hermes_batch.ray")
 
@@ -70,16 +67,11 @@ class RayExecutor(Executor):
                     "pass fewer -E workers=N or a smaller -E num_cpus=X."
                 )
             per_worker = cfg.concurrency_per_worker or max(1, math.ceil(concurrency / workers))
-            setups = worker_setups(processor, [per_worker] * workers, processor.run.run_dir)
-            links = []
-            try:
-                for setup in setups:
-                    links.append(RayLink.create(setup, processor.plan.model.api_key, cfg))
-                await asyncio.gather(*(link.start() for link in links))
-                log.info("Running on %s.", ", ".join(link.name for link in links))
-                await drive(links, jobs, processor, on_outcome)
-            finally:
-                await close_all(links)
+
+            async def start(setup, api_key):
+                return RayLink.create(setup, api_key, cfg)
+
+            await run_on_workers(start, [per_worker] * workers, jobs, processor, on_outcome)
         finally:
             await asyncio.to_thread(ray.shutdown)
 
@@ -122,6 +114,7 @@ class RayLink(WorkerLink):
 
     def __init__(self, actor, index: int, concurrency: int):
         self.actor = actor
+        self.started = False
         self.index = index
         self.concurrency = concurrency
         self.name = f"Ray worker {index + 1}"
@@ -132,7 +125,7 @@ class RayLink(WorkerLink):
 
         from .actor import PromptActor
 
-        env = worker_environment(api_key)
+        env = PromptWorker.environment(api_key)
         actor = ray.remote(PromptActor).options(
             num_cpus=cfg.num_cpus,
             scheduling_strategy="SPREAD",
@@ -141,14 +134,15 @@ class RayLink(WorkerLink):
         ).remote(setup, cfg.scratch_dir)
         return cls(actor, setup.index, setup.concurrency)
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         import ray
 
         try:
             host, node = await self.actor.start.remote()
         except ray.exceptions.RayError as exc:
-            raise WorkerError(f"{self.name} could not start ({_first_line(exc)}); see the errors above it.") from None
+            raise WorkerLost(f"it could not start: {_first_line(exc)}") from None
         self.name = f"Ray worker {self.index + 1} on {host} (node {node[:8]})"
+        log.info("%s runs %d sessions.", self.name, self.concurrency)
 
     async def send(self, message: tuple) -> None:
         import ray
@@ -161,6 +155,9 @@ class RayLink(WorkerLink):
     async def receive(self) -> list:
         import ray
 
+        if not self.started:  # the first receive waits for the actor to start: all start at once
+            self.started = True
+            await self._start()
         try:
             return await self.actor.poll.remote()
         except ray.exceptions.RayError as exc:
