@@ -113,3 +113,59 @@ def test_an_unreachable_cluster_is_one_sentence_and_exit_status_2(tmp_path, runn
     assert "Could not reach the Ray cluster at 127.0.0.1:" in result.output and "Traceback" not in result.output
     assert not runner.folder().exists(), "nothing of the failed start is left behind"
     assert server.request_count <= 1  # the preflight at most
+
+
+def batch_lines(folder) -> list[dict]:
+    return [json.loads(line) for path in folder.glob("batch_*.jsonl") for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_driver_killed_then_resume_loses_nothing_finished(tmp_path, runner, model_server, procs, ray_cluster):
+    prompts = prompts_of(50)
+    first = model_server(ToolLoopScript(tool_calls=2), latency=0.1)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
+    options = ray_options(ray_cluster, "-E", f"scratch_dir={tmp_path / 'node-scratch'}")
+    proc = runner.spawn(data, *BASE, *options, "--num_workers", "6", server=first)
+    procs.append(proc)
+    wait_for(lambda: len(batch_lines(runner.folder())) >= 15, 120, "fifteen finished prompts", proc)
+
+    proc.kill()
+    proc.communicate()
+    # Ray ends the actors of a driver that is gone
+    wait_for(lambda: not ray_cluster.processes("ray::PromptActor"), 60, "the actors to end")
+    saved = Counter(human(t) for t in batch_lines(runner.folder()))
+    assert saved and max(saved.values()) == 1
+
+    second = model_server(ToolLoopScript(tool_calls=2), latency=0.01)
+    result = runner.invoke(data, *BASE, *options, "--num_workers", "6", "--resume", server=second)
+    assert result.exit_code == 0, result.output[-3000:]
+    assert Counter(human(t) for t in runner.records("trajectories.jsonl")) == Counter(prompts)
+    assert not [p for p in saved if second.calls_for(p)], "a prompt finished before the kill was paid again"
+
+
+def test_ctrl_c_stops_the_actors_and_their_sandboxes(tmp_path, runner, model_server, procs, ray_cluster):
+    import uuid
+
+    from hermes_batch.testing import RoutedScript
+
+    prompts = prompts_of(10)
+    marker = f"37.{uuid.uuid4().int % 10**9:09d}"  # a sleep no other process runs
+    quick = set(prompts[:4])
+    slow = ToolLoopScript(tool_calls=1, command=f"sleep {marker}")
+    server = model_server(RoutedScript(lambda p: ToolLoopScript(tool_calls=1) if p in quick else slow), latency=0.05)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
+    scratch = tmp_path / "node-scratch"
+    proc = runner.spawn(data, *BASE, *ray_options(ray_cluster, "-E", f"scratch_dir={scratch}"), "--num_workers", "4",
+                        server=server)
+    procs.append(proc)
+
+    wait_for(lambda: len(batch_lines(runner.folder())) >= 4, 120, "the quick prompts", proc)
+    wait_for(lambda: len(ray_cluster.processes(f"sleep {marker}")) >= 4, 60, "four sleeping tool commands", proc)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=120)
+
+    assert proc.returncode == 130, err[-3000:]
+    assert "--resume" in err
+    wait_for(lambda: not ray_cluster.processes(f"sleep {marker}"), 10, "the tool commands to be killed")
+    wait_for(lambda: not ray_cluster.processes("ray::PromptActor"), 60, "the actors to end")
+    assert list(scratch.iterdir()) == [], "each actor removed its sandboxes' folders"
+    assert Counter(human(t) for t in batch_lines(runner.folder())) == Counter(quick)
