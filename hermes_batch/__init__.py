@@ -76,7 +76,6 @@ from .records import (  # noqa: E402
 from .retry import error_for_status  # noqa: E402
 from .run_context import RunContext  # noqa: E402
 from .serialization import structure_config, trajectory_from_dict, trajectory_to_dict  # noqa: E402
-from .worker import PromptWorker, WorkerSetup  # noqa: E402
 from .writers import FileWriter, Sink  # noqa: E402
 
 __all__ = [
@@ -157,10 +156,11 @@ __all__ = [
 
 # The run engine loads the model SDKs: imported at first use, so that a plugin's
 # ``import hermes_batch`` stays light.
-_LAZY = {"RunPlan": "plan", "build_processor": "plan"}
+_LAZY = {"RunPlan": "plan", "build_processor": "plan", "PromptWorker": "worker", "WorkerSetup": "worker"}
 
 if TYPE_CHECKING:
     from .plan import RunPlan, build_processor
+    from .worker import PromptWorker, WorkerSetup
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,6 @@ import attrs
 import hermes_batch
 from hermes_batch.dispatch import run_on_workers, split
 from hermes_batch.interfaces import Executor, PromptJob
-from hermes_batch.pipe_worker import PipeLink
 
 
 @hermes_batch.hookimpl
@@ -56,5 +55,7 @@ class ProcessExecutor(Executor):
         on_outcome: Callable[[PromptJob, object], Awaitable[None]],
         concurrency: int,
     ) -> None:
+        from hermes_batch.pipe_worker import PipeLink  # the run engine: loaded when a run starts
+
         shares = split(concurrency, self.config.workers or default_workers())
         await run_on_workers(PipeLink.spawn, shares, jobs, processor, on_outcome)

@@ -16,7 +16,7 @@ from typing import Awaitable, Callable, Iterator, Optional
 
 import attrs
 
-from hermes_batch import Executor, PromptJob, PromptWorker, UsageError, WorkerLink, WorkerLost, run_on_workers
+from hermes_batch import Executor, PromptJob, UsageError, WorkerLink, WorkerLost, run_on_workers
 
 log = logging.getLogger("hermes_batch.ray")
 
@@ -122,6 +122,8 @@ class RayLink(WorkerLink):
     @classmethod
     def create(cls, setup, api_key: Optional[str], cfg: RayConfig) -> "RayLink":
         import ray
+
+        from hermes_batch import PromptWorker  # the engine: loaded when a run starts, not with the plugin
 
         from .actor import PromptActor
 
