@@ -65,6 +65,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _node_ports() -> tuple:
+    """Free ports for what a node would otherwise listen on at fixed defaults, so two clusters can share a machine
+    (the suite under pytest-xdist starts one per test process that runs these tests)."""
+    names = ("--metrics-export-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+             "--runtime-env-agent-port")
+    return tuple(part for name in names for part in (name, str(_free_port())))
+
+
 def _ray(*args: str, env: dict) -> None:
     proc = subprocess.run([RAY, *args], capture_output=True, text=True, env=env, timeout=180)
     if proc.returncode != 0:
@@ -82,8 +90,9 @@ def ray_cluster():
     common = ("--num-cpus", str(NODE_CPUS), "--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats")
     try:
         _ray("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--temp-dir", str(temp_dir),
-             "--include-dashboard", "false", *common, env=env)
-        _ray("start", "--address", cluster.address, "--node-ip-address", "127.0.0.1", *common, env=env)
+             "--include-dashboard", "false", "--dashboard-port", str(_free_port()),
+             "--ray-client-server-port", str(_free_port()), *_node_ports(), *common, env=env)
+        _ray("start", "--address", cluster.address, "--node-ip-address", "127.0.0.1", *_node_ports(), *common, env=env)
         _wait_for_nodes(cluster, 2, env)
         yield cluster
     finally:
