@@ -24,6 +24,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import time
 from typing import Awaitable, Callable, Iterator, Optional
 
 from .errors import HermesBatchError
@@ -219,7 +220,10 @@ async def wait_ready(link: WorkerLink) -> None:
 
 async def drive(links: list, jobs, processor, on_outcome) -> None:
     """Wait for every worker to be ready, then dispatch ``jobs`` over them, the driver's journal and limiter fed."""
+    started = time.monotonic()
     await asyncio.gather(*(wait_ready(link) for link in links))
+    log.info("%d workers ready in %.1f s: %s.", len(links), time.monotonic() - started,
+             ", ".join(f"{link.name} ({link.concurrency} sessions)" for link in links))
     relay, limits = _mirror(processor)
     await Dispatcher(links, jobs, on_outcome, relay, limits).run()
 

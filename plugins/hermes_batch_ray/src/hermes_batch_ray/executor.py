@@ -144,7 +144,6 @@ class RayLink(WorkerLink):
         except ray.exceptions.RayError as exc:
             raise WorkerLost(f"it could not start: {_first_line(exc)}") from None
         self.name = f"Ray worker {self.index + 1} on {host} (node {node[:8]})"
-        log.info("%s runs %d sessions.", self.name, self.concurrency)
 
     async def send(self, message: tuple) -> None:
         import ray
