@@ -91,7 +91,7 @@ def ray_cluster():
     try:
         _ray("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--temp-dir", str(temp_dir),
              "--include-dashboard", "false", "--dashboard-port", str(_free_port()),
-             "--ray-client-server-port", str(_free_port()), *_node_ports(), *common, env=env)
+             *_node_ports(), *common, env=env)
         _ray("start", "--address", cluster.address, "--node-ip-address", "127.0.0.1", *_node_ports(), *common, env=env)
         _wait_for_nodes(cluster, 2, env)
         yield cluster
