@@ -333,3 +333,18 @@ def test_once_final_the_batch_files_can_go_and_a_resume_runs_only_new_prompts(tm
     assert {p for p in more if second.calls_for(p)} == set(more[10:])  # the deleted batches' prompts stay done
     assert_merged_once(runner, more)  # the new batch appended to what the output held
     assert json.loads((folder / "statistics.json").read_text())["prompts"]["kept"] == 15
+
+
+@pytest.mark.parametrize("client", ["openai", "anthropic"])
+def test_a_resume_with_nothing_left_imports_no_model_sdk(tmp_path, runner, model_server, client):
+    # importing an SDK takes one to three seconds, a large share of a finished million-prompt run's resume
+    extra = ("--model_client", client)
+    _prompts, data = finished_run(tmp_path, runner, model_server, 10, *extra)
+    server = model_server(FAST)
+    child = runner.spawn(data, *BASE, *extra, "--resume", server=server, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    _out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
+    assert "hermes_batch.runner" in imported  # the profile is there
+    assert not imported & {"openai", "anthropic"}
+    assert server.request_count == 0

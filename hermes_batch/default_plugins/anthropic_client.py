@@ -9,6 +9,7 @@ because the API rejects thinking blocks whose signature does not match.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -106,23 +107,6 @@ class AnthropicClient(ModelClient):
 
     def __init__(self, settings: ModelSettings):
         super().__init__(settings)
-        # An explicit key, always: without one the SDK would look for profiles in the home folder.
-        api_key = settings.api_key or os.environ.get("ANTHROPIC_API_KEY") or "EMPTY"
-        # Imported here: the SDK costs ~40 MB, which runs with other clients should not pay.
-        import anthropic
-
-        from anthropic.types import Message as AnthropicMessage
-
-        self._sdk = anthropic
-        self._response_type = AnthropicMessage
-        # The SDK's own retries know nothing of our run-wide stop on auth errors.
-        self._client = anthropic.AsyncAnthropic(
-            api_key=api_key,
-            base_url=sdk_base_url(settings.base_url),
-            max_retries=0,
-            timeout=settings.request_timeout,
-            http_client=http_client(anthropic, settings),
-        )
         self._budget, self._max_tokens = thinking_limits(settings)
         self._provider = "Anthropic" if is_anthropic_url(settings.base_url) else None
         # The parts of every body that do not change during the run, serialized once, in create()'s order.
@@ -133,6 +117,27 @@ class AnthropicClient(ModelClient):
         self._options = {"timeout": settings.request_timeout}  # as create() was given it
         self._part_json = WireCache(_part_json)
         self._tool_json = WireCache(lambda tool: json_bytes(_tool_param(tool)))
+
+    @functools.cached_property
+    def _client(self) -> "anthropic.AsyncAnthropic":
+        # Made at the first request: the SDK costs ~40 MB and seconds to import, which runs with other
+        # clients, and a resume with nothing left to run, should not pay.
+        import anthropic
+
+        from anthropic.types import Message as AnthropicMessage
+
+        self._sdk = anthropic
+        self._response_type = AnthropicMessage
+        # An explicit key, always: without one the SDK would look for profiles in the home folder.
+        api_key = self.settings.api_key or os.environ.get("ANTHROPIC_API_KEY") or "EMPTY"
+        # The SDK's own retries know nothing of our run-wide stop on auth errors.
+        return anthropic.AsyncAnthropic(
+            api_key=api_key,
+            base_url=sdk_base_url(self.settings.base_url),
+            max_retries=0,
+            timeout=self.settings.request_timeout,
+            http_client=http_client(anthropic, self.settings),
+        )
 
     @classmethod
     def handles_base_url(cls, base_url: str) -> bool:
@@ -153,10 +158,11 @@ class AnthropicClient(ModelClient):
         return b"".join(parts)
 
     async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
+        client = self._client
         try:
             # post() rather than messages.create(): our body as it is, the SDK's auth, base URL, timeouts and errors.
             body = self._request(messages, tools)
-            response = await self._client.post("/v1/messages", cast_to=self._response_type, content=body, options=self._options)
+            response = await client.post("/v1/messages", cast_to=self._response_type, content=body, options=self._options)
         except self._sdk.APIStatusError as exc:
             raise self._classify(exc) from exc
         except (self._sdk.APITimeoutError, self._sdk.APIConnectionError) as exc:
@@ -197,7 +203,8 @@ class AnthropicClient(ModelClient):
             await quiet.aclose()
 
     async def aclose(self) -> None:
-        await self._client.close()
+        if "_client" in self.__dict__:  # made, so opened
+            await self._client.close()
 
 
 def _reset_seconds(value: str, now: float) -> Optional[float]:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 from urllib.parse import urlsplit
-
-import openai
 
 import hermes_batch
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
@@ -17,6 +16,9 @@ from hermes_batch.model_http import WireCache, http_client, json_array, json_byt
 from hermes_batch.reasoning import extract_reasoning
 from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
 from hermes_batch.retry import RETRYABLE_STATUS, api_error_text, rate_limit_reset_seconds, retry_after_seconds
+
+if TYPE_CHECKING:
+    import openai
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +52,6 @@ class OpenAIClient(ModelClient):
 
     def __init__(self, settings: ModelSettings):
         super().__init__(settings)
-        # The SDK's own retries know nothing of our run-wide stop on auth errors.
-        self._client = openai.AsyncOpenAI(
-            api_key=settings.api_key or "EMPTY",
-            base_url=settings.base_url,
-            max_retries=0,
-            timeout=settings.request_timeout,
-            http_client=http_client(openai, settings),
-        )
         self._extra_body = self._routing_body(settings)
         # The parts of every body that do not change during the run, serialized once, in create()'s order.
         self._body_head = b'{"model":' + json_bytes(settings.model) + b',"messages":'
@@ -65,6 +59,21 @@ class OpenAIClient(ModelClient):
         self._body_tail = json_fields(self._extra_body)
         self._message_json = WireCache(lambda message: json_bytes(_to_wire(message)))
         self._tool_json = WireCache(lambda tool: json_bytes(_tool_to_wire(tool)))
+
+    @functools.cached_property
+    def _client(self) -> "openai.AsyncOpenAI":
+        # Made at the first request: a run with nothing left to run never imports the SDK (a second or more).
+        import openai
+
+        self._sdk = openai
+        # The SDK's own retries know nothing of our run-wide stop on auth errors.
+        return openai.AsyncOpenAI(
+            api_key=self.settings.api_key or "EMPTY",
+            base_url=self.settings.base_url,
+            max_retries=0,
+            timeout=self.settings.request_timeout,
+            http_client=http_client(openai, self.settings),
+        )
 
     @classmethod
     def handles_base_url(cls, base_url: str) -> bool:
@@ -101,16 +110,17 @@ class OpenAIClient(ModelClient):
         return b"".join(parts)
 
     async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
+        client = self._client
         try:
             # The SDK's create() would re-validate the whole conversation on every call; post() sends our
             # body with the SDK's auth, base URL, timeouts and errors, and parses the answer into its types.
             body = self._request(messages, tools)
             # Only the body's bytes: building the SDK's ChatCompletion from them took a tenth of the
             # event loop's time at 64 sessions, and our records are made straight from the JSON.
-            answer = await self._client.post("/chat/completions", cast_to=bytes, content=body, options=_OPTIONS)
-        except openai.APIStatusError as exc:
+            answer = await client.post("/chat/completions", cast_to=bytes, content=body, options=_OPTIONS)
+        except self._sdk.APIStatusError as exc:
             raise self._classify(exc) from exc
-        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+        except (self._sdk.APITimeoutError, self._sdk.APIConnectionError) as exc:
             raise RetryableModelError(
                 f"The model endpoint at {self.settings.base_url} could not be reached: {transport_error_text(exc)}"
             ) from exc
@@ -149,7 +159,8 @@ class OpenAIClient(ModelClient):
         return ModelCallError(f"The model endpoint refused the request ({status}: {text}).", status=status, provider=provider)
 
     async def aclose(self) -> None:
-        await self._client.close()
+        if "_client" in self.__dict__:  # made, so opened
+            await self._client.close()
 
 
 def _error_field(exc: openai.APIStatusError) -> dict:
