@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import attrs
 
@@ -91,11 +91,17 @@ def validate_dataset(
     return DatasetReport(name, valid, invalid, tuple(problems), total, tuple(sorted(images)))
 
 
-def iter_rows(path: PathLike, *, max_samples: Optional[int] = None) -> Iterator[PromptRow]:
-    """Stream the valid rows as PromptRow, skipping invalid ones; indices count every non-blank line."""
+def iter_rows(
+    path: PathLike, *, max_samples: Optional[int] = None, only: Optional[Sequence[int]] = None
+) -> Iterator[PromptRow]:
+    """Stream the valid rows as PromptRow, skipping invalid ones; indices count every non-blank line.
+
+    With ``only`` (ascending prompt indexes), just those rows: the others are
+    counted but not decoded, and the file is read no further than the last.
+    """
     name = os.fspath(path)
     check_arguments(name, max_samples)
-    return _rows(name, max_samples)
+    return _rows(name, max_samples, only)
 
 
 def iter_problems(path: PathLike, *, max_samples: Optional[int] = None) -> Iterator[str]:
@@ -123,8 +129,8 @@ def format_problems(report: DatasetReport) -> str:
     return "\n".join(lines)
 
 
-def _rows(name: str, max_samples: Optional[int]) -> Iterator[PromptRow]:
-    for line_number, index, row, reason in _scan(name, max_samples):
+def _rows(name: str, max_samples: Optional[int], only: Optional[Sequence[int]] = None) -> Iterator[PromptRow]:
+    for line_number, index, row, reason in _scan(name, max_samples, only):
         if reason is not None:
             continue
         yield PromptRow(
@@ -153,29 +159,38 @@ def check_arguments(name: str, max_samples: Optional[int]) -> None:
         raise DatasetError(f"The dataset file {name} cannot be read; check its permissions.")
 
 
-def _scan(name: str, max_samples: Optional[int]) -> Iterator[tuple[int, int, Any, Optional[str]]]:
-    """(line number, prompt index, decoded row, problem or None) for each non-blank line."""
-    if max_samples == 0:
+def _scan(
+    name: str, max_samples: Optional[int], only: Optional[Sequence[int]] = None
+) -> Iterator[tuple[int, int, Any, Optional[str]]]:
+    """(line number, prompt index, decoded row, problem or None) for each non-blank line (of ``only``'s, if given)."""
+    if max_samples == 0 or (only is not None and not len(only)):
         return
     try:
         handle = open(name, "rb", buffering=_BUFFER)
     except OSError as exc:
         raise DatasetError(f"The dataset file {name} cannot be opened: {exc.strerror or exc}.") from exc
-    index = line_number = 0
+    index = line_number = taken = 0
     try:
         with handle:
             while raw := handle.readline(MAX_LINE_BYTES + 1):
                 line_number += 1
                 if line_number == 1 and raw.startswith(_BOM):
                     raw = raw[len(_BOM) :]
-                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                too_long = len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n")
+                if too_long:
                     _skip_rest_of_line(handle)
-                    row, reason = None, f"the line is longer than {MAX_LINE_BYTES >> 20} MiB, the limit for one row"
                 elif raw.isspace():
                     continue
-                else:
-                    row, reason = _parse(raw)
-                yield line_number, index, row, reason
+                if only is None or index == only[taken]:
+                    if too_long:
+                        row, reason = None, f"the line is longer than {MAX_LINE_BYTES >> 20} MiB, the limit for one row"
+                    else:
+                        row, reason = _parse(raw)
+                    yield line_number, index, row, reason
+                    if only is not None:
+                        taken += 1
+                        if taken == len(only):
+                            return
                 index += 1
                 if max_samples is not None and index >= max_samples:
                     return

@@ -147,15 +147,6 @@ def plan(keys: RowKeys, finished: Optional[array.array]) -> Plan:
 
 def rows_left(dataset_file, max_samples: Optional[int], left: Optional[array.array]):
     """The PromptRows of ``left`` (all valid rows if None), read from the file in one pass; none if nothing is left."""
-    if left is not None and not left:
-        return
-    position = 0
-    for row in dataset.iter_rows(dataset_file, max_samples=max_samples):
-        if left is None:
-            yield row
-            continue
-        if row.prompt_index == left[position]:
-            yield row
-            position += 1
-            if position == len(left):
-                return
+    # the rows not left are counted, not decoded: with 1% of a million rows left at the end, decoding
+    # the rest held back the first prompt by ten seconds
+    yield from dataset.iter_rows(dataset_file, max_samples=max_samples, only=left)

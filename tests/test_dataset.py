@@ -92,6 +92,24 @@ def test_blank_lines_and_bad_rows_do_not_shift_prompt_indices(tmp_path):
     assert report.problems == (f"{path}:4: invalid JSON: Expecting value at column 1",)
 
 
+def test_only_some_rows_are_read_by_index_and_the_others_are_counted_not_decoded(tmp_path, monkeypatch):
+    from hermes_batch import dataset
+
+    lines = ["", row(prompt="a"), "   ", "not json", row(prompt="b"), row(prompt="c"), "", row(prompt="d"), row(prompt="e")]
+    path = write_lines(tmp_path / "d.jsonl", lines)
+    every = {r.prompt_index: (r.prompt, r.line_number) for r in iter_rows(path)}
+    decoded = []
+    parse = dataset._parse
+    monkeypatch.setattr(dataset, "_parse", lambda raw: decoded.append(raw) or parse(raw))
+    for only in ([3], [0, 4], [2, 3, 5], [1, 3], [5, 6]):
+        decoded.clear()
+        got = [(r.prompt_index, (r.prompt, r.line_number)) for r in iter_rows(path, only=only)]
+        assert got == [(i, every[i]) for i in only if i in every]  # index 1 is the invalid line: skipped
+        assert len(decoded) == len([i for i in only if i < 6])  # only the rows asked for, none after the last
+    assert list(iter_rows(path, only=[])) == []
+    assert [r.prompt for r in iter_rows(path, max_samples=3, only=[0, 3])] == ["a"]
+
+
 def test_crlf_line_endings_and_a_byte_order_mark_are_accepted(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\r\n\r\n{"prompt": "b"}\r\n')
