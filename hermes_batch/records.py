@@ -283,6 +283,6 @@ class Checkpoint:
     sessions: tuple[SessionInfo, ...] = ()  # one per invocation of the run
     updated_at: str = ""
     schema_version: int = SCHEMA_VERSION
-    # the seed tool's names, for scripts written for its checkpoint.json
+    # the names Hermes Agent's batch_runner.py used, for scripts written for its checkpoint.json
     completed_prompts: int = 0  # prompts finished (kept or discarded), as a count
     last_updated: str = ""

@@ -25,7 +25,7 @@ STATISTICS_SCHEMA_VERSION = 1
 
 @attrs.frozen
 class RunInfo:
-    """What the run was: the seed tool's run-level statistics fields."""
+    """What the run was: the run-level statistics fields of Hermes Agent's batch_runner.py."""
 
     model: Optional[str] = None
     distribution: Optional[str] = None
@@ -43,7 +43,7 @@ def _percent(part: int, whole: int) -> float:
 
 
 def _tool_usage(scope: Scope, tool_names: Iterable[str], seed_style: bool) -> dict:
-    """Per tool: counts, and success and failure rates (ratios; in percent of ended calls as the seed wrote them)."""
+    """Per tool: counts, and success and failure rates (ratios; in percent of ended calls as batch_runner.py wrote them)."""
     out = {}
     for name in sorted(tool_names):
         count, success, failure = scope.tools.get(name, (0, 0, 0))
@@ -244,7 +244,7 @@ def build_statistics(
     return {
         "schema_version": STATISTICS_SCHEMA_VERSION,
         "run_name": folder.run_name,
-        # the seed tool's run-level fields, so scripts written for its statistics.json keep working
+        # batch_runner.py's run-level fields, so scripts written for its statistics.json keep working
         "model": run.model,
         "distribution": run.distribution,
         "batch_size": run.batch_size,

@@ -1,4 +1,4 @@
-"""``hermes-batch run``: every option of the seed's batch runner plus the plugin selections."""
+"""``hermes-batch run``: every option of Hermes Agent's batch_runner.py plus the plugin selections."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from .scripts import Reply, ScriptRequest
 
 SHAPES = ("ok", "fail", "loop", "noreason", "cut", "notool", "empty", "unknown", "dup", "long")
 """ok: two tool calls then an answer; fail: two of three calls fail; loop: one call four times in a row;
-noreason: no reasoning (the seed filter discards it); cut: calls tools until --max_turns; notool: answers at
+noreason: no reasoning (the no-reasoning filter discards it); cut: calls tools until --max_turns; notool: answers at
 once; empty: an empty final answer; unknown: calls a tool that was not offered; dup: a long answer that
 nearly repeats another dup of the same group (``[dup] G V``: group G, variant V changes one word);
 long: a long answer of distinct words."""
