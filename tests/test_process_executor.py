@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -21,15 +19,13 @@ import pytest
 
 from hermes_batch.dispatch import PREFETCH
 from hermes_batch.records import Usage
-from hermes_batch.testing import RoutedScript, ToolLoopScript, write_dataset
+from hermes_batch.testing import RoutedScript, ToolLoopScript, steady, write_dataset
 from hermes_batch.testing.fixtures import wait_for
 from hermes_batch.testing.runner import TEST_API_KEY
 
 BASE = ("--distribution", "terminal_only", "--seed", "11", "--batch_size", "10")
 CALLS = 3  # ToolLoopScript(tool_calls=2): two tool-calling turns and the final answer
 PROCESSES = ("--executor", "processes", "-E", "workers=2")
-VOLATILE = {"timestamp", "duration_s", "latency_s"}  # differ between any two runs
-CALL_ID = re.compile(r"call_hb\d+")  # the scripted server numbers tool calls in the order requests arrive
 
 
 def prompts_of(n: int, tag: str = "task") -> list[str]:
@@ -39,17 +35,6 @@ def prompts_of(n: int, tag: str = "task") -> list[str]:
 def human(record: dict) -> str:
     record = record.get("trajectory", record)
     return next(turn["value"] for turn in record["conversations"] if turn["from"] == "human")
-
-
-def steady(value):
-    """``value`` without what differs between any two runs of a dataset: timestamps, durations, latencies, call ids."""
-    if isinstance(value, dict):
-        return {k: steady(v) for k, v in value.items() if k not in VOLATILE}
-    if isinstance(value, list):
-        return [steady(v) for v in value]
-    if isinstance(value, str):
-        return CALL_ID.sub("call_hb#", value)
-    return value
 
 
 def batch_lines(folder: Path) -> list[dict]:

@@ -30,6 +30,8 @@ _EXPORTS = {
     "Runner": "runner",
     "tool_outputs": "runner",
     "make_trajectory": "records",
+    "steady": "records",
+    "RUN_NOISE": "records",
     "make_filter": "records",
     "ToolsetHarness": "toolsets",
     "TEST_API_KEY": "runner",
@@ -53,7 +55,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from .fixtures import wait_for, write_dataset
     from .images import data_url_bytes, png_for, png_size, solid_png
-    from .records import make_filter, make_trajectory
+    from .records import RUN_NOISE, make_filter, make_trajectory, steady
     from .run_folders import SHAPES, ShapeScript, answer_for, read_jsonl, run_cli, run_shapes, shape_rows
     from .runner import TEST_API_KEY, Runner, tool_outputs
     from .sandbox_contract import SandboxContract

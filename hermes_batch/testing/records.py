@@ -1,7 +1,8 @@
-"""Records for tests of filters and writers, built with every field filled in."""
+"""Records for tests of filters and writers, built with every field filled in; records of two runs compared."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import attrs
@@ -59,3 +60,20 @@ def make_filter(spec: str, pm=None):
     from hermes_batch.selection import plugin
 
     return plugin((pm or get_plugin_manager()).registry(), "filters", spec, "--filter")
+
+
+RUN_NOISE = frozenset({"timestamp", "duration_s", "latency_s"})
+"""The record fields that differ between any two runs of the same dataset."""
+_CALL_ID = re.compile(r"call_hb\d+")  # the scripted server numbers tool calls in the order requests arrive
+
+
+def steady(value: Any) -> Any:
+    """A record (any JSON value) without what differs between two runs of one dataset against the scripted
+    server: the ``RUN_NOISE`` fields, and tool call ids, which the server numbers in arrival order."""
+    if isinstance(value, dict):
+        return {k: steady(v) for k, v in value.items() if k not in RUN_NOISE}
+    if isinstance(value, list):
+        return [steady(v) for v in value]
+    if isinstance(value, str):
+        return _CALL_ID.sub("call_hb#", value)
+    return value

@@ -10,15 +10,13 @@ from collections import Counter
 
 import pytest
 
-from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, wait_for, write_dataset
+from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, steady, wait_for, write_dataset
 
 from ray_rig import ray_cluster  # noqa: F401 - the session's cluster
 
 BASE = ("--distribution", "terminal_only", "--seed", "11", "--batch_size", "10")
 CALLS = 3  # ToolLoopScript(tool_calls=2)
 PREFETCH = 4  # prompts the driver leases a worker beyond its sessions (docs/executors.md)
-VOLATILE = {"timestamp", "duration_s", "latency_s"}
-CALL_ID = re.compile(r"call_hb\d+")  # the scripted server numbers tool calls in the order requests arrive
 
 
 def ray_options(cluster, *extra: str) -> tuple:
@@ -32,16 +30,6 @@ def prompts_of(n: int) -> list[str]:
 def human(record: dict) -> str:
     return next(turn["value"] for turn in record["conversations"] if turn["from"] == "human")
 
-
-def steady(value):
-    """``value`` without what differs between any two runs of a dataset: timestamps, durations, latencies, call ids."""
-    if isinstance(value, dict):
-        return {k: steady(v) for k, v in value.items() if k not in VOLATILE}
-    if isinstance(value, list):
-        return [steady(v) for v in value]
-    if isinstance(value, str):
-        return CALL_ID.sub("call_hb#", value)
-    return value
 
 
 def test_the_run_folder_matches_the_local_executors_and_both_nodes_run_prompts(tmp_path, runner, model_server, ray_cluster):
