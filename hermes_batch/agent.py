@@ -10,7 +10,7 @@ from typing import Callable, Mapping, Optional
 import attrs
 
 from .errors import ModelOutcome, PromptFailure, RunFolderWriteError
-from .interfaces import COMMAND_TIMEOUT, ModelClient, Tool, ToolContext
+from .interfaces import COMMAND_TIMEOUT, MAX_OUTPUT_CHARS, ModelClient, Tool, ToolContext
 from .jsonguard import arguments_problem, safe_message, scrub_text
 from .records import InvalidToolCall, Message, ToolCall, ToolStat, Usage
 from .run_context import LOG_PREFIX_CHARS
@@ -35,7 +35,7 @@ class AgentSettings:
     ephemeral_system_prompt: Optional[str] = None
     prefill: tuple = ()  # of Message, sent before the prompt and never saved
     command_timeout: float = COMMAND_TIMEOUT
-    max_output_chars: int = 20000
+    max_output_chars: int = MAX_OUTPUT_CHARS
     log_prefix_chars: int = LOG_PREFIX_CHARS
     prompt_timeout: Optional[float] = None  # wall-clock limit of one prompt's whole session, sandbox included
     max_tool_calls_per_turn: int = MAX_TOOL_CALLS_PER_TURN  # calls of one reply beyond this are answered with an error, not run

@@ -18,6 +18,7 @@ from .records import ExecResult, Message, ModelResponse, SandboxSpec, ToolSpec, 
 
 # Defaults of the run options of the same names (RunConfig), also used where a plugin builds these classes itself.
 COMMAND_TIMEOUT = 180.0  # seconds one tool command may run
+MAX_OUTPUT_CHARS = 20000  # of a tool's output the model sees; the rest is cut with a notice
 REQUEST_TIMEOUT = 600.0  # seconds one model request may take before it counts as failed (and is retried)
 MAX_RETRIES = 6  # retries of one failing model call
 
@@ -308,7 +309,7 @@ class ToolContext:
 
     sandbox: Sandbox
     command_timeout: float = COMMAND_TIMEOUT
-    max_output_chars: int = 20000
+    max_output_chars: int = MAX_OUTPUT_CHARS
     toolsets: Optional["PromptToolsets"] = None  # None outside a run (unit tests of a tool)
 
     def session(self, toolset: str) -> ToolsetSession:
