@@ -148,8 +148,12 @@ class ImageCache:
             log.info("Converting the image %s to a SIF in %s.", uri, self.folder)
             started = time.monotonic()
             try:
+                # --disable-cache: Apptainer's own layer cache rewrites one index.json in place at
+                # every build, so two builds at once (two images of one run) can read it half
+                # written and fail with "unexpected end of JSON input". Each build gets a private
+                # cache instead; the converted SIF is what this folder caches.
                 done = await runtime.run(
-                    [self.binary, "build", str(temporary), uri],
+                    [self.binary, "build", "--disable-cache", str(temporary), uri],
                     env=runtime.runtime_environment(proxies=True),
                     timeout=self.convert_timeout,
                     cwd=str(self.folder),
