@@ -233,14 +233,19 @@ class RunIndex:
             _fsync_dir(self.dir.parent)
         atomic_write_text(self.path_of(index.source), index.to_json())
 
-    def drop(self) -> None:
+    def drop(self, removed: Iterable[str] = ()) -> None:
         """Forget the indexes of the record files and the merge's state (the records were rewritten, so the
-        merged output is too): they are built again from the records when next needed."""
+        merged output is too): they are built again from the records when next needed.
+
+        The index of a batch file that is gone stays (its prompts stay finished, see sources), unless the
+        file is named in ``removed``: the caller deleted it in the rewrite.
+        """
         self.open.clear()
+        removed = {Path(name).stem + ".json" for name in removed}
         if self.dir.is_dir():
             for entry in os.scandir(self.dir):
-                deleted_batch = _BATCH_INDEX_RE.fullmatch(entry.name) and not self.folder.batch_path(
-                    int(entry.name[6:-5])).exists()  # its prompts stay finished (see sources)
+                deleted_batch = _BATCH_INDEX_RE.fullmatch(entry.name) and entry.name not in removed \
+                    and not self.folder.batch_path(int(entry.name[6:-5])).exists()
                 if _RECORD_INDEX_RE.fullmatch(entry.name) and not deleted_batch \
                         and entry.is_file(follow_symlinks=False):
                     os.unlink(entry.path)

@@ -34,6 +34,7 @@ from typing import Iterator, Optional
 import attrs
 
 from . import dataset
+from .bookkeeping import RunIndex
 from .jsonguard import scrub_text
 from .runfolder import RunFolder, _fsync_dir, stoppable, write_error
 
@@ -318,35 +319,43 @@ def _reindex(folder: RunFolder, dataset_file, batch_size: int) -> ReindexResult:
             writers.write(name, line)
     finally:
         writers.close()
-    (staging / _COMPLETE).write_text(json.dumps({"batch_size": batch_size}) + "\n")
+    replaces = [path.name for path in _replaced(folder)]
+    (staging / _COMPLETE).write_text(json.dumps({"batch_size": batch_size, "replaces": replaces}) + "\n")
     _fsync_dir(staging)
     _switch(folder, staging)
     return result
 
 
-def recover(folder: RunFolder) -> None:
-    """Finish a re-index a crash interrupted after its staging was complete; drop one that was not."""
+def recover(folder: RunFolder) -> bool:
+    """Finish a re-index a crash interrupted after its staging was complete (True); drop one that was not."""
     try:
-        _recover(folder)
+        return _recover(folder)
     except OSError as exc:
         raise write_error(exc.filename or folder.dir, exc, doing="Re-indexing") from exc
 
 
-def _recover(folder: RunFolder) -> None:
+def _recover(folder: RunFolder) -> bool:
     staging = folder.dir / STAGING
     if not staging.is_dir():
-        return
+        return False
     if (staging / _COMPLETE).exists():
         log.warning("%s: finishing the re-index an interrupted session left half done.", folder.dir)
         _switch(folder, staging)
-    else:
-        shutil.rmtree(staging)
+        return True
+    shutil.rmtree(staging)
+    return False
 
 
 def _switch(folder: RunFolder, staging: Path) -> None:
     # Old files first, all of them, then the new ones in: a crash in between is finished by recover().
+    try:
+        replaced = json.loads((staging / _COMPLETE).read_text(encoding="utf-8"))["replaces"]
+    except (ValueError, KeyError, TypeError):  # a staging of an older version: it replaces what is there
+        replaced = None
     if not (staging / _DELETED).exists():
-        for path in _replaced(folder):
+        paths = _replaced(folder)
+        replaced = [path.name for path in paths] if replaced is None else replaced
+        for path in paths:
             path.unlink()
         _fsync_dir(folder.dir)
         (staging / _DELETED).write_text("")
@@ -355,6 +364,10 @@ def _switch(folder: RunFolder, staging: Path) -> None:
         if path.name not in (_COMPLETE, _DELETED):
             os.replace(path, folder.dir / path.name)
     _fsync_dir(folder.dir)
+    # The indexes of the old files go before the staging does, so a kill here drops them on the next start.
+    # They must: a batch file rewritten with the same length and the same first and last 4 KB (records
+    # that begin with one long system prompt) passes the index's own check.
+    RunIndex(folder).drop(replaced or ())
     shutil.rmtree(staging)
 
 

@@ -274,9 +274,8 @@ class Run:
     def _read_run_folder(self) -> rowkeys.Plan:
         """What a resume starts from, the folder repaired: the rows left, from the indexes and the row keys."""
         refilter.recover_files(self.folder)  # an interrupted refilter's files, before anything reads them
-        if (self.folder.dir / reindex.STAGING).is_dir():
-            self.index.drop()  # the records may be rewritten under their indexes
-        reindex.recover(self.folder)
+        if reindex.recover(self.folder):  # it drops the indexes of the files it rewrote
+            self.checkpoints.renumbered()
         repair_torn_tails(self.folder)
         self._reindex()
         return rowkeys.plan(self.validated.keys, self.index.finished_digests())
@@ -288,8 +287,7 @@ class Run:
             return
         result = reindex.reindex(self.folder, cfg.dataset_file, cfg.batch_size)
         reindex.warn(result)
-        if result.rewritten:
-            self.index.drop()  # the records moved: their indexes are built again from them
+        if result.rewritten:  # the records moved (their indexes were dropped with the old files)
             self.checkpoints.renumbered()
 
     def _jobs(self, rows):
