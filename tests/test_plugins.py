@@ -1,5 +1,6 @@
 """The plugin framework: loading, registration, duplicates, broken and misspelled plugins."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -248,6 +249,24 @@ def test_importing_the_command_line_loads_no_plugin():
     code = "import sys, hermes_batch.cli; print(sorted(m for m in sys.modules if m.startswith('hermes_batch_')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_local_run_imports_no_library_only_other_plugins_use(tmp_path, runner, model_server):
+    # With the docker and filters plugins installed, every run and every worker process imported the
+    # docker SDK (with requests) and numpy at start: 0.4 s each time, for a sandbox and a filter unused.
+    from hermes_batch.testing import ToolLoopScript, write_dataset
+
+    modules = {"hermes_batch_docker.backend", "hermes_batch_filters.near_duplicates"}
+    if any(importlib.util.find_spec(name.split(".")[0]) is None for name in modules):
+        pytest.skip("hermes-batch-docker and hermes-batch-filters are not installed")
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": "list the files"}])
+    child = runner.spawn(data, "--distribution", "terminal_only", server=model_server(ToolLoopScript(tool_calls=1)),
+                         env={"PYTHONPROFILEIMPORTTIME": "1"})
+    _out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
+    assert modules <= imported  # the profile is there, and both plugins were loaded
+    assert not imported & {"docker", "requests", "numpy"}
 
 
 @pytest.mark.parametrize("args", [["sandboxes"], ["plugins"], ["--help"], ["distributions"], ["nosuch"]])

@@ -13,9 +13,6 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-import docker
-import docker.errors
-import requests.exceptions
 
 from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec
 
@@ -30,6 +27,8 @@ from .engine import (
     LABEL_RUN_DIR,
     LABEL_SESSION,
     LIVE_SESSIONS,
+    docker,
+    engine_errors,
 )
 from .sandbox import SHELL, DockerSandbox
 
@@ -41,7 +40,6 @@ DEFAULT_CPUS = 2.0
 # Storage drivers that take a per-container size (storage_opt): overlay2 only on xfs mounted with pquota.
 _SIZED_DRIVERS = ("btrfs", "zfs", "devicemapper", "windowsfilter")
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
-_ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
 
 
 class _PullFailed(Exception):
@@ -111,7 +109,7 @@ class DockerBackend(SandboxBackend):
         LIVE_SESSIONS.add(self.session)
         try:
             await self._remove_leftovers()
-        except _ENGINE_ERRORS as exc:  # leftovers cost disk, not correctness: the run goes on
+        except engine_errors() as exc:  # leftovers cost disk, not correctness: the run goes on
             log.warning("Could not look for containers left by an earlier process of this run: %s", _explain(exc))
 
     def _cpus(self, engine_cpus: int) -> float:
@@ -209,7 +207,7 @@ class DockerBackend(SandboxBackend):
             return self.api.inspect_image(name)
         except docker.errors.NotFound:
             pass
-        except _ENGINE_ERRORS as exc:
+        except engine_errors() as exc:
             raise SandboxError(f"The image {name!r} cannot be used: {_explain(exc)}.") from exc
         if self.config.pull == "never":
             raise SandboxError(
@@ -222,7 +220,7 @@ class DockerBackend(SandboxBackend):
                 if isinstance(event, dict) and event.get("error"):
                     raise _PullFailed(event["error"])
             return self.api.inspect_image(name)
-        except (_PullFailed, *_ENGINE_ERRORS) as exc:
+        except (_PullFailed, *engine_errors()) as exc:
             raise SandboxError(
                 f"The image {name!r} is not on the Docker engine and could not be pulled ({_explain(exc)}); "
                 f"build or pull it (docker pull {name}) or fix the prompt's image."
@@ -301,7 +299,7 @@ class DockerBackend(SandboxBackend):
                 stdin_open=False,
                 tty=False,
             )
-        except _ENGINE_ERRORS as exc:
+        except engine_errors() as exc:
             raise SandboxError(f"Could not create a container from the image {image!r}: {_explain(exc)}.") from exc
         container_id = created["Id"]
         try:
@@ -309,7 +307,7 @@ class DockerBackend(SandboxBackend):
             if config.user is not None and workdir != "/":
                 # The engine makes a missing working folder as root; the user of -S user= works there.
                 self.chown(container_id, workdir)
-        except (*_ENGINE_ERRORS, SandboxError) as exc:
+        except (*engine_errors(), SandboxError) as exc:
             _quiet(engine.remove_container, self.api, container_id)
             raise SandboxError(f"Could not start a container from the image {image!r}: {_explain(exc)}.") from exc
         return container_id

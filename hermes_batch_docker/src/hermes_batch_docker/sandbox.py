@@ -13,11 +13,10 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 import attrs
-import docker.errors
-import requests.exceptions
 
 from hermes_batch import BoundedOutput, ExecResult, FirstBytes, Sandbox, SandboxError
 
+from .engine import docker, engine_errors, requests_exceptions
 from .streams import ExecStream
 
 if TYPE_CHECKING:
@@ -50,7 +49,6 @@ PID_WAIT_S = 2.0
 READ_TIMEOUT_S = 120.0
 DEATH_NOTICE_POLLS = 60  # times 50 ms
 MAX_READ_BYTES = 256 * 1024 * 1024
-_ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
 
 
 @attrs.define
@@ -151,7 +149,7 @@ class DockerSandbox(Sandbox):
                 stdout.add(str(exc.explanation or exc).encode())  # the runtime could not start a process
                 return _Outcome(126, False, not_started=True)
             raise await self._backend.blocking(self._error_sync, exc, "while a command ran") from exc
-        except _ENGINE_ERRORS as exc:
+        except engine_errors() as exc:
             raise await self._backend.blocking(self._error_sync, exc, "while a command ran") from exc
         stream = ExecStream(sock, loop, stdout, stderr)
         stream.start()
@@ -228,7 +226,7 @@ class DockerSandbox(Sandbox):
             return True  # still running: it started, so it kills
         except docker.errors.NotFound as exc:
             raise self._error_sync(exc, "while a command was being stopped") from exc
-        except _ENGINE_ERRORS:
+        except engine_errors():
             return False
 
     # --- files -----------------------------------------------------------------------------
@@ -314,12 +312,12 @@ class DockerSandbox(Sandbox):
             if "permission denied" in lowered or "read-only" in lowered:
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path) from exc
             raise OSError(errno.EIO, message, path) from exc
-        except _ENGINE_ERRORS as exc:
+        except engine_errors() as exc:
             raise self._error_sync(exc, "while a file was written") from exc
         if self._user:
             try:  # the archive API writes as root
                 await self._backend.blocking(self._backend.chown, self.id, full)
-            except _ENGINE_ERRORS as exc:
+            except engine_errors() as exc:
                 raise self._error_sync(exc, "while a file was written") from exc
 
     # --- life and death ------------------------------------------------------------------------
@@ -339,7 +337,7 @@ class DockerSandbox(Sandbox):
         """A blocking SDK call in the run's pool; engine errors become a SandboxError that says why."""
         try:
             return await self._backend.blocking(function, *args, **kwargs)
-        except _ENGINE_ERRORS as exc:
+        except engine_errors() as exc:
             raise await self._backend.blocking(self._error_sync, exc, "while a command ran") from exc
 
     async def _raise_if_dead(self, when: str) -> bool:
@@ -368,7 +366,7 @@ class DockerSandbox(Sandbox):
             created = api.exec_create(self.id, [SHELL, "-c", "exit 0"], stdout=True, stderr=True, user=self._user)
             api.exec_start(created["Id"])
             return api.exec_inspect(created["Id"]).get("ExitCode") == 0
-        except _ENGINE_ERRORS:
+        except engine_errors():
             return False
 
     def _error_sync(self, exc: BaseException, when: str) -> SandboxError:
@@ -378,11 +376,11 @@ class DockerSandbox(Sandbox):
         ):
             try:
                 reason = self._backend.dead_reason(self.id)
-            except _ENGINE_ERRORS:
+            except engine_errors():
                 reason = None
         if reason is not None:
             return self._failure(reason, when)
-        if isinstance(exc, requests.exceptions.ConnectionError):
+        if isinstance(exc, requests_exceptions.ConnectionError):
             return SandboxError(f"The Docker engine stopped answering {when} in the container {self.name} ({exc}).")
         detail = getattr(exc, "explanation", None) or str(exc)
         return SandboxError(f"The Docker engine refused a request {when} in the container {self.name}: {detail}")

@@ -10,7 +10,7 @@ from hermes_batch import RunFilter, trajectory_from_dict
 from hermes_batch.testing import SHAPES, ShapeScript, answer_for, make_filter, run_shapes, shape_rows
 from hermes_batch.testing import read_jsonl as lines
 from hermes_batch.testing import run_cli as hb
-from hermes_batch_filters.near_duplicates import MinHasher, band_layout
+from hermes_batch_filters.minhash import MinHasher, band_layout
 
 
 @pytest.fixture
