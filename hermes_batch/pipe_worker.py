@@ -1,8 +1,9 @@
 """Worker processes on this machine: the pipe protocol, the driver's end of it, and the worker's ``main``.
 
-Each worker is ``python -m hermes_batch.pipe_worker`` with its standard input and
-output as the two pipes of the protocol (the worker moves them aside at once and
-points fd 1 at stderr, so a stray print cannot corrupt a message).  A message
+Each worker runs ``main`` in a process forked by the run's forkserver
+(``hermes_batch.forkserver``), with its standard input and output as the two
+pipes of the protocol (the worker moves them aside at once and points fd 1 at
+stderr, so a stray print cannot corrupt a message).  A message
 is a 4-byte big-endian length and a pickle; the worker batches everything that
 happened in one turn of its event loop into one message (a list).  The first
 message from the driver is a WorkerSetup, then ``("lease", [...])`` messages and
@@ -11,8 +12,9 @@ worker stops the same way, closing its sandboxes.
 
 Workers run in a session of their own, so a Ctrl-C at the terminal reaches the
 driver only, which then stops them in order.  The API key comes in the
-worker's environment (``PromptWorker.environment``), which the worker clears before any
-sandbox starts; the pickled setup never holds it.
+worker's environment (``PromptWorker.environment``, handed to the forkserver
+with the request to fork), which the worker clears before any sandbox starts;
+the pickled setup never holds it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import struct
 import sys
 from typing import Optional
 
-from .dispatch import WorkerLink, WorkerLost
+from .dispatch import WorkerError, WorkerLink, WorkerLost
 from .worker import PromptWorker, WorkerSetup
 
 log = logging.getLogger("hermes_batch.worker")
@@ -49,21 +51,21 @@ async def read_frame(reader: asyncio.StreamReader):
 
 
 class PipeLink(WorkerLink):
-    """A worker process started by ``spawn``."""
+    """A worker process, forked by the run's forkserver (``hermes_batch.forkserver``)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, index: int, concurrency: int):
-        self.proc = proc
+    def __init__(self, proc, index: int, concurrency: int):
+        self.proc = proc  # a ForkedWorker: pid, stdin, stdout, wait(), returncode, kill()
         self.index = index
         self.concurrency = concurrency
         self.name = f"worker process {index + 1} (pid {proc.pid})"
 
     @classmethod
-    async def spawn(cls, setup: WorkerSetup, api_key: Optional[str]) -> "PipeLink":
-        env = dict(os.environ, **PromptWorker.environment(api_key))
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "hermes_batch.pipe_worker",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-        )
+    async def spawn(cls, forkserver, setup: WorkerSetup, api_key: Optional[str]) -> "PipeLink":
+        try:
+            proc = await forkserver.spawn(PromptWorker.environment(api_key))
+        except OSError as exc:
+            raise WorkerError(f"Worker process {setup.index + 1} could not be started ({exc}); "
+                              "see the errors above it.") from None
         link = cls(proc, setup.index, setup.concurrency)
         await link.send(("setup", setup))
         return link
@@ -80,7 +82,10 @@ class PipeLink(WorkerLink):
             return await read_frame(self.proc.stdout)
         except (asyncio.IncompleteReadError, ConnectionResetError):
             status = await self.proc.wait()
-            how = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
+            if status is None:
+                how = "its forkserver ended"
+            else:
+                how = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
             raise WorkerLost(how) from None
 
     async def close(self) -> None:

@@ -6,6 +6,7 @@ SDK, the local sandbox; kills with real signals.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,11 +14,14 @@ import subprocess
 import uuid
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import attrs
 import pytest
 
-from hermes_batch.dispatch import PREFETCH
+from hermes_batch.dispatch import PREFETCH, WorkerError
+from hermes_batch.forkserver import Forkserver
+from hermes_batch.pipe_worker import PipeLink
 from hermes_batch.records import Usage
 from hermes_batch.testing import RoutedScript, ToolLoopScript, steady, write_dataset
 from hermes_batch.testing.fixtures import wait_for
@@ -26,6 +30,7 @@ from hermes_batch.testing.runner import TEST_API_KEY
 BASE = ("--distribution", "terminal_only", "--seed", "11", "--batch_size", "10")
 CALLS = 3  # ToolLoopScript(tool_calls=2): two tool-calling turns and the final answer
 PROCESSES = ("--executor", "processes", "-E", "workers=2")
+FORKSERVER = "hermes_batch.forkserver"
 
 
 def prompts_of(n: int, tag: str = "task") -> list[str]:
@@ -44,8 +49,8 @@ def batch_lines(folder: Path) -> list[dict]:
     return lines
 
 
-def children(pid: int, module: str = "hermes_batch.pipe_worker") -> list[int]:
-    """Worker processes whose parent is ``pid``."""
+def children(pid: int, module: str) -> list[int]:
+    """Processes whose parent is ``pid`` and whose command line names ``module``."""
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -59,6 +64,11 @@ def children(pid: int, module: str = "hermes_batch.pipe_worker") -> list[int]:
         if ppid == pid and module.encode() in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def workers_of(driver: int) -> list[int]:
+    """The worker processes of a run: the children of its forkserver, which share its command line."""
+    return [pid for server in children(driver, FORKSERVER) for pid in children(server, FORKSERVER)]
 
 
 def alive(pid: int) -> bool:
@@ -103,6 +113,20 @@ def test_the_run_folder_matches_the_local_executors_record_for_record(tmp_path, 
             assert TEST_API_KEY.encode() not in path.read_bytes(), path
 
 
+def test_workers_are_forked_warm_so_the_model_sdk_is_imported_once_for_all(tmp_path, runner, model_server):
+    # Each worker used to be a fresh interpreter that imported the engine, the plugins and the SDK: about
+    # 2 s of CPU per worker. The forkserver imports them once and forks the workers from itself.
+    server = model_server(ToolLoopScript(tool_calls=1), latency=0.01)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts_of(12)])
+    child = runner.spawn(data, *BASE, "--executor", "processes", "-E", "workers=3", "--num_workers", "6",
+                         server=server, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    _out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err[-2000:]
+    imports = [line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if line.startswith("import time:")]
+    assert imports.count("openai._client") == 2  # the driver (its preflight) and the forkserver: no worker
+    assert len(runner.records("trajectories.jsonl")) == 12
+
+
 def test_a_killed_worker_loses_only_its_prompts_in_flight(tmp_path, runner, model_server, procs):
     prompts = prompts_of(80)
     server = model_server(ToolLoopScript(tool_calls=2), latency=0.1)
@@ -110,7 +134,7 @@ def test_a_killed_worker_loses_only_its_prompts_in_flight(tmp_path, runner, mode
     proc = runner.spawn(data, *BASE, *PROCESSES, "--num_workers", "8", server=server)
     procs.append(proc)
 
-    workers = wait_for(lambda: len(children(proc.pid)) == 2 and children(proc.pid), 60, "two workers", proc)
+    workers = wait_for(lambda: len(workers_of(proc.pid)) == 2 and workers_of(proc.pid), 60, "two workers", proc)
     wait_for(lambda: len(batch_lines(runner.folder())) >= 20, 60, "twenty finished prompts", proc)
     os.kill(workers[0], signal.SIGKILL)
     _out, err = proc.communicate(timeout=120)
@@ -133,7 +157,7 @@ def test_driver_killed_then_resume_loses_nothing_finished(tmp_path, runner, mode
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
     proc = runner.spawn(data, *BASE, *PROCESSES, "--num_workers", "6", server=first)
     procs.append(proc)
-    workers = wait_for(lambda: len(children(proc.pid)) == 2 and children(proc.pid), 60, "two workers", proc)
+    workers = wait_for(lambda: len(workers_of(proc.pid)) == 2 and workers_of(proc.pid), 60, "two workers", proc)
     wait_for(lambda: len(batch_lines(runner.folder())) >= 15, 60, "fifteen finished prompts", proc)
 
     proc.kill()
@@ -162,7 +186,7 @@ def test_ctrl_c_stops_the_workers_and_their_sandboxes(tmp_path, runner, model_se
     procs.append(proc)
     folder = runner.folder()
 
-    workers = wait_for(lambda: len(children(proc.pid)) == 2 and children(proc.pid), 60, "two workers", proc)
+    workers = wait_for(lambda: len(workers_of(proc.pid)) == 2 and workers_of(proc.pid), 60, "two workers", proc)
     wait_for(lambda: len(batch_lines(folder)) >= 4, 60, "the quick prompts", proc)
     wait_for(lambda: len(processes_matching(f"^sleep {marker}")) >= 4, 60, "four sleeping tool commands", proc)
     proc.send_signal(signal.SIGINT)
@@ -201,3 +225,21 @@ def test_a_bad_worker_count_is_one_sentence(tmp_path, runner, model_server):
     result = runner.invoke(data, "--executor", "processes", "-E", "workers=0", server=model_server())
     assert result.exit_code == 2
     assert "workers" in result.output and "Traceback" not in result.output
+
+
+async def test_the_forkserver_kills_and_reports_its_workers_and_a_dead_one_is_one_sentence():
+    server = await Forkserver.start()
+    try:
+        worker = await server.spawn({})  # it waits for its setup on its input
+        assert alive(worker.pid) and worker.returncode is None
+        worker.kill()
+        assert await asyncio.wait_for(worker.wait(), 30) == -signal.SIGKILL
+        worker.kill()  # reaped: nothing is sent (the number may be another process's by now)
+
+        server.proc.kill()
+        await server.proc.wait()
+        with pytest.raises(WorkerError, match=r"^Worker process 1 could not be started \(.*forkserver"):
+            await PipeLink.spawn(server, SimpleNamespace(index=0, concurrency=1), None)
+    finally:
+        await server.close()
+

@@ -8,6 +8,7 @@ protocol is in ``hermes_batch.pipe_worker``, the leasing in ``hermes_batch.dispa
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Awaitable, Callable, Iterator, Optional
 
@@ -55,7 +56,13 @@ class ProcessExecutor(Executor):
         on_outcome: Callable[[PromptJob, object], Awaitable[None]],
         concurrency: int,
     ) -> None:
-        from hermes_batch.pipe_worker import PipeLink  # the run engine: loaded when a run starts
+        # the run engine: loaded when a run starts
+        from hermes_batch.forkserver import Forkserver
+        from hermes_batch.pipe_worker import PipeLink
 
         shares = split(concurrency, self.config.workers or default_workers())
-        await run_on_workers(PipeLink.spawn, shares, jobs, processor, on_outcome)
+        forkserver = await Forkserver.start()  # workers forked warm: the imports are paid once, not per worker
+        try:
+            await run_on_workers(functools.partial(PipeLink.spawn, forkserver), shares, jobs, processor, on_outcome)
+        finally:
+            await forkserver.close()
