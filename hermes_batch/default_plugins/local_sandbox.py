@@ -218,7 +218,8 @@ class LocalSandbox(Sandbox):
         self._folder = folder
         self._namespace = namespace
         self._marker = marker
-        self._opened = ticks_since_boot() - 1  # a tick of slack: start times are rounded down
+        # process mode: close reads only processes started since (a tick of slack: start times are rounded down)
+        self._opened = ticks_since_boot() - 1 if namespace is None else 0
         self._keep = backend.config.keep
         self._max_output = backend.config.max_output_bytes
         # Process mode: leaders of commands whose sessions kept members, held unreaped (so their session
