@@ -4,8 +4,8 @@ A fresh ``python -m hermes_batch.pipe_worker`` spent about 2 s of CPU importing 
 engine, the plugins and the model SDK before its first prompt, once per worker:
 on a 2-core machine a seventh of a 1000-prompt run's CPU.  The processes
 executor starts one forkserver instead (``python -m hermes_batch.forkserver``),
-which imports what the driver had imported when the run started (the engine,
-the plugins and, after the preflight, the model SDK and its transport) once,
+which imports the packages the driver had imported when the run started (the
+engine, the plugins and, after the preflight, the model SDK and its transport) once,
 then forks each worker on request.  It has no threads and no event loop, so
 a forked worker starts clean; the worker then runs ``pipe_worker.main`` as a
 spawned one would.
@@ -13,8 +13,8 @@ spawned one would.
 The driver and the forkserver talk over a SOCK_SEQPACKET socket pair, one
 pickled message per packet:
 
-- driver to forkserver: ``("preload", [module names])`` first, then
-  ``("spawn", env)`` with the worker's input and output pipe ends attached
+- driver to forkserver (after the names of the packages to import, pickled on
+  its standard input): ``("spawn", env)`` with the worker's input and output pipe ends attached
   (``env`` is ``PromptWorker.environment``: the API key, which the worker takes
   out of its environment at once, as before) and ``("kill", pid)``;
 - forkserver to driver: ``("pid", pid)`` for each spawn, in order, and
@@ -91,12 +91,20 @@ class Forkserver:
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "hermes_batch.forkserver", str(theirs.fileno()),
-                stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), start_new_session=True,
+                stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),), start_new_session=True,
             )
         finally:
             theirs.close()
+        # The packages to import, on its input (a list too long for one packet under a test runner):
+        # importing a package brings most of what its modules need.
+        packages = sorted({name.partition(".")[0] for name in sys.modules} - {"__main__"})
         server = cls(proc, ours)
-        server.send(("preload", sorted(name for name in sys.modules if name != "__main__")))
+        try:
+            proc.stdin.write(pickle.dumps(packages, protocol=pickle.HIGHEST_PROTOCOL))
+            await proc.stdin.drain()
+            proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            server._lost()  # it ended already: spawn() says so
         return server
 
     def send(self, message: tuple, fds: tuple = ()) -> None:
@@ -246,9 +254,7 @@ def serve(sock: socket.socket) -> int:
                 if not data:
                     return 0  # the driver is gone, or done
                 message = pickle.loads(data)
-                if message[0] == "preload":
-                    _preload(message[1])
-                elif message[0] == "spawn":
+                if message[0] == "spawn":
                     try:
                         pid = _fork(sock, selector, wakeup, fds, message[1])
                     except OSError as exc:
@@ -279,6 +285,7 @@ def serve(sock: socket.socket) -> int:
 
 def main() -> int:
     sock = socket.socket(fileno=int(sys.argv[1]))
+    _preload(pickle.loads(sys.stdin.buffer.read()))
     try:
         return serve(sock)
     except (BrokenPipeError, ConnectionResetError):
