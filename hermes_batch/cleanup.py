@@ -26,9 +26,9 @@ from .view.report import REPORT_NAME
 log = logging.getLogger(__name__)
 
 # The working folders the local sandbox makes under scratch/ (``p<index>-<content key>-<mkdtemp suffix>``), and
-# the ``kept-`` name a folder kept with ``-S keep=true`` gets at close.  tests/test_run_folder_safety.py checks
-# that the local sandbox's folders match.
-_SANDBOX_FOLDER_RE = re.compile(r"(kept-)?p\d+-[0-9a-f]{8}-[a-z0-9_]{8}")
+# the ``kept-`` name a folder kept with ``-S keep=true`` gets at close, and ``.ctl`` beside each for the commands'
+# scripts and output FIFOs.  tests/test_run_folder_safety.py checks that the local sandbox's folders match.
+_SANDBOX_FOLDER_RE = re.compile(r"(kept-)?p\d+-[0-9a-f]{8}-[a-z0-9_]{8}(\.ctl)?")
 
 
 def is_sandbox_folder(name: str, *, kept: bool = True) -> bool:

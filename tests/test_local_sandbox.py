@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hermes_batch.default_plugins.local_processes import HELPER_NAME
 from hermes_batch.default_plugins.local_sandbox import (
     HELD_BEFORE_CHECK,
     LocalSandbox,
@@ -293,10 +294,19 @@ async def test_a_command_spawned_as_the_prompt_is_cancelled_dies_at_close(tmp_pa
         sandbox = await backend.open(spec())
         marker = f"30.{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
         await sandbox.exec("true", 10)  # the namespace, if any, is made by the first command
-        monkeypatch.setattr(Child, "start", classmethod(start_then_cancel))
-        with pytest.raises(asyncio.CancelledError):
-            await sandbox.exec(f"sleep {marker}", 60)
-        monkeypatch.undo()
+        if sandbox._namespace is not None and sandbox._namespace.control:
+            # the namespace's helper started it: the exec is cancelled once it runs, its process group
+            # killed through the helper, and close ends whatever is left
+            running = asyncio.ensure_future(sandbox.exec(f"setsid sleep {marker}", 60))
+            assert await _within(5, lambda: _alive_with(f"sleep {marker}")), "the command never started"
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+        else:
+            monkeypatch.setattr(Child, "start", classmethod(start_then_cancel))
+            with pytest.raises(asyncio.CancelledError):
+                await sandbox.exec(f"sleep {marker}", 60)
+            monkeypatch.undo()
         assert await _within(5, lambda: _alive_with(f"sleep {marker}")), "the command never started"
         await sandbox.close()
         assert await _within(5, lambda: not _alive_with(f"sleep {marker}"))
@@ -428,8 +438,8 @@ async def test_a_process_that_cleared_its_environment_and_left_dies_with_the_nam
 async def test_commands_see_only_their_own_processes(sandbox):
     listing = (await sandbox.exec("ls /proc | grep -c '^[0-9]'; cat /proc/1/cmdline | tr '\\0' ' '", 10)).output
     count, init = listing.split("\n", 1)
-    assert int(count) < 10  # the namespace's first process, its sleep, this command: not the machine's
-    assert "while :; do sleep 3600" in init
+    assert int(count) < 10  # the namespace's first process, this command's shells: not the machine's
+    assert HELPER_NAME in init if sandbox._namespace.control else "while :; do sleep 3600" in init
     assert str(os.getpid()) not in (await sandbox.exec("echo $PPID", 10)).output
 
 
@@ -482,7 +492,7 @@ def test_the_namespace_dies_with_a_runner_killed_by_sigkill(tmp_path):
 PID_REUSE = """
 import asyncio, os, subprocess, sys, time
 from pathlib import Path
-from hermes_batch.default_plugins.local_processes import KEEPALIVE
+from hermes_batch.default_plugins.local_processes import HELPER, KEEPALIVE
 from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
 from hermes_batch.records import SandboxSpec
 from hermes_batch.run_context import RunContext
@@ -493,7 +503,7 @@ def pgid_of(needle):
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                if Path(entry.path, "cmdline").read_bytes() == needle:
+                if Path(entry.path, "cmdline").read_bytes().startswith(needle):
                     return os.getpgid(int(entry.name))
             except OSError:
                 pass
@@ -532,7 +542,9 @@ async def main():
     else:  # the namespace's first process, ended by the prompt itself
         number = sandbox._namespace.init_pid
         await sandbox.exec("kill -TERM 1", 10)
-        await ended(b"/bin/sh\\x00-c\\x00" + KEEPALIVE.encode() + b"\\x00")
+        launcher = sandbox._namespace.launcher
+        first = [launcher.bash, "-c", HELPER] if sandbox._namespace.control else ["/bin/sh", "-c", KEEPALIVE]
+        await ended("\\0".join(first).encode() + b"\\x00")
     if os.path.exists(f"/proc/{number}"):  # the sandbox still holds the number: nobody else can get it
         HELD.add(number)
     victim = unrelated_process_numbered(number)

@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 # After the kill, only processes that left the process group can still hold the pipe open.
 POST_KILL_DRAIN_S = 0.5
+# The control folder of a namespace's helper: the prompt folder's name and this.
+CONTROL_SUFFIX = ".ctl"
 # Process mode: a command's shell is held unreaped after it ends (its session may live on in `cmd &`);
 # once this many are held, one scan of /proc releases those whose sessions are empty.
 HELD_BEFORE_CHECK = 8
@@ -124,8 +126,6 @@ class LocalSandboxBackend(SandboxBackend):
                 folder = PromptFolder(str(root), str(cwd))
             except OSError as exc:
                 raise SandboxError(f"Could not create the prompt folder under {scratch}: {exc}") from exc
-        # Made at the first command: a prompt that runs none (or only file tools) never pays for it.
-        namespace = Namespace(self.launcher) if self.launcher.namespace else None
         env = {
             "PATH": os.environ.get("PATH", os.defpath),
             "HOME": str(root),
@@ -135,6 +135,9 @@ class LocalSandboxBackend(SandboxBackend):
             "TMPDIR": str(tmp),
         }
         env.update({str(k): str(v) for k, v in spec.env.items()})
+        # Made at the first command: a prompt that runs none (or only file tools) never pays for it.  Its
+        # control folder (the commands' scripts and output FIFOs) sits beside the prompt folder, out of its view.
+        namespace = Namespace(self.launcher, env, str(root) + CONTROL_SUFFIX) if self.launcher.namespace else None
         marker = secrets.token_hex(8)
         if namespace is None:
             env[MARKER_VARIABLE] = marker  # how close finds the prompt's processes
@@ -225,6 +228,7 @@ class LocalSandbox(Sandbox):
         # Process mode: leaders of commands whose sessions kept members, held unreaped (so their session
         # ids cannot pass to other processes) until close has killed those members.
         self._held: list[Child] = []
+        self._commands = 0  # commands run through the namespace's helper, which numbers them
         self._closed = False
 
     @property
@@ -242,6 +246,8 @@ class LocalSandbox(Sandbox):
                 raise SandboxError(f"Could not start the namespace of the local sandbox {self.root}: {exc}") from exc
             if not namespace.alive:
                 raise SandboxError(f"The namespace of the local sandbox {self.root} ended; its processes are gone.")
+            if namespace.control is not None:
+                return await self._exec_in_helper(namespace, command, timeout)
         argv = self._launcher.command_argv(command, str(self.cwd), namespace.init_pid if namespace else None)
         loop = asyncio.get_running_loop()
         read_fd, write_fd = os.pipe()
@@ -288,6 +294,68 @@ class LocalSandbox(Sandbox):
         else:
             exit_code = code if code >= 0 else 128 - code  # the shell convention for signals
         return ExecResult(output.text(), exit_code, timed_out)
+
+    async def _exec_in_helper(self, namespace: Namespace, command: str, timeout: float) -> ExecResult:
+        """``exec`` through the namespace's helper: the command as a file, its output through a FIFO."""
+        if "\0" in command:
+            raise ValueError("embedded null byte")  # as a command line refuses one: a tool error, as before
+        loop = asyncio.get_running_loop()
+        self._commands += 1
+        ident = str(self._commands)
+        script, fifo = (os.path.join(namespace.control, ident + suffix) for suffix in (".sh", ".out"))
+        try:
+            if self._commands == 1:
+                os.mkdir(namespace.control, 0o700)
+            # The prompt's commands can reach this folder: never follow a link one of them put here.
+            fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with open(fd, "wb") as f:
+                f.write(os.fsencode(command))
+            os.mkfifo(fifo, 0o600)
+            # opened before the helper opens it to write, so its open never waits for us
+            flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+            pipe = os.fdopen(os.open(fifo, flags), "rb", buffering=0)
+        except OSError as exc:
+            raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
+        eof = loop.create_future()
+        transport = None
+        started = ended = None
+        timed_out = killed_by_us = False
+        try:
+            transport, output = await loop.connect_read_pipe(lambda: _Output(self._max_output, eof), pipe)
+            try:
+                started, ended = namespace.submit(ident)
+            except OSError as exc:
+                raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
+            _, pending = await asyncio.wait((eof, ended), timeout=max(timeout, 0.0))
+            if pending:
+                timed_out = True
+                killed_by_us = not ended.done()
+                await self._kill_in_helper(namespace, started)
+                await asyncio.wait((eof, ended), timeout=POST_KILL_DRAIN_S)
+        finally:
+            if started is not None and not (eof.done() and ended.done()):
+                await asyncio.shield(self._kill_in_helper(namespace, started))  # also when the caller cancels us
+            if transport is not None:
+                transport.close()
+            else:
+                pipe.close()
+            namespace.forget(ident)
+            for path in (script, fifo):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        status = ended.result() if ended.done() else None
+        return ExecResult(output.text(), None if killed_by_us else status, timed_out)
+
+    @staticmethod
+    async def _kill_in_helper(namespace: Namespace, started: asyncio.Future) -> None:
+        try:
+            pgid = await asyncio.wait_for(asyncio.shield(started), POST_KILL_DRAIN_S)
+        except asyncio.TimeoutError:
+            return
+        if pgid is not None:
+            namespace.kill_group(pgid)
 
     def _settle(self, child: Child) -> None:
         """Reap a command's shell; in process mode hold it until its session is known to be empty."""
@@ -341,6 +409,8 @@ class LocalSandbox(Sandbox):
             child.reap()  # only now: their sessions' members are dead
         self._held.clear()
         self._folder.close()
+        if self._namespace is not None and self._namespace.control is not None:
+            await in_daemon_thread(_remove_tree, Path(self._namespace.control))  # only FIFOs and scripts: not kept
         if self._keep:
             # renamed, so the next session's start tells it from a folder a killed session left (removed then)
             kept = self.root.with_name("kept-" + self.root.name)
