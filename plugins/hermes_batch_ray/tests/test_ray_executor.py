@@ -84,7 +84,7 @@ def test_a_killed_actor_loses_only_its_prompts_in_flight(tmp_path, runner, model
     again = [p for p, n in calls.items() if n > CALLS]
     assert len(again) <= 3 + PREFETCH, again
     # the surviving actor removed its folder; the killed one's holds only the sandboxes it had open
-    left = [path for path in scratch.glob("*/scratch/*")]
+    left = [path for path in scratch.glob("*/scratch/*") if not path.name.endswith(".ctl")]  # not the helpers'
     assert len(left) <= 3, left
 
 
