@@ -572,3 +572,21 @@ def test_close_never_kills_a_process_that_took_over_a_number_the_sandbox_used(tm
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0] == "alive", done.stdout
+
+
+@pytest.mark.parametrize("keep", [False, True])
+async def test_the_namespace_helpers_control_folder_is_gone_after_close(tmp_path, keep):
+    backend = make_backend(tmp_path, isolation="namespace", keep=keep)
+    await backend.start()
+    try:
+        sandbox = await backend.open(spec())
+        if sandbox._namespace.control is None:
+            pytest.skip("no bash here: commands enter the namespace with nsenter")
+        assert (await sandbox.exec("echo hi", 10)).output == "hi\n"
+        control = Path(sandbox._namespace.control)
+        assert control.is_dir() and control.name == sandbox.root.name + ".ctl"
+        await sandbox.close()
+        assert not control.exists()
+        assert sandbox.root.exists() == keep
+    finally:
+        await backend.shutdown()

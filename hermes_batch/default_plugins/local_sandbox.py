@@ -206,6 +206,11 @@ def _remove_tree(path: Path) -> None:
         log.warning("Could not remove every file of the local sandbox folder %s.", path)
 
 
+def _remove_trees(paths: list) -> None:
+    for path in paths:
+        _remove_tree(path)
+
+
 class LocalSandbox(Sandbox):
     """One prompt's folder; commands run in it as ``/bin/sh -c`` subprocesses with a clean environment."""
 
@@ -409,9 +414,12 @@ class LocalSandbox(Sandbox):
             child.reap()  # only now: their sessions' members are dead
         self._held.clear()
         self._folder.close()
-        if self._namespace is not None and self._namespace.control is not None:
-            await in_daemon_thread(_remove_tree, Path(self._namespace.control))  # only FIFOs and scripts: not kept
+        # The helper's control folder exists once a command ran through it; it holds only FIFOs and scripts,
+        # so it goes even when the prompt folder is kept, in the same thread as the prompt folder otherwise.
+        folders = [Path(self._namespace.control)] if self._commands else []
         if self._keep:
+            if folders:
+                await in_daemon_thread(_remove_tree, folders[0])
             # renamed, so the next session's start tells it from a folder a killed session left (removed then)
             kept = self.root.with_name("kept-" + self.root.name)
             try:
@@ -421,7 +429,7 @@ class LocalSandbox(Sandbox):
                 pass
             log.info("Kept the local sandbox folder %s.", self.root)
             return
-        await in_daemon_thread(_remove_tree, self.root)
+        await in_daemon_thread(_remove_trees, [self.root, *folders])
 
 
 @hermes_batch.hookimpl
