@@ -180,7 +180,13 @@ async def serve(read_fd: int, write_fd: int, api_key: Optional[str]) -> None:
             elif message[0] == "stop":
                 break
     finally:
-        await worker.stop()
+        try:
+            await asyncio.wait_for(worker.stop(), STOP_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            # Nothing may keep a worker alive once it is told to stop or its driver is gone: the driver kills
+            # a stuck one, but a dead driver cannot.  Its namespaces end with it (their pipes close).
+            log.warning("The worker did not stop within %g s; it exits now.", STOP_TIMEOUT_S)
+            os._exit(1)
         outbox.flush()
         # wait for the last frame to leave before the process ends
         while transport.get_write_buffer_size() and not transport.is_closing():
@@ -199,7 +205,11 @@ def main() -> int:
     os.dup2(null, 0)
     os.close(null)
     os.dup2(2, 1)
-    asyncio.run(serve(read_fd, write_fd, api_key))
+    # Not asyncio.run, which waits for every thread of the default pool: the forkserver ends the process
+    # with os._exit, so a call stuck in a thread keeps no worker alive.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    loop.run_until_complete(serve(read_fd, write_fd, api_key))
     return 0
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hermes_batch.testing import Runner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,3 +64,18 @@ def test_final_answer_is_the_last_answer_without_its_reasoning():
     assert make_trajectory(answer="Forty-two.", reasoning="Six sevens.").final_answer == "Forty-two."
     assert make_trajectory(answer="Plain.", reasoning=None).final_answer == "Plain."
     assert make_trajectory(completed=False).final_answer is None  # cut by turns, time or the context
+
+
+def test_ended_names_the_processes_that_still_hold_a_runs_output():
+    from hermes_batch.testing import ended
+
+    marker = "7.123457"  # a sleep no other process runs
+    proc = subprocess.Popen(["sh", "-c", f"sleep {marker} & echo started"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(pytest.fail.Exception, match=rf"1 processes still held the output .*sleep {marker}"):
+            ended(proc, timeout=1)
+    finally:
+        subprocess.run(["pkill", "-f", f"^sleep {marker}"])
+    out, _err = ended(proc)
+    assert out == "started\n"

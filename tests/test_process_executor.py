@@ -24,7 +24,7 @@ from hermes_batch.forkserver import Forkserver
 from hermes_batch.pipe_worker import PipeLink
 from hermes_batch.records import Usage
 from hermes_batch.testing import RoutedScript, ToolLoopScript, steady, write_dataset
-from hermes_batch.testing.fixtures import wait_for
+from hermes_batch.testing.fixtures import ended, wait_for
 from hermes_batch.testing.runner import TEST_API_KEY
 
 BASE = ("--distribution", "terminal_only", "--seed", "11", "--batch_size", "10")
@@ -161,7 +161,7 @@ def test_driver_killed_then_resume_loses_nothing_finished(tmp_path, runner, mode
     wait_for(lambda: len(batch_lines(runner.folder())) >= 15, 60, "fifteen finished prompts", proc)
 
     proc.kill()
-    proc.communicate()
+    ended(proc)
     # a worker hears its driver is gone (end of its input) and stops, closing its sandboxes
     wait_for(lambda: not any(alive(pid) for pid in workers), 30, "the workers to stop")
     saved = Counter(human(t) for t in batch_lines(runner.folder()))

@@ -37,7 +37,7 @@ from hermes_batch.runfolder import AppendLog, RunFolder, read_records
 from hermes_batch.runner import Run
 from hermes_batch.serialization import to_json_line
 from hermes_batch.testing import TEST_API_KEY as API_KEY
-from hermes_batch.testing import ToolLoopScript, wait_for, write_dataset
+from hermes_batch.testing import ToolLoopScript, ended, wait_for, write_dataset
 
 BASE = ("--distribution", "terminal_only", "--seed", "7", "--no_filters")
 FAST = ToolLoopScript(tool_calls=1)
@@ -545,7 +545,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, runner, model_serve
     procs.append(first)
     wait_for(lambda: (runner.folder() / LOCK_NAME).exists() and server.request_count > 1, 60, "the run", first)
     first.kill()
-    first.communicate()
+    ended(first)
     assert json.loads((runner.folder() / LOCK_NAME).read_text())["pid"] == first.pid  # left behind
 
     result = runner.invoke(data, *BASE, "--resume", server=model_server(FAST))

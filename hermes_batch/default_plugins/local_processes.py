@@ -42,10 +42,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from typing import Optional
 
 import attrs
@@ -185,23 +187,25 @@ def _nsenter_has_wdns(nsenter: str) -> bool:
 
 
 def _try_namespace(candidate: Launcher) -> Optional[str]:
-    """None when a namespace can be made and entered here, else why not."""
+    """None when a namespace can be made and entered here, else why not (within READY_TIMEOUT_S)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
     try:
         init = subprocess.Popen(
             candidate.init_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True,
+            start_new_session=True, bufsize=0,
         )
     except OSError as exc:
         return f"unshare could not start ({exc})"
     try:
-        if init.stdout.readline() != b"ready\n":
+        if _read_lines(init.stdout.fileno(), 1, deadline) != [b"ready"]:
             init.kill()
             return f"unshare could not make a namespace ({init.communicate(timeout=30)[1].decode(errors='replace').strip()})"
         pid = first_child(init.pid)
         if pid is None:
             return "the namespace's first process could not be found"
         entered = subprocess.run(
-            candidate.command_argv("cat /proc/1/cmdline", "/", pid), capture_output=True, timeout=30
+            candidate.command_argv("cat /proc/1/cmdline", "/", pid), capture_output=True,
+            timeout=max(deadline - time.monotonic(), 1.0),
         )
         if KEEPALIVE.encode() not in entered.stdout:  # the namespace's own /proc shows its first process as 1
             return f"nsenter could not enter the namespace ({entered.stderr.decode(errors='replace').strip()})"
@@ -219,7 +223,9 @@ def _try_namespace(candidate: Launcher) -> Optional[str]:
 
 
 def _helper_works(candidate: Launcher) -> bool:
-    """Whether a namespace's helper runs a command here (``echo`` of its pid 1's name, through the FIFO)."""
+    """Whether a namespace's helper runs a command here (``echo`` of its pid 1's name, through the FIFO),
+    within READY_TIMEOUT_S."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
     with tempfile.TemporaryDirectory(prefix="hermes-batch-check-") as control:
         with open(os.path.join(control, "1.sh"), "w") as f:
             f.write("tr '\\0' ' ' < /proc/1/cmdline")
@@ -227,32 +233,63 @@ def _helper_works(candidate: Launcher) -> bool:
         try:
             helper = subprocess.Popen(
                 candidate.helper_argv(control, control), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, start_new_session=True,
+                stderr=subprocess.DEVNULL, start_new_session=True, bufsize=0,
             )
         except OSError:
             return False
         try:
-            if helper.stdout.readline() != b"ready\n":
+            if _read_lines(helper.stdout.fileno(), 1, deadline) != [b"ready"]:
                 return False
             fifo = os.open(os.path.join(control, "1.out"), os.O_RDONLY | os.O_NONBLOCK)
             try:
                 helper.stdin.write(b"1\n")
-                helper.stdin.flush()
-                answers = {line[:1]: line.split() for line in (helper.stdout.readline() for _ in range(2))}
-                os.set_blocking(fifo, True)
-                output = b""
-                while chunk := os.read(fifo, 65536):
-                    output += chunk
+                answers = {line[:1]: line.split() for line in _read_lines(helper.stdout.fileno(), 2, deadline)}
+                if answers.get(b"x") != [b"x", b"1", b"0"]:
+                    return False
+                output = b"".join(_read_until_end(fifo, deadline))
             finally:
                 os.close(fifo)
-            return answers.get(b"x") == [b"x", b"1", b"0"] and HELPER_NAME.encode() in output
-        except OSError:
+            return HELPER_NAME.encode() in output
+        except OSError:  # TimeoutError among them
             return False
         finally:
             helper.kill()
-            helper.wait()
+            try:
+                helper.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
             for stream in (helper.stdin, helper.stdout):
                 stream.close()
+
+
+def _read_until_end(fd: int, deadline: float):
+    """The chunks read from ``fd`` up to its end; TimeoutError at ``deadline``."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError("no answer in time")
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            return
+        yield chunk
+
+
+def _read_lines(fd: int, count: int, deadline: float) -> list:
+    """The first ``count`` lines (without their newlines) read from ``fd``, fewer when it ends first;
+    TimeoutError at ``deadline``.  Reads one byte at a time: nothing after them is taken."""
+    data = b""
+    while data.count(b"\n") < count:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError("no answer in time")
+        chunk = os.read(fd, 1)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n")[:count]
 
 
 def first_child(pid: int) -> Optional[int]:

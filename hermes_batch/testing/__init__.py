@@ -37,6 +37,7 @@ _EXPORTS = {
     "TEST_API_KEY": "runner",
     "write_dataset": "fixtures",
     "wait_for": "fixtures",
+    "ended": "fixtures",
     "solid_png": "images",
     "png_for": "images",
     "png_size": "images",
@@ -53,7 +54,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .fixtures import wait_for, write_dataset
+    from .fixtures import ended, wait_for, write_dataset
     from .images import data_url_bytes, png_for, png_size, solid_png
     from .records import RUN_NOISE, make_filter, make_trajectory, steady
     from .run_folders import SHAPES, ShapeScript, answer_for, read_jsonl, run_cli, run_shapes, shape_rows

@@ -9,6 +9,7 @@ in your ``tests/conftest.py``::
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -56,7 +57,7 @@ def procs():
     for proc in started:
         if proc.poll() is None:
             proc.kill()
-        proc.communicate()
+        ended(proc)
 
 
 @pytest_asyncio.fixture
@@ -99,7 +100,35 @@ def wait_for(condition: Callable, timeout: float, what: str, proc: Optional[subp
         if value:
             return value
         if proc is not None and proc.poll() is not None:
-            _out, err = proc.communicate()
+            _out, err = ended(proc)
             pytest.fail(f"the run ended (status {proc.returncode}) before {what}:\n{err[-3000:]}")
         time.sleep(0.02)
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def ended(proc: subprocess.Popen, timeout: float = 60) -> tuple:
+    """``proc.communicate()``: its output, once it and every process that inherited its pipes have ended.
+
+    Fails after ``timeout`` seconds, naming the processes that still hold
+    them (a worker or a sandbox process its end left running), rather than
+    wait for ever.
+    """
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    pipes = {f"pipe:[{os.fstat(stream.fileno()).st_ino}]" for stream in (proc.stdout, proc.stderr) if stream}
+    holders = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            links = {os.readlink(fd.path) for fd in os.scandir(f"/proc/{entry.name}/fd")}
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if links & pipes:
+            holders.append(f"{entry.name}: {cmdline[:200]}")
+    pytest.fail(f"{len(holders)} processes still held the output of pid {proc.pid} after {timeout}s: "
+                + "; ".join(holders))

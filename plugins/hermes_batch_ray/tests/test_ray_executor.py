@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, steady, wait_for, write_dataset
+from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, ended, steady, wait_for, write_dataset
 
 from ray_rig import ray_cluster  # noqa: F401 - the session's cluster
 
@@ -117,7 +117,7 @@ def test_driver_killed_then_resume_loses_nothing_finished(tmp_path, runner, mode
     wait_for(lambda: len(batch_lines(runner.folder())) >= 15, 120, "fifteen finished prompts", proc)
 
     proc.kill()
-    proc.communicate()
+    ended(proc)
     # Ray ends the actors of a driver that is gone
     wait_for(lambda: not ray_cluster.processes("ray::PromptActor"), 60, "the actors to end")
     saved = Counter(human(t) for t in batch_lines(runner.folder()))
