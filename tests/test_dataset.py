@@ -252,13 +252,22 @@ def test_large_file_streams_quickly_without_holding_it_in_memory(tmp_path):
     report = validate_dataset(path)
     elapsed = time.perf_counter() - started
     _, peak = tracemalloc.get_traced_memory()
+    # the least any check does, timed alike: parse every line (on a busy machine both slow down together)
+    started = time.perf_counter()
+    with open(path, "rb") as handle:
+        for raw in handle:
+            try:
+                json.loads(raw)
+            except ValueError:
+                pass
+    parse_only = time.perf_counter() - started
     tracemalloc.stop()
 
     assert report.total == count
     assert report.invalid == count // 1000
     assert report.images == ("python:3.12",)
     assert peak < size / 5, f"peak {peak} bytes for a {size}-byte file"
-    assert elapsed < 10
+    assert elapsed < 5 * parse_only, f"{elapsed:.1f} s to check what takes {parse_only:.1f} s to parse"  # 2.4x here
 
     indices = [r.prompt_index for r in iter_rows(path, max_samples=3000)]
     assert indices[:2] == [1, 2] and 1000 not in indices and indices[-1] == 2999
