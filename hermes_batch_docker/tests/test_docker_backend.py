@@ -25,6 +25,8 @@ from hermes_batch_docker.engine import (
     LABEL_SESSION,
     LIVE_SESSIONS,
 )
+from hermes_batch_docker.sandbox import LOST_NOTICE
+from hermes_batch_docker.streams import ExecStream
 
 from docker_rig import IMAGE_A, IMAGE_B, MISSING_IMAGE, containers_of
 
@@ -350,9 +352,41 @@ async def test_max_starting_limits_containers_created_at_once(tmp_path, run_name
         sandboxes = await asyncio.gather(*(backend.open(spec(run_name, i)) for i in range(6)))
         assert peak == 2
         results = await asyncio.gather(*(s.exec("echo up", 10) for s in sandboxes))
-        assert [r.output for r in results] == ["up\n"] * 6
+        # dockerd loses a short command's output now and then (LOST_NOTICE): that is not what this tests
+        assert [r.exit_code for r in results] == [0] * 6
+        assert {r.output for r in results} <= {"up\n", LOST_NOTICE}
     finally:
         await backend.shutdown()
+
+
+def lose_outputs(monkeypatch) -> list:
+    """A one-item list: the number of the next execs whose outputs are lost, as dockerd now and then loses a
+    short command's."""
+    left = [0]
+    start, payload = ExecStream.start, ExecStream._payload
+
+    def lossy_start(self):
+        self.lost, left[0] = left[0] > 0, max(left[0] - 1, 0)
+        start(self)
+
+    monkeypatch.setattr(ExecStream, "start", lossy_start)
+    monkeypatch.setattr(ExecStream, "_payload", lambda self, kind, data: None if self.lost else payload(self, kind, data))
+    return left
+
+
+async def test_output_the_engine_lost_is_said_for_a_command_and_read_again_for_a_file(sandbox, monkeypatch):
+    await sandbox.write_file("notes.txt", b"kept")
+    lose = lose_outputs(monkeypatch)
+    lose[0] = 1
+    result = await sandbox.exec("echo up", 10)
+    assert (result.output, result.exit_code) == (LOST_NOTICE, 0)
+    assert (await sandbox.exec("echo up", 10)).output == "up\n"
+
+    lose[0] = 2  # the read is made again
+    assert await sandbox.read_file("notes.txt") == b"kept"
+    lose[0] = 3  # three times lost: an error, never an empty file
+    with pytest.raises(OSError, match="lost what the read returned"):
+        await sandbox.read_file("notes.txt")
 
 
 # --- faults ------------------------------------------------------------------------------------------------

@@ -49,6 +49,11 @@ PID_WAIT_S = 2.0
 READ_TIMEOUT_S = 120.0
 DEATH_NOTICE_POLLS = 60  # times 50 ms
 MAX_READ_BYTES = 256 * 1024 * 1024
+READ_ATTEMPTS = 3  # reads change nothing, so one whose output the engine lost is made again
+LOST_NOTICE = (
+    "[The command ran and exited 0, but the Docker engine lost its output (a race of dockerd with short "
+    "commands); run it again to see it.]\n"
+)
 
 
 @attrs.define
@@ -57,6 +62,7 @@ class _Outcome:
     timed_out: bool
     not_started: bool = False  # the container could not start the command (its wrapper never ran)
     recovered: bool = False  # every process of the container was stopped so that it could run
+    lost: bool = False  # it ran, but the engine lost its whole output (LOST_NOTICE)
 
 
 class DockerSandbox(Sandbox):
@@ -90,7 +96,7 @@ class DockerSandbox(Sandbox):
         outcome, output, _ = await self._run_recovering(
             [SHELL, "-c", RUN_WRAPPER, "sh", command], timeout, lambda: (BoundedOutput(self._max_output), None)
         )
-        text = output.text()
+        text = LOST_NOTICE if outcome.lost else output.text()
         if outcome.recovered:
             text = self._recovery_notice() + text
         return ExecResult(text, outcome.exit_code, outcome.timed_out)
@@ -101,16 +107,21 @@ class DockerSandbox(Sandbox):
             "not start anything, so every process in it was stopped; its files are kept.]\n"
         )
 
-    async def _run_recovering(self, argv: list, timeout: float, buffers) -> tuple:
+    async def _run_recovering(self, argv: list, timeout: float, buffers, attempts: int = 1) -> tuple:
         """``_run`` with fresh ``buffers()``; a command the container cannot start is run again after recovery.
 
         A container whose processes fill its pids limit (a fork bomb) can start no
         command, not even the kill of a timed-out one.  Restarting it stops every
         process and keeps its files, so the prompt goes on, and ends as the model
-        makes it end, instead of failing again each time ``--resume`` runs it.
+        makes it end, instead of failing again each time ``--resume`` runs it.  A command whose output
+        the engine lost is run up to ``attempts`` times in all (for reads, which change nothing).
         """
         stdout, stderr = buffers()
         outcome = await self._run(argv, timeout, stdout, stderr)
+        while outcome.lost and attempts > 1:
+            attempts -= 1
+            stdout, stderr = buffers()
+            outcome = await self._run(argv, timeout, stdout, stderr)
         if not outcome.not_started:
             return outcome, stdout, stderr
         if not await self._raise_if_dead("while a command was started"):
@@ -172,6 +183,10 @@ class DockerSandbox(Sandbox):
             return _Outcome(None, True, recovered=recovered)
         if stream.pid is None and exit_code != 0:
             return _Outcome(exit_code, False, not_started=True)
+        if stream.pid is None and stream.error is None:
+            # The wrapper prints its pid before anything else, and it ran: the engine lost the whole
+            # output, which dockerd does now and then to a short command (moby/moby#27289).
+            return _Outcome(exit_code, False, lost=True)
         if exit_code >= 128 or stream.error is not None:
             # Killed by a signal: maybe the container itself died.
             recovered = await self._raise_if_dead("while a command ran")
@@ -248,10 +263,12 @@ class DockerSandbox(Sandbox):
             return b""
         argv = [SHELL, "-c", READ_WRAPPER, "sh", full, "" if max_bytes is None else str(limit)]
         outcome, stdout, stderr = await self._run_recovering(
-            argv, READ_TIMEOUT_S, lambda: (FirstBytes(limit + 1), BoundedOutput(64 * 1024))
+            argv, READ_TIMEOUT_S, lambda: (FirstBytes(limit + 1), BoundedOutput(64 * 1024)), READ_ATTEMPTS
         )
         if outcome.timed_out:
             raise OSError(errno.ETIMEDOUT, f"reading took longer than {READ_TIMEOUT_S:g} s (is it a pipe?)", path)
+        if outcome.lost:
+            raise OSError(errno.EIO, f"the Docker engine lost what the read returned, {READ_ATTEMPTS} times", path)
         if outcome.exit_code == 0:
             data = stdout.value()
             if max_bytes is None and len(data) > MAX_READ_BYTES:
