@@ -590,3 +590,18 @@ async def test_the_namespace_helpers_control_folder_is_gone_after_close(tmp_path
         assert sandbox.root.exists() == keep
     finally:
         await backend.shutdown()
+
+
+@pytest.mark.parametrize("check", ["namespace", "helper"])
+def test_a_namespace_check_that_gets_no_answer_gives_up_at_its_deadline(monkeypatch, check):
+    # A first process that never says "ready": the worker's start must not wait for it for ever.
+    from hermes_batch.default_plugins import local_processes
+
+    monkeypatch.setattr(local_processes, "READY_TIMEOUT_S", 0.5)
+    silent = local_processes.Launcher(True, unshare=("sh", "-c", "sleep 20", "sh"), bash="/bin/sh")
+    started = time.monotonic()
+    if check == "namespace":
+        assert "did not answer" in local_processes._try_namespace(silent)
+    else:
+        assert local_processes._helper_works(silent) is False
+    assert time.monotonic() - started < 5

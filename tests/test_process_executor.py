@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 
 from hermes_batch.dispatch import PREFETCH, WorkerError
 from hermes_batch.forkserver import Forkserver
-from hermes_batch.pipe_worker import PipeLink
+from hermes_batch.pipe_worker import PipeLink, frame
 from hermes_batch.records import Usage
 from hermes_batch.testing import RoutedScript, ToolLoopScript, steady, write_dataset
 from hermes_batch.testing.fixtures import ended, wait_for
@@ -243,3 +244,40 @@ async def test_the_forkserver_kills_and_reports_its_workers_and_a_dead_one_is_on
     finally:
         await server.close()
 
+
+
+WORKER_WHOSE_STOP_HANGS = """
+import asyncio, sys
+from hermes_batch import pipe_worker
+
+class Worker:
+    take_api_key = staticmethod(lambda: None)
+
+    def __init__(self, setup, emit, api_key=None):
+        pass
+    async def start(self):
+        pass
+    async def stop(self):
+        await asyncio.sleep(3600)  # a sandbox close that never ends, say
+    def limits(self):
+        return ("limits",)
+
+pipe_worker.PromptWorker = Worker
+pipe_worker.STOP_TIMEOUT_S = 1.0
+sys.exit(pipe_worker.main())
+"""
+
+
+def test_a_worker_whose_driver_is_gone_exits_even_when_its_stop_hangs():
+    setup = SimpleNamespace(index=0, plan=SimpleNamespace(config=SimpleNamespace(verbose=False)))
+    worker = subprocess.Popen([sys.executable, "-c", WORKER_WHOSE_STOP_HANGS], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    worker.stdin.write(frame(("setup", setup)))
+    worker.stdin.close()  # the driver is gone
+    try:
+        worker.wait(timeout=30)
+    finally:
+        worker.kill()
+    err = worker.stderr.read()
+    assert worker.returncode == 1, err
+    assert b"did not stop within 1 s" in err

@@ -262,12 +262,16 @@ def _helper_works(candidate: Launcher) -> bool:
                 stream.close()
 
 
+def _wait_readable(fd: int, deadline: float) -> None:
+    left = deadline - time.monotonic()
+    if left <= 0 or not select.select([fd], [], [], left)[0]:
+        raise TimeoutError("no answer in time")
+
+
 def _read_until_end(fd: int, deadline: float):
     """The chunks read from ``fd`` up to its end; TimeoutError at ``deadline``."""
     while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise TimeoutError("no answer in time")
+        _wait_readable(fd, deadline)
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
@@ -282,9 +286,7 @@ def _read_lines(fd: int, count: int, deadline: float) -> list:
     TimeoutError at ``deadline``.  Reads one byte at a time: nothing after them is taken."""
     data = b""
     while data.count(b"\n") < count:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise TimeoutError("no answer in time")
+        _wait_readable(fd, deadline)
         chunk = os.read(fd, 1)
         if not chunk:
             break
