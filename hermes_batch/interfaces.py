@@ -335,6 +335,7 @@ class Tool(abc.ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     parameters: ClassVar[dict]
+    runs_commands: ClassVar[bool] = False  # calls ``Sandbox.exec``: the sandbox may then start what commands need as it opens
 
     @classmethod
     def spec(cls) -> ToolSpec:

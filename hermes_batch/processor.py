@@ -94,7 +94,8 @@ class PromptProcessor:
         tools = {tool.name: tool for name in job.toolsets for tool in self.toolsets[name]}
         say = self._logger(job) if self.verbose else None
         await self.backend.prepare_image(row.image)  # shared by every prompt of the image, so not on its clock
-        spec = SandboxSpec(self.run_name, row.prompt_index, row.content_key, row.image, row.cwd)
+        commands = any(getattr(tool, "runs_commands", False) for tool in tools.values())
+        spec = SandboxSpec(self.run_name, row.prompt_index, row.content_key, row.image, row.cwd, commands=commands)
         sandbox = OpeningSandbox(self.backend, spec, self.closer, label=f"[B{job.batch_num}:P{row.prompt_index}]")
         if tools and self.backend.open_early:
             sandbox.start()  # beside the first model request, which does not need it; a tool call waits for it

@@ -134,6 +134,7 @@ class SandboxSpec:
     image: Optional[str] = None
     cwd: Optional[str] = None
     env: dict = field(factory=dict)
+    commands: bool = False  # a tool the prompt is offered runs commands: the backend may get ready for them at open
 
 
 @frozen

@@ -14,8 +14,10 @@ import threading
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 
+from hermes_batch.default_plugins.local_control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
 from hermes_batch.default_plugins.local_processes import HELPER_NAME
 from hermes_batch.default_plugins.local_sandbox import (
     HELD_BEFORE_CHECK,
@@ -443,6 +445,50 @@ async def test_commands_see_only_their_own_processes(sandbox):
     assert str(os.getpid()) not in (await sandbox.exec("echo $PPID", 10)).output
 
 
+async def test_a_prompt_whose_tools_run_commands_gets_its_namespace_as_the_sandbox_opens(backend):
+    sandbox = await backend.open(attrs.evolve(spec(), commands=True))
+    try:
+        if sandbox._namespace is None:
+            pytest.skip("no namespaces here")
+        assert await wait_until(lambda: sandbox._namespace.alive, 30)  # no command asked for it
+        first = (await sandbox.exec("readlink /proc/self/ns/pid", 10)).output
+        assert first != os.readlink("/proc/self/ns/pid") + "\n"
+        assert (await sandbox.exec("readlink /proc/self/ns/pid", 10)).output == first
+    finally:
+        await sandbox.close()
+    assert not _alive_with(str(sandbox.root))  # the helper names the prompt folder on its command line
+    lazy = await backend.open(spec())  # no tool of it runs commands: nothing starts before one does
+    try:
+        await asyncio.sleep(0.2)
+        assert lazy._namespace is None or lazy._namespace.init_pid is None
+    finally:
+        await lazy.close()
+
+
+async def test_a_sandbox_closed_while_its_namespace_starts_leaves_no_process(backend):
+    for pause in (0, 0, 0.001, 0.005, 0.02):
+        sandbox = await backend.open(attrs.evolve(spec(), commands=True))
+        if sandbox._namespace is None:
+            pytest.skip("no namespaces here")
+        await asyncio.sleep(pause)
+        await sandbox.close()
+        await asyncio.sleep(0.3)  # a start that was not stopped would have its helper by now
+        assert not _alive_with(str(sandbox.root)), pause
+
+
+async def test_a_namespace_that_cannot_start_at_open_is_the_first_commands_error(backend, monkeypatch):
+    if not backend.launcher.namespace:
+        pytest.skip("no namespaces here")
+    broken = attrs.evolve(backend.launcher, unshare=("/nonexistent/unshare",))
+    monkeypatch.setattr(backend, "launcher", broken)
+    sandbox = await backend.open(attrs.evolve(spec(), commands=True))
+    try:
+        with pytest.raises(SandboxError, match="Could not start the namespace"):
+            await sandbox.exec("echo hi", 10)
+    finally:
+        await sandbox.close()
+
+
 async def test_concurrent_first_commands_share_one_namespace(sandbox):
     results = await asyncio.gather(*(sandbox.exec("readlink /proc/self/ns/pid", 30) for _ in range(6)))
     namespaces = {r.output for r in results}
@@ -484,6 +530,26 @@ def test_the_namespace_dies_with_a_runner_killed_by_sigkill(tmp_path):
     while _alive_with(f"sleep {marker}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive_with(f"sleep {marker}")
+    # what it left in memory goes when the next backend of the same run folder starts
+    left = _control_roots(tmp_path)
+    if left:
+        asyncio.run(_start_and_shut_down(make_backend_for(tmp_path)))
+        assert not any(path.exists() for path in left)
+
+
+def make_backend_for(run_dir: Path, **options) -> LocalSandboxBackend:
+    return LocalSandboxBackend(LocalSandboxConfig(**options), RunContext("r", run_dir, seed=0))
+
+
+async def _start_and_shut_down(backend: LocalSandboxBackend) -> None:
+    await backend.start()
+    await backend.shutdown()
+
+
+def _control_roots(run_dir: Path) -> list[Path]:
+    """The folders in memory that backends of the run folder ``run_dir`` made for their control folders."""
+    parent = Path(DEFAULT_BASE, f"hermes-batch-{os.geteuid()}")
+    return sorted(parent.glob(run_key(run_dir / "scratch") + "-*"))
 
 
 # Runs as the only program of a PID namespace of its own (under a shell that reaps orphans), where
@@ -575,8 +641,9 @@ def test_close_never_kills_a_process_that_took_over_a_number_the_sandbox_used(tm
 
 
 @pytest.mark.parametrize("keep", [False, True])
-async def test_the_namespace_helpers_control_folder_is_gone_after_close(tmp_path, keep):
-    backend = make_backend(tmp_path, isolation="namespace", keep=keep)
+@pytest.mark.parametrize("control_dir", [DEFAULT_BASE, ""])
+async def test_the_namespace_helpers_control_folder_is_gone_after_close(tmp_path, keep, control_dir):
+    backend = make_backend(tmp_path, isolation="namespace", keep=keep, control_dir=control_dir)
     await backend.start()
     try:
         sandbox = await backend.open(spec())
@@ -585,11 +652,72 @@ async def test_the_namespace_helpers_control_folder_is_gone_after_close(tmp_path
         assert (await sandbox.exec("echo hi", 10)).output == "hi\n"
         control = Path(sandbox._namespace.control)
         assert control.is_dir() and control.name == sandbox.root.name + ".ctl"
+        if control_dir and os.path.isdir(control_dir):  # in the backend's private folder in memory
+            assert control.parent.parent == Path(control_dir, f"hermes-batch-{os.geteuid()}")
+            assert control.parent in _control_roots(tmp_path / "run")
+        else:  # beside the prompt folder
+            assert control.parent == sandbox.root.parent
         await sandbox.close()
         assert not control.exists()
         assert sandbox.root.exists() == keep
     finally:
         await backend.shutdown()
+    assert not _control_roots(tmp_path / "run")
+
+
+async def test_a_command_too_long_for_memory_runs_from_beside_the_prompt_folder(sandbox):
+    if sandbox._namespace.control is None or sandbox._namespace.spill == sandbox._namespace.control:
+        pytest.skip("the control folder is not in memory here")
+    long = ": '" + "x" * SPILL_BYTES + "'; echo long"
+    assert (await sandbox.exec(long, 10)).output == "long\n"
+    spill = Path(sandbox._namespace.spill)
+    assert spill.is_dir() and spill.parent == sandbox.root.parent and not list(spill.iterdir())
+    assert not list(Path(sandbox._namespace.control).iterdir())  # nothing of it went into memory
+    assert (await sandbox.exec("echo short", 10)).output == "short\n"
+    await sandbox.close()
+    assert not spill.exists()
+
+
+async def test_a_command_that_removes_its_control_folder_does_not_stop_the_next(sandbox):
+    if sandbox._namespace.control is None or sandbox._namespace.spill == sandbox._namespace.control:
+        pytest.skip("the control folder is not in memory here")
+    control = sandbox._namespace.control
+    await sandbox.exec(f"rm -rf '{control}'", 10)
+    assert not os.path.exists(control)
+    assert (await sandbox.exec("echo still here", 10)).output == "still here\n"  # through the spill folder
+
+
+def test_a_killed_backends_control_folder_goes_when_the_next_of_its_run_starts_and_no_other(tmp_path):
+    base = str(tmp_path / "memory")
+    os.mkdir(base)
+    dead = ControlRoot.make(base, "run-a")
+    os.mkdir(dead.folder("p0-0123abcd-xxxxxxxx.ctl"))
+    os.close(dead._lock_fd)  # what a SIGKILL leaves: the folder, its lock free
+    alive = ControlRoot.make(base, "run-a")  # a worker of the same run, still running
+    other = ControlRoot.make(base, "run-b")
+    os.close(other._lock_fd)  # killed too, but another run's
+    assert not os.path.exists(dead.path)  # the two after it swept it
+    assert os.path.isdir(alive.path) and os.path.isdir(other.path)
+    new = ControlRoot.make(base, "run-a")
+    assert os.path.isdir(alive.path) and os.path.isdir(other.path)
+    for root in (alive, new):
+        root.remove()
+        assert not os.path.exists(root.path)
+    assert os.listdir(os.path.join(base, f"hermes-batch-{os.geteuid()}")) == [os.path.basename(other.path)]
+
+
+def test_a_control_base_whose_user_folder_is_not_ours_alone_is_not_used(tmp_path):
+    base = tmp_path / "memory"
+    base.mkdir()
+    (base / f"hermes-batch-{os.geteuid()}").mkdir(mode=0o777)
+    os.chmod(base / f"hermes-batch-{os.geteuid()}", 0o777)  # open to every user: someone else may have made it
+    assert ControlRoot.make(str(base), "run-a") is None
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.rmdir(base / f"hermes-batch-{os.geteuid()}")
+    os.symlink(elsewhere, base / f"hermes-batch-{os.geteuid()}")
+    assert ControlRoot.make(str(base), "run-a") is None
+    assert not list(elsewhere.iterdir())
 
 
 @pytest.mark.parametrize("check", ["namespace", "helper"])

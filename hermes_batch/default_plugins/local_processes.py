@@ -73,17 +73,21 @@ ENTER_CWD = 'cd -- "$1" || exit 126; exec /bin/sh -c "$2"'
 # With bash, the namespace's first process starts the commands itself: a fork of a small shell that is
 # already inside the namespace with lowered privileges, where nsenter and setpriv were two more programs
 # to exec for every command.  Requests on its input, one per line: an id (run the command in
-# <control folder>/<id>.sh, output to the FIFO <id>.out, in the prompt's working folder) or k<pgid> (kill
-# that command's process group).  Answers on its output: "p <id> <pgid>" once started, "x <id> <status>"
-# once ended.  `set -m` gives each command a process group of its own, as a session leader had.
+# <control folder>/<id>.sh, output to the FIFO <id>.out, in the prompt's working folder), d<id> (the same
+# in the spill folder: see local_control) or k<pgid> (kill that command's process group).  Answers on its
+# output: "p <id> <pgid>" once started, "x <id> <status>" once ended.  `set -m` gives each command a
+# process group of its own, as a session leader had.
 HELPER = (
-    "set -m; trap 'exit 0' TERM INT; ctl=$1 cwd=$2; echo ready; "
+    "set -m; trap 'exit 0' TERM INT; ctl=$1 cwd=$2 spill=$3; echo ready; "
     "while IFS= read -r request; do jobs >/dev/null; case $request in "  # jobs: forget the ended ones
-    'k*) kill -KILL -- "-${request#k}" 2>/dev/null ;; '
-    '*) { ( cd -- "$cwd" 2>/dev/null || exit 126; IFS= read -r -d "" command < "$ctl/$request.sh"; '
-    'exec /bin/sh -c "$command" ) </dev/null >"$ctl/$request.out" 2>&1; echo "x $request $?"; } & '
-    'echo "p $request $!" ;; '
-    "esac; done"
+    'k*) kill -KILL -- "-${request#k}" 2>/dev/null; continue ;; '
+    'd*) dir=$spill id=${request#d} ;; '
+    '*) dir=$ctl id=$request ;; '
+    "esac; "
+    '{ ( cd -- "$cwd" 2>/dev/null || exit 126; IFS= read -r -d "" command < "$dir/$id.sh"; '
+    'exec /bin/sh -c "$command" ) </dev/null >"$dir/$id.out" 2>&1; echo "x $id $?"; } & '
+    'echo "p $id $!"; '
+    "done"
 )
 HELPER_NAME = "hermes-batch-namespace"  # the helper's $0, which /proc/1/cmdline shows inside the namespace
 READY_TIMEOUT_S = 30.0
@@ -105,9 +109,9 @@ class Launcher:
         """The first process of a new namespace (it prints ``ready``; it ends when its stdin closes)."""
         return [*self.unshare, "--", SHELL, "-c", KEEPALIVE]
 
-    def helper_argv(self, control: str, cwd: str) -> list:
+    def helper_argv(self, control: str, cwd: str, spill: str) -> list:
         """The first process of a new namespace that starts its commands (see HELPER), privileges lowered."""
-        return [*self.unshare, "--", *self.setpriv, self.bash, "-c", HELPER, HELPER_NAME, control, cwd]
+        return [*self.unshare, "--", *self.setpriv, self.bash, "-c", HELPER, HELPER_NAME, control, cwd, spill]
 
     def command_argv(self, command: str, cwd: str, init_pid: Optional[int]) -> list:
         """The argv of one command: in the namespace of ``init_pid`` when given."""
@@ -232,7 +236,7 @@ def _helper_works(candidate: Launcher) -> bool:
         os.mkfifo(os.path.join(control, "1.out"))
         try:
             helper = subprocess.Popen(
-                candidate.helper_argv(control, control), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                candidate.helper_argv(control, control, control), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, start_new_session=True, bufsize=0,
             )
         except OSError:
@@ -314,13 +318,16 @@ class Namespace:
 
     With a ``control`` folder (and bash), its first process is the HELPER that
     starts the commands (``submit``), and it runs with ``env``, which the
-    commands inherit; else commands enter it with nsenter.
+    commands inherit; else commands enter it with nsenter.  ``spill`` is the
+    helper's second control folder, for what ``control`` cannot hold.
     """
 
-    def __init__(self, launcher: Launcher, env: Optional[dict] = None, control: Optional[str] = None):
+    def __init__(self, launcher: Launcher, env: Optional[dict] = None, control: Optional[str] = None,
+                 spill: Optional[str] = None):
         self.launcher = launcher
         self.env = env
         self.control = control if launcher.bash else None
+        self.spill = (spill or control) if self.control is not None else None
         self.init_pid: Optional[int] = None
         self._unshare: Optional[Child] = None
         self._init_fd: Optional[int] = None  # pidfd of the namespace's first process: kills reach only it
@@ -339,7 +346,7 @@ class Namespace:
         """Start the namespace's first process, in ``cwd``; raises OSError or RuntimeError."""
         loop = asyncio.get_running_loop()
         helper = self.control is not None
-        argv = self.launcher.helper_argv(self.control, cwd) if helper else self.launcher.init_argv()
+        argv = self.launcher.helper_argv(self.control, cwd, self.spill) if helper else self.launcher.init_argv()
         self._unshare = await Child.start(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd,
             env=self.env if helper else None,
@@ -371,8 +378,9 @@ class Namespace:
 
     # --- commands through the helper ------------------------------------------------------------
 
-    def submit(self, ident: str) -> tuple:
-        """Have the helper start the command written to ``<control>/<ident>.sh`` (its output FIFO opened).
+    def submit(self, ident: str, spilled: bool = False) -> tuple:
+        """Have the helper start the command written to ``<control>/<ident>.sh`` (its output FIFO opened;
+        with ``spilled``, both in the spill folder).
 
         Returns futures: its process group once started, its exit status once
         ended (None for both when the namespace ended first).  Raises OSError
@@ -384,7 +392,7 @@ class Namespace:
             self._settle(answers)
             return answers
         try:
-            os.write(self._unshare.stdin.fileno(), f"{ident}\n".encode())
+            os.write(self._unshare.stdin.fileno(), f"{'d' if spilled else ''}{ident}\n".encode())
         except BlockingIOError:
             self._answers.pop(ident)
             raise OSError("the namespace's first process does not read its requests") from None

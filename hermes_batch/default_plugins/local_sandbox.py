@@ -13,6 +13,8 @@ backend (``docker``, ``singularity``, ``modal``) for untrusted workloads.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import os
 import posixpath
@@ -21,6 +23,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -33,6 +36,7 @@ from ..interfaces import Sandbox, SandboxBackend
 from ..output import BoundedOutput
 from ..records import ExecResult, SandboxSpec
 from ..threads import in_daemon_thread
+from .local_control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
 from .local_files import PromptFolder
 from .local_processes import (
     ISOLATIONS,
@@ -51,8 +55,11 @@ log = logging.getLogger(__name__)
 
 # After the kill, only processes that left the process group can still hold the pipe open.
 POST_KILL_DRAIN_S = 0.5
-# The control folder of a namespace's helper: the prompt folder's name and this.
+# The control folders of a namespace's helper: the prompt folder's name and this, in the backend's folder in
+# memory (local_control) and, for what that cannot hold, beside the prompt folder (the spill folder).
 CONTROL_SUFFIX = ".ctl"
+# Threads that make prompt folders: they never block for long, so a few keep up with any rate of prompts.
+FOLDER_THREADS = 4
 # Process mode: a command's shell is held unreaped after it ends (its session may live on in `cmd &`);
 # once this many are held, one scan of /proc releases those whose sessions are empty.
 HELD_BEFORE_CHECK = 8
@@ -66,6 +73,7 @@ class LocalSandboxConfig:
     max_starting: int = 64  # prompts setting up their folder at the same time
     max_output_bytes: int = 1_000_000  # output kept per command: the first and last halves
     isolation: str = "auto"  # namespace, process, or auto: namespace where the machine allows it
+    control_dir: str = DEFAULT_BASE  # a memory file system for the helper's scripts and FIFOs; "" for none
 
     def __attrs_post_init__(self):
         if self.isolation not in ISOLATIONS:
@@ -92,18 +100,31 @@ class LocalSandboxBackend(SandboxBackend):
         self._starting = asyncio.Semaphore(config.max_starting)
         self._open: set[LocalSandbox] = set()
         self.launcher: Optional[Launcher] = None
+        self._control: Optional[ControlRoot] = None  # where the helpers' control folders go, when in memory
+        self._checking = asyncio.Lock()
 
     async def check(self) -> None:
         """Find how commands can run here; ConfigError when ``isolation=namespace`` cannot work."""
-        if self.launcher is not None:
-            return
+        if self.launcher is None:
+            async with self._checking:
+                if self.launcher is None:
+                    await self._check()
+
+    async def _check(self) -> None:
         try:
-            self.launcher = await in_daemon_thread(launcher, self.config.isolation)
+            found = await in_daemon_thread(launcher, self.config.isolation)
         except RuntimeError as exc:
             raise ConfigError(
                 f"-S isolation=namespace cannot work on this machine ({exc}); "
                 "use -S isolation=process or install util-linux and allow user namespaces."
             ) from None
+        if found.namespace and found.bash and self.config.control_dir and self._control is None:
+            self._control = await in_daemon_thread(ControlRoot.make, self.config.control_dir,
+                                                   run_key(self.run.scratch_dir))
+            if self._control is None:
+                log.info("The local sandbox keeps its commands' scripts beside the prompt folders: %s cannot "
+                         "hold a private folder.", self.config.control_dir)
+        self.launcher = found
 
     async def start(self) -> None:
         await self.check()
@@ -114,18 +135,17 @@ class LocalSandboxBackend(SandboxBackend):
         """Create the prompt's folder (and its ``cwd`` inside it) and return its sandbox."""
         await self.check()
         async with self._starting:
-            scratch = self.run.scratch_dir
-            prefix = f"p{spec.prompt_index}-{spec.content_key[:8]}-"
+            # On threads of their own: on a journaling file system, with hundreds of prompts at once, these few
+            # system calls held the event loop about 1.5 ms a prompt.  Not the run's pool, which tools stuck
+            # for ever (on FIFOs, say) may take whole.
+            future = asyncio.get_running_loop().run_in_executor(_folder_executor(), self._make_folders, spec)
             try:
-                scratch.mkdir(parents=True, exist_ok=True)
-                root = Path(os.path.realpath(tempfile.mkdtemp(prefix=prefix, dir=scratch)))
-                cwd = _map_inside(root, spec.cwd)
-                cwd.mkdir(parents=True, exist_ok=True)
-                tmp = root / ".tmp"
-                tmp.mkdir()
-                folder = PromptFolder(str(root), str(cwd))
+                root, cwd, tmp, control = await asyncio.shield(future)
+            except asyncio.CancelledError:
+                future.add_done_callback(_remove_made)  # made all the same: nobody will close it
+                raise
             except OSError as exc:
-                raise SandboxError(f"Could not create the prompt folder under {scratch}: {exc}") from exc
+                raise SandboxError(f"Could not create the prompt folder under {self.run.scratch_dir}: {exc}") from exc
         env = {
             "PATH": os.environ.get("PATH", os.defpath),
             "HOME": str(root),
@@ -136,14 +156,41 @@ class LocalSandboxBackend(SandboxBackend):
         }
         env.update({str(k): str(v) for k, v in spec.env.items()})
         # Made at the first command: a prompt that runs none (or only file tools) never pays for it.  Its
-        # control folder (the commands' scripts and output FIFOs) sits beside the prompt folder, out of its view.
-        namespace = Namespace(self.launcher, env, str(root) + CONTROL_SUFFIX) if self.launcher.namespace else None
+        # control folders (the commands' scripts and output FIFOs) are out of the prompt folder's view.
+        namespace = None
+        if self.launcher.namespace:
+            namespace = Namespace(self.launcher, env, control, str(root) + CONTROL_SUFFIX)
         marker = secrets.token_hex(8)
         if namespace is None:
             env[MARKER_VARIABLE] = marker  # how close finds the prompt's processes
-        sandbox = LocalSandbox(root, cwd, env, self, folder, namespace, marker)
+        sandbox = LocalSandbox(root, cwd, env, self, PromptFolder(str(root), str(cwd)), namespace, marker)
         self._open.add(sandbox)
+        if namespace is not None and spec.commands:
+            # Its tools run commands: the namespace starts now, beside the first model request (the sandbox
+            # opens then), not on the first command's clock.  With hundreds of prompts at once that start
+            # waited for the CPU for about half a second.
+            sandbox.start_namespace()
         return sandbox
+
+    def _make_folders(self, spec: SandboxSpec) -> tuple:
+        """The prompt folder, its ``cwd`` and ``.tmp``, and the path of its control folder (made in memory)."""
+        scratch = self.run.scratch_dir
+        scratch.mkdir(parents=True, exist_ok=True)
+        prefix = f"p{spec.prompt_index}-{spec.content_key[:8]}-"
+        root = Path(os.path.realpath(tempfile.mkdtemp(prefix=prefix, dir=scratch)))
+        try:
+            cwd = _map_inside(root, spec.cwd)
+            cwd.mkdir(parents=True, exist_ok=True)
+            tmp = root / ".tmp"
+            tmp.mkdir()
+            control = str(root) + CONTROL_SUFFIX
+            if self._control is not None:
+                control = self._control.folder(root.name + CONTROL_SUFFIX)
+                os.mkdir(control, 0o700)
+        except BaseException:
+            _remove_tree(root)
+            raise
+        return root, cwd, tmp, control
 
     async def shutdown(self) -> None:
         for sandbox in list(self._open):
@@ -152,6 +199,9 @@ class LocalSandboxBackend(SandboxBackend):
             self.run.scratch_dir.rmdir()  # only when empty: kept folders stay
         except OSError:
             pass
+        if self._control is not None:
+            control, self._control = self._control, None
+            await in_daemon_thread(control.remove)
 
     def _forget(self, sandbox: "LocalSandbox") -> None:
         self._open.discard(sandbox)
@@ -211,6 +261,24 @@ def _remove_trees(paths: list) -> None:
         _remove_tree(path)
 
 
+def _seen(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()  # the first command reports it; no "exception never retrieved" when none runs
+
+
+@functools.cache
+def _folder_executor() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(FOLDER_THREADS, thread_name_prefix="hermes-batch-folders")
+
+
+def _remove_made(future: asyncio.Future) -> None:
+    """Remove the folders ``LocalSandboxBackend._make_folders`` made for a prompt whose open was cancelled."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    root, _cwd, _tmp, control = future.result()
+    threading.Thread(target=_remove_trees, args=([root, Path(control)],), daemon=True).start()
+
+
 class LocalSandbox(Sandbox):
     """One prompt's folder; commands run in it as ``/bin/sh -c`` subprocesses with a clean environment."""
 
@@ -234,11 +302,19 @@ class LocalSandbox(Sandbox):
         # ids cannot pass to other processes) until close has killed those members.
         self._held: list[Child] = []
         self._commands = 0  # commands run through the namespace's helper, which numbers them
+        self._spill_made = False  # the spill folder beside the prompt folder, made at its first use
+        self._starting: Optional[asyncio.Task] = None  # the namespace's start, begun at open
         self._closed = False
 
     @property
     def workdir(self) -> str:
         return str(self.cwd)
+
+    def start_namespace(self) -> None:
+        """Start the prompt's namespace in the background, ahead of its first command."""
+        if self._starting is None and self._namespace is not None and not self._closed:
+            self._starting = asyncio.get_running_loop().create_task(self._namespace.ensure(str(self.cwd)))
+            self._starting.add_done_callback(_seen)
 
     async def exec(self, command: str, timeout: float) -> ExecResult:
         """Run ``command`` with ``/bin/sh -c``; at ``timeout`` SIGKILL its whole process group."""
@@ -246,6 +322,8 @@ class LocalSandbox(Sandbox):
         namespace = self._namespace
         if namespace is not None:
             try:
+                if self._starting is not None:
+                    await asyncio.shield(self._starting)  # its error is the first command's
                 await namespace.ensure(str(self.cwd))
             except (OSError, RuntimeError) as exc:
                 raise SandboxError(f"Could not start the namespace of the local sandbox {self.root}: {exc}") from exc
@@ -307,18 +385,16 @@ class LocalSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         self._commands += 1
         ident = str(self._commands)
-        script, fifo = (os.path.join(namespace.control, ident + suffix) for suffix in (".sh", ".out"))
+        text = os.fsencode(command)
+        spilled = namespace.spill != namespace.control and len(text) > SPILL_BYTES
         try:
-            if self._commands == 1:
-                os.mkdir(namespace.control, 0o700)
-            # The prompt's commands can reach this folder: never follow a link one of them put here.
-            fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            with open(fd, "wb") as f:
-                f.write(os.fsencode(command))
-            os.mkfifo(fifo, 0o600)
-            # opened before the helper opens it to write, so its open never waits for us
-            flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
-            pipe = os.fdopen(os.open(fifo, flags), "rb", buffering=0)
+            try:
+                script, fifo, pipe = self._control_files(namespace.spill if spilled else namespace.control, ident, text)
+            except OSError:
+                if spilled or namespace.spill == namespace.control:
+                    raise
+                spilled = True  # the memory file system is full: the disk may not be
+                script, fifo, pipe = self._control_files(namespace.spill, ident, text)
         except OSError as exc:
             raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
         eof = loop.create_future()
@@ -328,7 +404,7 @@ class LocalSandbox(Sandbox):
         try:
             transport, output = await loop.connect_read_pipe(lambda: _Output(self._max_output, eof), pipe)
             try:
-                started, ended = namespace.submit(ident)
+                started, ended = namespace.submit(ident, spilled)
             except OSError as exc:
                 raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
             _, pending = await asyncio.wait((eof, ended), timeout=max(timeout, 0.0))
@@ -352,6 +428,30 @@ class LocalSandbox(Sandbox):
                     pass
         status = ended.result() if ended.done() else None
         return ExecResult(output.text(), None if killed_by_us else status, timed_out)
+
+    def _control_files(self, folder: str, ident: str, text: bytes) -> tuple:
+        """The command's script and output FIFO in ``folder`` (made if missing), the FIFO open to read."""
+        if folder == self._namespace.spill and not self._spill_made:
+            os.makedirs(folder, 0o700, exist_ok=True)
+            self._spill_made = True
+        script, fifo = os.path.join(folder, ident + ".sh"), os.path.join(folder, ident + ".out")
+        # The prompt's commands can reach these folders: never follow a link one of them put here.
+        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            with open(fd, "wb") as f:
+                f.write(text)
+            os.mkfifo(fifo, 0o600)
+            # opened before the helper opens it to write, so its open never waits for us
+            flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+            pipe = os.fdopen(os.open(fifo, flags), "rb", buffering=0)
+        except OSError:
+            for path in (script, fifo):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            raise
+        return script, fifo, pipe
 
     @staticmethod
     async def _kill_in_helper(namespace: Namespace, started: asyncio.Future) -> None:
@@ -380,6 +480,13 @@ class LocalSandbox(Sandbox):
                 self._held.remove(child)
                 child.reap()
 
+    def _control_folders(self) -> list:
+        namespace = self._namespace
+        if namespace is None or namespace.control is None:
+            return []
+        folders = [Path(namespace.control)] if namespace.control != namespace.spill or self._commands else []
+        return folders + ([Path(namespace.spill)] if self._spill_made and namespace.spill != namespace.control else [])
+
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxError("The local sandbox was already closed.")
@@ -405,6 +512,9 @@ class LocalSandbox(Sandbox):
             return
         self._closed = True
         self._backend._forget(self)
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()  # what it started so far is killed (Namespace.start, Child.start)
+            await asyncio.wait((self._starting,))
         if self._namespace is not None:
             await self._namespace.kill()
         else:
@@ -414,12 +524,12 @@ class LocalSandbox(Sandbox):
             child.reap()  # only now: their sessions' members are dead
         self._held.clear()
         self._folder.close()
-        # The helper's control folder exists once a command ran through it; it holds only FIFOs and scripts,
-        # so it goes even when the prompt folder is kept, in the same thread as the prompt folder otherwise.
-        folders = [Path(self._namespace.control)] if self._commands else []
+        # The helper's control folders hold only FIFOs and scripts, so they go even when the prompt folder is
+        # kept, in the same thread as the prompt folder otherwise.
+        folders = self._control_folders()
         if self._keep:
             if folders:
-                await in_daemon_thread(_remove_tree, folders[0])
+                await in_daemon_thread(_remove_trees, folders)
             # renamed, so the next session's start tells it from a folder a killed session left (removed then)
             kept = self.root.with_name("kept-" + self.root.name)
             try:

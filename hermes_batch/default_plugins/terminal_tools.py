@@ -27,6 +27,7 @@ class TerminalTool(Tool):
     """Runs one shell command in the sandbox and returns its combined output and exit code."""
 
     name = "terminal"
+    runs_commands = True
     description = (
         "Run a shell command (POSIX sh, non-interactive) in your sandbox and get its combined stdout and "
         "stderr and its exit code. Each call starts a new shell in the working directory: `cd` and "

@@ -1,0 +1,130 @@
+"""Where a namespace's helper finds each command and sends its output: a private folder in memory.
+
+Each command of a prompt's namespace is a script and an output FIFO in a
+control folder (see ``local_processes.HELPER``).  On a journaling disk file
+system, making and removing them held the event loop about 2 ms a command with
+256 prompts at once (the journal's locks, and the GIL other threads took
+meanwhile); on a memory file system it takes microseconds.  So a backend keeps
+its sandboxes' control folders in a private folder of its own under
+``/dev/shm`` (``-S control_dir=``), ``hermes-batch-<uid>/<run key>-<random>``,
+and beside the prompt folders only where that cannot be had, or for a command
+longer than SPILL_BYTES, which memory should not hold.
+
+A backend holds a lock on its folder while it lives.  The next backend of the
+same run folder to start removes the folders of that run whose lock is free
+(their process was killed), on whichever machine it starts: nothing of another
+run, nor of a backend still alive, is touched.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE = "/dev/shm"
+# A command longer than this goes to a script beside the prompt folder, not into memory.
+SPILL_BYTES = 64 * 1024
+_NEW = ".new-"  # a folder being made: not yet locked, so never swept
+
+
+def run_key(scratch_dir: Path) -> str:
+    """A short name for the run folder whose sandboxes these are (its scratch folder's real path)."""
+    return hashlib.sha256(os.fsencode(os.path.realpath(scratch_dir))).hexdigest()[:16]
+
+
+def _user_folder(base: str) -> Optional[str]:
+    """``base/hermes-batch-<uid>``, made if needed; None unless it is a real folder of ours, closed to others."""
+    path = os.path.join(base, f"hermes-batch-{os.geteuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    # someone else's folder, or a link to one, in a folder all users share: not ours to write in
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        return None
+    return path
+
+
+class ControlRoot:
+    """A backend's private folder for the control folders of its sandboxes, locked while it lives."""
+
+    def __init__(self, path: str, lock_fd: int):
+        self.path = path
+        self._lock_fd: Optional[int] = lock_fd
+
+    @classmethod
+    def make(cls, base: str, key: str) -> Optional["ControlRoot"]:
+        """A new locked folder for run ``key`` under ``base``; None where ``base`` cannot hold one."""
+        parent = _user_folder(base)
+        if parent is None:
+            return None
+        sweep(parent, key)
+        try:
+            # made under a name the sweep ignores, locked, then renamed: a sweep never sees it unlocked
+            new = tempfile.mkdtemp(prefix=_NEW, dir=parent)
+            fd = os.open(new, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path = os.path.join(parent, key + "-" + os.path.basename(new)[len(_NEW):])
+            os.rename(new, path)
+        except OSError:
+            os.close(fd)
+            shutil.rmtree(new, ignore_errors=True)
+            return None
+        return cls(path, fd)
+
+    def folder(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def remove(self) -> None:
+        """Remove the folder and everything in it, then let go of the lock; safe to call more than once."""
+        if self._lock_fd is None:
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+
+def sweep(parent: str, key: str) -> int:
+    """Remove the folders of run ``key`` in ``parent`` whose backend is gone (their lock is free); how many went."""
+    removed = 0
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not entry.name.startswith(key + "-") or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its backend is alive
+        else:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += 1
+        finally:
+            os.close(fd)
+    if removed:
+        log.info("Removed %d control folder(s) a killed session of this run left in %s.", removed, parent)
+    return removed
