@@ -70,6 +70,8 @@ class ModelClient(abc.ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    # Top-level packages its first request imports (its SDK): worker processes that start warm import them ahead.
+    packages: ClassVar[tuple[str, ...]] = ()
     _limiter = None
     journal = None  # the run's CallJournal (calls.jsonl), set by the runner
 
@@ -444,6 +446,21 @@ class PromptJob:
     toolsets: tuple
 
 
+def stop_if_cancelled() -> None:
+    """Raise CancelledError when the current task was told to stop, though the prompt it ran ended normally.
+
+    An executor's loop calls it after each prompt: on Python 3.11 ``asyncio.wait_for``
+    (in a sandbox's code, say) loses a cancel that comes as what it waits for ends,
+    and the loop would then take the next prompt, or wait for one for ever, when it
+    should have stopped.
+    """
+    import asyncio
+
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
+
+
 class Executor(abc.ABC):
     """Runs the prompt jobs of a run and reports each outcome as it ends."""
 
@@ -453,6 +470,19 @@ class Executor(abc.ABC):
 
     def __init__(self, config: Any):
         self.config = config
+
+    async def start(self, processor: Any) -> None:
+        """Start what takes time before prompts can run (worker processes, a cluster's connection).
+
+        Called once as the run starts, beside the sandbox engine's check and the
+        preflight request, before ``run``; raise a HermesBatchError (a UsageError
+        for a cluster that cannot be reached) to stop the run before anything is
+        paid for.  The default does nothing.
+        """
+
+    async def shutdown(self) -> None:
+        """Stop what ``start`` and ``run`` left running; called once at the end of every run that called
+        ``start``, also after errors and Ctrl-C.  The default does nothing."""
 
     @abc.abstractmethod
     async def run(

@@ -504,3 +504,57 @@ def test_sigterm_shuts_down_cleanly_with_its_own_status(tmp_path, runner, model_
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "Traceback" not in err
     json.loads((runner.folder() / "checkpoint.json").read_text())
+
+
+class SwallowsACancel:
+    """A prompt whose code loses the cancel it got (Python 3.11's asyncio.wait_for does, when what it waits for
+    ends at that moment): it ends normally.  Every later prompt waits for ever."""
+
+    def __init__(self):
+        self.started = []
+        self.swallowed = asyncio.Event()
+
+    async def process(self, job):
+        self.started.append(job)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if job == 0:
+                self.swallowed.set()
+                return f"out-{job}"  # the cancel is gone
+            raise
+        return f"out-{job}"
+
+
+async def test_an_executor_stops_after_a_prompt_that_lost_its_cancel():
+    processor, outcomes = SwallowsACancel(), []
+
+    async def on_outcome(job, outcome):
+        outcomes.append(outcome)
+
+    run = asyncio.ensure_future(LocalExecutor(NoOptions()).run(iter(range(6)), processor, on_outcome, 1))
+    while not processor.started:
+        await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(10):
+            await run
+    assert processor.swallowed.is_set() and processor.started == [0] and outcomes == ["out-0"]
+
+
+async def test_a_worker_stops_after_a_prompt_that_lost_its_cancel():
+    from hermes_batch.worker import PromptWorker
+
+    worker = PromptWorker.__new__(PromptWorker)  # its consumers alone, around a processor that loses a cancel
+    processor, emitted = SwallowsACancel(), []
+    worker.processor, worker.emit, worker.queue, worker.failed = processor, emitted.append, asyncio.Queue(), False
+    worker.runtimes = {}
+    worker.lease([(i, i) for i in range(6)])
+    consumer = asyncio.ensure_future(worker._consume())
+    while not processor.started:
+        await asyncio.sleep(0.01)
+    consumer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(10):
+            await consumer
+    assert processor.started == [0] and emitted == [("outcome", 0, "out-0")]

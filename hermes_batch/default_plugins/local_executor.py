@@ -6,7 +6,7 @@ import asyncio
 from typing import Awaitable, Callable, Iterator
 
 import hermes_batch
-from hermes_batch.interfaces import Executor, PromptJob
+from hermes_batch.interfaces import Executor, PromptJob, stop_if_cancelled
 
 
 @hermes_batch.hookimpl
@@ -32,6 +32,7 @@ class LocalExecutor(Executor):
             for job in jobs:
                 outcome = await processor.process(job)
                 await on_outcome(job, outcome)
+                stop_if_cancelled()
 
         tasks = [asyncio.create_task(worker()) for _ in range(max(1, concurrency))]
         try:

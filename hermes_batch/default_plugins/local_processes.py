@@ -357,7 +357,8 @@ class Namespace:
             transport, _ = await loop.connect_read_pipe(
                 lambda: asyncio.StreamReaderProtocol(reader), self._unshare.stdout
             )
-            line = await asyncio.wait_for(reader.readline(), READY_TIMEOUT_S)
+            async with asyncio.timeout(READY_TIMEOUT_S):  # not wait_for: see Namespace.kill
+                line = await reader.readline()
             if line != b"ready\n":
                 raise RuntimeError("the namespace's first process ended before it was ready")
             self.init_pid, self._init_fd = _first_child_pidfd(self._unshare.pid)
@@ -447,9 +448,12 @@ class Namespace:
             unshare.kill()  # its --kill-child passes it on
         try:
             # unshare ends once its child, the namespace's first process, has ended, which
-            # happens only after every other process of the namespace is gone.
-            await asyncio.wait_for(asyncio.shield(unshare.exited), READY_TIMEOUT_S)
-        except asyncio.TimeoutError:
+            # happens only after every other process of the namespace is gone.  Not wait_for: on
+            # Python 3.11 a cancel that comes as the namespace ends is lost in it, and the prompt's
+            # task, told to stop, went on (a worker that never stopped after its driver was killed).
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                await asyncio.shield(unshare.exited)
+        except TimeoutError:
             unshare.kill()
             log.warning("The namespace of a local sandbox took more than %g s to end.", READY_TIMEOUT_S)
         finally:

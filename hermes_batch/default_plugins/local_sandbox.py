@@ -456,8 +456,9 @@ class LocalSandbox(Sandbox):
     @staticmethod
     async def _kill_in_helper(namespace: Namespace, started: asyncio.Future) -> None:
         try:
-            pgid = await asyncio.wait_for(asyncio.shield(started), POST_KILL_DRAIN_S)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(POST_KILL_DRAIN_S):  # not wait_for: see Namespace.kill
+                pgid = await asyncio.shield(started)
+        except TimeoutError:
             return
         if pgid is not None:
             namespace.kill_group(pgid)

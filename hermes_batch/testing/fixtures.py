@@ -117,7 +117,8 @@ def ended(proc: subprocess.Popen, timeout: float = 60) -> tuple:
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         pass
-    pipes = {f"pipe:[{os.fstat(stream.fileno()).st_ino}]" for stream in (proc.stdout, proc.stderr) if stream}
+    # communicate() closes a stream it read to the end: the pipes still held are among the others
+    pipes = {f"pipe:[{os.fstat(s.fileno()).st_ino}]" for s in (proc.stdout, proc.stderr) if s and not s.closed}
     holders = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
