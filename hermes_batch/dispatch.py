@@ -97,6 +97,7 @@ class Dispatcher:
         self._ids = itertools.count()
         self._events: asyncio.Queue = asyncio.Queue()
         self._limits: dict[WorkerLink, tuple] = {}
+        self._recording: set[asyncio.Future] = set()  # outcomes being written while the leasing goes on
 
     async def run(self) -> None:
         receivers = [asyncio.create_task(self._receive(link)) for link in self.links]
@@ -108,6 +109,8 @@ class Dispatcher:
                 if isinstance(messages, WorkerLost):
                     await self._lost(link, messages)
                     continue
+                if isinstance(messages, BaseException):  # an outcome could not be written (disk full)
+                    raise messages
                 for message in messages:
                     await self._handle(link, message)
                 if link in self.leased:
@@ -116,6 +119,13 @@ class Dispatcher:
             for task in receivers:
                 task.cancel()
             await asyncio.gather(*receivers, return_exceptions=True)
+        for recording in list(self._recording):
+            await recording  # its error (disk full) is the run's
+
+    def _recorded(self, recording: asyncio.Future) -> None:
+        self._recording.discard(recording)
+        if not recording.cancelled() and recording.exception() is not None:
+            self._events.put_nowait((None, recording.exception()))
 
     def _outstanding(self) -> bool:
         return bool(self.again) or not self.exhausted or any(self.leased.values())
@@ -136,7 +146,11 @@ class Dispatcher:
         elif kind == "outcome":
             job = self.leased.get(link, {}).pop(message[1], None)
             if job is not None:  # else: already re-leased elsewhere (never happens with the transports we have)
-                await self.on_outcome(job, message[2])
+                # Written while the worker gets its next prompt: outcomes that arrive together share a write
+                # and an fsync (AppendLog.append), where waiting for each in turn held the leasing up.
+                recording = asyncio.ensure_future(self.on_outcome(job, message[2]))
+                self._recording.add(recording)
+                recording.add_done_callback(self._recorded)
         elif kind == "limits":
             self._limits[link] = message[1:]
             # summed once every worker has reported: one worker's limit alone is not the run's

@@ -1,8 +1,9 @@
 """The run folder: its paths, durable line appends, atomic replacement and tolerant reading.
 
-Every record is one line written by one ``os.write`` and fsynced before the
-prompt counts as done; a torn last line left by a crash is cut off before
-anything is appended, and readers skip it.
+Every record is a whole line, written and fsynced before the prompt counts as
+done (records that end at once share one write and one fsync); a torn last
+line left by a crash is cut off before anything is appended, and readers skip
+it.
 """
 
 from __future__ import annotations
@@ -275,7 +276,8 @@ class AppendLog:
         self._fd: Optional[int] = None
         self._size = 0  # where the next record starts, to cut off a record a failed write left half written
         self._thread_lock = threading.Lock()
-        self._async_lock = asyncio.Lock()
+        self._waiting: list = []  # (line, future) of appends for the next write
+        self._writing = False
 
     def __repr__(self) -> str:
         return f"AppendLog({str(self.path)!r})"
@@ -310,9 +312,17 @@ class AppendLog:
         Raises RunFolderWriteError when the disk is full (or any write fails), after
         cutting off what part of the record was written, so the file stays whole lines.
         """
+        self.write_sync([self._encode(line)])
+
+    def _encode(self, line: str) -> bytes:
         data = line.encode("utf-8") if line.endswith("\n") else (line + "\n").encode("utf-8")
         if data.count(b"\n") != 1:
             raise ValueError(f"{self.path}: a record must be a single line")
+        return data
+
+    def write_sync(self, records: list) -> None:
+        """Append the encoded ``records`` (whole lines) in one write, then fsync; all or none of them stay."""
+        data = b"".join(records)
         with self._thread_lock:
             try:
                 self._open_locked()
@@ -334,9 +344,39 @@ class AppendLog:
             os.close(fd)
 
     async def append(self, line: str) -> None:
-        """Like :meth:`append_sync`, on the run folder's own threads; appends to one file are serialised."""
-        async with self._async_lock:
-            await asyncio.get_running_loop().run_in_executor(io_executor(), self.append_sync, line)
+        """Like :meth:`append_sync`, on the run folder's own threads.
+
+        Appends made while a write of this file is under way wait for it, then go
+        together in the next write and fsync: hundreds of prompts ending at once cost
+        a few fsyncs, not one each, and a thread hop per write, not per record.  A
+        cancelled append is still written.
+        """
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._waiting.append((self._encode(line), future))
+        if not self._writing:
+            self._write_waiting(loop)
+        await future
+
+    def _write_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Driven by the write's own callback, not a task: nothing can cancel a write half way through its group.
+        group, self._waiting = self._waiting, []
+        self._writing = True
+        written = loop.run_in_executor(io_executor(), self.write_sync, [data for data, _ in group])
+        written.add_done_callback(lambda done: self._written(loop, group, done))
+
+    def _written(self, loop: asyncio.AbstractEventLoop, group: list, done: asyncio.Future) -> None:
+        error = RunFolderWriteError(f"Writing {self.path} was cut short.") if done.cancelled() else done.exception()
+        for _, future in group:
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+        self._writing = False
+        if self._waiting:
+            self._write_waiting(loop)
 
     def close(self) -> None:
         """Close the file; a later append opens it again. Safe to call more than once."""

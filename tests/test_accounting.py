@@ -111,13 +111,13 @@ def test_ctrl_c_counts_every_prompt_it_saved_and_every_request_it_sent(tmp_path,
         hang=lambda r: hanging.is_set() and r.prompt in stuck and r.turn == 1,
     )
     folder = runner.folder()
-    slow = AppendLog.append_sync
+    slow = AppendLog.write_sync
 
-    def slow_disk(self, line):
+    def slow_disk(self, records):
         time.sleep(0.3)  # so that several records are on their way to the disk when Ctrl-C comes
-        slow(self, line)
+        slow(self, records)
 
-    monkeypatch.setattr(AppendLog, "append_sync", slow_disk)
+    monkeypatch.setattr(AppendLog, "write_sync", slow_disk)
 
     def interrupt():
         # no request on its way (the quick prompts made all theirs, the stuck ones hang), records being written

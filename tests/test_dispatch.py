@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from hermes_batch.dispatch import PREFETCH, Dispatcher, WorkerError, WorkerLink, WorkerLost, split
-from hermes_batch.errors import FatalModelError
+from hermes_batch.errors import FatalModelError, RunFolderWriteError
 
 
 class SimulatedWorker(WorkerLink):
@@ -117,3 +117,28 @@ def test_split_shares_the_concurrency_evenly():
     assert split(256, 2) == [128, 128]
     assert split(10, 3) == [4, 3, 3]
     assert split(2, 8) == [1, 1]  # never a worker without a session
+
+
+async def test_outcomes_are_written_while_the_leasing_goes_on_and_a_failed_write_stops_it():
+    slow = asyncio.Event()
+
+    async def wait_for_the_disk(job, outcome):
+        await slow.wait()  # a write that takes a while: the worker still gets its next prompts
+
+    link = SimulatedWorker("a", 2)
+    dispatching = asyncio.ensure_future(dispatch([link], range(30), wait_for_the_disk))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if len(link.ran) == 30:
+            break
+    assert len(link.ran) == 30 and not dispatching.done()  # every prompt ran, none yet written
+    slow.set()
+    recorded, _ = await dispatching
+    assert sorted(job for job, _ in recorded) == list(range(30))
+
+    async def disk_full(job, outcome):
+        if job == 5:
+            raise RunFolderWriteError("Writing batch_0.jsonl failed: No space left on device (ENOSPC).")
+
+    with pytest.raises(RunFolderWriteError, match="ENOSPC"):
+        await dispatch([SimulatedWorker("b", 2)], range(30), disk_full)

@@ -24,7 +24,7 @@ from hermes_batch.dispatch import PREFETCH, WorkerError
 from hermes_batch.forkserver import Forkserver
 from hermes_batch.pipe_worker import PipeLink, frame
 from hermes_batch.records import Usage
-from hermes_batch.testing import RoutedScript, ToolLoopScript, steady, write_dataset
+from hermes_batch.testing import RoutedScript, ToolLoopScript, batch_records, steady, write_dataset
 from hermes_batch.testing.fixtures import ended, wait_for
 from hermes_batch.testing.runner import TEST_API_KEY
 
@@ -44,10 +44,7 @@ def human(record: dict) -> str:
 
 
 def batch_lines(folder: Path) -> list[dict]:
-    lines = []
-    for path in folder.glob("batch_*.jsonl"):
-        lines += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return lines
+    return batch_records(folder)
 
 
 def children(pid: int, module: str) -> list[int]:

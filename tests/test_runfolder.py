@@ -160,6 +160,53 @@ async def test_concurrent_async_appends_give_whole_lines(tmp_path):
     assert path.read_text().count("\n") == 100
 
 
+async def test_appends_made_during_a_write_share_the_next_write_and_fsync(tmp_path, monkeypatch):
+    fsyncs, real_fsync = [], os.fsync
+    monkeypatch.setattr(runfolder.os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd)))
+    path = tmp_path / "batch_0.jsonl"
+    log = AppendLog(path)
+    await asyncio.gather(*(log.append(to_json_line(failure(i))) for i in range(200)))
+    log.close()
+    assert sorted(r.prompt_index for _, r in read_records(path, Failure)) == list(range(200))
+    assert len(fsyncs) <= 3  # the first record alone (and the new file's folder), then all the others
+
+
+async def test_a_failed_write_fails_every_record_it_carried_and_leaves_whole_lines(tmp_path, monkeypatch):
+    path = tmp_path / "batch_0.jsonl"
+    log = AppendLog(path)
+    await log.append(to_json_line(failure(0)))
+    real_write = os.write
+    full = {"on": True}
+
+    def write(fd, data):
+        if full["on"] and fd == log._fd:
+            real_write(fd, bytes(data[:10]))  # part of it lands, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(runfolder.os, "write", write)
+    results = await asyncio.gather(*(log.append(to_json_line(failure(i))) for i in range(1, 6)),
+                                   return_exceptions=True)
+    assert all(isinstance(r, RunFolderWriteError) for r in results) and "ENOSPC" in str(results[0])
+    full["on"] = False
+    await log.append(to_json_line(failure(6)))
+    log.close()
+    assert [r.prompt_index for _, r in read_records(path, Failure)] == [0, 6]
+    assert path.read_text().count("\n") == 2
+
+
+async def test_a_cancelled_append_is_written_all_the_same(tmp_path):
+    path = tmp_path / "batch_0.jsonl"
+    log = AppendLog(path)
+    tasks = [asyncio.ensure_future(log.append(to_json_line(failure(i)))) for i in range(3)]
+    await asyncio.sleep(0)
+    tasks[1].cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await log.append(to_json_line(failure(3)))
+    log.close()
+    assert sorted(r.prompt_index for _, r in read_records(path, Failure)) == [0, 1, 2, 3]
+
+
 async def test_closed_log_reopens_on_next_append(tmp_path):
     path = tmp_path / "batch_0.jsonl"
     log = AppendLog(path)

@@ -49,6 +49,7 @@ _EXPORTS = {
     "run_shapes": "run_folders",
     "run_cli": "run_folders",
     "read_jsonl": "run_folders",
+    "batch_records": "run_folders",
 }
 
 __all__ = sorted(_EXPORTS)

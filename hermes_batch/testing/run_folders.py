@@ -108,6 +108,16 @@ def read_jsonl(path: Path) -> list:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def batch_records(folder: Path) -> list:
+    """The records in the batch files of the run folder ``folder`` so far, while a run may still write them:
+    whole lines only (records that end together are written together, and a reader can see half of that)."""
+    records = []
+    for path in sorted(Path(folder).glob("batch_*.jsonl")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        records += [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+    return records
+
+
 def run_args(dataset: Path, output_dir: Path, run_name: str, base_url: str, api_key: str,
              extra: Sequence[str] = ()) -> list[str]:
     """``hermes-batch run`` arguments for a quick local run against the scripted server."""

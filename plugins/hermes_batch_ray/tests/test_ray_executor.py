@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, ended, steady, wait_for, write_dataset
+from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, batch_records, ended, steady, wait_for, write_dataset
 
 from ray_rig import ray_cluster  # noqa: F401 - the session's cluster
 
@@ -104,7 +104,7 @@ def test_an_unreachable_cluster_is_one_sentence_and_exit_status_2(tmp_path, runn
 
 
 def batch_lines(folder) -> list[dict]:
-    return [json.loads(line) for path in folder.glob("batch_*.jsonl") for line in path.read_text().splitlines() if line.strip()]
+    return batch_records(folder)
 
 
 def test_driver_killed_then_resume_loses_nothing_finished(tmp_path, runner, model_server, procs, ray_cluster):
