@@ -5,8 +5,9 @@ engine, the plugins and the model SDK before its first prompt, once per worker:
 on a 2-core machine a seventh of a 1000-prompt run's CPU.  The processes
 executor starts one forkserver instead (``python -m hermes_batch.forkserver``),
 which imports the packages the driver had imported when the run started (the
-engine, the plugins and, after the preflight, the model SDK and its transport) once,
-then forks each worker on request.  It has no threads and no event loop, so
+engine and the plugins) and the model client's SDK (``ModelClient.packages``)
+once, while the driver checks the sandbox engine and sends the preflight
+request, then forks each worker on request.  It has no threads and no event loop, so
 a forked worker starts clean; the worker then runs ``pipe_worker.main`` as a
 spawned one would.
 
@@ -85,8 +86,9 @@ class Forkserver:
         asyncio.get_running_loop().add_reader(sock.fileno(), self._on_message)
 
     @classmethod
-    async def start(cls) -> "Forkserver":
-        """Start the forkserver and have it import what this process has imported so far."""
+    async def start(cls, packages: tuple = ()) -> "Forkserver":
+        """Start the forkserver and have it import what this process has imported so far, and ``packages``."""
+        extra = packages
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -97,7 +99,7 @@ class Forkserver:
             theirs.close()
         # The packages to import, on its input (a list too long for one packet under a test runner):
         # importing a package brings most of what its modules need.
-        packages = sorted({name.partition(".")[0] for name in sys.modules} - {"__main__"})
+        packages = sorted({name.partition(".")[0] for name in sys.modules} - {"__main__"} | set(extra))
         server = cls(proc, ours)
         try:
             proc.stdin.write(pickle.dumps(packages, protocol=pickle.HIGHEST_PROTOCOL))
@@ -286,10 +288,17 @@ def serve(sock: socket.socket) -> int:
 def main() -> int:
     sock = socket.socket(fileno=int(sys.argv[1]))
     _preload(pickle.loads(sys.stdin.buffer.read()))
+    from .worker import plugin_registry
+
+    plugin_registry()  # each worker would load the entry points again
     try:
-        return serve(sock)
+        code = serve(sock)
     except (BrokenPipeError, ConnectionResetError):
-        return 0  # the driver is gone
+        code = 0  # the driver is gone
+    # Nothing to flush or clean up: skip the interpreter's teardown of everything it imported (a fifth of a
+    # second the driver waited at the end of every run).
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -166,12 +166,20 @@ class Run:
         if cfg.resume and cfg.max_cost is not None:
             self.previous_cost = reported_cost(self.folder, self.index.journal_totals())
         # Before the run folder is touched and any sandbox started: a dead engine or a refused key
-        # costs nothing to fix.  The engine goes first, since the preflight costs a model request.
+        # costs nothing to fix.  The engine goes first, since the preflight costs a model request.  The
+        # executor starts its workers meanwhile.
+        starting = asyncio.ensure_future(self.executor.start(processor) if to_run else asyncio.sleep(0))
         try:
             await backend.check()
+            if starting.done():
+                starting.result()  # a cluster that cannot be reached says so before the preflight is paid for
             if to_run and cfg.preflight and not self._over_budget():
                 await client.preflight()
+            await starting
         except (HermesBatchError, asyncio.CancelledError) as exc:
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            await quietly(self.executor.shutdown())
             await quietly(backend.shutdown())
             await quietly(client.aclose())
             if isinstance(exc, asyncio.CancelledError):
@@ -187,6 +195,7 @@ class Run:
             # on record from the start, so a session killed before its first batch completes still counts
             self._save_checkpoint(interrupted=False)
         except RunFolderWriteError as exc:
+            await quietly(self.executor.shutdown())
             await quietly(backend.shutdown())
             await quietly(client.aclose())
             if self.journal is not None:
@@ -221,6 +230,7 @@ class Run:
             fatal = exc
         finally:
             self.progress.stop()
+            await quietly(self.executor.shutdown())
             await processor.aclose()  # the runtimes, sandboxes of ended prompts still opening, backend, client
             if self._recording:  # outcomes being written when Ctrl-C came: they are saved, so they count
                 await asyncio.gather(*self._recording, return_exceptions=True)

@@ -104,6 +104,7 @@ class AnthropicClient(ModelClient):
 
     name = "anthropic"
     description = "Anthropic's Messages API (api.anthropic.com, or any endpoint that speaks it)."
+    packages = ("anthropic", "aiohttp")
 
     def __init__(self, settings: ModelSettings):
         super().__init__(settings)

@@ -49,6 +49,7 @@ class OpenAIClient(ModelClient):
 
     name = "openai"
     description = "Any OpenAI-compatible chat-completions endpoint (OpenRouter, OpenAI, vLLM, llama.cpp, Ollama)."
+    packages = ("openai", "aiohttp")
 
     def __init__(self, settings: ModelSettings):
         super().__init__(settings)

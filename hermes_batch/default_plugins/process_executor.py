@@ -49,6 +49,18 @@ class ProcessExecutor(Executor):
     description = "Worker processes on this machine (-E workers=N, default one per core) share --num_workers."
     Config = ProcessesConfig
 
+    def __init__(self, config):
+        super().__init__(config)
+        self._forkserver = None
+
+    async def start(self, processor) -> None:
+        # Workers are forked warm: the imports are paid once, not per worker, and while the run checks its
+        # sandbox engine and sends the preflight request, not after.
+        from hermes_batch.forkserver import Forkserver  # the run engine: loaded when a run starts
+
+        if self._forkserver is None:
+            self._forkserver = await Forkserver.start(type(processor.client).packages)
+
     async def run(
         self,
         jobs: Iterator[PromptJob],
@@ -56,13 +68,13 @@ class ProcessExecutor(Executor):
         on_outcome: Callable[[PromptJob, object], Awaitable[None]],
         concurrency: int,
     ) -> None:
-        # the run engine: loaded when a run starts
-        from hermes_batch.forkserver import Forkserver
         from hermes_batch.pipe_worker import PipeLink
 
+        await self.start(processor)
         shares = split(concurrency, self.config.workers or default_workers())
-        forkserver = await Forkserver.start()  # workers forked warm: the imports are paid once, not per worker
-        try:
-            await run_on_workers(functools.partial(PipeLink.spawn, forkserver), shares, jobs, processor, on_outcome)
-        finally:
+        await run_on_workers(functools.partial(PipeLink.spawn, self._forkserver), shares, jobs, processor, on_outcome)
+
+    async def shutdown(self) -> None:
+        if self._forkserver is not None:
+            forkserver, self._forkserver = self._forkserver, None
             await forkserver.close()

@@ -48,6 +48,23 @@ class RayExecutor(Executor):
     description = "Ray actors over a cluster's nodes (-E address=auto|HOST:PORT|ray://..., -E workers=N, -E concurrency_per_worker=N)."
     Config = RayConfig
 
+    def __init__(self, config):
+        super().__init__(config)
+        self._cluster: Optional[tuple] = None  # (alive nodes, CPUs) once connected
+
+    async def start(self, processor) -> None:
+        # Connecting takes a second or more: it happens beside the sandbox check and the preflight request,
+        # and a cluster that cannot be reached stops the run before anything is paid for.
+        if self._cluster is None:
+            self._cluster = await asyncio.to_thread(connect, self.config.address)
+        nodes, cpus = self._cluster
+        workers = self.config.workers or nodes
+        if workers * self.config.num_cpus > cpus:
+            raise UsageError(
+                f"{workers} Ray workers of {self.config.num_cpus:g} CPU each do not fit the cluster's {cpus:g} CPUs; "
+                "pass fewer -E workers=N or a smaller -E num_cpus=X."
+            )
+
     async def run(
         self,
         jobs: Iterator[PromptJob],
@@ -55,32 +72,29 @@ class RayExecutor(Executor):
         on_outcome: Callable[[PromptJob, object], Awaitable[None]],
         concurrency: int,
     ) -> None:
-        import ray
-
         cfg = self.config
-        nodes, cpus = await asyncio.to_thread(connect, cfg.address)
-        try:
-            workers = cfg.workers or nodes
-            if workers * cfg.num_cpus > cpus:
-                raise UsageError(
-                    f"{workers} Ray workers of {cfg.num_cpus:g} CPU each do not fit the cluster's {cpus:g} CPUs; "
-                    "pass fewer -E workers=N or a smaller -E num_cpus=X."
-                )
-            per_worker = cfg.concurrency_per_worker or max(1, math.ceil(concurrency / workers))
+        await self.start(processor)
+        workers = cfg.workers or self._cluster[0]
+        per_worker = cfg.concurrency_per_worker or max(1, math.ceil(concurrency / workers))
 
-            async def start(setup, api_key):
-                return RayLink.create(setup, api_key, cfg)
+        async def start(setup, api_key):
+            return RayLink.create(setup, api_key, cfg)
 
-            await run_on_workers(start, [per_worker] * workers, jobs, processor, on_outcome)
-        finally:
+        await run_on_workers(start, [per_worker] * workers, jobs, processor, on_outcome)
+
+    async def shutdown(self) -> None:
+        if self._cluster is not None:
+            import ray
+
+            self._cluster = None
             await asyncio.to_thread(ray.shutdown)
 
 
 def connect(address: str) -> tuple[int, float]:
     """Connect this process to the cluster at ``address``; (alive nodes, CPUs).  UsageError when it cannot."""
+    _probe(address)  # before Ray's import, a second: an address that does not answer is told before the preflight
     import ray
 
-    _probe(address)
     try:
         ray.init(address=address, namespace="hermes-batch", logging_level=logging.WARNING, log_to_driver=True)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
