@@ -733,3 +733,27 @@ def test_a_namespace_check_that_gets_no_answer_gives_up_at_its_deadline(monkeypa
     else:
         assert local_processes._helper_works(silent) is False
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("isolation", ["namespace", "process"])
+async def test_commands_run_nicer_than_the_run_and_their_sessions_too(tmp_path, isolation):
+    backend = make_backend(tmp_path, isolation=isolation, nice=7)
+    await backend.start()
+    try:
+        if isolation == "namespace" and not backend.launcher.namespace:
+            pytest.skip("no namespaces here")
+        sandbox = await backend.open(spec())
+        try:
+            own = os.getpriority(os.PRIO_PROCESS, 0)
+            result = await sandbox.exec("nice; sh -c nice; cat /proc/self/autogroup", 10)
+            niceness = result.output.splitlines()
+            assert niceness[:2] == [str(min(19, own + 7))] * 2  # the command, and what it starts
+            if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+                group = int(Path("/proc/self/autogroup").read_text().split()[-1])
+                assert niceness[2].endswith(f"nice {min(19, group + 7)}")  # its session weighs less than ours
+        finally:
+            await sandbox.close()
+    finally:
+        await backend.shutdown()
+    with pytest.raises(ValueError, match="nice must be from 0 to 19"):
+        LocalSandboxConfig(nice=20)

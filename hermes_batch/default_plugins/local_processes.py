@@ -323,9 +323,10 @@ class Namespace:
     """
 
     def __init__(self, launcher: Launcher, env: Optional[dict] = None, control: Optional[str] = None,
-                 spill: Optional[str] = None):
+                 spill: Optional[str] = None, nicer: int = 0):
         self.launcher = launcher
         self.env = env
+        self.nicer = nicer  # how much nicer than the runner its processes run
         self.control = control if launcher.bash else None
         self.spill = (spill or control) if self.control is not None else None
         self.init_pid: Optional[int] = None
@@ -349,7 +350,7 @@ class Namespace:
         argv = self.launcher.helper_argv(self.control, cwd, self.spill) if helper else self.launcher.init_argv()
         self._unshare = await Child.start(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd,
-            env=self.env if helper else None,
+            env=self.env if helper else None, nicer=self.nicer,
         )
         reader = asyncio.StreamReader()
         transport = None

@@ -58,6 +58,7 @@ POST_KILL_DRAIN_S = 0.5
 # The control folders of a namespace's helper: the prompt folder's name and this, in the backend's folder in
 # memory (local_control) and, for what that cannot hold, beside the prompt folder (the spill folder).
 CONTROL_SUFFIX = ".ctl"
+NICE = shutil.which("nice")
 # Threads that make prompt folders: they never block for long, so a few keep up with any rate of prompts.
 FOLDER_THREADS = 4
 # Process mode: a command's shell is held unreaped after it ends (its session may live on in `cmd &`);
@@ -74,6 +75,7 @@ class LocalSandboxConfig:
     max_output_bytes: int = 1_000_000  # output kept per command: the first and last halves
     isolation: str = "auto"  # namespace, process, or auto: namespace where the machine allows it
     control_dir: str = DEFAULT_BASE  # a memory file system for the helper's scripts and FIFOs; "" for none
+    nice: int = 10  # how much nicer than the run the commands run, so that they never starve its event loop
 
     def __attrs_post_init__(self):
         if self.isolation not in ISOLATIONS:
@@ -82,6 +84,8 @@ class LocalSandboxConfig:
             raise ValueError("max_starting must be at least 1")
         if self.max_output_bytes < 1024:
             raise ValueError("max_output_bytes must be at least 1024")
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"nice must be from 0 to 19, got {self.nice}")
 
 
 class LocalSandboxBackend(SandboxBackend):
@@ -159,7 +163,7 @@ class LocalSandboxBackend(SandboxBackend):
         # control folders (the commands' scripts and output FIFOs) are out of the prompt folder's view.
         namespace = None
         if self.launcher.namespace:
-            namespace = Namespace(self.launcher, env, control, str(root) + CONTROL_SUFFIX)
+            namespace = Namespace(self.launcher, env, control, str(root) + CONTROL_SUFFIX, self.config.nice)
         marker = secrets.token_hex(8)
         if namespace is None:
             env[MARKER_VARIABLE] = marker  # how close finds the prompt's processes
@@ -332,12 +336,16 @@ class LocalSandbox(Sandbox):
             if namespace.control is not None:
                 return await self._exec_in_helper(namespace, command, timeout)
         argv = self._launcher.command_argv(command, str(self.cwd), namespace.init_pid if namespace else None)
+        nicer = self._backend.config.nice
+        if nicer and NICE:
+            argv = [NICE, "-n", str(nicer), *argv]  # before the command starts: Child.start's renice comes after
         loop = asyncio.get_running_loop()
         read_fd, write_fd = os.pipe()
         try:
             # The shell leads a new session and process group; ours to signal until _settle reaps it.
             child = await Child.start(
                 argv, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, cwd=self.cwd, env=self.env,
+                nicer=nicer, niced=bool(NICE),
             )
         except (OSError, subprocess.SubprocessError) as exc:
             os.close(read_fd)
