@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -74,6 +76,34 @@ def test_an_abandoned_blocked_call_does_not_keep_the_process_from_exiting():
     done = subprocess.run([sys.executable, "-c", BLOCKED_FOREVER], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "abandoned\n"
+
+
+def _refuse():
+    raise OSError("refused")
+
+
+async def test_daemon_threads_are_reused_but_a_blocked_one_never_takes_a_call():
+    from hermes_batch.threads import in_daemon_thread
+
+    first = await in_daemon_thread(threading.get_ident)
+    assert [await in_daemon_thread(threading.get_ident) for _ in range(5)] == [first] * 5  # the idle one, again
+    with pytest.raises(OSError, match="refused"):
+        await in_daemon_thread(_refuse)
+    assert await in_daemon_thread(threading.get_ident) == first  # and after a call that raised
+    stuck, where = threading.Event(), []
+
+    def block():
+        where.append(threading.get_ident())
+        stuck.wait()
+
+    blocked = asyncio.ensure_future(in_daemon_thread(block))
+    while not where:
+        await asyncio.sleep(0.01)
+    others = await asyncio.gather(*(in_daemon_thread(threading.get_ident) for _ in range(3)))
+    assert where == [first] and first not in others  # the blocked thread was never handed another call
+    assert all(t.daemon for t in threading.enumerate() if t.ident in {first, *others})
+    stuck.set()
+    await blocked
 
 
 def test_the_same_call_in_the_default_executor_would_hang_the_exit():
