@@ -190,6 +190,9 @@ ensure_apptainer() {
         _hba_build_image || { _hba_say "could not build $HERMES_APPTAINER_IMAGE"; return 1; }
     fi
     _hba_start_container || return 1
+    # The ordinary user mounts SIFs with squashfuse: /dev/fuse must be open to all, as udev makes it on
+    # Debian; some machines' /dev/fuse is root's alone (0600), and the container's copy keeps its mode.
+    docker exec "$HERMES_APPTAINER_CONTAINER" chmod 0666 /dev/fuse >/dev/null 2>&1
     _hba_write_forwarders || return 1
     if ! "$HERMES_APPTAINER_HOME/bin/apptainer" --version >/dev/null 2>&1; then
         _hba_say "apptainer does not run in the container $HERMES_APPTAINER_CONTAINER"
