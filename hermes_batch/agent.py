@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from typing import Callable, Mapping, Optional
@@ -96,6 +97,12 @@ def _preview(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+@functools.lru_cache(maxsize=16)
+def _system_message(text: str) -> Message:
+    # one object for every prompt of the run: the model clients serialize a message once, found by identity
+    return Message("system", text)
+
+
 async def run_session(
     client: ModelClient,
     tools: Mapping[str, Tool],
@@ -112,7 +119,7 @@ async def run_session(
     system = settings.system_prompt
     if settings.ephemeral_system_prompt:
         system = f"{system}\n\n{settings.ephemeral_system_prompt}" if system else settings.ephemeral_system_prompt
-    head = ((Message("system", system),) if system else ()) + tuple(settings.prefill) + (Message("user", prompt),)
+    head = ((_system_message(system),) if system else ()) + tuple(settings.prefill) + (Message("user", prompt),)
     specs = tuple(tool.spec() for tool in tools.values())
     state = state if state is not None else SessionLog()
     session = state.messages

@@ -10,6 +10,7 @@ strictly into it.
 from __future__ import annotations
 
 import abc
+import functools
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterable, Iterator, Optional
 
 import attrs
@@ -341,7 +342,8 @@ class Tool(abc.ABC):
 
     @classmethod
     def spec(cls) -> ToolSpec:
-        return ToolSpec(cls.name, cls.description, cls.parameters)
+        """What the model is told of the tool; one object per class, so its request JSON is made once a run."""
+        return _spec_of(cls)
 
     @staticmethod
     def from_function(
@@ -444,6 +446,11 @@ class PromptJob:
     row: Any  # PromptRow
     batch_num: int
     toolsets: tuple
+
+
+@functools.lru_cache(maxsize=None)
+def _spec_of(tool: type) -> ToolSpec:
+    return ToolSpec(tool.name, tool.description, tool.parameters)
 
 
 def stop_if_cancelled() -> None:
