@@ -525,6 +525,16 @@ class SwallowsACancel:
             raise
         return f"out-{job}"
 
+    async def cancel_once_started(self, loop) -> None:
+        """Cancel ``loop`` (an executor's, running this processor) once its first prompt started; it must end."""
+        task = asyncio.ensure_future(loop)
+        while not self.started:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(10):
+                await task
+
 
 async def test_an_executor_stops_after_a_prompt_that_lost_its_cancel():
     processor, outcomes = SwallowsACancel(), []
@@ -532,13 +542,7 @@ async def test_an_executor_stops_after_a_prompt_that_lost_its_cancel():
     async def on_outcome(job, outcome):
         outcomes.append(outcome)
 
-    run = asyncio.ensure_future(LocalExecutor(NoOptions()).run(iter(range(6)), processor, on_outcome, 1))
-    while not processor.started:
-        await asyncio.sleep(0.01)
-    run.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        async with asyncio.timeout(10):
-            await run
+    await processor.cancel_once_started(LocalExecutor(NoOptions()).run(iter(range(6)), processor, on_outcome, 1))
     assert processor.swallowed.is_set() and processor.started == [0] and outcomes == ["out-0"]
 
 
@@ -550,11 +554,5 @@ async def test_a_worker_stops_after_a_prompt_that_lost_its_cancel():
     worker.processor, worker.emit, worker.queue, worker.failed = processor, emitted.append, asyncio.Queue(), False
     worker.runtimes = {}
     worker.lease([(i, i) for i in range(6)])
-    consumer = asyncio.ensure_future(worker._consume())
-    while not processor.started:
-        await asyncio.sleep(0.01)
-    consumer.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        async with asyncio.timeout(10):
-            await consumer
+    await processor.cancel_once_started(worker._consume())
     assert processor.started == [0] and emitted == [("outcome", 0, "out-0")]
