@@ -159,8 +159,9 @@ class LocalSandboxBackend(SandboxBackend):
             "TMPDIR": str(tmp),
         }
         env.update({str(k): str(v) for k, v in spec.env.items()})
-        # Made at the first command: a prompt that runs none (or only file tools) never pays for it.  Its
-        # control folders (the commands' scripts and output FIFOs) are out of the prompt folder's view.
+        # Started at the first command, or below as the sandbox opens when the prompt's tools run commands: a
+        # prompt that runs none (or only file tools) never pays for it.  Its control folders (the commands'
+        # scripts and output FIFOs) are out of the prompt folder's view.
         namespace = None
         if self.launcher.namespace:
             namespace = Namespace(self.launcher, env, control, str(root) + CONTROL_SUFFIX, self.config.nice)
