@@ -687,23 +687,29 @@ async def test_a_command_that_removes_its_control_folder_does_not_stop_the_next(
     assert (await sandbox.exec("echo still here", 10)).output == "still here\n"  # through the spill folder
 
 
-def test_a_killed_backends_control_folder_goes_when_the_next_of_its_run_starts_and_no_other(tmp_path):
+def test_the_control_folders_of_killed_backends_go_when_the_next_starts_and_a_live_ones_stays(tmp_path):
     base = str(tmp_path / "memory")
     os.mkdir(base)
     dead = ControlRoot.make(base, "run-a")
     os.mkdir(dead.folder("p0-0123abcd-xxxxxxxx.ctl"))
     os.close(dead._lock_fd)  # what a SIGKILL leaves: the folder, its lock free
     alive = ControlRoot.make(base, "run-a")  # a worker of the same run, still running
-    other = ControlRoot.make(base, "run-b")
-    os.close(other._lock_fd)  # killed too, but another run's
-    assert not os.path.exists(dead.path)  # the two after it swept it
-    assert os.path.isdir(alive.path) and os.path.isdir(other.path)
-    new = ControlRoot.make(base, "run-a")
-    assert os.path.isdir(alive.path) and os.path.isdir(other.path)
+    assert not os.path.exists(dead.path)  # swept by the one after it
+    other = ControlRoot.make(base, "run-b")  # another run's, killed too
+    os.close(other._lock_fd)
+    parent = os.path.join(base, f"hermes-batch-{os.geteuid()}")
+    half_made = os.path.join(parent, ".new-abcdefgh")  # killed between making and locking its folder
+    os.mkdir(half_made)
+    os.utime(half_made, (time.time() - 3600, time.time() - 3600))
+    being_made = os.path.join(parent, ".new-ijklmnop")  # another backend making its folder right now
+    os.mkdir(being_made)
+    new = ControlRoot.make(base, "run-c")
+    assert os.path.isdir(alive.path) and os.path.isdir(being_made)
+    assert not os.path.exists(other.path) and not os.path.exists(half_made)
     for root in (alive, new):
         root.remove()
         assert not os.path.exists(root.path)
-    assert os.listdir(os.path.join(base, f"hermes-batch-{os.geteuid()}")) == [os.path.basename(other.path)]
+    assert os.listdir(parent) == [".new-ijklmnop"]
 
 
 def test_a_control_base_whose_user_folder_is_not_ours_alone_is_not_used(tmp_path):

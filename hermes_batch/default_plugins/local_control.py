@@ -10,10 +10,11 @@ its sandboxes' control folders in a private folder of its own under
 and beside the prompt folders only where that cannot be had, or for a command
 longer than SPILL_BYTES, which memory should not hold.
 
-A backend holds a lock on its folder while it lives.  The next backend of the
-same run folder to start removes the folders of that run whose lock is free
-(their process was killed), on whichever machine it starts: nothing of another
-run, nor of a backend still alive, is touched.
+A backend holds a lock on its folder while it lives.  The next backend to
+start on the machine removes the folders in ``hermes-batch-<uid>`` whose lock is
+free: their process was killed (a killed run's namespaces die with it, so
+nothing uses them).  A backend still alive keeps its lock, so its folder is
+never touched, and nothing outside that folder of the user's own ever is.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -33,7 +35,8 @@ log = logging.getLogger(__name__)
 DEFAULT_BASE = "/dev/shm"
 # A command longer than this goes to a script beside the prompt folder, not into memory.
 SPILL_BYTES = 64 * 1024
-_NEW = ".new-"  # a folder being made: not yet locked, so never swept
+_NEW = ".new-"  # a folder being made, not yet locked: swept only once this old (its maker was killed)
+_NEW_GRACE_S = 600.0
 
 
 def run_key(scratch_dir: Path) -> str:
@@ -73,7 +76,7 @@ class ControlRoot:
         parent = _user_folder(base)
         if parent is None:
             return None
-        sweep(parent, key)
+        sweep(parent)
         try:
             # made under a name the sweep ignores, locked, then renamed: a sweep never sees it unlocked
             new = tempfile.mkdtemp(prefix=_NEW, dir=parent)
@@ -102,16 +105,23 @@ class ControlRoot:
         self._lock_fd = None
 
 
-def sweep(parent: str, key: str) -> int:
-    """Remove the folders of run ``key`` in ``parent`` whose backend is gone (their lock is free); how many went."""
+def sweep(parent: str) -> int:
+    """Remove the folders in ``parent`` whose backend is gone (their lock is free); how many went."""
     removed = 0
     try:
         entries = list(os.scandir(parent))
     except OSError:
         return 0
+    now = time.time()
     for entry in entries:
-        if not entry.name.startswith(key + "-") or not entry.is_dir(follow_symlinks=False):
+        if not entry.is_dir(follow_symlinks=False):
             continue
+        if entry.name.startswith(_NEW):
+            try:
+                if now - entry.stat(follow_symlinks=False).st_mtime < _NEW_GRACE_S:
+                    continue  # being made now, most likely
+            except OSError:
+                continue
         try:
             fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -126,5 +136,5 @@ def sweep(parent: str, key: str) -> int:
         finally:
             os.close(fd)
     if removed:
-        log.info("Removed %d control folder(s) a killed session of this run left in %s.", removed, parent)
+        log.info("Removed %d control folder(s) that killed sessions left in %s.", removed, parent)
     return removed
