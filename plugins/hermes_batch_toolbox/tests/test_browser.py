@@ -124,6 +124,36 @@ async def test_a_slow_page_times_out_and_the_session_goes_on(toolsets, sandbox, 
     assert (await call(BrowserNavigateTool, ctx, url=site.url + "/notes.txt"))["success"] is True
 
 
+@pytest.mark.parametrize("race", ["ours restarted", "another won", "never settles"])
+async def test_a_navigation_interrupted_by_another_one_goes_again_or_ends_where_it_was_going(
+        browser, toolsets, sandbox, site, monkeypatch, race):
+    # Chromium can restart a goto as a new document of the same URL (Playwright then reports it
+    # interrupted by a navigation to that URL), or a late form submission can win the race.
+    from playwright.async_api import Error as PlaywrightError
+    from playwright.async_api import Page
+
+    real_goto, gotos = Page.goto, []
+
+    async def racing_goto(page, url, **kwargs):
+        gotos.append(url)
+        if race == "never settles" or len(gotos) == 1:
+            await real_goto(page, url if race == "ours restarted" else site.url + "/article", **kwargs)
+            raise PlaywrightError(f'Navigation to "{url}" is interrupted by another navigation to "{url}"')
+        return await real_goto(page, url, **kwargs)
+
+    monkeypatch.setattr(Page, "goto", racing_goto)
+    ctx = toolsets.context(sandbox, browser=browser)
+    result = await call(BrowserNavigateTool, ctx, url=site.url + "/gallery")
+    if race == "ours restarted":  # already where it was going: no second goto
+        assert result == {"success": True, "url": site.url + "/gallery", "title": "Gallery"} and len(gotos) == 1
+    elif race == "another won":  # elsewhere: one more goto
+        assert result == {"success": True, "url": site.url + "/gallery", "title": "Gallery", "status": 200}
+        assert len(gotos) == 2
+    else:  # bounded: the call fails after its attempts
+        assert result["success"] is False and "interrupted by another navigation" in result["error"]
+        assert len(gotos) == 3
+
+
 async def test_contexts_are_isolated_and_closed_with_their_prompt(browser, toolsets, sandbox, site):
     first, second = toolsets.context(sandbox, browser=browser), toolsets.context(sandbox, browser=browser)
     await call(BrowserNavigateTool, first, url=site.url + "/")

@@ -73,6 +73,9 @@ async def _where(page) -> dict:
     return {"url": page.url, "title": await page.title()}
 
 
+NAVIGATION_ATTEMPTS = 3  # gotos a browser_navigate makes when each is interrupted by another navigation
+
+
 class BrowserNavigateTool(Tool):
     name = "browser_navigate"
     description = (
@@ -91,14 +94,20 @@ class BrowserNavigateTool(Tool):
             from playwright.async_api import Error as PlaywrightError
 
             url = checked_url(arguments["url"], session.config.allow_private)
-            try:
-                response = await page.goto(url, wait_until="domcontentloaded", timeout=_ms(session))
-            except PlaywrightError as exc:
-                # a navigation the previous action started late (a form sent by Enter) won the race: go again
-                if "interrupted by another navigation" not in str(exc):
-                    raise
-                await page.wait_for_load_state("domcontentloaded", timeout=_ms(session))
-                response = await page.goto(url, wait_until="domcontentloaded", timeout=_ms(session))
+            response = None
+            for attempt in range(NAVIGATION_ATTEMPTS):
+                try:
+                    response = await page.goto(url, wait_until="domcontentloaded", timeout=_ms(session))
+                    break
+                except PlaywrightError as exc:
+                    # A navigation the previous action started late (a form sent by Enter) won the race, or
+                    # Chromium restarted ours as a new document of the same URL: wait for whichever document
+                    # is loading, and go again unless it is already the one asked for.
+                    if "interrupted by another navigation" not in str(exc) or attempt == NAVIGATION_ATTEMPTS - 1:
+                        raise
+                    await page.wait_for_load_state("domcontentloaded", timeout=_ms(session))
+                    if page.url == url:
+                        break
             result = {"success": True, **await _where(page)}
             if response is not None:
                 result["status"] = response.status
