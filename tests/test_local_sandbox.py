@@ -741,6 +741,14 @@ def test_a_namespace_check_that_gets_no_answer_gives_up_at_its_deadline(monkeypa
     assert time.monotonic() - started < 5
 
 
+def test_the_autogroup_niceness_of_a_process_in_pid_1s_session_is_its_own():
+    from hermes_batch.default_plugins.owned_processes import autogroup_niceness
+
+    assert autogroup_niceness("/autogroup-42 nice 3\n", 5) == 3
+    assert autogroup_niceness("", 5) == 5  # the kernel's default group prints nothing
+    assert autogroup_niceness("garbage here\n", 5) is None
+
+
 @pytest.mark.parametrize("isolation", ["namespace", "process"])
 async def test_commands_run_nicer_than_the_run_and_their_sessions_too(tmp_path, isolation):
     backend = make_backend(tmp_path, isolation=isolation, nice=7)
@@ -755,7 +763,8 @@ async def test_commands_run_nicer_than_the_run_and_their_sessions_too(tmp_path, 
             niceness = result.output.splitlines()
             assert niceness[:2] == [str(min(19, own + 7))] * 2  # the command, and what it starts
             if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
-                group = int(Path("/proc/self/autogroup").read_text().split()[-1])
+                ours = Path("/proc/self/autogroup").read_text().split()  # empty in PID 1's session: per process
+                group = int(ours[-1]) if ours else own
                 assert niceness[2].endswith(f"nice {min(19, group + 7)}")  # its session weighs less than ours
         finally:
             await sandbox.close()

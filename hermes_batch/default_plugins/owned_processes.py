@@ -207,15 +207,32 @@ def _spawn(argv: list, nicer: int, niced: bool, popen_args: dict) -> subprocess.
 @functools.cache
 def _own_niceness() -> tuple:
     """(this process's niceness, its autogroup's niceness or None when the kernel groups no sessions)."""
-    group = None
+    own, group = os.getpriority(os.PRIO_PROCESS, 0), None
     try:
         with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
             if f.read().strip() == "1":
                 with open("/proc/self/autogroup") as g:
-                    group = int(g.read().split()[-1])  # "/autogroup-42 nice 0"
-    except (OSError, ValueError, IndexError):
+                    group = autogroup_niceness(g.read(), own)
+    except OSError:
         pass
-    return os.getpriority(os.PRIO_PROCESS, 0), group
+    return own, group
+
+
+def autogroup_niceness(text: str, own: int) -> int | None:
+    """The niceness our sessions' groups are weighed against, from /proc/self/autogroup's ``text``.
+
+    "/autogroup-42 nice 0": the group's.  Empty: this process is in the
+    kernel's default group (the session of PID 1, as a CI job started by it
+    is), where each process weighs by its own niceness, so a new session's
+    group is weighed against ours.
+    """
+    fields = text.split()
+    if not fields:
+        return own
+    try:
+        return int(fields[-1])
+    except ValueError:
+        return None
 
 
 def lower_priority(leader: int, nicer: int, *, processes: bool = True) -> None:
