@@ -58,7 +58,6 @@ POST_KILL_DRAIN_S = 0.5
 # The control folders of a namespace's helper: the prompt folder's name and this, in the backend's folder in
 # memory (local_control) and, for what that cannot hold, beside the prompt folder (the spill folder).
 CONTROL_SUFFIX = ".ctl"
-NICE = shutil.which("nice")
 # Threads that make prompt folders: they never block for long, so a few keep up with any rate of prompts.
 FOLDER_THREADS = 4
 # Process mode: a command's shell is held unreaped after it ends (its session may live on in `cmd &`);
@@ -337,16 +336,13 @@ class LocalSandbox(Sandbox):
             if namespace.control is not None:
                 return await self._exec_in_helper(namespace, command, timeout)
         argv = self._launcher.command_argv(command, str(self.cwd), namespace.init_pid if namespace else None)
-        nicer = self._backend.config.nice
-        if nicer and NICE:
-            argv = [NICE, "-n", str(nicer), *argv]  # before the command starts: Child.start's renice comes after
         loop = asyncio.get_running_loop()
         read_fd, write_fd = os.pipe()
         try:
             # The shell leads a new session and process group; ours to signal until _settle reaps it.
             child = await Child.start(
                 argv, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, cwd=self.cwd, env=self.env,
-                nicer=nicer, niced=bool(NICE),
+                nicer=self._backend.config.nice,
             )
         except (OSError, subprocess.SubprocessError) as exc:
             os.close(read_fd)

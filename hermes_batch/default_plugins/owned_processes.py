@@ -34,8 +34,25 @@ SPAWN_THREADS = 4
 
 
 @functools.cache
-def _spawn_executor() -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(SPAWN_THREADS, thread_name_prefix="hermes-batch-spawn")
+def _spawn_executor(nicer: int = 0) -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that start processes ``nicer`` steps nicer than this process.
+
+    Linux keeps a niceness per thread and a child is born with its forking
+    thread's, so what these threads start, and all it starts in turn, runs
+    nicer from its first instruction: no ``nice`` program to exec, no renice
+    that comes after the child has begun.
+    """
+    return concurrent.futures.ThreadPoolExecutor(
+        SPAWN_THREADS, thread_name_prefix="hermes-batch-spawn", initializer=_run_nicer, initargs=(nicer,)
+    )
+
+
+def _run_nicer(nicer: int) -> None:
+    if nicer:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, _own_niceness()[0] + nicer))
+        except OSError:  # raising one's own niceness is always allowed; without it the children run as we do
+            log.warning("Could not make the spawn threads nicer: sandbox commands run at the run's priority.")
 
 
 def pidfd(pid: int) -> Optional[int]:
@@ -91,20 +108,18 @@ class Child:
             threading.Thread(target=self._wait_in_thread, name="hermes-batch-child", daemon=True).start()
 
     @classmethod
-    async def start(cls, argv: list, *, nicer: int = 0, niced: bool = False, **popen_args) -> "Child":
+    async def start(cls, argv: list, *, nicer: int = 0, **popen_args) -> "Child":
         """Start ``argv`` as the leader of a new session (``subprocess.Popen`` arguments); raises OSError.
 
         The fork and exec run on a thread of ours: at hundreds of commands a
         second, the millisecond each one holds its caller was a large share of
-        the event loop's time.  ``nicer``: the session runs that much nicer
-        than this process (see :func:`lower_priority`; ``niced``: ``argv``
-        lowers its own processes' priority, as ``nice -n`` does, before it
-        runs anything, so only the session's weight is left).  Cancelled while the
-        process starts, it still waits for the start, kills what started and
-        reaps it, then raises.
+        the event loop's time.  ``nicer``: the child and its session run that
+        much nicer than this process (see :func:`_spawn_executor` and
+        :func:`lower_priority`).  Cancelled while the process starts, it still
+        waits for the start, kills what started and reaps it, then raises.
         """
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(_spawn_executor(), functools.partial(_spawn, argv, nicer, niced, popen_args))
+        future = loop.run_in_executor(_spawn_executor(nicer), functools.partial(_spawn, argv, nicer, popen_args))
         try:
             popen = await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -197,10 +212,10 @@ class Child:
             self.exited.add_done_callback(lambda _: self.reap())
 
 
-def _spawn(argv: list, nicer: int, niced: bool, popen_args: dict) -> subprocess.Popen:
+def _spawn(argv: list, nicer: int, popen_args: dict) -> subprocess.Popen:
     popen = subprocess.Popen(argv, start_new_session=True, **popen_args)
     if nicer:
-        lower_priority(popen.pid, nicer, processes=not niced)
+        lower_priority(popen.pid, nicer)
     return popen
 
 
@@ -235,22 +250,17 @@ def autogroup_niceness(text: str, own: int) -> int | None:
         return None
 
 
-def lower_priority(leader: int, nicer: int, *, processes: bool = True) -> None:
-    """Make the session that ``leader`` (an unreaped child of ours) leads ``nicer`` steps nicer than this process.
+def lower_priority(leader: int, nicer: int) -> None:
+    """Make the session that ``leader`` (an unreaped child of ours) leads weigh ``nicer`` steps less than ours.
 
-    Both where the kernel puts each session in a scheduling group of its own
-    (autogroup: the group's niceness weighs it against ours, whatever its
-    processes) and per process (its process group now; what they start
-    inherits it).  Hundreds of sandboxes starting at once otherwise each
-    weighed as much as the whole run, and the event loop that all their
-    prompts wait on waited for the CPU a third of the time.
+    Where the kernel puts each session in a scheduling group of its own
+    (autogroup), the group's niceness weighs it against ours, whatever its
+    processes' own (which their spawn thread gave them).  Hundreds of
+    sandboxes starting at once otherwise each weighed as much as the whole
+    run, and the event loop that all their prompts wait on waited for the CPU
+    a third of the time.
     """
-    own, group = _own_niceness()
-    if processes:
-        try:
-            os.setpriority(os.PRIO_PGRP, leader, min(19, own + nicer))
-        except OSError:
-            pass
+    group = _own_niceness()[1]
     if group is not None:
         try:
             with open(f"/proc/{leader}/autogroup", "w") as f:
