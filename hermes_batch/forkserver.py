@@ -88,7 +88,6 @@ class Forkserver:
     @classmethod
     async def start(cls, packages: tuple = ()) -> "Forkserver":
         """Start the forkserver and have it import what this process has imported so far, and ``packages``."""
-        extra = packages
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -99,10 +98,10 @@ class Forkserver:
             theirs.close()
         # The packages to import, on its input (a list too long for one packet under a test runner):
         # importing a package brings most of what its modules need.
-        packages = sorted({name.partition(".")[0] for name in sys.modules} - {"__main__"} | set(extra))
+        imports = sorted({name.partition(".")[0] for name in sys.modules} - {"__main__"} | set(packages))
         server = cls(proc, ours)
         try:
-            proc.stdin.write(pickle.dumps(packages, protocol=pickle.HIGHEST_PROTOCOL))
+            proc.stdin.write(pickle.dumps(imports, protocol=pickle.HIGHEST_PROTOCOL))
             await proc.stdin.drain()
             proc.stdin.close()
         except (BrokenPipeError, ConnectionResetError):

@@ -483,8 +483,9 @@ class Executor(abc.ABC):
 
         Called once as the run starts, beside the sandbox engine's check and the
         preflight request, before ``run``; raise a HermesBatchError (a UsageError
-        for a cluster that cannot be reached) to stop the run before anything is
-        paid for.  The default does nothing.
+        for a cluster that cannot be reached) to stop the run before any prompt
+        runs (the preflight is not sent when the error comes before the engine's
+        check ends).  The default does nothing.
         """
 
     async def shutdown(self) -> None:

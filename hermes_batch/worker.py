@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 from pathlib import Path
@@ -73,14 +74,11 @@ def worker_plan(setup: WorkerSetup, api_key: Optional[str]) -> RunPlan:
     return attrs.evolve(plan, config=attrs.evolve(plan.config, api_key=api_key), model=model)
 
 
-_registry: list = []  # the plugins' registry, once built in this process (a forkserver builds it for its workers)
-
-
+@functools.cache
 def plugin_registry():
-    """The installed plugins' registry, built once per process: the entry points take a tenth of a second to load."""
-    if not _registry:
-        _registry.append(collect(get_plugin_manager()))
-    return _registry[0]
+    """The installed plugins' registry, built once per process (a forkserver builds it for its workers):
+    the entry points take a tenth of a second to load."""
+    return collect(get_plugin_manager())
 
 
 class RelayJournal(CallJournal):

@@ -43,9 +43,6 @@ def human(record: dict) -> str:
     return next(turn["value"] for turn in record["conversations"] if turn["from"] == "human")
 
 
-def batch_lines(folder: Path) -> list[dict]:
-    return batch_records(folder)
-
 
 def children(pid: int, module: str) -> list[int]:
     """Processes whose parent is ``pid`` and whose command line names ``module``."""
@@ -133,7 +130,7 @@ def test_a_killed_worker_loses_only_its_prompts_in_flight(tmp_path, runner, mode
     procs.append(proc)
 
     workers = wait_for(lambda: len(workers_of(proc.pid)) == 2 and workers_of(proc.pid), 60, "two workers", proc)
-    wait_for(lambda: len(batch_lines(runner.folder())) >= 20, 60, "twenty finished prompts", proc)
+    wait_for(lambda: len(batch_records(runner.folder())) >= 20, 60, "twenty finished prompts", proc)
     os.kill(workers[0], signal.SIGKILL)
     _out, err = proc.communicate(timeout=120)
 
@@ -156,13 +153,13 @@ def test_driver_killed_then_resume_loses_nothing_finished(tmp_path, runner, mode
     proc = runner.spawn(data, *BASE, *PROCESSES, "--num_workers", "6", server=first)
     procs.append(proc)
     workers = wait_for(lambda: len(workers_of(proc.pid)) == 2 and workers_of(proc.pid), 60, "two workers", proc)
-    wait_for(lambda: len(batch_lines(runner.folder())) >= 15, 60, "fifteen finished prompts", proc)
+    wait_for(lambda: len(batch_records(runner.folder())) >= 15, 60, "fifteen finished prompts", proc)
 
     proc.kill()
     ended(proc)
     # a worker hears its driver is gone (end of its input) and stops, closing its sandboxes
     wait_for(lambda: not any(alive(pid) for pid in workers), 30, "the workers to stop")
-    saved = Counter(human(t) for t in batch_lines(runner.folder()))
+    saved = Counter(human(t) for t in batch_records(runner.folder()))
     assert saved and max(saved.values()) == 1
 
     second = model_server(ToolLoopScript(tool_calls=2), latency=0.01)
@@ -185,7 +182,7 @@ def test_ctrl_c_stops_the_workers_and_their_sandboxes(tmp_path, runner, model_se
     folder = runner.folder()
 
     workers = wait_for(lambda: len(workers_of(proc.pid)) == 2 and workers_of(proc.pid), 60, "two workers", proc)
-    wait_for(lambda: len(batch_lines(folder)) >= 4, 60, "the quick prompts", proc)
+    wait_for(lambda: len(batch_records(folder)) >= 4, 60, "the quick prompts", proc)
     wait_for(lambda: len(processes_matching(f"^sleep {marker}")) >= 4, 60, "four sleeping tool commands", proc)
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=90)
@@ -196,7 +193,7 @@ def test_ctrl_c_stops_the_workers_and_their_sandboxes(tmp_path, runner, model_se
     wait_for(lambda: not processes_matching(marker), 5, "the tool commands to be killed")
     scratch = folder / "scratch"
     assert not scratch.exists() or list(scratch.iterdir()) == []
-    assert Counter(human(t) for t in batch_lines(folder)) == Counter(quick)
+    assert Counter(human(t) for t in batch_records(folder)) == Counter(quick)
 
 
 def test_max_cost_is_one_budget_for_all_workers(tmp_path, runner, model_server):

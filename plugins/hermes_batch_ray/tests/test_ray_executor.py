@@ -103,9 +103,6 @@ def test_an_unreachable_cluster_is_one_sentence_and_exit_status_2(tmp_path, runn
     assert server.request_count <= 1  # the preflight at most
 
 
-def batch_lines(folder) -> list[dict]:
-    return batch_records(folder)
-
 
 def test_driver_killed_then_resume_loses_nothing_finished(tmp_path, runner, model_server, procs, ray_cluster):
     prompts = prompts_of(50)
@@ -114,13 +111,13 @@ def test_driver_killed_then_resume_loses_nothing_finished(tmp_path, runner, mode
     options = ray_options(ray_cluster, "-E", f"scratch_dir={tmp_path / 'node-scratch'}")
     proc = runner.spawn(data, *BASE, *options, "--num_workers", "6", server=first)
     procs.append(proc)
-    wait_for(lambda: len(batch_lines(runner.folder())) >= 15, 120, "fifteen finished prompts", proc)
+    wait_for(lambda: len(batch_records(runner.folder())) >= 15, 120, "fifteen finished prompts", proc)
 
     proc.kill()
     ended(proc)
     # Ray ends the actors of a driver that is gone
     wait_for(lambda: not ray_cluster.processes("ray::PromptActor"), 60, "the actors to end")
-    saved = Counter(human(t) for t in batch_lines(runner.folder()))
+    saved = Counter(human(t) for t in batch_records(runner.folder()))
     assert saved and max(saved.values()) == 1
 
     second = model_server(ToolLoopScript(tool_calls=2), latency=0.01)
@@ -146,7 +143,7 @@ def test_ctrl_c_stops_the_actors_and_their_sandboxes(tmp_path, runner, model_ser
                         server=server)
     procs.append(proc)
 
-    wait_for(lambda: len(batch_lines(runner.folder())) >= 4, 120, "the quick prompts", proc)
+    wait_for(lambda: len(batch_records(runner.folder())) >= 4, 120, "the quick prompts", proc)
     wait_for(lambda: len(ray_cluster.processes(f"sleep {marker}")) >= 4, 60, "four sleeping tool commands", proc)
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=120)
@@ -156,4 +153,4 @@ def test_ctrl_c_stops_the_actors_and_their_sandboxes(tmp_path, runner, model_ser
     wait_for(lambda: not ray_cluster.processes(f"sleep {marker}"), 10, "the tool commands to be killed")
     wait_for(lambda: not ray_cluster.processes("ray::PromptActor"), 60, "the actors to end")
     assert list(scratch.iterdir()) == [], "each actor removed its sandboxes' folders"
-    assert Counter(human(t) for t in batch_lines(runner.folder())) == Counter(quick)
+    assert Counter(human(t) for t in batch_records(runner.folder())) == Counter(quick)

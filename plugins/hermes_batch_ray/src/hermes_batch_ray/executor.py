@@ -54,7 +54,7 @@ class RayExecutor(Executor):
 
     async def start(self, processor) -> None:
         # Connecting takes a second or more: it happens beside the sandbox check and the preflight request,
-        # and a cluster that cannot be reached stops the run before anything is paid for.
+        # and a cluster that cannot be reached stops the run before any prompt (at most the preflight is paid).
         if self._cluster is None:
             self._cluster = await asyncio.to_thread(connect, self.config.address)
         nodes, cpus = self._cluster
