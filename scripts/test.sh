@@ -22,6 +22,11 @@ quietly "$VENV/bin/pip" install --disable-pip-version-check \
     -e plugins/hermes_batch_ray \
     'duckdb>=1.1'
 ensure_docker_for_tests
+# The local sandbox's namespace helper is built with the machine's C compiler (its tests use it).
+if ! command -v cc >/dev/null 2>&1 || [ ! -e /usr/include/stdio.h ]; then
+    echo "test.sh: no C compiler here; installing gcc and libc6-dev with apt-get" >&2
+    _hb_apt_install gcc libc6-dev || echo "test.sh: no C compiler: the local sandbox uses bash" >&2
+fi
 ensure_apptainer_for_tests
 ensure_chromium
 

@@ -118,9 +118,10 @@ def test_the_same_call_in_the_default_executor_would_hang_the_exit():
 
 @pytest.fixture
 def no_namespaces(monkeypatch):
-    """A machine without unshare and nsenter."""
+    """A machine without unshare and nsenter, and without a C compiler for the compiled helper."""
     real_which = local_processes.shutil.which
     monkeypatch.setattr(local_processes.shutil, "which", lambda name: None if name in ("unshare", "nsenter") else real_which(name))
+    monkeypatch.setattr(local_processes.namespace_init, "build", lambda: (None, "no C compiler was found"))
     monkeypatch.setattr(local_processes, "_launchers", {})
 
 

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import attrs
 import pytest
 
 from hermes_batch.default_plugins.local_control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
+from hermes_batch.default_plugins import local_processes, namespace_init
 from hermes_batch.default_plugins.local_processes import HELPER_NAME
 from hermes_batch.default_plugins.local_sandbox import (
     HELD_BEFORE_CHECK,
@@ -67,10 +69,28 @@ class TestLocalSandboxContractProcessMode(TestLocalSandboxContract):
         await backend.shutdown()
 
 
-@pytest.fixture
-async def backend(tmp_path):
-    backend = make_backend(tmp_path)
+class TestLocalSandboxContractBashHelper(TestLocalSandboxContract):
+    """The same contract where namespaces start through unshare, setpriv and bash (no C compiler)."""
+
+    @pytest.fixture
+    async def backend(self, tmp_path):
+        backend = make_backend(tmp_path, max_output_bytes=10_000, helper="bash")
+        await backend.start()
+        assert not backend.launcher.compiled
+        yield backend
+        await backend.shutdown()
+
+
+@pytest.fixture(params=["compiled", "bash"])
+async def backend(tmp_path, request):
+    # Namespaces through the compiled helper (the default where a C compiler is: scripts/test.sh installs
+    # one), and through bash.
+    if request.param == "compiled" and namespace_init.compiler() is None:
+        pytest.skip("no C compiler here")
+    backend = make_backend(tmp_path, helper="bash" if request.param == "bash" else "auto")
     await backend.start()
+    if request.param == "compiled" and backend.launcher.namespace:
+        assert backend.launcher.compiled, "this machine has a C compiler: the compiled helper is used"
     yield backend
     await backend.shutdown()
 
@@ -445,6 +465,39 @@ async def test_commands_see_only_their_own_processes(sandbox):
     assert str(os.getpid()) not in (await sandbox.exec("echo $PPID", 10)).output
 
 
+def _status_fields(text: str) -> dict:
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+@pytest.mark.parametrize("mode", ["namespace", "process"])
+async def test_commands_gain_no_privileges_and_root_keeps_only_a_shells_capabilities(backend, tmp_path, mode):
+    if mode == "process":
+        backend = make_backend(tmp_path / "process", isolation="process")
+        await backend.start()
+    sandbox = await backend.open(spec())
+    try:
+        status = _status_fields((await sandbox.exec("cat /proc/self/status", 10)).output)
+    finally:
+        await sandbox.close()
+        if mode == "process":
+            await backend.shutdown()
+    if not backend.launcher.setpriv and not backend.launcher.compiled:
+        pytest.skip("no setpriv here")
+    assert status["NoNewPrivs"].strip() == "1"
+    assert int(status["CapInh"], 16) == int(status["CapAmb"], 16) == 0
+    if os.geteuid() == 0:
+        shell = sum(1 << n for n in local_processes.CAPABILITY_NUMBERS.values())
+        assert int(status["CapBnd"], 16) == int(status["CapEff"], 16) == shell
+        assert not int(status["CapEff"], 16) & (1 << 19 | 1 << 21)  # CAP_SYS_PTRACE, CAP_SYS_ADMIN
+
+
+async def test_a_command_cannot_uncover_the_machines_proc_below_its_own(sandbox):
+    if not sandbox._namespace:
+        pytest.skip("no namespaces here")
+    result = await sandbox.exec("umount -l /proc; umount /proc; ls /proc | grep -c '^[0-9]'", 10)
+    assert int(result.output.split()[-1]) < 10, result.output
+
+
 async def test_a_prompt_whose_tools_run_commands_gets_its_namespace_as_the_sandbox_opens(backend):
     sandbox = await backend.open(attrs.evolve(spec(), commands=True))
     try:
@@ -479,7 +532,10 @@ async def test_a_sandbox_closed_while_its_namespace_starts_leaves_no_process(bac
 async def test_a_namespace_that_cannot_start_at_open_is_the_first_commands_error(backend, monkeypatch):
     if not backend.launcher.namespace:
         pytest.skip("no namespaces here")
-    broken = attrs.evolve(backend.launcher, unshare=("/nonexistent/unshare",))
+    if backend.launcher.compiled:
+        broken = attrs.evolve(backend.launcher, compiled=("/nonexistent/helper", *backend.launcher.compiled[1:]))
+    else:
+        broken = attrs.evolve(backend.launcher, unshare=("/nonexistent/unshare",))
     monkeypatch.setattr(backend, "launcher", broken)
     sandbox = await backend.open(attrs.evolve(spec(), commands=True))
     try:
@@ -503,7 +559,8 @@ from hermes_batch.records import SandboxSpec
 from hermes_batch.run_context import RunContext
 
 async def main():
-    backend = LocalSandboxBackend(LocalSandboxConfig(isolation="namespace"), RunContext("r", Path(sys.argv[1]), seed=0))
+    config = LocalSandboxConfig(isolation="namespace", helper=sys.argv[3])
+    backend = LocalSandboxBackend(config, RunContext("r", Path(sys.argv[1]), seed=0))
     await backend.start()
     sandbox = await backend.open(SandboxSpec("r", 0, "0123456789abcdef"))
     await sandbox.exec(f"setsid sleep {sys.argv[2]} > /dev/null 2>&1 &", 10)
@@ -514,9 +571,11 @@ asyncio.run(main())
 """
 
 
-def test_the_namespace_dies_with_a_runner_killed_by_sigkill(tmp_path):
+@pytest.mark.parametrize("helper", ["auto", "bash"])
+def test_the_namespace_dies_with_a_runner_killed_by_sigkill(tmp_path, helper):
     marker = unique_sleep()
-    runner = subprocess.Popen([sys.executable, "-c", RUNNER_THAT_DIES, str(tmp_path), marker], stdout=subprocess.PIPE, text=True)
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER_THAT_DIES, str(tmp_path), marker, helper],
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert runner.stdout.readline() == "started\n"
         deadline = time.monotonic() + 10
@@ -563,7 +622,7 @@ from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend, Loca
 from hermes_batch.records import SandboxSpec
 from hermes_batch.run_context import RunContext
 
-folder, isolation, case = sys.argv[1:]
+folder, isolation, case, helper = sys.argv[1:]
 
 def pgid_of(needle):
     for entry in os.scandir("/proc"):
@@ -596,7 +655,8 @@ def unrelated_process_numbered(pid):
 HELD = set()
 
 async def main():
-    backend = LocalSandboxBackend(LocalSandboxConfig(isolation=isolation), RunContext("r", Path(folder), seed=0))
+    config = LocalSandboxConfig(isolation=isolation, helper=helper)
+    backend = LocalSandboxBackend(config, RunContext("r", Path(folder), seed=0))
     await backend.start()
     sandbox = await backend.open(SandboxSpec("r", 0, "0123456789abcdef"))
     await sandbox.exec("true", 10)
@@ -609,7 +669,10 @@ async def main():
         number = sandbox._namespace.init_pid
         await sandbox.exec("kill -TERM 1", 10)
         launcher = sandbox._namespace.launcher
-        first = [launcher.bash, "-c", HELPER] if sandbox._namespace.control else ["/bin/sh", "-c", KEEPALIVE]
+        if launcher.compiled:
+            first = launcher.compiled
+        else:
+            first = [launcher.bash, "-c", HELPER] if sandbox._namespace.control else ["/bin/sh", "-c", KEEPALIVE]
         await ended("\\0".join(first).encode() + b"\\x00")
     if os.path.exists(f"/proc/{number}"):  # the sandbox still holds the number: nobody else can get it
         HELD.add(number)
@@ -625,15 +688,17 @@ asyncio.run(main())
 
 
 @pytest.mark.parametrize(
-    "isolation, case", [("namespace", "group"), ("process", "group"), ("namespace", "init")]
+    "isolation, case, helper",
+    [("namespace", "group", "auto"), ("process", "group", "auto"), ("namespace", "init", "auto"),
+     ("namespace", "group", "bash"), ("namespace", "init", "bash")],
 )
-def test_close_never_kills_a_process_that_took_over_a_number_the_sandbox_used(tmp_path, isolation, case):
+def test_close_never_kills_a_process_that_took_over_a_number_the_sandbox_used(tmp_path, isolation, case, helper):
     if os.geteuid() != 0:
         pytest.skip("choosing the next pid of a PID namespace (ns_last_pid) takes root")
     reaper = '"$@" & wait $!'  # PID 1 of the namespace: reaps orphans as init does
     done = subprocess.run(
         ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", reaper, "sh",
-         sys.executable, "-c", PID_REUSE, str(tmp_path / "run"), isolation, case],
+         sys.executable, "-c", PID_REUSE, str(tmp_path / "run"), isolation, case, helper],
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr
@@ -772,3 +837,113 @@ async def test_commands_run_nicer_than_the_run_and_their_sessions_too(tmp_path, 
         await backend.shutdown()
     with pytest.raises(ValueError, match="nice must be from 0 to 19"):
         LocalSandboxConfig(nice=20)
+
+
+def test_the_compiled_helper_is_built_once_and_then_found(tmp_path):
+    if namespace_init.compiler() is None:
+        pytest.skip("no C compiler here")
+    built, why = namespace_init.build(tmp_path / "cache")
+    assert why is None and os.access(built, os.X_OK)
+    made = os.stat(built).st_mtime_ns
+    assert namespace_init.build(tmp_path / "cache") == (built, None)
+    assert os.stat(built).st_mtime_ns == made
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [Path(built).name]  # no partial file left
+
+
+def test_the_compiled_helper_is_not_run_from_a_folder_others_may_write_to(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    built, why = namespace_init.build(shared)
+    assert built is None and "may be written to by other users" in why
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    target = mine / f"hermes-batch-namespace-{namespace_init.hashlib.sha256(namespace_init.SOURCE.read_bytes()).hexdigest()[:16]}-{namespace_init.platform.machine()}"
+    target.symlink_to("/bin/true")
+    built, why = namespace_init.build(mine)
+    assert built is None and "link" in why
+
+
+def test_without_a_c_compiler_namespaces_start_through_bash(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert namespace_init.build() == (None, "no C compiler was found (cc, gcc or $CC)")
+    monkeypatch.setattr(local_processes, "_launchers", {})
+    with caplog.at_level("INFO", logger=local_processes.__name__):
+        found = local_processes.launcher("auto")
+    if found.namespace:
+        assert not found.compiled and found.bash
+        assert "not their compiled helper: no C compiler was found" in caplog.text
+
+
+def test_a_compiler_that_fails_is_reported_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "sh -c 'echo first >&2; echo the last words >&2; exit 1' cc")
+    built, why = namespace_init.build(tmp_path / "cache")
+    assert built is None and why.endswith("could not build namespace_init.c (the last words)")
+    assert not list((tmp_path / "cache").iterdir())
+
+
+def test_the_compiled_helper_makes_a_user_namespace_for_a_user_without_root(tmp_path):
+    # The path a run without root takes (-u), run here as nobody through setpriv.
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("becoming another user takes root and setpriv")
+    if namespace_init.compiler() is None:
+        pytest.skip("no C compiler here")
+    base = Path(tempfile.mkdtemp(prefix="hermes-batch-nobody-"))  # pytest's folders are root's alone
+    try:
+        _run_as_nobody(base)
+    finally:
+        shutil.rmtree(base)
+
+
+def _run_as_nobody(base: Path) -> None:
+    built, why = namespace_init.build(base / "cache")
+    assert why is None
+    control = base / "control"
+    control.mkdir()
+    (control / "1.sh").write_text("id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; ls /proc | grep -c '^[0-9]'")
+    os.mkfifo(control / "1.out")
+    for path in (base, base / "cache", Path(built), control, control / "1.sh"):
+        path.chmod(0o755)
+    (control / "1.out").chmod(0o666)  # the helper, as nobody, writes the output there
+    fifo = os.open(control / "1.out", os.O_RDONLY | os.O_NONBLOCK)
+    helper = subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", built, "-u", "-k", "0",
+         str(control), str(control), str(control)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        helper.stdin.write(b"1\n")
+        helper.stdin.flush()
+        answers = [helper.stdout.readline() for _ in range(3)]
+        assert answers[0] == b"ready\n", helper.stderr.read1()
+        assert answers[1].startswith(b"p 1 ") and answers[2] == b"x 1 0\n"
+        os.set_blocking(fifo, True)
+        output = b"".join(iter(lambda: os.read(fifo, 65536), b"")).decode()
+    finally:
+        os.close(fifo)
+        helper.stdin.close()
+        assert helper.wait(timeout=10) == 0  # its input closed: it ends, and its namespace with it
+    uid, capabilities, no_new_privs, processes = output.split("\n")[:4]
+    assert uid == "65534" and int(capabilities.split()[1], 16) == 0 and no_new_privs.split()[1] == "1"
+    assert int(processes) < 5
+
+
+async def test_with_the_compiled_helper_namespaces_need_no_util_linux(tmp_path, monkeypatch):
+    if namespace_init.compiler() is None:
+        pytest.skip("no C compiler here")
+    real_which = local_processes.shutil.which
+    monkeypatch.setattr(local_processes.shutil, "which",
+                        lambda name: None if name in ("unshare", "nsenter", "bash") else real_which(name))
+    monkeypatch.setattr(local_processes, "_launchers", {})
+    backend = make_backend(tmp_path, isolation="namespace")
+    await backend.start()
+    try:
+        assert backend.launcher.compiled and not backend.launcher.unshare
+        sandbox = await backend.open(spec())
+        result = await sandbox.exec("readlink /proc/self/ns/pid; echo $$", 10)
+        await sandbox.close()
+    finally:
+        await backend.shutdown()
+    namespace, pid = result.output.split()
+    assert namespace != os.readlink("/proc/self/ns/pid") and int(pid) < 10

@@ -3,14 +3,16 @@
 Two modes, chosen once per process (``-S isolation=``):
 
 ``namespace``
-    Each prompt gets a PID and mount namespace of its own (``unshare``, with a
-    user namespace when not root), whose first process reaps orphans and, with
-    bash on the machine, starts the prompt's commands itself: a request on its
-    input names a script in a control folder beside the prompt folder, and it
-    forks ``/bin/sh -c`` with the output going to a FIFO there (see HELPER).
-    Without bash it idles, and commands enter the namespace with ``nsenter``.
-    The helper saves two programs per command (nsenter and setpriv), about a
-    quarter of a command's CPU.  Killing that first process (through a
+    Each prompt gets a PID and mount namespace of its own (with a user
+    namespace when not root), whose first process reaps orphans and starts
+    the prompt's commands itself: a request on its input names a script in a
+    control folder, and it forks ``/bin/sh -c`` with the output going to a
+    FIFO there.  That first process is the compiled helper
+    (:mod:`~hermes_batch.default_plugins.namespace_init`, which makes the
+    namespace and lowers its privileges itself) where it builds and works;
+    else HELPER, bash started through ``unshare`` and ``setpriv``, which
+    speaks the same protocol; without bash it idles, and commands enter the
+    namespace with ``nsenter``.  Killing that first process (through a
     pidfd, so the kill reaches it or nothing) makes the kernel kill everything
     in the namespace, whatever left its process group or session, cleared its
     environment or changed folder.  The namespace mounts its own ``/proc``, so
@@ -29,8 +31,9 @@ Two modes, chosen once per process (``-S isolation=``):
 No mode ever signals a pid, group or session it merely recorded: see
 :mod:`~hermes_batch.default_plugins.owned_processes`.
 
-In both modes commands run under ``setpriv --no-new-privs`` (the helper, and so
-every command it starts, or each command in turn; setuid programs
+In both modes commands run with no new privileges (the compiled helper sets it,
+else ``setpriv --no-new-privs`` for the helper, and so every command it starts,
+or each command in turn; setuid programs
 such as sudo grant nothing), and when the runner is root with a capability
 bounding set reduced to what a shell session needs, so a command cannot read
 the runner's memory or environment through ``/proc`` (no ``CAP_SYS_PTRACE``),
@@ -52,6 +55,7 @@ from typing import Optional
 
 import attrs
 
+from . import namespace_init
 from .owned_processes import Child, kill_verified, live_pids, pidfd, pidfds_work, stat_fields
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,13 @@ MARKER_VARIABLE = "HERMES_BATCH_SANDBOX"
 ISOLATIONS = ("auto", "namespace", "process")
 # The capabilities a command run as root keeps (the docker backend's base set).
 ROOT_CAPABILITIES = ("chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "net_bind_service")
+CAPABILITY_NUMBERS = {  # <linux/capability.h>: for the compiled helper, which takes them as one mask
+    "chown": 0, "dac_override": 1, "fowner": 3, "fsetid": 4, "kill": 5, "setgid": 6, "setuid": 7,
+    "net_bind_service": 10,
+}
+# Which first process starts a namespace's commands (-S helper=): the compiled one where it builds and
+# works here, else bash (auto); or bash only.
+HELPERS = ("auto", "bash")
 # First process of a prompt's namespace: says when it is ready, then idles and reaps orphans.  Its
 # stdin is a pipe only the runner writes to: when the runner dies, however, the read ends and the
 # namespace with it (cheaper than a parent-death signal, which takes a setpriv per prompt).
@@ -104,6 +115,13 @@ class Launcher:
     nsenter: tuple = ()
     wdns: bool = False  # nsenter can set the working folder inside the namespace (util-linux 2.38+)
     bash: Optional[str] = None  # with bash, the namespace's first process starts the commands (HELPER)
+    # The compiled helper (namespace_init) and its options: it does unshare's, setpriv's and HELPER's work.
+    compiled: tuple = ()
+
+    @property
+    def helper(self) -> bool:
+        """Whether the namespace's first process starts the commands (the compiled helper or HELPER)."""
+        return bool(self.compiled) or self.bash is not None
 
     def init_argv(self) -> list:
         """The first process of a new namespace (it prints ``ready``; it ends when its stdin closes)."""
@@ -111,6 +129,8 @@ class Launcher:
 
     def helper_argv(self, control: str, cwd: str, spill: str) -> list:
         """The first process of a new namespace that starts its commands (see HELPER), privileges lowered."""
+        if self.compiled:
+            return [*self.compiled, control, cwd, spill]
         return [*self.unshare, "--", *self.setpriv, self.bash, "-c", HELPER, HELPER_NAME, control, cwd, spill]
 
     def command_argv(self, command: str, cwd: str, init_pid: Optional[int]) -> list:
@@ -125,26 +145,41 @@ class Launcher:
 _launchers: dict = {}
 
 
-def launcher(isolation: str) -> Launcher:
-    """The launcher for ``isolation``; ``namespace`` raises RuntimeError (with the reason) where it cannot work."""
-    key = (isolation, os.geteuid())
+def launcher(isolation: str, helper: str = "auto") -> Launcher:
+    """The launcher for ``isolation`` and ``helper`` (HELPERS); ``namespace`` raises RuntimeError (with the
+    reason) where it cannot work."""
+    key = (isolation, helper, os.geteuid())
     if key not in _launchers:
-        _launchers[key] = _find_launcher(isolation)
+        _launchers[key] = _find_launcher(isolation, helper)
     return _launchers[key]
 
 
-def _find_launcher(isolation: str) -> Launcher:
+def _find_launcher(isolation: str, helper: str) -> Launcher:
     setpriv = _setpriv_prefix()
     if isolation == "process":
         return Launcher(False, setpriv)
+    root = os.geteuid() == 0
+    if not pidfds_work():
+        reason = "this kernel has no pidfds (Linux 5.3 or later), which a namespace's kill relies on"
+        if isolation == "namespace":
+            raise RuntimeError(reason)
+        log.info("The local sandbox runs commands as plain processes: %s.", reason)
+        return Launcher(False, setpriv)
+    if helper == "auto":
+        built, why = namespace_init.build()
+        if built is not None:
+            # As root its commands keep what a shell session needs; without, the user namespace's nothing.
+            keep = _capability_mask(ROOT_CAPABILITIES) if root else 0
+            candidate = Launcher(True, setpriv, compiled=(built, *(() if root else ("-u",)), "-k", f"{keep:x}"))
+            if _helper_works(candidate):
+                return candidate
+            why = f"{built} did not pass its check"
+        log.info("The local sandbox's namespaces use unshare, setpriv and bash, not their compiled helper: %s.", why)
     unshare, nsenter = shutil.which("unshare"), shutil.which("nsenter")
     reason = None
     if unshare is None or nsenter is None:
         reason = "unshare and nsenter (util-linux) are not installed"
-    elif not pidfds_work():
-        reason = "this kernel has no pidfds (Linux 5.3 or later), which a namespace's kill relies on"
     else:
-        root = os.geteuid() == 0
         user = () if root else ("--user", "--map-current-user")
         candidate = Launcher(
             True,
@@ -164,6 +199,11 @@ def _find_launcher(isolation: str) -> Launcher:
         raise RuntimeError(reason)
     log.info("The local sandbox runs commands as plain processes: %s.", reason)
     return Launcher(False, setpriv)
+
+
+def _capability_mask(names) -> int:
+    """The bit mask of the capabilities ``names`` (as setpriv spells them)."""
+    return sum(1 << CAPABILITY_NUMBERS[name] for name in names)
 
 
 def _setpriv_prefix() -> tuple:
@@ -327,7 +367,7 @@ class Namespace:
         self.launcher = launcher
         self.env = env
         self.nicer = nicer  # how much nicer than the runner its processes run
-        self.control = control if launcher.bash else None
+        self.control = control if launcher.helper else None
         self.spill = (spill or control) if self.control is not None else None
         self.init_pid: Optional[int] = None
         self._unshare: Optional[Child] = None

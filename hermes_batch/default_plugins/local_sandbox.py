@@ -39,6 +39,7 @@ from ..threads import in_daemon_thread
 from .local_control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
 from .local_files import PromptFolder
 from .local_processes import (
+    HELPERS,
     ISOLATIONS,
     MARKER_VARIABLE,
     Launcher,
@@ -75,10 +76,13 @@ class LocalSandboxConfig:
     isolation: str = "auto"  # namespace, process, or auto: namespace where the machine allows it
     control_dir: str = DEFAULT_BASE  # a memory file system for the helper's scripts and FIFOs; "" for none
     nice: int = 10  # how much nicer than the run the commands run, so that they never starve its event loop
+    helper: str = "auto"  # a namespace's first process: auto (compiled where it builds and works, else bash), bash
 
     def __attrs_post_init__(self):
         if self.isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {self.isolation!r}")
+        if self.helper not in HELPERS:
+            raise ValueError(f"helper must be one of {', '.join(HELPERS)}, got {self.helper!r}")
         if self.max_starting < 1:
             raise ValueError("max_starting must be at least 1")
         if self.max_output_bytes < 1024:
@@ -115,13 +119,13 @@ class LocalSandboxBackend(SandboxBackend):
 
     async def _check(self) -> None:
         try:
-            found = await in_daemon_thread(launcher, self.config.isolation)
+            found = await in_daemon_thread(launcher, self.config.isolation, self.config.helper)
         except RuntimeError as exc:
             raise ConfigError(
                 f"-S isolation=namespace cannot work on this machine ({exc}); "
                 "use -S isolation=process or install util-linux and allow user namespaces."
             ) from None
-        if found.namespace and found.bash and self.config.control_dir and self._control is None:
+        if found.namespace and found.helper and self.config.control_dir and self._control is None:
             self._control = await in_daemon_thread(ControlRoot.make, self.config.control_dir,
                                                    run_key(self.run.scratch_dir))
             if self._control is None:
