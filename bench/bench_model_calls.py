@@ -139,10 +139,15 @@ def run_variant(name: str, url: str, dataset: Path, out: Path, args, before_dir)
         return measure_run(command, module=None), []
     if name == "before":
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(before_dir), os.environ.get("PYTHONPATH")])))
+        imported = subprocess.run([sys.executable, "-c", "import hermes_batch; print(hermes_batch.__file__)"],
+                                  capture_output=True, text=True, env=env, cwd=str(out.parent), check=True).stdout
+        if not Path(imported.strip()).is_relative_to(before_dir):
+            raise SystemExit(f"the 'before' variant would import {imported.strip()}, not the code of --before")
     if name == "after-httpx":
         run_args += ["--http_backend", "httpx"]
     shutil.rmtree(out, ignore_errors=True)
-    result = measure_run(run_args, env=env)
+    # Not from this checkout, whose folder would come first on the path of every variant: see measure_run.
+    result = measure_run(run_args, env=env, cwd=str(out.parent))
     stats = json.loads((out / "bench" / "statistics.json").read_text())
     result["calls"] = stats["finished"]["model_calls"]
     return result, masked_records(out / "bench")

@@ -51,8 +51,13 @@ _OWN_CPU = (
 )
 
 
-def measure_run(args: list[str], *, module: str | None = "hermes_batch", env: dict | None = None) -> dict:
-    """Run ``python -m module args`` (``python args`` without a module) as a child.
+def measure_run(args: list[str], *, module: str | None = "hermes_batch", env: dict | None = None,
+                cwd: str | None = None) -> dict:
+    """Run ``python -m module args`` (``python args`` without a module) as a child, in ``cwd``.
+
+    Python puts a ``-c`` program's working folder first on its path: run from
+    this checkout, the child imports this checkout's hermes_batch whatever
+    PYTHONPATH says, so a run of other code needs a ``cwd`` elsewhere.
 
     Returns its wall time, the CPU of its whole process tree (``cpu_s``), the CPU
     of the module's process alone (``own_cpu_s``, module runs only) and peak RSS.
@@ -65,7 +70,7 @@ def measure_run(args: list[str], *, module: str | None = "hermes_batch", env: di
             env = dict(env if env is not None else os.environ, HERMES_BATCH_BENCH_OWN_CPU=own.name)
         else:
             command = [sys.executable, *args]
-        proc = subprocess.run(command, capture_output=True, text=True, env=env)
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd)
         wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if proc.returncode != 0:
