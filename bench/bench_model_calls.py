@@ -95,6 +95,22 @@ async def _minimal(url: str, prompts: int, sessions: int, mode: str) -> None:
 # --- hermes-batch runs -----------------------------------------------------------------------------
 
 
+_NO_PLUGINS = """\
+import importlib.metadata
+
+_entry_points = importlib.metadata.entry_points
+
+
+def entry_points(**params):
+    if params.get("group") == "hermes_batch":
+        return importlib.metadata.EntryPoints(())
+    return _entry_points(**params)
+
+
+importlib.metadata.entry_points = entry_points
+"""
+
+
 @contextlib.contextmanager
 def checkout(ref: str):
     """``ref`` of this repository in a temporary worktree."""
@@ -103,6 +119,9 @@ def checkout(ref: str):
     folder = Path(tempfile.mkdtemp(prefix="hermes-batch-before-"))
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), commit],
                    capture_output=True, check=True)
+    # The plugins installed here are this checkout's, written for its core, and an older core fails to
+    # load them: the 'before' run loads none (the bench needs only the core's sandbox and model client).
+    (folder / "sitecustomize.py").write_text(_NO_PLUGINS)
     try:
         yield folder, commit
     finally:
