@@ -45,11 +45,17 @@ def spec(index: int = 0, cwd=None, env=None) -> SandboxSpec:
 
 class TestLocalSandboxContract(SandboxContract):
     max_output_chars = 10_100  # the limit below, plus the omission notice
+    options: dict = {}  # the backend's options besides max_output_bytes
+
+    @staticmethod
+    def check_launcher(launcher) -> None:
+        """What the variant must have found on this machine."""
 
     @pytest.fixture
     async def backend(self, tmp_path):
-        backend = make_backend(tmp_path, max_output_bytes=10_000)
+        backend = make_backend(tmp_path, max_output_bytes=10_000, **self.options)
         await backend.start()
+        self.check_launcher(backend.launcher)
         yield backend
         await backend.shutdown()
 
@@ -60,25 +66,21 @@ class TestLocalSandboxContract(SandboxContract):
 class TestLocalSandboxContractProcessMode(TestLocalSandboxContract):
     """The same contract where commands run as plain processes (no namespaces on the machine)."""
 
-    @pytest.fixture
-    async def backend(self, tmp_path):
-        backend = make_backend(tmp_path, max_output_bytes=10_000, isolation="process")
-        await backend.start()
-        assert not backend.launcher.namespace
-        yield backend
-        await backend.shutdown()
+    options = {"isolation": "process"}
+
+    @staticmethod
+    def check_launcher(launcher) -> None:
+        assert not launcher.namespace
 
 
 class TestLocalSandboxContractBashHelper(TestLocalSandboxContract):
     """The same contract where namespaces start through unshare, setpriv and bash (no C compiler)."""
 
-    @pytest.fixture
-    async def backend(self, tmp_path):
-        backend = make_backend(tmp_path, max_output_bytes=10_000, helper="bash")
-        await backend.start()
-        assert not backend.launcher.compiled
-        yield backend
-        await backend.shutdown()
+    options = {"helper": "bash"}
+
+    @staticmethod
+    def check_launcher(launcher) -> None:
+        assert not launcher.compiled
 
 
 @pytest.fixture(params=["compiled", "bash"])
