@@ -745,6 +745,14 @@ async def test_a_command_too_long_for_memory_runs_from_beside_the_prompt_folder(
     assert not spill.exists()
 
 
+async def test_a_commands_script_and_fifo_are_gone_once_it_ended(sandbox):
+    if not (sandbox._namespace and sandbox._namespace.control):
+        pytest.skip("no namespace helper here")
+    for command in ("echo one", "exit 3", "sleep 5"):
+        await sandbox.exec(command, 0.5)
+    assert os.listdir(sandbox._namespace.control) == []
+
+
 async def test_a_command_that_removes_its_control_folder_does_not_stop_the_next(sandbox):
     if sandbox._namespace.control is None or sandbox._namespace.spill == sandbox._namespace.control:
         pytest.skip("the control folder is not in memory here")

@@ -430,11 +430,15 @@ class LocalSandbox(Sandbox):
             else:
                 pipe.close()
             namespace.forget(ident)
-            for path in (script, fifo):
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+            # The compiled helper removes both once it has opened them (what a failed start leaves goes
+            # with the control folder at close): unlinking them here cost the event loop 0.4 ms a prompt.
+            if not (namespace.launcher.compiled and started is not None and started.done()
+                    and started.result() is not None):
+                for path in (script, fifo):
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
         status = ended.result() if ended.done() else None
         return ExecResult(output.text(), None if killed_by_us else status, timed_out)
 
