@@ -127,7 +127,8 @@ def no_namespaces(monkeypatch):
 
 async def test_isolation_namespace_where_it_cannot_work_is_a_config_error(no_namespaces, tmp_path):
     backend = LocalSandboxBackend(LocalSandboxConfig(isolation="namespace"), RunContext("r", tmp_path, seed=0))
-    with pytest.raises(ConfigError, match="-S isolation=namespace cannot work on this machine .*unshare and nsenter"):
+    with pytest.raises(ConfigError, match="-S isolation=namespace cannot work on this machine .*unshare and nsenter"
+                       ".*; the compiled helper: no C compiler was found"):
         await backend.check()
 
 

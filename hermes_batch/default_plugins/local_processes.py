@@ -165,6 +165,7 @@ def _find_launcher(isolation: str, helper: str) -> Launcher:
             raise RuntimeError(reason)
         log.info("The local sandbox runs commands as plain processes: %s.", reason)
         return Launcher(False, setpriv)
+    why = None  # why the compiled helper is not used, when it was tried
     if helper == "auto":
         built, why = namespace_init.build()
         if built is not None:
@@ -195,6 +196,8 @@ def _find_launcher(isolation: str, helper: str) -> Launcher:
             if candidate.bash is not None and not _helper_works(candidate):
                 candidate = attrs.evolve(candidate, bash=None)  # commands enter with nsenter instead
             return candidate
+    if why is not None:
+        reason += f"; the compiled helper: {why}"
     if isolation == "namespace":
         raise RuntimeError(reason)
     log.info("The local sandbox runs commands as plain processes: %s.", reason)

@@ -123,7 +123,7 @@ class LocalSandboxBackend(SandboxBackend):
         except RuntimeError as exc:
             raise ConfigError(
                 f"-S isolation=namespace cannot work on this machine ({exc}); "
-                "use -S isolation=process or install util-linux and allow user namespaces."
+                "use -S isolation=process, or install util-linux or a C compiler and allow user namespaces."
             ) from None
         if found.namespace and found.helper and self.config.control_dir and self._control is None:
             self._control = await in_daemon_thread(ControlRoot.make, self.config.control_dir,
