@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import resource
 import os
 import shutil
 import signal
@@ -912,31 +913,47 @@ def _run_as_nobody(base: Path) -> None:
     control = base / "control"
     control.mkdir()
     (control / "1.sh").write_text("id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; ls /proc | grep -c '^[0-9]'")
-    os.mkfifo(control / "1.out")
-    for path in (base, base / "cache", Path(built), control, control / "1.sh"):
+    (control / "2.sh").write_text("echo never")
+    (control / "3.sh").write_text("sleep 30")
+    for path in (base, base / "cache", Path(built), control, *control.glob("*.sh")):
         path.chmod(0o755)
-    (control / "1.out").chmod(0o666)  # the helper, as nobody, writes the output there
-    fifo = os.open(control / "1.out", os.O_RDONLY | os.O_NONBLOCK)
+    fifos = {}
+    for ident in ("1", "2", "3"):
+        os.mkfifo(control / f"{ident}.out")
+        (control / f"{ident}.out").chmod(0o666)  # the helper, as nobody, writes the output there
+        fifos[ident] = os.open(control / f"{ident}.out", os.O_RDONLY | os.O_NONBLOCK)
     helper = subprocess.Popen(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", built, "-u", "-k", "0",
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", built, "-u", "-k", "0", "-m", "1",
          str(control), str(control), str(control)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
+        assert helper.stdout.readline() == b"ready\n", helper.stderr.read1()
         helper.stdin.write(b"1\n")
         helper.stdin.flush()
-        answers = [helper.stdout.readline() for _ in range(3)]
-        assert answers[0] == b"ready\n", helper.stderr.read1()
-        assert answers[1].startswith(b"p 1 ") and answers[2] == b"x 1 0\n"
-        os.set_blocking(fifo, True)
-        output = b"".join(iter(lambda: os.read(fifo, 65536), b"")).decode()
+        answers = [helper.stdout.readline() for _ in range(2)]
+        assert answers[0].startswith(b"p 1 ") and answers[1] == b"x 1 0\n"
+        output = _read_to_the_end(fifos["1"])
+        # A command that cannot start (here: one at a time, -m 1, and a first one still running; a failed
+        # fork goes the same way) ends at once with 126, and its reader learns why instead of waiting.
+        helper.stdin.write(b"3\n2\n")
+        helper.stdin.flush()
+        assert helper.stdout.readline().startswith(b"p 3 ")
+        assert helper.stdout.readline() == b"x 2 126\n"
+        assert "the command could not start" in _read_to_the_end(fifos["2"])
     finally:
-        os.close(fifo)
+        for fd in fifos.values():
+            os.close(fd)
         helper.stdin.close()
         assert helper.wait(timeout=10) == 0  # its input closed: it ends, and its namespace with it
     uid, capabilities, no_new_privs, processes = output.split("\n")[:4]
     assert uid == "65534" and int(capabilities.split()[1], 16) == 0 and no_new_privs.split()[1] == "1"
     assert int(processes) < 5
+
+
+def _read_to_the_end(fd: int) -> str:
+    os.set_blocking(fd, True)
+    return b"".join(iter(lambda: os.read(fd, 65536), b"")).decode()
 
 
 async def test_with_the_compiled_helper_namespaces_need_no_util_linux(tmp_path, monkeypatch):
@@ -957,3 +974,13 @@ async def test_with_the_compiled_helper_namespaces_need_no_util_linux(tmp_path, 
         await backend.shutdown()
     namespace, pid = result.output.split()
     assert namespace != os.readlink("/proc/self/ns/pid") and int(pid) < 10
+
+
+def test_a_build_of_another_version_stays_for_the_runs_that_use_it(tmp_path):
+    if namespace_init.compiler() is None:
+        pytest.skip("no C compiler here")
+    (tmp_path / "cache").mkdir(mode=0o700)
+    other = tmp_path / "cache" / "hermes-batch-namespace-0123456789abcdef-x86_64"
+    other.write_bytes(b"built from another source")
+    built, why = namespace_init.build(tmp_path / "cache")
+    assert why is None and Path(built) != other and other.exists()

@@ -5,7 +5,7 @@
  * a bash helper, which do the same in three programs.  It speaks the same
  * protocol as that helper (local_processes.HELPER):
  *
- *   hermes-batch-namespace-... [-u] [-k CAPS] CONTROL CWD SPILL
+ *   hermes-batch-namespace-... [-u] [-k CAPS] [-m MAX] CONTROL CWD SPILL
  *
  * It makes a PID and mount namespace (with -u also a user namespace mapping the
  * caller's uid and gid onto themselves, for a caller without root), forks the
@@ -26,6 +26,8 @@
  *
  * and answers "p ID PGID" once a command started and "x ID STATUS" once it
  * ended (its exit status, 128 + the signal's number when a signal ended it).
+ * A command that cannot start (its fork failed, or MAX commands, 4096 by
+ * default, are running) gets only "x ID 126", and its FIFO says why.
  * It reaps every orphan of the namespace.  When its input ends (the runner
  * closed it or died) or on SIGTERM or SIGINT it exits, and the kernel then
  * kills everything left in the namespace.
@@ -51,11 +53,12 @@
 #include <unistd.h>
 #include <linux/capability.h>
 
-#define MAX_COMMANDS 4096   /* commands running at once in one namespace; more are refused */
+#define MAX_COMMANDS 4096 /* commands running at once in one namespace (-m, at most this); more are refused */
 #define MAX_ID 64
 
 static const char *dirs[2]; /* CONTROL, SPILL */
 static const char *cwd;
+static int max_commands = MAX_COMMANDS;
 
 struct command {
     pid_t pid;
@@ -138,20 +141,34 @@ static void become(const char *dir, const char *id, const sigset_t *mask) {
     _exit(127);
 }
 
+/* A command that cannot start: why, through its FIFO (so the runner's read ends at once), and status 126. */
+static void refuse(const char *dir, const char *id, const char *why) {
+    char path[PATH_MAX], line[256];
+    snprintf(path, sizeof path, "%s/%s.out", dir, id);
+    int out = open(path, O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    if (out >= 0) {
+        int n = snprintf(line, sizeof line, "hermes-batch: the command could not start (%s)\n", why);
+        if (write(out, line, n) < 0) {
+        }
+        close(out);
+    }
+    answer('x', id, 126);
+}
+
 static void start(const char *request, const sigset_t *mask) {
     int spilled = request[0] == 'd';
     const char *id = request + spilled;
     size_t length = strlen(id);
     if (length == 0 || length > MAX_ID || strchr(id, '/') || strchr(id, ' ')) return;
     int slot = 0;
-    while (slot < MAX_COMMANDS && commands[slot].pid != 0) slot++;
-    if (slot == MAX_COMMANDS) {
-        answer('x', id, 126);
+    while (slot < max_commands && commands[slot].pid != 0) slot++;
+    if (slot == max_commands) {
+        refuse(dirs[spilled], id, "too many commands at once");
         return;
     }
     pid_t pid = fork();
     if (pid < 0) {
-        answer('x', id, 126);
+        refuse(dirs[spilled], id, strerror(errno));
         return;
     }
     if (pid == 0) become(dirs[spilled], id, mask);
@@ -229,15 +246,19 @@ int main(int argc, char **argv) {
     int user = 0, lower = 0;
     uint64_t keep = 0;
     int option;
-    while ((option = getopt(argc, argv, "+uk:")) != -1) {
+    while ((option = getopt(argc, argv, "+uk:m:")) != -1) {
         if (option == 'u') user = 1;
+        else if (option == 'm') {
+            max_commands = atoi(optarg);
+            if (max_commands < 1 || max_commands > MAX_COMMANDS) max_commands = MAX_COMMANDS;
+        }
         else if (option == 'k') {
             lower = 1;
             keep = strtoull(optarg, NULL, 16);
         } else return 125;
     }
     if (argc - optind != 3) {
-        fprintf(stderr, "usage: %s [-u] [-k CAPS] CONTROL CWD SPILL\n", argv[0]);
+        fprintf(stderr, "usage: %s [-u] [-k CAPS] [-m MAX] CONTROL CWD SPILL\n", argv[0]);
         return 125;
     }
     dirs[0] = argv[optind];

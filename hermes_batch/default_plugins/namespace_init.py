@@ -87,10 +87,8 @@ def build(folder: Optional[Path] = None, name: str = "hermes-batch-namespace") -
             if done.returncode == 0:
                 os.chmod(partial, 0o755)
                 os.replace(partial, target)
+                # Builds of other versions stay: a run of another installed version may be using one.
                 log.info("Built the local sandbox's namespace helper %s.", target)
-                for older in folder.glob(f"{name}-*-{platform.machine() or 'unknown'}"):
-                    if older != target:  # built from another version of the source
-                        older.unlink(missing_ok=True)
                 return str(target), None
             errors = done.stderr.decode(errors="replace").strip()
         last = errors.splitlines()[-1] if errors else "no message"
