@@ -182,7 +182,7 @@ static void reap(void) {
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        for (int slot = 0; slot < MAX_COMMANDS; slot++) {
+        for (int slot = 0; slot < max_commands; slot++) {
             if (commands[slot].pid != pid) continue;
             long code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
             answer('x', commands[slot].id, code);
@@ -192,13 +192,9 @@ static void reap(void) {
     }
 }
 
-static int serve(const sigset_t *mask) {
-    sigset_t handled;
-    sigemptyset(&handled);
-    sigaddset(&handled, SIGCHLD);
-    sigaddset(&handled, SIGTERM);
-    sigaddset(&handled, SIGINT);
-    int signals = signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
+/* The request loop; `handled` are the signals it reads (blocked), `mask` what its commands start with. */
+static int serve(const sigset_t *handled, const sigset_t *mask) {
+    int signals = signalfd(-1, handled, SFD_CLOEXEC | SFD_NONBLOCK);
     if (signals < 0) fail("signalfd");
     if (write(STDOUT_FILENO, "ready\n", 6) != 6) return 1;
     char buffer[4096];
@@ -305,5 +301,5 @@ int main(int argc, char **argv) {
     if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NOEXEC | MS_NODEV, NULL) < 0) fail("mounting /proc");
     if (lower) lower_capabilities(keep);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail("no_new_privs");
-    return serve(&mask);
+    return serve(&handled, &mask);
 }
