@@ -43,7 +43,6 @@ def human(record: dict) -> str:
     return next(turn["value"] for turn in record["conversations"] if turn["from"] == "human")
 
 
-
 def children(pid: int, module: str) -> list[int]:
     """Processes whose parent is ``pid`` and whose command line names ``module``."""
     found = []
@@ -237,7 +236,6 @@ async def test_the_forkserver_kills_and_reports_its_workers_and_a_dead_one_is_on
             await PipeLink.spawn(server, SimpleNamespace(index=0, concurrency=1), None)
     finally:
         await server.close()
-
 
 
 WORKER_WHOSE_STOP_HANGS = """

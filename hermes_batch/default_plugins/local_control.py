@@ -54,13 +54,23 @@ def _user_folder(base: str) -> Optional[str]:
     except OSError:
         return None
     try:
-        info = os.lstat(path)
+        # someone else's folder, or a link to one, in a folder all users share: not ours to write in
+        return None if not_ours_alone(path, stat.S_ISDIR, 0o077) else path
     except OSError:
         return None
-    # someone else's folder, or a link to one, in a folder all users share: not ours to write in
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        return None
-    return path
+
+
+def not_ours_alone(path, is_kind, closed: int) -> Optional[str]:
+    """Why ``path`` is not a file of the kind ``is_kind`` tests (``stat.S_ISDIR``...) that this user owns with
+    the mode bits ``closed`` clear; None if it is.  Never follows a link; OSError when it cannot be read."""
+    info = os.lstat(path)
+    if not is_kind(info.st_mode):
+        return "is not what it should be (a link, or another kind of file)"
+    if info.st_uid != os.geteuid():
+        return "belongs to another user"
+    if info.st_mode & closed:
+        return "may be written to by other users" if closed & 0o022 == closed else "is open to other users"
+    return None
 
 
 class ControlRoot:

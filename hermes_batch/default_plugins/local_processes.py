@@ -63,12 +63,13 @@ log = logging.getLogger(__name__)
 SHELL = "/bin/sh"
 MARKER_VARIABLE = "HERMES_BATCH_SANDBOX"
 ISOLATIONS = ("auto", "namespace", "process")
-# The capabilities a command run as root keeps (the docker backend's base set).
-ROOT_CAPABILITIES = ("chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "net_bind_service")
-CAPABILITY_NUMBERS = {  # <linux/capability.h>: for the compiled helper, which takes them as one mask
+# The capabilities a command run as root keeps (the docker backend's base set), as setpriv names them and
+# with their numbers in <linux/capability.h> (the compiled helper takes them as one mask).
+ROOT_CAPABILITIES = {
     "chown": 0, "dac_override": 1, "fowner": 3, "fsetid": 4, "kill": 5, "setgid": 6, "setuid": 7,
     "net_bind_service": 10,
 }
+ROOT_CAPABILITY_MASK = sum(1 << number for number in ROOT_CAPABILITIES.values())
 # Which first process starts a namespace's commands (-S helper=): the compiled one where it builds and
 # works here, else bash (auto); or bash only.
 HELPERS = ("auto", "bash")
@@ -123,6 +124,12 @@ class Launcher:
         """Whether the namespace's first process starts the commands (the compiled helper or HELPER)."""
         return bool(self.compiled) or self.bash is not None
 
+    @property
+    def removes_command_files(self) -> bool:
+        """Whether the helper removes a command's script and FIFO once it has opened them (the compiled one:
+        bash would need an ``rm`` per command)."""
+        return bool(self.compiled)
+
     def init_argv(self) -> list:
         """The first process of a new namespace (it prints ``ready``; it ends when its stdin closes)."""
         return [*self.unshare, "--", SHELL, "-c", KEEPALIVE]
@@ -158,55 +165,53 @@ def _find_launcher(isolation: str, helper: str) -> Launcher:
     setpriv = _setpriv_prefix()
     if isolation == "process":
         return Launcher(False, setpriv)
-    root = os.geteuid() == 0
-    if not pidfds_work():
-        reason = "this kernel has no pidfds (Linux 5.3 or later), which a namespace's kill relies on"
-        if isolation == "namespace":
-            raise RuntimeError(reason)
-        log.info("The local sandbox runs commands as plain processes: %s.", reason)
-        return Launcher(False, setpriv)
-    why = None  # why the compiled helper is not used, when it was tried
-    if helper == "auto":
-        built, why = namespace_init.build()
-        if built is not None:
-            # As root its commands keep what a shell session needs; without, the user namespace's nothing.
-            keep = _capability_mask(ROOT_CAPABILITIES) if root else 0
-            candidate = Launcher(True, setpriv, compiled=(built, *(() if root else ("-u",)), "-k", f"{keep:x}"))
-            if _helper_works(candidate):
-                return candidate
-            why = f"{built} did not pass its check"
-        log.info("The local sandbox's namespaces use unshare, setpriv and bash, not their compiled helper: %s.", why)
-    unshare, nsenter = shutil.which("unshare"), shutil.which("nsenter")
-    reason = None
-    if unshare is None or nsenter is None:
-        reason = "unshare and nsenter (util-linux) are not installed"
+    if pidfds_work():
+        found, reason = _namespace_launcher(setpriv, helper)
+        if found is not None:
+            return found
     else:
-        user = () if root else ("--user", "--map-current-user")
-        candidate = Launcher(
-            True,
-            # Without root the user namespace already makes setuid programs grant nothing.
-            setpriv if root else (),
-            (unshare, *user, "--pid", "--mount", "--fork", "--mount-proc", "--kill-child"),
-            (nsenter, *(() if root else ("--user", "--preserve-credentials")), "--pid", "--mount"),
-            _nsenter_has_wdns(nsenter),
-            shutil.which("bash"),
-        )
-        reason = _try_namespace(candidate)
-        if reason is None:
-            if candidate.bash is not None and not _helper_works(candidate):
-                candidate = attrs.evolve(candidate, bash=None)  # commands enter with nsenter instead
-            return candidate
-    if why is not None:
-        reason += f"; the compiled helper: {why}"
+        reason = "this kernel has no pidfds (Linux 5.3 or later), which a namespace's kill relies on"
     if isolation == "namespace":
         raise RuntimeError(reason)
     log.info("The local sandbox runs commands as plain processes: %s.", reason)
     return Launcher(False, setpriv)
 
 
-def _capability_mask(names) -> int:
-    """The bit mask of the capabilities ``names`` (as setpriv spells them)."""
-    return sum(1 << CAPABILITY_NUMBERS[name] for name in names)
+def _namespace_launcher(setpriv: tuple, helper: str) -> tuple:
+    """(a namespace launcher that works here, None), else (None, why not): the compiled helper first (with
+    ``helper`` auto), then unshare with the bash helper, then unshare with nsenter for each command."""
+    root = os.geteuid() == 0
+    compiled_failed = ""
+    if helper == "auto":
+        built, why = namespace_init.build()
+        if built is not None:
+            # As root its commands keep what a shell session needs; without, the user namespace's nothing.
+            keep = ROOT_CAPABILITY_MASK if root else 0
+            candidate = Launcher(True, setpriv, compiled=(built, *(() if root else ("-u",)), "-k", f"{keep:x}"))
+            if _helper_works(candidate):
+                return candidate, None
+            why = f"{built} did not pass its check"
+        log.info("The local sandbox's namespaces use unshare, setpriv and bash, not their compiled helper: %s.", why)
+        compiled_failed = f"; the compiled helper: {why}"
+    unshare, nsenter = shutil.which("unshare"), shutil.which("nsenter")
+    if unshare is None or nsenter is None:
+        return None, "unshare and nsenter (util-linux) are not installed" + compiled_failed
+    candidate = Launcher(
+        True,
+        # Without root the user namespace already makes setuid programs grant nothing.
+        setpriv if root else (),
+        (unshare, *(() if root else ("--user", "--map-current-user")), "--pid", "--mount", "--fork", "--mount-proc",
+         "--kill-child"),
+        (nsenter, *(() if root else ("--user", "--preserve-credentials")), "--pid", "--mount"),
+        _nsenter_has_wdns(nsenter),
+        shutil.which("bash"),
+    )
+    reason = _try_namespace(candidate)
+    if reason is not None:
+        return None, reason + compiled_failed
+    if candidate.bash is not None and not _helper_works(candidate):
+        candidate = attrs.evolve(candidate, bash=None)  # commands enter with nsenter instead
+    return candidate, None
 
 
 def _setpriv_prefix() -> tuple:
@@ -215,7 +220,7 @@ def _setpriv_prefix() -> tuple:
         return ()
     prefix = [path, "--no-new-privs"]
     if os.geteuid() == 0:
-        keep = ",".join("+" + name for name in ROOT_CAPABILITIES)
+        keep = ",".join("+" + name for name in ROOT_CAPABILITIES)  # setpriv's names
         prefix += ["--inh-caps=-all", f"--bounding-set=-all,{keep}"]
     prefix.append("--")
     try:

@@ -430,10 +430,10 @@ class LocalSandbox(Sandbox):
             else:
                 pipe.close()
             namespace.forget(ident)
-            # The compiled helper removes both once it has opened them (what a failed start leaves goes
+            # A helper that removes them does so once it has opened them (what a failed start leaves goes
             # with the control folder at close): unlinking them here cost the event loop 0.4 ms a prompt.
-            if not (namespace.launcher.compiled and started is not None and started.done()
-                    and started.result() is not None):
+            taken = started is not None and started.done() and started.result() is not None
+            if not (taken and namespace.launcher.removes_command_files):
                 for path in (script, fifo):
                     try:
                         os.unlink(path)

@@ -26,10 +26,19 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from .local_control import not_ours_alone
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("namespace_init.c")
 BUILD_TIMEOUT_S = 120.0
+WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
+
+
+def program_path(folder: Path, name: str = "hermes-batch-namespace") -> Path:
+    """Where in ``folder`` the program built from this version of the source, for this machine's type, is."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    return Path(folder) / f"{name}-{digest}-{platform.machine() or 'unknown'}"
 
 
 def cache_dir() -> Path:
@@ -56,19 +65,17 @@ def build(folder: Optional[Path] = None, name: str = "hermes-batch-namespace") -
     sandbox of this user runs as the first process of its namespace.
     """
     folder = Path(folder) if folder is not None else cache_dir()
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source).hexdigest()[:16]
-    target = folder / f"{name}-{digest}-{platform.machine() or 'unknown'}"
+    target = program_path(folder, name)
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        why = not_ours_alone(folder, stat.S_ISDIR, WRITABLE_BY_OTHERS)
+        if why:
+            return None, f"its folder {folder} {why}"
+        if os.path.lexists(target):
+            why = not_ours_alone(target, stat.S_ISREG, WRITABLE_BY_OTHERS)
+            return (None, f"{target} {why}") if why else (str(target), None)
     except OSError as exc:
-        return None, f"its folder {folder} cannot be made ({exc.strerror or exc})"
-    why = _not_ours_alone(folder, stat.S_ISDIR)
-    if why:
-        return None, f"its folder {folder} {why}"
-    if os.path.lexists(target):
-        why = _not_ours_alone(target, stat.S_ISREG)
-        return (None, f"{target} {why}") if why else (str(target), None)
+        return None, f"its folder {folder} cannot be used ({exc.strerror or exc})"
     argv = compiler()
     if argv is None:
         return None, "no C compiler was found (cc, gcc or $CC)"
@@ -96,15 +103,3 @@ def build(folder: Optional[Path] = None, name: str = "hermes-batch-namespace") -
     finally:
         if os.path.lexists(partial):
             os.unlink(partial)
-
-
-def _not_ours_alone(path: Path, is_kind) -> Optional[str]:
-    """Why ``path`` is not a file (or folder) of this user's that only this user may write to; None if it is."""
-    shown = os.lstat(path)
-    if not is_kind(shown.st_mode):
-        return "is not what it should be (a link, or another kind of file)"
-    if shown.st_uid != os.geteuid():
-        return "belongs to another user"
-    if shown.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return "may be written to by other users"
-    return None

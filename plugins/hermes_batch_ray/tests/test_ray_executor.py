@@ -31,7 +31,6 @@ def human(record: dict) -> str:
     return next(turn["value"] for turn in record["conversations"] if turn["from"] == "human")
 
 
-
 def test_the_run_folder_matches_the_local_executors_and_both_nodes_run_prompts(tmp_path, runner, model_server, ray_cluster):
     server = model_server(ToolLoopScript(tool_calls=2), latency=0.01)
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts_of(200)])
@@ -101,7 +100,6 @@ def test_an_unreachable_cluster_is_one_sentence_and_exit_status_2(tmp_path, runn
     assert "Could not reach the Ray cluster at 127.0.0.1:" in result.output and "Traceback" not in result.output
     assert not runner.folder().exists(), "nothing of the failed start is left behind"
     assert server.request_count <= 1  # the preflight at most
-
 
 
 def test_driver_killed_then_resume_loses_nothing_finished(tmp_path, runner, model_server, procs, ray_cluster):
