@@ -163,7 +163,8 @@ class RunConfig:
     )
     http_backend: str = option(
         "aiohttp", validator=one_of(HTTP_BACKENDS),
-        help="HTTP transport of the model SDKs; httpx for a SOCKS proxy or a proxy/TLS setup aiohttp does not handle.",
+        help="How model calls are sent: aiohttp, or the SDKs' post() on httpx for a SOCKS proxy, HTTP/2 "
+        "or a proxy/TLS setup aiohttp does not handle.",
     )
 
     def __attrs_post_init__(self):

@@ -10,6 +10,7 @@ and 5xx with their headers) run through both transports.
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
 import json
 import re
@@ -28,7 +29,7 @@ from hermes_batch.default_plugins.anthropic_client import AnthropicClient
 from hermes_batch.default_plugins.openai_client import OpenAIClient
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError, UsageError
 from hermes_batch.interfaces import ModelSettings
-from hermes_batch.model_http import WireCache
+from hermes_batch.model_http import WireCache, json_object
 from hermes_batch.records import Message, ToolCall, ToolSpec, Usage
 from hermes_batch.testing import ErrorRule, Reply, ScriptedModelServer, ToolLoopScript
 from hermes_batch.testing import TEST_API_KEY
@@ -67,6 +68,7 @@ class CaptureServer:
 
     def __init__(self, answers: dict):
         self.bodies: list[bytes] = []
+        self.headers: list[dict] = []  # of each request, names in lower case
         self._answers = answers
 
     async def __aenter__(self) -> "CaptureServer":
@@ -82,7 +84,8 @@ class CaptureServer:
     def _handler(self, answer):
         async def handle(request):
             self.bodies.append(await request.read())
-            return web.json_response(answer)
+            self.headers.append({name.lower(): value for name, value in request.headers.items()})
+            return web.json_response(answer) if isinstance(answer, dict) else web.Response(body=answer)
 
         return handle
 
@@ -252,7 +255,7 @@ _CALL = {"id": "c1", "type": "function", "function": {"name": "terminal", "argum
 @pytest.mark.parametrize("answer", [b"<html>Bad gateway</html>", b"[1, 2]", b"null", b'{"choices": ', b"[" * 100000])
 def test_an_answer_that_is_not_a_json_object_is_a_retryable_error(answer):
     with pytest.raises(RetryableModelError, match="not a JSON object"):
-        openai_client._json_object(answer)
+        json_object(answer)
 
 
 @pytest.mark.parametrize("data", [{}, {"choices": []}, {"choices": "many"}, {"choices": None}])
@@ -460,6 +463,92 @@ async def test_an_endpoint_that_is_not_listening_is_retryable_on_each_transport(
             await client.send((Message("user", "q"),), ())
     finally:
         await client.aclose()
+
+
+# --- the request the SDK builds, on each transport ----------------------------------------------------------
+
+
+async def _captured_headers(backend, client_class=OpenAIClient, base_url=None, calls=1, prepare=lambda sdk_client: None):
+    answer = OPENAI_ANSWER if client_class is OpenAIClient else ANTHROPIC_ANSWER
+    path = "/v1/chat/completions" if client_class is OpenAIClient else "/v1/messages"
+    async with CaptureServer({path: answer}) as server:
+        url = (base_url or server.url).replace("PORT", server.url.rsplit(":", 1)[1])
+        url = url + "/v1" if client_class is OpenAIClient else url
+        client = client_class(ModelSettings("m", url, api_key="sk-captured", http_backend=backend))
+        prepare(client._client)
+        try:
+            for i in range(calls):
+                await client.send((Message("user", f"q{i}"),), ())
+        finally:
+            await client.aclose()
+    return server.headers
+
+
+@pytest.mark.parametrize("client_class", [OpenAIClient, AnthropicClient])
+async def test_the_sdks_headers_go_out_the_same_on_each_transport(client_class):
+    aiohttp_headers, httpx_headers = [
+        (await _captured_headers(backend, client_class))[0] for backend in ("aiohttp", "httpx")
+    ]
+    # each transport asks for the encodings it can decode itself; each server had a port of its own
+    for headers in (aiohttp_headers, httpx_headers):
+        headers.pop("accept-encoding"), headers.pop("host")
+    assert aiohttp_headers == httpx_headers
+    assert aiohttp_headers["user-agent"].startswith("Async")  # the SDK's, not aiohttp's
+    auth = aiohttp_headers.get("authorization") or aiohttp_headers["x-api-key"]
+    assert "sk-captured" in auth
+
+
+async def test_credentials_in_the_base_url_become_basic_auth_on_each_transport(backend):
+    [headers] = await _captured_headers(backend, base_url="http://us%40er:pa:ss@127.0.0.1:PORT")
+    assert headers["authorization"] == "Basic " + base64.b64encode(b"us@er:pa:ss").decode()
+
+
+async def test_an_idempotency_key_the_sdk_sets_is_new_for_each_call(backend):
+    def with_key(sdk_client):
+        sdk_client._idempotency_header = "Idempotency-Key"
+
+    first, second = await _captured_headers(backend, calls=2, prepare=with_key)
+    assert first["idempotency-key"] and second["idempotency-key"]
+    assert first["idempotency-key"] != second["idempotency-key"]
+
+
+@pytest.mark.parametrize("bypass", [False, True])
+def test_a_proxy_from_the_environment_carries_the_calls_on_each_transport(
+        backend, bypass, model_server, runner, tmp_path, monkeypatch):
+    server = model_server(ToolLoopScript(tool_calls=1))
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "Through the proxy"}])
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    # a TCP forwarder is enough for plain HTTP: the server reads the proxy's absolute request line
+    with CuttingProxy(server.port) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        if bypass:
+            monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        result = runner.invoke(dataset, "--base_url", server.base_url, "--num_workers", "1", "--http_backend", backend)
+    assert result.exit_code == 0, result.output
+    assert server.request_count == 3  # the preflight and two turns
+    assert (proxy.connections == 0) is bypass
+
+
+async def test_an_anthropic_answer_that_is_not_a_json_object_is_a_retryable_error():
+    async with CaptureServer({"/v1/messages": b"[1, 2]"}) as server:
+        client = AnthropicClient(ModelSettings("m", server.url, api_key="k"))
+        try:
+            with pytest.raises(RetryableModelError, match="not a JSON object"):
+                await client.send((Message("user", "q"),), ())
+        finally:
+            await client.aclose()
+
+
+async def test_an_anthropic_answer_may_hold_any_field_name():
+    async with CaptureServer({"/v1/messages": {**ANTHROPIC_ANSWER, "_fields_set": 5, "class": 1}}) as server:
+        client = AnthropicClient(ModelSettings("m", server.url, api_key="k"))
+        try:
+            response = await client.send((Message("user", "q"),), ())
+        finally:
+            await client.aclose()
+    assert response.message.content == "ok"
 
 
 # --- the option ------------------------------------------------------------------------------------------------

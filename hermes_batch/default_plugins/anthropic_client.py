@@ -24,7 +24,9 @@ import attrs
 import hermes_batch
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
 from hermes_batch.interfaces import ModelClient, ModelSettings
-from hermes_batch.model_http import WireCache, http_client, json_array, json_bytes, transport_error_text
+from hermes_batch.model_http import (
+    WireCache, http_client, json_array, json_bytes, json_object, poster, transport_error_text,
+)
 from hermes_batch.reasoning import split_inline_reasoning
 from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
 from hermes_batch.retry import RETRYABLE_STATUS, api_error_text, choose_reset_wait, retry_after_seconds
@@ -140,6 +142,12 @@ class AnthropicClient(ModelClient):
             http_client=http_client(anthropic, self.settings),
         )
 
+    @functools.cached_property
+    def _poster(self):
+        # the SDK's auth, base URL and error types; the body ours (see hermes_batch.model_http)
+        client = self._client  # imports the SDK
+        return poster(self._sdk, client, "/v1/messages", self._options, self.settings)
+
     @classmethod
     def handles_base_url(cls, base_url: str) -> bool:
         return is_anthropic_url(base_url)
@@ -159,18 +167,20 @@ class AnthropicClient(ModelClient):
         return b"".join(parts)
 
     async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
-        client = self._client
+        poster = self._poster
         try:
-            # post() rather than messages.create(): our body as it is, the SDK's auth, base URL, timeouts and errors.
-            body = self._request(messages, tools)
-            response = await client.post("/v1/messages", cast_to=self._response_type, content=body, options=self._options)
+            # Not messages.create(), which would re-validate the whole conversation: our body as it is.
+            answer = await poster.post(self._request(messages, tools))
         except self._sdk.APIStatusError as exc:
             raise self._classify(exc) from exc
         except (self._sdk.APITimeoutError, self._sdk.APIConnectionError) as exc:
             raise RetryableModelError(
                 f"The Anthropic endpoint at {self.settings.base_url} could not be reached: {transport_error_text(exc)}"
             ) from exc
-        return from_wire(response, self._provider)
+        data = json_object(answer)
+        data.pop("_fields_set", None)  # the one name construct() takes for itself
+        # The SDK's own lenient construction of its Message, nested blocks and all, as its post() makes it.
+        return from_wire(self._response_type.construct(**data), self._provider)
 
     def _classify(self, exc: anthropic.APIStatusError) -> Exception:
         status, text = exc.status_code, api_error_text(exc)
@@ -204,6 +214,8 @@ class AnthropicClient(ModelClient):
             await quiet.aclose()
 
     async def aclose(self) -> None:
+        if "_poster" in self.__dict__:
+            await self._poster.aclose()
         if "_client" in self.__dict__:  # made, so opened
             await self._client.close()
 

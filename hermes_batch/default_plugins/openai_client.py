@@ -12,7 +12,9 @@ from urllib.parse import urlsplit
 import hermes_batch
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
 from hermes_batch.interfaces import ModelClient, ModelSettings
-from hermes_batch.model_http import WireCache, http_client, json_array, json_bytes, json_fields, transport_error_text
+from hermes_batch.model_http import (
+    WireCache, http_client, json_array, json_bytes, json_fields, json_object, poster, transport_error_text,
+)
 from hermes_batch.reasoning import extract_reasoning
 from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
 from hermes_batch.retry import RETRYABLE_STATUS, api_error_text, rate_limit_reset_seconds, retry_after_seconds
@@ -76,6 +78,12 @@ class OpenAIClient(ModelClient):
             http_client=http_client(openai, self.settings),
         )
 
+    @functools.cached_property
+    def _poster(self):
+        # the SDK's auth, base URL and error types; the body ours (see hermes_batch.model_http)
+        client = self._client  # imports the SDK
+        return poster(self._sdk, client, "/chat/completions", _OPTIONS, self.settings)
+
     @classmethod
     def handles_base_url(cls, base_url: str) -> bool:
         return True
@@ -111,21 +119,19 @@ class OpenAIClient(ModelClient):
         return b"".join(parts)
 
     async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
-        client = self._client
+        poster = self._poster
         try:
-            # The SDK's create() would re-validate the whole conversation on every call; post() sends our
-            # body with the SDK's auth, base URL, timeouts and errors, and parses the answer into its types.
-            body = self._request(messages, tools)
-            # Only the body's bytes: building the SDK's ChatCompletion from them took a tenth of the
-            # event loop's time at 64 sessions, and our records are made straight from the JSON.
-            answer = await client.post("/chat/completions", cast_to=bytes, content=body, options=_OPTIONS)
+            # The SDK's create() would re-validate the whole conversation on every call: we send our own
+            # body, and read only its bytes (building the SDK's ChatCompletion from them took a tenth of
+            # the event loop's time at 64 sessions; our records are made straight from the JSON).
+            answer = await poster.post(self._request(messages, tools))
         except self._sdk.APIStatusError as exc:
             raise self._classify(exc) from exc
         except (self._sdk.APITimeoutError, self._sdk.APIConnectionError) as exc:
             raise RetryableModelError(
                 f"The model endpoint at {self.settings.base_url} could not be reached: {transport_error_text(exc)}"
             ) from exc
-        return _from_wire(_json_object(answer))
+        return _from_wire(json_object(answer))
 
     def _classify(self, exc: openai.APIStatusError) -> Exception:
         status, text, provider = exc.status_code, api_error_text(exc), _error_provider(exc)
@@ -160,6 +166,8 @@ class OpenAIClient(ModelClient):
         return ModelCallError(f"The model endpoint refused the request ({status}: {text}).", status=status, provider=provider)
 
     async def aclose(self) -> None:
+        if "_poster" in self.__dict__:
+            await self._poster.aclose()
         if "_client" in self.__dict__:  # made, so opened
             await self._client.close()
 
@@ -213,16 +221,6 @@ def _parse_arguments(raw: Optional[str]) -> Optional[dict]:
     except (ValueError, RecursionError):  # RecursionError: nested beyond the decoder's limit
         return None
     return value if isinstance(value, dict) else None
-
-
-def _json_object(answer: bytes) -> dict:
-    try:
-        data = json.loads(answer)
-    except (ValueError, RecursionError):
-        data = None
-    if not isinstance(data, dict):
-        raise RetryableModelError("The model endpoint answered with something that is not a JSON object.")
-    return data
 
 
 def _from_wire(data: dict) -> ModelResponse:
