@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import logging
 import sys
 import urllib.request
 import weakref
@@ -33,6 +34,7 @@ KEEPALIVE_EXPIRY_S = 5.0
 DEFAULT_MAX_CONNECTIONS = 1000
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -62,11 +64,28 @@ def http_client(sdk, settings):
     return None
 
 
+# What DirectPost asks of an SDK's client: the steps of its own post(), and its errors.
+SDK_INTERNALS = ("_prepare_options", "_build_request", "_prepare_request", "_make_status_error_from_response")
+
+
 def poster(sdk, client, path: str, options: dict, settings) -> "SdkPost | DirectPost":
     """What sends a model call's body to ``path`` for ``settings.http_backend``: ``await poster.post(body)``."""
     if settings.http_backend == "httpx":
         return SdkPost(client, path, options)
+    if not _builds_requests_as_expected(sdk, client):
+        # an SDK of another shape: its own post() still works, at its cost
+        log.warning("This %s SDK (%s) builds its requests differently; model calls go through its post(), "
+                    "which costs more CPU.", sdk.__name__, getattr(sdk, "__version__", "unknown version"))
+        return SdkPost(client, path, options)
     return DirectPost(sdk, client, path, options, settings)
+
+
+def _builds_requests_as_expected(sdk, client) -> bool:
+    try:
+        models = importlib.import_module(f"{sdk.__name__}._models")
+    except ImportError:
+        return False
+    return hasattr(models, "FinalRequestOptions") and all(callable(getattr(client, n, None)) for n in SDK_INTERNALS)
 
 
 class SdkPost:
@@ -117,7 +136,7 @@ class DirectPost:
         import multidict
 
         sdk, client = self._sdk, self._client
-        models = importlib.import_module(f"{sdk.__name__}._models")
+        models = importlib.import_module(f"{sdk.__name__}._models")  # there: see poster()
         options = models.FinalRequestOptions.construct(method="post", url=self._path, content=b"", **self._options)
         request = client._build_request(await client._prepare_options(options))
         await client._prepare_request(request)

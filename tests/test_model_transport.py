@@ -512,6 +512,14 @@ async def test_an_idempotency_key_the_sdk_sets_is_new_for_each_call(backend):
     assert first["idempotency-key"] != second["idempotency-key"]
 
 
+async def test_an_sdk_without_the_request_building_it_expects_is_sent_through_post(caplog, monkeypatch):
+    monkeypatch.delattr(openai._models, "FinalRequestOptions")  # where DirectPost looks; the SDK holds its own
+    with caplog.at_level("WARNING", logger="hermes_batch.model_http"):
+        [headers] = await _captured_headers("aiohttp")
+    assert "go through its post()" in caplog.text
+    assert headers["authorization"] == "Bearer sk-captured"
+
+
 @pytest.mark.parametrize("bypass", [False, True])
 def test_a_proxy_from_the_environment_carries_the_calls_on_each_transport(
         backend, bypass, model_server, runner, tmp_path, monkeypatch):
