@@ -163,7 +163,7 @@ class RunConfig:
     )
     http_backend: str = option(
         "aiohttp", validator=one_of(HTTP_BACKENDS),
-        help="How model calls are sent: aiohttp, or the SDKs' post() on httpx for a SOCKS proxy, HTTP/2 "
+        help="How model calls are sent: aiohttp, or the SDKs' post() on httpx for a SOCKS proxy "
         "or a proxy/TLS setup aiohttp does not handle.",
     )
 
