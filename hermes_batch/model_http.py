@@ -17,6 +17,7 @@ call serializes only what the previous turn added.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import json
 import logging
@@ -72,20 +73,26 @@ def poster(sdk, client, path: str, options: dict, settings) -> "SdkPost | Direct
     """What sends a model call's body to ``path`` for ``settings.http_backend``: ``await poster.post(body)``."""
     if settings.http_backend == "httpx":
         return SdkPost(client, path, options)
-    if not _builds_requests_as_expected(sdk, client):
-        # an SDK of another shape: its own post() still works, at its cost
-        log.warning("This %s SDK (%s) builds its requests differently; model calls go through its post(), "
-                    "which costs more CPU.", sdk.__name__, getattr(sdk, "__version__", "unknown version"))
+    options_type = _request_options_type(sdk, client)
+    if options_type is None:  # an SDK of another shape: its own post() still works, at its cost
+        _warn_post_only(sdk.__name__, getattr(sdk, "__version__", "unknown version"))
         return SdkPost(client, path, options)
-    return DirectPost(sdk, client, path, options, settings)
+    return DirectPost(sdk, client, options_type, path, options, settings)
 
 
-def _builds_requests_as_expected(sdk, client) -> bool:
+def _request_options_type(sdk, client) -> Optional[type]:
+    """The SDK's ``FinalRequestOptions`` where its client has every step DirectPost takes, else None."""
     try:
-        models = importlib.import_module(f"{sdk.__name__}._models")
-    except ImportError:
-        return False
-    return hasattr(models, "FinalRequestOptions") and all(callable(getattr(client, n, None)) for n in SDK_INTERNALS)
+        options_type = importlib.import_module(f"{sdk.__name__}._models").FinalRequestOptions
+    except (ImportError, AttributeError):
+        return None
+    return options_type if all(callable(getattr(client, name, None)) for name in SDK_INTERNALS) else None
+
+
+@functools.cache  # once per SDK and process, however many clients the run makes
+def _warn_post_only(name: str, version: str) -> None:
+    log.warning("This %s SDK (%s) builds its requests differently; model calls go through its post(), "
+                "which costs more CPU.", name, version)
 
 
 class SdkPost:
@@ -123,8 +130,9 @@ class DirectPost:
     ``SSL_CERT_FILE`` and ``SSL_CERT_DIR``, as on httpx.
     """
 
-    def __init__(self, sdk, client, path: str, options: dict, settings):
-        self._sdk, self._client, self._path, self._options = sdk, client, path, options
+    def __init__(self, sdk, client, options_type: type, path: str, options: dict, settings):
+        self._sdk, self._client, self._options_type = sdk, client, options_type
+        self._path, self._options = path, options
         self._connections = settings.max_concurrent_requests or DEFAULT_MAX_CONNECTIONS
         self._timeout = settings.request_timeout
         self._lock = asyncio.Lock()
@@ -135,9 +143,8 @@ class DirectPost:
         import aiohttp
         import multidict
 
-        sdk, client = self._sdk, self._client
-        models = importlib.import_module(f"{sdk.__name__}._models")  # there: see poster()
-        options = models.FinalRequestOptions.construct(method="post", url=self._path, content=b"", **self._options)
+        client = self._client
+        options = self._options_type.construct(method="post", url=self._path, content=b"", **self._options)
         request = client._build_request(await client._prepare_options(options))
         await client._prepare_request(request)
         httpx = sys.modules[type(request).__module__.partition(".")[0]]  # httpx or httpx2, the SDK's own
@@ -181,7 +188,9 @@ class DirectPost:
         except self._errors as exc:
             raise self._sdk.APIConnectionError(request=self._request) from exc
         if response.status >= 400:
-            answer = self._httpx.Response(response.status, headers=response.raw_headers, content=data, request=self._request)
+            answer = self._httpx.Response(
+                response.status, headers=response.raw_headers, content=data, request=self._request
+            )
             raise self._client._make_status_error_from_response(answer)
         return data
 
@@ -191,7 +200,8 @@ class DirectPost:
 
 
 def environment_proxy(url: str) -> Optional[str]:
-    """The proxy the environment names for ``url`` (``<SCHEME>_PROXY``, else ``ALL_PROXY``), None where ``NO_PROXY`` says."""
+    """The proxy the environment names for ``url``: ``<SCHEME>_PROXY``, else ``ALL_PROXY``; None where
+    ``NO_PROXY`` says."""
     proxies = urllib.request.getproxies_environment()
     scheme, _, rest = url.partition("://")
     host = rest.split("/", 1)[0].rpartition("@")[2]
