@@ -27,6 +27,8 @@ if ! command -v cc >/dev/null 2>&1 || [ ! -e /usr/include/stdio.h ]; then
     echo "test.sh: no C compiler here; installing gcc and libc6-dev with apt-get" >&2
     _hb_apt_install gcc libc6-dev || echo "test.sh: no C compiler: the local sandbox uses bash" >&2
 fi
+# The transport tests make a self-signed certificate with it.
+command -v openssl >/dev/null 2>&1 || _hb_apt_install openssl
 ensure_apptainer_for_tests
 ensure_chromium
 

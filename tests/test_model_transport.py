@@ -15,7 +15,10 @@ import gc
 import json
 import re
 import socket
+import ssl
+import subprocess
 import threading
+from typing import Optional
 
 import anthropic
 import openai
@@ -29,6 +32,7 @@ from hermes_batch.default_plugins.anthropic_client import AnthropicClient
 from hermes_batch.default_plugins.openai_client import OpenAIClient
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError, UsageError
 from hermes_batch.interfaces import ModelSettings
+from hermes_batch import model_http
 from hermes_batch.model_http import WireCache, json_object
 from hermes_batch.records import Message, ToolCall, ToolSpec, Usage
 from hermes_batch.testing import ErrorRule, Reply, ScriptedModelServer, ToolLoopScript
@@ -66,7 +70,8 @@ def backend(request) -> str:
 class CaptureServer:
     """A bare HTTP endpoint that keeps each raw request body and answers with a fixed response."""
 
-    def __init__(self, answers: dict):
+    def __init__(self, answers: dict, tls: Optional[ssl.SSLContext] = None):
+        self._tls = tls
         self.bodies: list[bytes] = []
         self.headers: list[dict] = []  # of each request, names in lower case
         self._answers = answers
@@ -77,8 +82,8 @@ class CaptureServer:
             app.router.add_post(path, self._handler(answer))
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        await web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._tls).start()
+        self.url = f"{'https' if self._tls else 'http'}://127.0.0.1:{self._runner.addresses[0][1]}"
         return self
 
     def _handler(self, answer):
@@ -422,13 +427,20 @@ def test_429s_and_500s_with_retry_after_are_retried_on_each_transport(backend, m
         assert [c["status"] for c in record["metadata"]["calls"]] == [429, 200, 503, 200]
 
 
-async def _send(server, backend, **settings):
-    options = dict(model="scripted-model", base_url=server.base_url, api_key="k", http_backend=backend)
-    client = OpenAIClient(ModelSettings(**{**options, **settings}))
+async def _calls(client_class, base_url, calls=1, prepare=lambda sdk_client: None, **settings) -> list:
+    """The answers to ``calls`` one-message conversations sent by a new client of ``client_class``, then closed."""
+    options = dict(model="scripted-model", base_url=base_url, api_key="k")
+    client = client_class(ModelSettings(**{**options, **settings}))
+    prepare(client._client)
     try:
-        return await client.send((Message("user", "q"),), ())
+        return [await client.send((Message("user", f"q{i}"),), ()) for i in range(calls)]
     finally:
         await client.aclose()
+
+
+async def _send(server, backend, **settings):
+    [answer] = await _calls(OpenAIClient, server.base_url, http_backend=backend, **settings)
+    return answer
 
 
 @pytest.mark.parametrize("reply, error, check", [
@@ -468,19 +480,13 @@ async def test_an_endpoint_that_is_not_listening_is_retryable_on_each_transport(
 # --- the request the SDK builds, on each transport ----------------------------------------------------------
 
 
-async def _captured_headers(backend, client_class=OpenAIClient, base_url=None, calls=1, prepare=lambda sdk_client: None):
-    answer = OPENAI_ANSWER if client_class is OpenAIClient else ANTHROPIC_ANSWER
-    path = "/v1/chat/completions" if client_class is OpenAIClient else "/v1/messages"
-    async with CaptureServer({path: answer}) as server:
-        url = (base_url or server.url).replace("PORT", server.url.rsplit(":", 1)[1])
-        url = url + "/v1" if client_class is OpenAIClient else url
-        client = client_class(ModelSettings("m", url, api_key="sk-captured", http_backend=backend))
-        prepare(client._client)
-        try:
-            for i in range(calls):
-                await client.send((Message("user", f"q{i}"),), ())
-        finally:
-            await client.aclose()
+async def _captured_headers(backend, client_class=OpenAIClient, userinfo="", **options) -> list:
+    """The headers of each request a client of ``client_class`` sends on ``backend`` (see ``_calls``)."""
+    openai_ = client_class is OpenAIClient
+    async with CaptureServer({"/v1/chat/completions" if openai_ else "/v1/messages":
+                              OPENAI_ANSWER if openai_ else ANTHROPIC_ANSWER}) as server:
+        url = server.url.replace("http://", f"http://{userinfo}") + ("/v1" if openai_ else "")
+        await _calls(client_class, url, api_key="sk-captured", http_backend=backend, **options)
     return server.headers
 
 
@@ -499,7 +505,7 @@ async def test_the_sdks_headers_go_out_the_same_on_each_transport(client_class):
 
 
 async def test_credentials_in_the_base_url_become_basic_auth_on_each_transport(backend):
-    [headers] = await _captured_headers(backend, base_url="http://us%40er:pa:ss@127.0.0.1:PORT")
+    [headers] = await _captured_headers(backend, userinfo="us%40er:pa:ss@")
     assert headers["authorization"] == "Basic " + base64.b64encode(b"us@er:pa:ss").decode()
 
 
@@ -514,10 +520,35 @@ async def test_an_idempotency_key_the_sdk_sets_is_new_for_each_call(backend):
 
 async def test_an_sdk_without_the_request_building_it_expects_is_sent_through_post(caplog, monkeypatch):
     monkeypatch.delattr(openai._models, "FinalRequestOptions")  # where DirectPost looks; the SDK holds its own
+    model_http._warn_post_only.cache_clear()  # said once per process
     with caplog.at_level("WARNING", logger="hermes_batch.model_http"):
         [headers] = await _captured_headers("aiohttp")
     assert "go through its post()" in caplog.text
     assert headers["authorization"] == "Bearer sk-captured"
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    """A self-signed certificate for 127.0.0.1 and its key."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+async def test_a_certificate_in_ssl_cert_file_is_trusted_on_each_transport(backend, certificate, monkeypatch):
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(*certificate)
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    async with CaptureServer({"/v1/chat/completions": OPENAI_ANSWER}, tls=tls) as server:
+        with pytest.raises(RetryableModelError, match="could not be reached"):
+            await _calls(OpenAIClient, server.url + "/v1", http_backend=backend)
+        monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
+        [answer] = await _calls(OpenAIClient, server.url + "/v1", http_backend=backend)
+    assert answer.message.content == "ok"
 
 
 @pytest.mark.parametrize("bypass", [False, True])
@@ -541,21 +572,13 @@ def test_a_proxy_from_the_environment_carries_the_calls_on_each_transport(
 
 async def test_an_anthropic_answer_that_is_not_a_json_object_is_a_retryable_error():
     async with CaptureServer({"/v1/messages": b"[1, 2]"}) as server:
-        client = AnthropicClient(ModelSettings("m", server.url, api_key="k"))
-        try:
-            with pytest.raises(RetryableModelError, match="not a JSON object"):
-                await client.send((Message("user", "q"),), ())
-        finally:
-            await client.aclose()
+        with pytest.raises(RetryableModelError, match="not a JSON object"):
+            await _calls(AnthropicClient, server.url)
 
 
 async def test_an_anthropic_answer_may_hold_any_field_name():
     async with CaptureServer({"/v1/messages": {**ANTHROPIC_ANSWER, "_fields_set": 5, "class": 1}}) as server:
-        client = AnthropicClient(ModelSettings("m", server.url, api_key="k"))
-        try:
-            response = await client.send((Message("user", "q"),), ())
-        finally:
-            await client.aclose()
+        [response] = await _calls(AnthropicClient, server.url)
     assert response.message.content == "ok"
 
 
