@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
-import resource
 import os
 import shutil
 import signal
