@@ -21,6 +21,7 @@ import functools
 import importlib
 import json
 import logging
+import os
 import sys
 import urllib.request
 import weakref
@@ -48,21 +49,43 @@ def json_bytes(value: Any) -> bytes:
 def connection_limits(sdk, settings):
     """One kept-alive connection per model call the run may have in flight, as the SDK's own ``Limits`` type."""
     size = settings.max_concurrent_requests or DEFAULT_MAX_CONNECTIONS
-    limits = type(sdk.DEFAULT_CONNECTION_LIMITS)  # httpx's or httpx2's, whichever this SDK is built on
-    return limits(max_connections=size, max_keepalive_connections=size, keepalive_expiry=KEEPALIVE_EXPIRY_S)
+    return _sdk_httpx(sdk).Limits(
+        max_connections=size, max_keepalive_connections=size, keepalive_expiry=KEEPALIVE_EXPIRY_S
+    )
 
 
 def http_client(sdk, settings):
-    """The HTTP client an ``openai`` or ``anthropic`` SDK client sends through with ``--http_backend httpx``.
+    """The HTTP client an ``openai`` or ``anthropic`` SDK client is made with.
 
-    With ``aiohttp`` the SDK's client only builds requests (see ``DirectPost``), so it gets no client of
-    ours and never opens a connection.
+    With ``httpx`` it sends every call (see ``SdkPost``).  With ``aiohttp`` the SDK's client only builds
+    requests (see ``DirectPost``): it gets an httpx client with a transport that never sends, so making it
+    neither imports httpcore nor loads a certificate store (the SDK's default client did both, 20 to 90 ms of
+    CPU per client).  An SDK that cannot build requests for DirectPost gets its default client, for post().
     """
     if settings.http_backend not in HTTP_BACKENDS:
         raise ConfigError(f"Unknown --http_backend {settings.http_backend!r}; pass one of {', '.join(HTTP_BACKENDS)}.")
+    httpx = _sdk_httpx(sdk)
     if settings.http_backend == "httpx":
         return sdk.DefaultAsyncHttpxClient(limits=connection_limits(sdk, settings), timeout=settings.request_timeout)
-    return None
+    if _request_options_type(sdk, getattr(getattr(sdk, "_base_client", None), "AsyncAPIClient", None)) is None:
+        return None
+    return httpx.AsyncClient(transport=_builder_transport(httpx)(), trust_env=False, timeout=settings.request_timeout)
+
+
+def _sdk_httpx(sdk):
+    """httpx or httpx2, whichever this SDK is built on."""
+    return sys.modules[type(sdk.DEFAULT_CONNECTION_LIMITS).__module__.partition(".")[0]]
+
+
+@functools.cache
+def _builder_transport(httpx) -> type:
+    class NeverSends(httpx.AsyncBaseTransport):
+        """The transport of an SDK client that only builds requests; DirectPost sends them."""
+
+        async def handle_async_request(self, request):
+            raise RuntimeError("hermes-batch sends this SDK client's requests itself (model_http.DirectPost).")
+
+    return NeverSends
 
 
 # What DirectPost asks of an SDK's client: the steps of its own post(), and its errors.
@@ -81,7 +104,8 @@ def poster(sdk, client, path: str, options: dict, settings) -> "SdkPost | Direct
 
 
 def _request_options_type(sdk, client) -> Optional[type]:
-    """The SDK's ``FinalRequestOptions`` where its client has every step DirectPost takes, else None."""
+    """The SDK's ``FinalRequestOptions`` where its client (or client class) has every step DirectPost takes,
+    else None."""
     try:
         options_type = importlib.import_module(f"{sdk.__name__}._models").FinalRequestOptions
     except (ImportError, AttributeError):
@@ -93,6 +117,14 @@ def _request_options_type(sdk, client) -> Optional[type]:
 def _warn_post_only(name: str, version: str) -> None:
     log.warning("This %s SDK (%s) builds its requests differently; model calls go through its post(), "
                 "which costs more CPU.", name, version)
+
+
+@functools.lru_cache(maxsize=4)
+def _ssl_context(httpx, cert_file: Optional[str], cert_dir: Optional[str]):
+    """The SDK's certificate store as httpx loads it (``SSL_CERT_FILE``, ``SSL_CERT_DIR``), once per process:
+    it costs 60 ms of CPU (httpcore's import among it), and a run makes a client for the preflight and one
+    for its prompts."""
+    return httpx.create_ssl_context(trust_env=True)
 
 
 class SdkPost:
@@ -147,7 +179,7 @@ class DirectPost:
         options = self._options_type.construct(method="post", url=self._path, content=b"", **self._options)
         request = client._build_request(await client._prepare_options(options))
         await client._prepare_request(request)
-        httpx = sys.modules[type(request).__module__.partition(".")[0]]  # httpx or httpx2, the SDK's own
+        httpx = _sdk_httpx(self._sdk)
         url = request.url
         if url.username or url.password:
             request = next(httpx.BasicAuth(url.username, url.password).sync_auth_flow(request))
@@ -162,9 +194,11 @@ class DirectPost:
         self._idempotency = getattr(client, "_idempotency_header", None)
         self._proxy = environment_proxy(self._url)
         t = self._timeout
-        connector = aiohttp.TCPConnector(
-            limit=self._connections, keepalive_timeout=KEEPALIVE_EXPIRY_S, ssl=httpx.create_ssl_context(trust_env=True),
-        )
+        # TLS as the SDK makes it where a connection can need it; a plain http:// endpoint (a local vLLM) never
+        # does but through a redirect, where aiohttp's default context (loaded at its import) serves.
+        tls = self._url.startswith("https:") or self._proxy is not None
+        ssl = _ssl_context(httpx, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) if tls else True
+        connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=KEEPALIVE_EXPIRY_S, ssl=ssl)
         # As httpx's Timeout(t): t to wait for a pooled connection, to connect, and between bytes of the answer.
         timeout = aiohttp.ClientTimeout(total=None, connect=t, sock_connect=t, sock_read=t)
         # trust_env would look up ~/.netrc at every request (on a thread), and refuse the SDK's Authorization beside it.

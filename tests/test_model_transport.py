@@ -17,6 +17,7 @@ import re
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 from typing import Optional
 
@@ -114,6 +115,8 @@ async def test_openai_bodies_are_byte_for_byte_what_create_sends(openrouter, set
     monkeypatch.setattr(openai_client, "is_openrouter", lambda url: openrouter)
     async with CaptureServer({"/v1/chat/completions": OPENAI_ANSWER}) as server:
         client = OpenAIClient(ModelSettings("some/model", server.url + "/v1", api_key="k", **settings))
+        # on aiohttp the SDK's client only builds requests: create() goes through one that also sends them
+        reference = OpenAIClient(ModelSettings("some/model", server.url + "/v1", api_key="k", http_backend="httpx"))
         assert ("usage" in client._extra_body) is openrouter
         try:
             for conversation, tools in ((CONVERSATION[:2], TOOLS), (CONVERSATION, TOOLS), (CONVERSATION, ())):
@@ -123,11 +126,12 @@ async def test_openai_bodies_are_byte_for_byte_what_create_sends(openrouter, set
                     create["max_tokens"] = settings["max_tokens"]
                 if tools:
                     create["tools"] = [openai_client._tool_to_wire(t) for t in tools]
-                await client._client.chat.completions.create(**create, extra_body=client._extra_body)
+                await reference._client.chat.completions.create(**create, extra_body=client._extra_body)
                 ours, sdks = server.bodies[-2:]
                 assert ours == sdks
         finally:
             await client.aclose()
+            await reference.aclose()
 
 
 @pytest.mark.parametrize("settings", [dict(max_tokens=20000, reasoning_effort="low"), dict(reasoning_disabled=True)])
@@ -139,6 +143,7 @@ async def test_anthropic_bodies_are_byte_for_byte_what_create_sends(settings):
     conversation = CONVERSATION[:2] + (thinking_turn,) + CONVERSATION[3:]
     async with CaptureServer({"/v1/messages": ANTHROPIC_ANSWER}) as server:
         client = AnthropicClient(ModelSettings("claude-x", server.url, api_key="k", **settings))
+        reference = AnthropicClient(ModelSettings("claude-x", server.url, api_key="k", http_backend="httpx"))
         try:
             for messages, tools in ((conversation[:2], TOOLS), (conversation, TOOLS), (conversation[1:], ())):
                 await client.send(messages, tools)
@@ -152,11 +157,12 @@ async def test_anthropic_bodies_are_byte_for_byte_what_create_sends(settings):
                                        for t in tools]
                 if client._budget is not None:
                     create["thinking"] = {"type": "enabled", "budget_tokens": client._budget}
-                await client._client.messages.create(**create)
+                await reference._client.messages.create(**create)
                 ours, sdks = server.bodies[-2:]
                 assert ours == sdks
         finally:
             await client.aclose()
+            await reference.aclose()
 
 
 def test_each_message_is_serialized_once_across_the_turns_of_a_session(monkeypatch):
@@ -525,6 +531,44 @@ async def test_an_sdk_without_the_request_building_it_expects_is_sent_through_po
         [headers] = await _captured_headers("aiohttp")
     assert "go through its post()" in caplog.text
     assert headers["authorization"] == "Bearer sk-captured"
+
+
+_MAKE_CLIENTS = """
+import asyncio, sys
+from hermes_batch.default_plugins.{module} import {cls} as Client
+from hermes_batch.errors import RetryableModelError
+from hermes_batch.interfaces import ModelSettings
+from hermes_batch.records import Message
+
+async def call(backend):
+    client = Client(ModelSettings("m", "http://127.0.0.1:{port}/v1", api_key="k", http_backend=backend))
+    try:
+        await client.send((Message("user", "q"),), ())
+    except RetryableModelError:  # nothing listens there: the whole way to the socket, and back
+        pass
+    finally:
+        await client.aclose()
+
+for backend in sys.argv[1:]:
+    asyncio.run(call(backend))
+print(" ".join(name for name in ("httpcore", "httpcore2") if name in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("module, cls", [("openai_client", "OpenAIClient"), ("anthropic_client", "AnthropicClient")])
+def test_on_aiohttp_a_call_to_a_plain_http_endpoint_loads_no_transport_of_the_sdks(module, cls):
+    # the SDK's default client imports httpcore (HTTP/2 tables and all) and loads a certificate store
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        program = _MAKE_CLIENTS.format(module=module, cls=cls, port=sock.getsockname()[1])
+
+        def transport_modules(*backends):
+            done = subprocess.run([sys.executable, "-c", program, *backends], capture_output=True, text=True)
+            assert done.returncode == 0, done.stderr
+            return done.stdout.split()
+
+        assert transport_modules("aiohttp", "aiohttp") == []
+        assert transport_modules("httpx") != []
 
 
 @pytest.fixture(scope="module")
