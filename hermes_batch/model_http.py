@@ -64,11 +64,11 @@ def http_client(sdk, settings):
     """
     if settings.http_backend not in HTTP_BACKENDS:
         raise ConfigError(f"Unknown --http_backend {settings.http_backend!r}; pass one of {', '.join(HTTP_BACKENDS)}.")
-    httpx = _sdk_httpx(sdk)
     if settings.http_backend == "httpx":
         return sdk.DefaultAsyncHttpxClient(limits=connection_limits(sdk, settings), timeout=settings.request_timeout)
     if _request_options_type(sdk, getattr(getattr(sdk, "_base_client", None), "AsyncAPIClient", None)) is None:
         return None
+    httpx = _sdk_httpx(sdk)
     return httpx.AsyncClient(transport=_builder_transport(httpx)(), trust_env=False, timeout=settings.request_timeout)
 
 
@@ -197,8 +197,8 @@ class DirectPost:
         # TLS as the SDK makes it where a connection can need it; a plain http:// endpoint (a local vLLM) never
         # does but through a redirect, where aiohttp's default context (loaded at its import) serves.
         tls = self._url.startswith("https:") or self._proxy is not None
-        ssl = _ssl_context(httpx, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) if tls else True
-        connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=KEEPALIVE_EXPIRY_S, ssl=ssl)
+        context = _ssl_context(httpx, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) if tls else True
+        connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=KEEPALIVE_EXPIRY_S, ssl=context)
         # As httpx's Timeout(t): t to wait for a pooled connection, to connect, and between bytes of the answer.
         timeout = aiohttp.ClientTimeout(total=None, connect=t, sock_connect=t, sock_read=t)
         # trust_env would look up ~/.netrc at every request (on a thread), and refuse the SDK's Authorization beside it.
