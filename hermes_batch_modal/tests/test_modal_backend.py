@@ -15,6 +15,7 @@ import hermes_batch
 from hermes_batch import ConfigError, ExecResult, RunContext, SandboxError, SandboxSpec, structure_config
 from hermes_batch.testing import Runner
 from hermes_batch_modal import ModalBackend, ModalConfig, backend as backend_module
+from hermes_batch_modal.backend import CreationPace
 from hermes_batch_modal import connection, leftovers
 from hermes_batch_modal.leftovers import LIVE_SESSIONS
 
@@ -319,6 +320,22 @@ async def test_create_rate_spreads_creations_and_avoids_modals_throttle(tmp_path
     assert standin.throttled == 0
     await asyncio.gather(*(s.close() for s in sandboxes))
     await backend.shutdown()
+
+
+async def test_creations_stay_spaced_when_the_event_loop_was_held_up_past_their_turns():
+    pace = CreationPace(10)  # 0.1 s apart
+    released = []
+
+    async def create() -> None:
+        await pace.wait()
+        released.append(time.monotonic())
+
+    creations = [asyncio.ensure_future(create()) for _ in range(5)]
+    await asyncio.sleep(0)  # the first goes at once, the others wait their turn
+    time.sleep(0.5)  # the loop busy past every turn (a burst of answers to handle)
+    await asyncio.gather(*creations)
+    gaps = [later - earlier for earlier, later in zip(released, released[1:])]
+    assert min(gaps) >= 0.1 - 0.005, gaps
 
 
 # --- faults -------------------------------------------------------------------------------------------

@@ -25,19 +25,26 @@ SHUTDOWN_WAIT_S = 120.0  # for creations and terminations still under way at the
 
 
 class CreationPace:
-    """At most ``rate`` creations started per second, spread evenly (Modal throttles bursts)."""
+    """At most ``rate`` creations started per second, each at least ``1/rate`` after the one before.
+
+    The spacing is kept between the moments creations are let go, not between
+    slots booked in advance: when the event loop was held up past several
+    booked slots (hundreds of answers to handle at once), their waiters would
+    all go together, the burst Modal throttles.
+    """
 
     def __init__(self, rate: float):
         self.interval = 1.0 / rate
-        self._next = 0.0
+        self._last = float("-inf")
+        self._turn = asyncio.Lock()  # first come, first served
 
     async def wait(self) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        slot = max(now, self._next)
-        self._next = slot + self.interval
-        if slot > now:
-            await asyncio.sleep(slot - now)
+        async with self._turn:
+            loop = asyncio.get_running_loop()
+            delay = self._last + self.interval - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._last = loop.time()
 
 
 class ModalBackend(SandboxBackend):
