@@ -66,7 +66,7 @@ def http_client(sdk, settings):
         raise ConfigError(f"Unknown --http_backend {settings.http_backend!r}; pass one of {', '.join(HTTP_BACKENDS)}.")
     if settings.http_backend == "httpx":
         return sdk.DefaultAsyncHttpxClient(limits=connection_limits(sdk, settings), timeout=settings.request_timeout)
-    if _request_options_type(sdk, getattr(getattr(sdk, "_base_client", None), "AsyncAPIClient", None)) is None:
+    if _request_options_type(sdk) is None:
         return None
     httpx = _sdk_httpx(sdk)
     return httpx.AsyncClient(transport=_builder_transport(httpx)(), trust_env=False, timeout=settings.request_timeout)
@@ -96,21 +96,25 @@ def poster(sdk, client, path: str, options: dict, settings) -> "SdkPost | Direct
     """What sends a model call's body to ``path`` for ``settings.http_backend``: ``await poster.post(body)``."""
     if settings.http_backend == "httpx":
         return SdkPost(client, path, options)
-    options_type = _request_options_type(sdk, client)
+    options_type = _request_options_type(sdk)  # as http_client() found it: the SDK's client was made for it
     if options_type is None:  # an SDK of another shape: its own post() still works, at its cost
         _warn_post_only(sdk.__name__, getattr(sdk, "__version__", "unknown version"))
         return SdkPost(client, path, options)
     return DirectPost(sdk, client, options_type, path, options, settings)
 
 
-def _request_options_type(sdk, client) -> Optional[type]:
-    """The SDK's ``FinalRequestOptions`` where its client (or client class) has every step DirectPost takes,
-    else None."""
+def _request_options_type(sdk) -> Optional[type]:
+    """The SDK's ``FinalRequestOptions`` where its client class has every step DirectPost takes, else None.
+
+    ``http_client`` and ``poster`` both ask, of the class, so they cannot disagree: an SDK client made to
+    only build requests is always sent through DirectPost.
+    """
     try:
         options_type = importlib.import_module(f"{sdk.__name__}._models").FinalRequestOptions
+        client_class = importlib.import_module(f"{sdk.__name__}._base_client").AsyncAPIClient
     except (ImportError, AttributeError):
         return None
-    return options_type if all(callable(getattr(client, name, None)) for name in SDK_INTERNALS) else None
+    return options_type if all(callable(getattr(client_class, name, None)) for name in SDK_INTERNALS) else None
 
 
 @functools.cache  # once per SDK and process, however many clients the run makes
