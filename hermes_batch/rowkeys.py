@@ -145,6 +145,20 @@ def plan(keys: RowKeys, finished: Optional[array.array]) -> Plan:
     return Plan(left, len(finished), len(keys.digests) - len(left))
 
 
+def batches_finished(keys: RowKeys, left: Optional[array.array], batch_size: int) -> set[int]:
+    """The batches none of whose valid rows is left to run (empty before anything finished).
+
+    A session that ended between a batch's last record and the checkpoint that
+    calls it complete leaves nothing of that batch to run, so no later session
+    would complete it: the resume counts it from the records instead.
+    """
+    if left is None:
+        return set()
+    finished = {index // batch_size for index in keys.indexes}
+    finished.difference_update(index // batch_size for index in left)
+    return finished
+
+
 def rows_left(dataset_file, max_samples: Optional[int], left: Optional[array.array]):
     """The PromptRows of ``left`` (all valid rows if None), read from the file in one pass; none if nothing is left."""
     # the rows not left are counted, not decoded: with 1% of a million rows left at the end, decoding

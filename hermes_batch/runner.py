@@ -288,7 +288,9 @@ class Run:
             self.checkpoints.renumbered()
         repair_torn_tails(self.folder)
         self._reindex()
-        return rowkeys.plan(self.validated.keys, self.index.finished_digests())
+        plan = rowkeys.plan(self.validated.keys, self.index.finished_digests())
+        self.checkpoints.completed_batches |= rowkeys.batches_finished(self.validated.keys, plan.left, self.config.batch_size)
+        return plan
 
     def _reindex(self) -> None:
         # prompt_index stays "the row of the current file": renumber the records if the file changed

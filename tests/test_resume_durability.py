@@ -170,6 +170,26 @@ def test_sigkill_mid_run_then_resume_finishes_each_prompt_once_without_paying_tw
     assert checkpoint(runner)["completed_batches"] == [0, 1, 2, 3, 4, 5]
 
 
+def test_a_batch_finished_before_its_checkpoint_was_saved_is_complete_after_the_resume(tmp_path, runner, model_server):
+    prompts = make_prompts(12)
+    data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
+    result = runner.invoke(data, *BASE, "--num_workers", "2", server=model_server(FAST))
+    assert result.exit_code == 0, result.output
+    # a kill that landed after batch 0's last record and batch 1's, before the checkpoint calling them
+    # complete, and while batch 2 (prompts 10 and 11) was still running
+    path = runner.folder() / "checkpoint.json"
+    saved = json.loads(path.read_text())
+    path.write_text(json.dumps({**saved, "completed_batches": []}))
+    last = runner.folder() / "batch_2.jsonl"
+    last.write_text("".join(line for line in last.read_text().splitlines(keepends=True) if prompts[11] not in line))
+
+    second = model_server(FAST)
+    result = runner.invoke(data, *BASE, "--resume", server=second)
+    assert result.exit_code == 0, result.output
+    assert {p for p in prompts if second.calls_for(p)} == {prompts[11]}
+    assert checkpoint(runner)["completed_batches"] == [0, 1, 2]
+
+
 def test_torn_last_line_is_repaired_and_its_prompt_runs_again(tmp_path, runner, model_server):
     prompts = make_prompts(10)
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
