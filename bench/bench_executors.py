@@ -5,7 +5,12 @@ Issue 13's target: 1000 prompts, 3 model calls each (2 tool calls, each a real
 the processes executor takes at most 1.7 times the latency-bound ideal on a
 2-core machine; at --num_workers 64 it is never slower than the local executor.
 
-    python bench/bench_executors.py [--prompts 1000] [--concurrency 256 64] [--workers N] [--latency 0.5] [--ray]
+    python bench/bench_executors.py [--prompts 1000] [--concurrency 256 64] [--workers N] [--latency 0.5]
+                                    [--goes N] [--ray]
+
+With --goes N each concurrency is measured N times, the executors taking turns
+to go first (on a shared machine the second of a pair often meets a warmer, or
+busier, machine).
 
 With --ray (hermes-batch-ray installed) the Ray executor runs too, on a
 one-node cluster the script starts in a temporary folder and stops again
@@ -85,6 +90,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[256, 64])
     parser.add_argument("--workers", type=int, default=None, help="-E workers=N (default: one per core)")
     parser.add_argument("--latency", type=float, default=0.5)
+    parser.add_argument("--goes", type=int, default=1, help="measure each concurrency this many times")
     parser.add_argument("--ray", action="store_true", help="also the Ray executor, on a cluster started for the bench")
     parser.add_argument("--ray_address", help="also the Ray executor, on this cluster")
     args = parser.parse_args()
@@ -97,18 +103,18 @@ def main() -> None:
         address = args.ray_address or (stack.enter_context(ray_head(cpus)) if args.ray else None)
         dataset = write_prompts(Path(tmp) / "prompts.jsonl", args.prompts)
         print(f"prompts {args.prompts}, {CALLS_PER_PROMPT} calls each at {args.latency}s, local sandbox")
-        for concurrency in args.concurrency:
+        for go, concurrency in ((go, c) for go in range(args.goes) for c in args.concurrency):
             ideal = ideal_seconds(args.prompts, concurrency, CALLS_PER_PROMPT, args.latency)
-            results = {
-                "local": run_once(url, dataset, tmp, f"local-{concurrency}", concurrency, []),
-                "processes": run_once(url, dataset, tmp, f"processes-{concurrency}", concurrency, processes),
-            }
+            executors = {"local": [], "processes": processes}
             if address:
                 workers = args.workers or os.cpu_count() or 1  # as many actors as worker processes
-                results["ray"] = run_once(url, dataset, tmp, f"ray-{concurrency}", concurrency,
-                                          ["--executor", "ray", "-E", f"address={address}", "-E", f"workers={workers}"])
-            print(f"--num_workers {concurrency} (ideal {ideal:.1f} s)")
-            for label, result in results.items():
+                executors["ray"] = ["--executor", "ray", "-E", f"address={address}", "-E", f"workers={workers}"]
+            order = list(executors)
+            order = order[go % len(order):] + order[:go % len(order)]  # each goes first in turn
+            results = {label: run_once(url, dataset, tmp, f"{label}-{concurrency}-{go}", concurrency, executors[label])
+                       for label in order}
+            print(f"--num_workers {concurrency} (ideal {ideal:.1f} s)" + (f", go {go + 1}, {order[0]} first" if args.goes > 1 else ""))
+            for label, result in sorted(results.items(), key=lambda item: list(executors).index(item[0])):
                 cpu = "" if label == "ray" else f"  CPU {1000 * result['cpu_s'] / (args.prompts * CALLS_PER_PROMPT):5.1f} ms/call"
                 print(
                     f"  {label:<10} {result['wall_s']:6.1f} s  ratio {result['wall_s'] / ideal:4.2f}{cpu}  "
