@@ -1,11 +1,19 @@
 """The driver end of a run split over workers: lease prompts, re-lease a lost worker's, record every outcome once.
 
 The driver (the ``hermes-batch run`` process) keeps the run folder to itself:
-the runner reads the dataset, decides what is left, samples toolsets and
-writes every record.  The Dispatcher only moves jobs and outcomes: each worker
-holds at most its concurrency plus ``prefetch`` prompts (so the driver's memory
-stays flat and a slow worker never hoards prompts); an outcome frees a place,
-which the next prompt fills.  A worker that is lost (its process or node died)
+the runner reads the dataset, decides what is left, samples toolsets and writes
+every record. The Dispatcher only moves jobs and outcomes: each worker holds
+what it runs and as many again queued (at least ``PREFETCH``), so the driver's
+memory stays flat and a worker whose sessions all end at once has their next
+prompts at hand; an outcome frees a place, which the next prompt fills. Once the
+dataset is exhausted a worker holds at most its concurrency plus ``PREFETCH``,
+and a worker that would idle takes the prompts a busy one has not started (the
+busy one hands them back: ``("return",)`` answered by ``("returned", [lease,
+...])``), so a slow worker never hoards the last prompts. When the run stops
+starting prompts early (``--max_cost`` reached: ``jobs.halted``) every worker
+hands back what it has not started, and those prompts do not run; under
+``--max_cost`` the queue is ``PREFETCH`` deep throughout, since a worker starts
+a queued prompt without asking. A worker that is lost (its process or node died)
 takes only its leased prompts with it: they go to the remaining workers before
 any new prompt, and an outcome is recorded only for a prompt still leased to the
 worker that sends it, so every prompt ends exactly once.
@@ -28,12 +36,12 @@ import time
 from typing import Awaitable, Callable, Iterator, Optional
 
 from .errors import HermesBatchError
-from .interfaces import PromptJob
+from .interfaces import PromptJob, PromptJobs
 
 log = logging.getLogger("hermes_batch.dispatch")
 
 PREFETCH = 4
-"""Prompts a worker holds beyond those it runs, so it never waits for the driver between two prompts."""
+"""Prompts a worker holds beyond those it runs once the dataset is exhausted (before: as many as it runs, if more)."""
 
 
 class WorkerLost(Exception):
@@ -52,7 +60,7 @@ class WorkerLink(abc.ABC):
 
     @abc.abstractmethod
     async def send(self, message: tuple) -> None:
-        """Send one message (``("lease", [(lease, job), ...])``); raise WorkerLost when the worker is gone."""
+        """Send one message (``("lease", [(lease, job), ...])`` or ``("return",)``); raise WorkerLost when the worker is gone."""
 
     @abc.abstractmethod
     async def receive(self) -> list:
@@ -83,17 +91,20 @@ class Dispatcher:
         on_outcome: Callable[[PromptJob, object], Awaitable[None]],
         relay: Callable[[dict], None],
         limits: Optional[Callable[[tuple], None]] = None,
-        prefetch: int = PREFETCH,
+        queue: Optional[int] = None,
     ):
         self.links = list(links)
-        self.jobs = jobs
+        self.jobs = jobs if isinstance(jobs, PromptJobs) else PromptJobs(jobs)
         self.on_outcome = on_outcome
         self.relay = relay
         self.report_limits = limits
-        self.prefetch = prefetch
+        self.queue = queue  # prompts a worker holds beyond its concurrency (None: as many, at least PREFETCH)
         self.leased: dict[WorkerLink, dict[int, PromptJob]] = {link: {} for link in self.links}
-        self.again: collections.deque = collections.deque()  # leases of lost workers, handed out first
+        self.again: collections.deque = collections.deque()  # leases of lost workers and handed back, first
         self.exhausted = False
+        self.asked: set[WorkerLink] = set()  # asked to hand back what they have not started, not yet answered
+        self.halted = False  # the run stopped starting prompts: what is handed back is dropped
+        self.emptied: set[WorkerLink] = set()  # asked to hand back everything once halted
         self._ids = itertools.count()
         self._events: asyncio.Queue = asyncio.Queue()
         self._limits: dict[WorkerLink, tuple] = {}
@@ -151,6 +162,16 @@ class Dispatcher:
                 recording = asyncio.ensure_future(self.on_outcome(job, message[2]))
                 self._recording.add(recording)
                 recording.add_done_callback(self._recorded)
+        elif kind == "returned":
+            self.asked.discard(link)
+            held = self.leased.get(link, {})
+            for lease in message[1]:
+                job = held.pop(lease, None)
+                if job is not None and not self.halted:
+                    self.again.append(job)
+            for other in list(self.links):
+                if other is not link:
+                    await self._fill(other)
         elif kind == "limits":
             self._limits[link] = message[1:]
             # summed once every worker has reported: one worker's limit alone is not the run's
@@ -163,6 +184,7 @@ class Dispatcher:
         orphans = self.leased.pop(link, {})
         self.links.remove(link)
         self._limits.pop(link, None)
+        self.asked.discard(link)
         self.again.extendleft(reversed(list(orphans.values())))
         if orphans or not self.exhausted:
             log.warning("%s was lost (%s); its %d prompt(s) in flight go to the other workers.", link.name, why, len(orphans))
@@ -175,9 +197,12 @@ class Dispatcher:
             await self._fill(other)
 
     async def _fill(self, link: WorkerLink) -> None:
-        """Lease prompts to ``link`` up to its concurrency plus the prefetch, in one message."""
+        """Lease prompts to ``link`` up to what it may hold, in one message; when none is left, take some back."""
         held = self.leased[link]
-        room = link.concurrency + self.prefetch - len(held)
+        # A deep queue while prompts keep coming: the sessions of a worker often end together (they
+        # started together), and each waiting for the driver's next lease left them idle for a round trip.
+        queue = PREFETCH if self.exhausted else self.queue or max(PREFETCH, link.concurrency)
+        room = link.concurrency + queue - len(held)
         batch = []
         while room > 0:
             job = self._next_job()
@@ -188,10 +213,25 @@ class Dispatcher:
             batch.append((lease, job))
             room -= 1
         if batch:
-            try:
-                await link.send(("lease", batch))
-            except WorkerLost:
-                pass  # its receiver reports the loss, and these leases go with the rest
+            await self._send(link, ("lease", batch))
+        if self.halted:  # once to each worker: after that it is leased nothing new
+            await self._take_back(lambda other: other not in self.emptied and bool(self.leased[other]))
+            self.emptied.update(self.asked)
+        elif room > 0 and self.exhausted and len(held) < link.concurrency:  # a session of link would idle
+            await self._take_back(lambda other: len(self.leased[other]) > other.concurrency)
+
+    async def _take_back(self, holds_unstarted: Callable[[WorkerLink], bool]) -> None:
+        """Ask each worker that ``holds_unstarted`` prompts, and was not asked already, to hand them back."""
+        for other in list(self.links):
+            if other not in self.asked and holds_unstarted(other):
+                self.asked.add(other)
+                await self._send(other, ("return",))
+
+    async def _send(self, link: WorkerLink, message: tuple) -> None:
+        try:
+            await link.send(message)
+        except WorkerLost:
+            pass  # its receiver reports the loss, and its leases go with the rest
 
     def _next_job(self) -> Optional[PromptJob]:
         if self.again:
@@ -201,6 +241,7 @@ class Dispatcher:
         job = next(self.jobs, None)
         if job is None:
             self.exhausted = True
+            self.halted = self.jobs.halted
         return job
 
 
@@ -239,7 +280,10 @@ async def drive(links: list, jobs, processor, on_outcome) -> None:
     log.info("%d workers ready in %.1f s: %s.", len(links), time.monotonic() - started,
              ", ".join(f"{link.name} ({link.concurrency} sessions)" for link in links))
     relay, limits = _mirror(processor)
-    await Dispatcher(links, jobs, on_outcome, relay, limits).run()
+    # Under --max_cost a short queue: a worker starts a queued prompt without asking the driver, so a deep
+    # one could start as many prompts again as it has sessions after the budget is reached.
+    queue = PREFETCH if processor.plan.config.max_cost is not None else None
+    await Dispatcher(links, jobs, on_outcome, relay, limits, queue).run()
 
 
 async def run_on_workers(

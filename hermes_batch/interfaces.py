@@ -448,6 +448,25 @@ class PromptJob:
     toolsets: tuple
 
 
+class PromptJobs(Iterator[PromptJob]):
+    """The jobs of a run, one at a time, as ``Executor.run`` receives them.
+
+    ``halted`` turns true when the run stops handing out jobs before the
+    dataset's end (``--max_cost`` was reached): an executor holding jobs it has
+    not started drops them rather than start them.
+    """
+
+    def __init__(self, jobs: Iterable[PromptJob]):
+        self._jobs = iter(jobs)
+        self.halted = False
+
+    def __next__(self) -> PromptJob:
+        return next(self._jobs)
+
+    def halt(self) -> None:
+        self.halted = True
+
+
 @functools.lru_cache(maxsize=None)
 def _spec_of(tool: type) -> ToolSpec:
     return ToolSpec(tool.name, tool.description, tool.parameters)
@@ -495,15 +514,16 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     async def run(
         self,
-        jobs: Iterator[PromptJob],
+        jobs: PromptJobs,
         processor: Any,
         on_outcome: Callable[[PromptJob, Any], Awaitable[None]],
         concurrency: int,
     ) -> None:
         """Await ``processor.process(job)`` for every job, at most ``concurrency`` at once.
 
-        ``jobs`` is a lazy iterator (a million-row dataset is never in memory);
-        take the next job only when a slot is free.
+        ``jobs`` is a lazy iterator, a PromptJobs (a million-row dataset is
+        never in memory); take the next job only when a slot is free, or a few
+        ahead to queue them, and drop the queued ones once ``jobs.halted``.
         Each outcome (a Trajectory or a Failure) is handed to ``on_outcome`` in
         this process as soon as its prompt ends.  ``processor.plan`` is the
         run's RunPlan, plain picklable data: an executor that runs prompts in

@@ -25,7 +25,7 @@ from .errors import (
     RunFolderError,
     RunFolderWriteError,
 )
-from .interfaces import PromptJob
+from .interfaces import PromptJob, PromptJobs
 from .journal import CallJournal, journal_path
 from .lock import RunFolderLock
 from .merge import merge_run
@@ -222,8 +222,8 @@ class Run:
         try:
             await processor.start()
             self.progress.start()
-            jobs = self._jobs(rowkeys.rows_left(cfg.dataset_file, cfg.max_samples, self.resume_plan.left))
-            await self.executor.run(jobs, processor, self._on_outcome, self.concurrency)
+            self.jobs = PromptJobs(self._jobs(rowkeys.rows_left(cfg.dataset_file, cfg.max_samples, self.resume_plan.left)))
+            await self.executor.run(self.jobs, processor, self._on_outcome, self.concurrency)
         except asyncio.CancelledError:
             interrupted = True
         except HermesBatchError as exc:
@@ -308,6 +308,7 @@ class Run:
         for row in rows:
             if self._over_budget():
                 self.budget_reached = True
+                self.jobs.halt()
                 log.warning("The cost budget --max_cost %g is reached; no new prompt is started.", self.config.max_cost)
                 break
             batch = row.prompt_index // size

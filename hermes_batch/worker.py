@@ -9,7 +9,8 @@ to a child process, Ray actor calls) is not its business.
 Messages to the driver (tuples): ``("ready",)`` once started, ``("journal",
 entry)`` per line of calls.jsonl, ``("outcome", lease, outcome)`` per prompt,
 ``("limits", in_flight, limit, min_limit)`` with each batch of
-messages, and ``("fatal", error)`` when the run must stop (a refused key, a
+messages, ``("returned", [lease, ...])`` when the driver asks for the prompts
+not started yet (``take_back``), and ``("fatal", error)`` when the run must stop (a refused key, a
 sandbox backend that cannot start).
 """
 
@@ -149,9 +150,17 @@ class PromptWorker:
         self.emit(("ready",))
 
     def lease(self, leases: list) -> None:
-        """Queue ``(lease, PromptJob)`` pairs; the driver never leases more than a few beyond the concurrency."""
+        """Queue ``(lease, PromptJob)`` pairs; the driver leases at most as many again as the concurrency."""
         for item in leases:
             self.queue.put_nowait(item)
+
+    def take_back(self) -> None:
+        """Hand the driver back every leased prompt not started yet: emits ``("returned", [lease, ...])``."""
+        returned = []
+        while not self.queue.empty():
+            lease, _job = self.queue.get_nowait()
+            returned.append(lease)
+        self.emit(("returned", returned))
 
     async def _consume(self) -> None:
         while True:

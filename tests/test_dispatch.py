@@ -9,36 +9,53 @@ import pytest
 
 from hermes_batch.dispatch import PREFETCH, Dispatcher, WorkerError, WorkerLink, WorkerLost, split
 from hermes_batch.errors import FatalModelError, RunFolderWriteError
+from hermes_batch.interfaces import PromptJobs
 
 
 class SimulatedWorker(WorkerLink):
-    """Runs each leased job for ``delay`` seconds, ``concurrency`` at a time; ``die()`` loses it like a killed process."""
+    """Runs each leased job for ``delay`` seconds, ``concurrency`` at a time, queueing the rest as PromptWorker
+    does (``("return",)`` hands back the queued ones); ``die()`` loses it like a killed process."""
 
     def __init__(self, name: str, concurrency: int, delay: float = 0.001):
         self.name, self.concurrency, self.delay = name, concurrency, delay
         self.outbox: asyncio.Queue = asyncio.Queue()
-        self.slots = asyncio.Semaphore(concurrency)
+        self.queue: asyncio.Queue = asyncio.Queue()
         self.held = 0
         self.most_held = 0
         self.ran: list = []
+        self.returned: list = []
         self.tasks: set = set()
         self.dead = False
 
     async def send(self, message):
         if self.dead:
             raise WorkerLost("dead")
-        for lease, job in message[1]:
+        if not self.tasks:
+            self.tasks = {asyncio.create_task(self._consume()) for _ in range(self.concurrency)}
+        if message[0] == "return":
+            leases = []
+            while not self.queue.empty():
+                lease, job = self.queue.get_nowait()
+                leases.append(lease)
+                self.returned.append(job)
+                self.held -= 1
+            self.outbox.put_nowait([("returned", leases)])
+            return
+        for item in message[1]:
             self.held += 1
             self.most_held = max(self.most_held, self.held)
-            task = asyncio.create_task(self._run(lease, job))
-            self.tasks.add(task)
+            self.queue.put_nowait(item)
+
+    async def _consume(self):
+        while True:
+            lease, job = await self.queue.get()
+            await self._run(lease, job)
 
     async def _run(self, lease, job):
-        async with self.slots:
-            await asyncio.sleep(self.delay)
-            self.ran.append(job)
-            self.held -= 1
-            self.outbox.put_nowait([("journal", {"event": "done", "prompt_index": job}), ("outcome", lease, f"out-{job}")])
+        await asyncio.sleep(self.delay)
+        self.ran.append(job)
+        self.held -= 1
+        self.outbox.put_nowait([("journal", {"event": "done", "prompt_index": job}), ("outcome", lease, f"out-{job}")])
 
     async def receive(self):
         message = await self.outbox.get()
@@ -53,10 +70,11 @@ class SimulatedWorker(WorkerLink):
         self.outbox.put_nowait(WorkerLost("killed by signal 9"))
 
     async def close(self):
-        pass
+        for task in self.tasks:
+            task.cancel()
 
 
-async def dispatch(links, jobs, on_outcome=None):
+async def dispatch(links, jobs, on_outcome=None, queue=None):
     recorded, journal = [], []
 
     async def record(job, outcome):
@@ -64,19 +82,57 @@ async def dispatch(links, jobs, on_outcome=None):
         if on_outcome is not None:
             await on_outcome(job, outcome)
 
-    await Dispatcher(links, iter(jobs), record, journal.append).run()
+    await Dispatcher(links, iter(jobs), record, journal.append, queue=queue).run()
+    await asyncio.sleep(0)
     return recorded, journal
 
 
-async def test_every_job_ends_once_and_no_worker_holds_more_than_its_share_and_the_prefetch():
-    links = [SimulatedWorker("a", 3), SimulatedWorker("b", 5, delay=0.003)]
+async def test_every_job_ends_once_and_no_worker_holds_more_than_twice_its_share():
+    links = [SimulatedWorker("a", 6), SimulatedWorker("b", 8, delay=0.003)]
     recorded, journal = await dispatch(links, range(200))
     assert sorted(job for job, _ in recorded) == list(range(200))
     assert all(outcome == f"out-{job}" for job, outcome in recorded)
     assert len(journal) == 200
     for link in links:
-        assert link.most_held <= link.concurrency + PREFETCH
+        assert link.concurrency + PREFETCH < link.most_held <= 2 * link.concurrency, "a queue as deep as the sessions"
         assert link.ran, "both workers ran prompts"
+    for link in links:
+        await link.close()
+
+
+async def test_a_queue_of_fixed_depth_is_kept_to():
+    link = SimulatedWorker("a", 8)
+    recorded, _ = await dispatch([link], range(100), queue=PREFETCH)
+    assert len(recorded) == 100
+    assert link.most_held == 8 + PREFETCH
+    await link.close()
+
+
+async def test_a_worker_with_an_idle_session_takes_the_prompts_a_slow_one_has_not_started():
+    slow, fast = SimulatedWorker("slow", 2, delay=0.5), SimulatedWorker("fast", 2, delay=0.001)
+    started = asyncio.get_running_loop().time()
+    recorded, _ = await dispatch([slow, fast], range(40))
+    assert Counter(job for job, _ in recorded) == Counter(range(40))
+    assert sorted(slow.ran) == [0, 1], "the slow worker ran only what it had started"
+    assert sorted(slow.returned) == [2, 3, 4, 5] and {2, 3, 4, 5} <= set(fast.ran)
+    assert asyncio.get_running_loop().time() - started < 0.9, "nobody waited for the slow worker's queue"
+    for link in (slow, fast):
+        await link.close()
+
+
+async def test_once_the_run_halts_the_prompts_queued_on_workers_are_dropped_not_run():
+    def until_the_budget_is_spent():
+        yield from range(10)
+        jobs.halt()  # what the runner does when --max_cost is reached
+
+    jobs = PromptJobs(until_the_budget_is_spent())
+    link = SimulatedWorker("a", 2, delay=0.02)
+    recorded, _ = await dispatch([link], jobs)
+    ran = sorted(job for job, _ in recorded)
+    assert ran == sorted(link.ran) == list(range(len(ran)))
+    assert link.returned and ran + sorted(link.returned) == list(range(10))
+    assert set(ran).isdisjoint(link.returned)
+    await link.close()
 
 
 async def test_a_lost_workers_leases_go_to_the_others_and_each_job_is_recorded_once():

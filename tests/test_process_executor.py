@@ -141,7 +141,8 @@ def test_a_killed_worker_loses_only_its_prompts_in_flight(tmp_path, runner, mode
     calls = Counter({p: server.calls_for(p) for p in prompts})
     assert all(n >= CALLS for n in calls.values())
     again = [p for p, n in calls.items() if n > CALLS]
-    # only the prompts the dead worker held were run again: its 4 sessions and its prefetched leases
+    # only the prompts in flight on the dead worker ran again: its 4 sessions' (the queued ones had not
+    # started), with a margin for prompts that ended as it was killed, their outcomes not sent yet
     assert len(again) <= 4 + PREFETCH, again
 
 
@@ -208,8 +209,10 @@ def test_max_cost_is_one_budget_for_all_workers(tmp_path, runner, model_server):
     assert result.exit_code == 0, result.output
     assert "--max_cost" in result.stderr
     finished = runner.records("trajectories.jsonl")
-    # 0.02 per prompt: the budget is reached after 3 prompts; the 2 sessions and their prefetch may finish too
-    assert 3 <= len(finished) <= 3 + 2 + 2 * PREFETCH < 40
+    # 0.02 per prompt: the budget is reached after 3 prompts; the 2 sessions' prompts may finish too, and a
+    # queued prompt a worker started before the driver's request for its queue came.  Measured: 5 or 6; 12
+    # when the workers ran their queues (PREFETCH deep under --max_cost) instead of handing them back.
+    assert 3 <= len(finished) <= 3 + 2 + 3 < 3 + 2 + 2 * PREFETCH
     checkpoint = json.loads((runner.folder() / "checkpoint.json").read_text())
     assert checkpoint["sessions"][-1]["budget_reached"] is True
 

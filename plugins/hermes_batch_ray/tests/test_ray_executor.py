@@ -16,7 +16,7 @@ from ray_rig import ray_cluster  # noqa: F401 - the session's cluster
 
 BASE = ("--distribution", "terminal_only", "--seed", "11", "--batch_size", "10")
 CALLS = 3  # ToolLoopScript(tool_calls=2)
-PREFETCH = 4  # prompts the driver leases a worker beyond its sessions (docs/executors.md)
+PREFETCH = 4  # the least a worker queues beyond its sessions (docs/executors.md): the margin for prompts run again
 
 
 def ray_options(cluster, *extra: str) -> tuple:

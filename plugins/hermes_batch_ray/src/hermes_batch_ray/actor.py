@@ -17,7 +17,8 @@ from hermes_batch import PromptWorker, WorkerSetup
 
 
 class PromptActor:
-    """One worker of a run.  The driver calls ``lease`` with prompts and ``poll`` for what happened.
+    """One worker of a run.  The driver calls ``lease`` with prompts (``take_back`` for those not started)
+    and ``poll`` for what happened.
 
     The API key arrives in the actor's runtime environment and is taken out of
     ``os.environ`` at once; the setup (in Ray's object store) never holds it.
@@ -55,6 +56,10 @@ class PromptActor:
 
     async def lease(self, leases: list) -> None:
         self.worker.lease(leases)
+
+    async def take_back(self) -> None:
+        """Hand back the prompts not started yet (``("returned", [...])`` in the next poll)."""
+        self.worker.take_back()
 
     async def poll(self) -> list:
         """Whatever happened since the last poll; waits until something has."""

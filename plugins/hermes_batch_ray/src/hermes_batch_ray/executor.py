@@ -163,7 +163,10 @@ class RayLink(WorkerLink):
         import ray
 
         try:
-            await self.actor.lease.remote(message[1])
+            if message[0] == "lease":
+                await self.actor.lease.remote(message[1])
+            else:
+                await self.actor.take_back.remote()
         except ray.exceptions.RayError as exc:
             raise WorkerLost(_first_line(exc)) from None
 
