@@ -69,7 +69,8 @@ class Checkpoints:
         self.previous = previous
         self.started = time.monotonic()
         self.started_at = now_iso()
-        self.completed_batches: set[int] = set()  # complete by this session: its prompts ended, or a resume found them all finished
+        # complete by this session: its prompts ended, or a resume found every one of them finished
+        self.completed_batches: set[int] = set()
         self.previously_finished = 0  # prompts finished before this session (kept or discarded)
 
     @property

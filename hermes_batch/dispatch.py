@@ -60,7 +60,7 @@ class WorkerLink(abc.ABC):
 
     @abc.abstractmethod
     async def send(self, message: tuple) -> None:
-        """Send one message (``("lease", [(lease, job), ...])`` or ``("return",)``); raise WorkerLost when the worker is gone."""
+        """Send ``("lease", [(lease, job), ...])`` or ``("return",)``; raise WorkerLost when the worker is gone."""
 
     @abc.abstractmethod
     async def receive(self) -> list:
@@ -103,8 +103,7 @@ class Dispatcher:
         self.again: collections.deque = collections.deque()  # leases of lost workers and handed back, first
         self.exhausted = False
         self.asked: set[WorkerLink] = set()  # asked to hand back what they have not started, not yet answered
-        self.halted = False  # the run stopped starting prompts: what is handed back is dropped
-        self.emptied: set[WorkerLink] = set()  # asked to hand back everything once halted
+        self.dropping = False  # jobs.halted was seen: every worker was asked for its queue, which is dropped
         self._ids = itertools.count()
         self._events: asyncio.Queue = asyncio.Queue()
         self._limits: dict[WorkerLink, tuple] = {}
@@ -167,7 +166,7 @@ class Dispatcher:
             held = self.leased.get(link, {})
             for lease in message[1]:
                 job = held.pop(lease, None)
-                if job is not None and not self.halted:
+                if job is not None and not self.jobs.halted:
                     self.again.append(job)
             for other in list(self.links):
                 if other is not link:
@@ -214,9 +213,9 @@ class Dispatcher:
             room -= 1
         if batch:
             await self._send(link, ("lease", batch))
-        if self.halted:  # once to each worker: after that it is leased nothing new
-            await self._take_back(lambda other: other not in self.emptied and bool(self.leased[other]))
-            self.emptied.update(self.asked)
+        if self.jobs.halted and not self.dropping:  # once: after that no worker is leased anything new
+            self.dropping = True
+            await self._take_back(lambda other: bool(self.leased[other]))
         elif room > 0 and self.exhausted and len(held) < link.concurrency:  # a session of link would idle
             await self._take_back(lambda other: len(self.leased[other]) > other.concurrency)
 
@@ -241,7 +240,6 @@ class Dispatcher:
         job = next(self.jobs, None)
         if job is None:
             self.exhausted = True
-            self.halted = self.jobs.halted
         return job
 
 

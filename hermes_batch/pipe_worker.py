@@ -7,8 +7,9 @@ stderr, so a stray print cannot corrupt a message).  A message
 is a 4-byte big-endian length and a pickle; the worker batches everything that
 happened in one turn of its event loop into one message (a list).  The first
 message from the driver is a WorkerSetup, then ``("lease", [...])`` and
-``("return",)`` messages and finally ``("stop",)``.  End of input means the driver is gone (SIGKILL, say): the
-worker stops the same way, closing its sandboxes.
+``("return",)`` messages and finally ``("stop",)``.  End of input means the
+driver is gone (SIGKILL, say): the worker stops the same way, closing its
+sandboxes.
 
 Workers run in a session of their own, so a Ctrl-C at the terminal reaches the
 driver only, which then stops them in order.  The API key comes in the

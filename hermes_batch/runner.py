@@ -59,7 +59,7 @@ class Run:
         self.pm = pm or get_plugin_manager()
         self.counts = collections.Counter()
         self.batch_logs: dict[int, AppendLog] = {}
-        self.budget_reached = False
+        self.jobs = PromptJobs(())  # the session's, once it runs; halted when --max_cost stopped it
         self.journal: Optional[CallJournal] = None  # calls.jsonl, opened with the run folder
         self.client = None
         self.previous_cost = 0.0
@@ -222,7 +222,8 @@ class Run:
         try:
             await processor.start()
             self.progress.start()
-            self.jobs = PromptJobs(self._jobs(rowkeys.rows_left(cfg.dataset_file, cfg.max_samples, self.resume_plan.left)))
+            rows = rowkeys.rows_left(cfg.dataset_file, cfg.max_samples, self.resume_plan.left)
+            self.jobs = PromptJobs(self._jobs(rows))
             await self.executor.run(self.jobs, processor, self._on_outcome, self.concurrency)
         except asyncio.CancelledError:
             interrupted = True
@@ -257,7 +258,7 @@ class Run:
         if interrupted:
             return RunResult(EXIT_INTERRUPTED, statistics, "Interrupted; finished prompts are saved, run again with --resume to continue.")
         status = EXIT_FAILED_PROMPTS if self.counts["failed"] else EXIT_OK
-        if self.budget_reached:
+        if self.jobs.halted:
             return RunResult(status, statistics, self._budget_message(to_run))
         if cfg.max_cost is not None and client.limiter.cost is None and client.limiter.requests:
             log.warning("The endpoint reported no cost, so --max_cost had no effect.")
@@ -288,8 +289,9 @@ class Run:
             self.checkpoints.renumbered()
         repair_torn_tails(self.folder)
         self._reindex()
-        plan = rowkeys.plan(self.validated.keys, self.index.finished_digests())
-        self.checkpoints.completed_batches |= rowkeys.batches_finished(self.validated.keys, plan.left, self.config.batch_size)
+        keys = self.validated.keys
+        plan = rowkeys.plan(keys, self.index.finished_digests())
+        self.checkpoints.completed_batches |= rowkeys.batches_finished(keys, plan.left, self.config.batch_size)
         return plan
 
     def _reindex(self) -> None:
@@ -307,7 +309,6 @@ class Run:
         available = frozenset(self.plan.toolsets)
         for row in rows:
             if self._over_budget():
-                self.budget_reached = True
                 self.jobs.halt()
                 log.warning("The cost budget --max_cost %g is reached; no new prompt is started.", self.config.max_cost)
                 break
@@ -379,7 +380,7 @@ class Run:
             concurrency_min=limiter.min_limit,
             concurrency_final=limiter.limit,
             cost=None if limiter.cost is None else round(limiter.cost, 6),
-            budget_reached=self.budget_reached,
+            budget_reached=self.jobs.halted,
         )
 
     async def _finish(self, interrupted: bool) -> dict:

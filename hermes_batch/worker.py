@@ -10,8 +10,8 @@ Messages to the driver (tuples): ``("ready",)`` once started, ``("journal",
 entry)`` per line of calls.jsonl, ``("outcome", lease, outcome)`` per prompt,
 ``("limits", in_flight, limit, min_limit)`` with each batch of
 messages, ``("returned", [lease, ...])`` when the driver asks for the prompts
-not started yet (``take_back``), and ``("fatal", error)`` when the run must stop (a refused key, a
-sandbox backend that cannot start).
+not started yet (``take_back``), and ``("fatal", error)`` when the run must
+stop (a refused key, a sandbox backend that cannot start).
 """
 
 from __future__ import annotations

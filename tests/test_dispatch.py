@@ -83,7 +83,6 @@ async def dispatch(links, jobs, on_outcome=None, queue=None):
             await on_outcome(job, outcome)
 
     await Dispatcher(links, iter(jobs), record, journal.append, queue=queue).run()
-    await asyncio.sleep(0)
     return recorded, journal
 
 

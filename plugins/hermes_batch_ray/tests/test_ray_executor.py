@@ -8,8 +8,10 @@ import re
 import signal
 from collections import Counter
 
+import attrs
 import pytest
 
+from hermes_batch.records import Usage
 from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, batch_records, ended, steady, wait_for, write_dataset
 
 from ray_rig import ray_cluster  # noqa: F401 - the session's cluster
@@ -85,6 +87,21 @@ def test_a_killed_actor_loses_only_its_prompts_in_flight(tmp_path, runner, model
     # the surviving actor removed its folder; the killed one's holds only the sandboxes it had open
     left = [path for path in scratch.glob("*/scratch/*") if not path.name.endswith(".ctl")]  # not the helpers'
     assert len(left) <= 3, left
+
+
+def test_max_cost_reached_the_actors_hand_back_their_queues_unstarted(tmp_path, runner, model_server, ray_cluster):
+    usage = Usage(prompt_tokens=10, completion_tokens=5, cost=0.01)
+    loop = ToolLoopScript(tool_calls=1)
+    server = model_server(lambda request: attrs.evolve(loop(request), usage=usage), latency=0.05)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts_of(40)])
+    result = runner.invoke(data, *BASE, *ray_options(ray_cluster, "-E", "workers=2"), "--num_workers", "2",
+                           "--max_cost", "0.05", server=server)
+    assert result.exit_code == 0, result.output[-3000:]
+    assert "--max_cost" in result.stderr
+    # 0.02 a prompt: the budget is reached after 3 prompts; the 2 sessions' prompts may finish too, and a queued
+    # one an actor started before the driver's request for its queue came.  Each actor queues PREFETCH prompts:
+    # had they run, 3 + 2 + 2 * PREFETCH would have.
+    assert 3 <= len(runner.records("trajectories.jsonl")) <= 3 + 2 + 3 < 3 + 2 + 2 * PREFETCH
 
 
 def test_an_unreachable_cluster_is_one_sentence_and_exit_status_2(tmp_path, runner, model_server):

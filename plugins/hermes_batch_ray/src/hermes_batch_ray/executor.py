@@ -165,7 +165,7 @@ class RayLink(WorkerLink):
         try:
             if message[0] == "lease":
                 await self.actor.lease.remote(message[1])
-            else:
+            elif message[0] == "return":
                 await self.actor.take_back.remote()
         except ray.exceptions.RayError as exc:
             raise WorkerLost(_first_line(exc)) from None
