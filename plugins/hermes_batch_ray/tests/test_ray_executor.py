@@ -11,7 +11,7 @@ from collections import Counter
 import attrs
 import pytest
 
-from hermes_batch.records import Usage
+from hermes_batch import Usage
 from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, batch_records, ended, steady, wait_for, write_dataset
 
 from ray_rig import ray_cluster  # noqa: F401 - the session's cluster
