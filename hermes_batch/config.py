@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Callable, Optional
@@ -26,11 +27,26 @@ PROVIDER_SORTS = ("price", "throughput", "latency")
 HTTP_BACKENDS = ("aiohttp", "httpx")
 
 
-def split_list(value: Optional[str]) -> tuple:
-    """``"a, b,c"`` -> ``("a", "b", "c")``."""
+def split_list(value: Optional[str], option: str = "the option") -> tuple:
+    """``"a, b,c"`` or the JSON list ``'["a", "b", "c"]'`` -> ``("a", "b", "c")``; UsageError for other JSON."""
     if not value:
         return ()
+    if value.lstrip().startswith(("[", '"')):
+        try:
+            items = json.loads(value)
+        except ValueError:
+            items = None
+        if not isinstance(items, list) or not all(isinstance(item, str) and item.strip() for item in items):
+            raise UsageError(
+                f"{option} takes names separated by commas or a JSON list of names, not {value!r}; "
+                'write a,b or \'["a", "b"]\'.'
+            )
+        return tuple(item.strip() for item in items)
     return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def _names(option: str) -> Callable[[Optional[str]], tuple]:
+    return lambda value: split_list(value, option)
 
 
 def _key_values(option: str) -> Callable[[tuple], dict]:
@@ -75,16 +91,20 @@ class RunConfig:
     max_samples: Optional[int] = option(None, help="Only the first N prompts of the dataset.", validator=at_least(1))
     max_tokens: Optional[int] = option(None, help="Most tokens per model response.", validator=at_least(1))
     providers_allowed: tuple = option(
-        (), help="OpenRouter providers to allow, comma-separated.", cli=Cli(type=str, convert=split_list))
+        (), help="OpenRouter providers to allow, comma-separated.",
+        cli=Cli(type=str, convert=_names("--providers_allowed")))
     providers_ignored: tuple = option(
-        (), help="OpenRouter providers to ignore, comma-separated.", cli=Cli(type=str, convert=split_list))
+        (), help="OpenRouter providers to ignore, comma-separated.",
+        cli=Cli(type=str, convert=_names("--providers_ignored")))
     providers_order: tuple = option(
-        (), help="OpenRouter providers to try in order, comma-separated.", cli=Cli(type=str, convert=split_list))
+        (), help="OpenRouter providers to try in order, comma-separated.",
+        cli=Cli(type=str, convert=_names("--providers_order")))
     provider_sort: Optional[str] = option(None, help="Sort OpenRouter providers by this.", validator=one_of(PROVIDER_SORTS))
     reasoning_effort: Optional[str] = option(None, help="Reasoning effort.", validator=one_of(REASONING_EFFORTS))
     reasoning_disabled: bool = option(False, help="Turn reasoning/thinking off entirely.")
     ephemeral_system_prompt: Optional[str] = option(None, help="System prompt used while running, never saved.")
-    log_prefix_chars: int = option(LOG_PREFIX_CHARS, help="Characters of tool calls/results shown in logs.")
+    log_prefix_chars: int = option(
+        LOG_PREFIX_CHARS, help="Characters of tool calls/results shown in logs.", validator=at_least(0))
     prefill_messages_file: Optional[Path] = option(
         None, help="JSON list of {role, content} few-shot messages.",
         cli=Cli(type=click.Path(path_type=Path, dir_okay=False)),

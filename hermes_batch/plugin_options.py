@@ -11,11 +11,15 @@ One syntax for every filter and writer, so nobody learns a second one:
 * ``length:@length.toml`` -- an options file (TOML, or JSON when it ends in ``.json``).
 
 The options are structured strictly into the plugin's attrs ``Config`` class,
-so a misspelled key or a wrong type is a one-sentence error.
+so a misspelled key or a wrong type is a one-sentence error.  ``structure_options``
+is that step for every kind of plugin option (``-S``, ``-T``, ``-E``, filters and
+writers): an unknown key is named with the keys the plugin takes and the closest
+of them.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
 from pathlib import Path
@@ -129,5 +133,30 @@ def build_config(cls: type, spec: PluginSpec, what: str) -> Any:
         if options:
             raise UsageError(f"The {what} {spec.name!r} takes no options; write just {spec.name!r}.")
         return config_cls() if config_cls is not None else None
-    names = ", ".join(f.name for f in fields)
-    return structure_config(options, config_cls, f"options for the {what} {spec.name} (it takes {names})")
+    return structure_options(options, config_cls, f"the {what} {spec.name}", f"{spec.name}:{{key}}=...")
+
+
+def structure_options(options: dict, config_cls: type, what: str, spelling: str) -> Any:
+    """``options`` structured strictly into ``config_cls``; an unknown key is a UsageError listing the valid ones.
+
+    ``what`` names the plugin ("the docker sandbox"); ``spelling`` is how one
+    option is written on the command line, with ``{key}`` for its name
+    ("-S {key}=...", "-T web.{key}=...", "length:{key}=...").
+    """
+    fields = [f.name for f in attrs.fields(config_cls)] if attrs.has(config_cls) else []
+    unknown = [key for key in options if key not in fields]
+    if unknown:
+        raise UsageError(unknown_options(unknown, fields, what, spelling))
+    return structure_config(options, config_cls, f"options for {what}")
+
+
+def unknown_options(unknown: list, fields: list, what: str, spelling: str) -> str:
+    """The sentence for options ``what`` does not take: the valid keys, and the closest one to each typo."""
+    named = ", ".join(repr(key) for key in unknown)
+    if not fields:
+        return f"{what[0].upper()}{what[1:]} takes no options, so not {named}; drop {'it' if len(unknown) == 1 else 'them'}."
+    plural = "options" if len(unknown) > 1 else "option"
+    guesses = [(key, difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)) for key in unknown]
+    fixes = [spelling.format(key=close[0]) for _key, close in guesses if close]
+    fix = f"did you mean {' and '.join(fixes)}?" if fixes else "use one of them."
+    return f"{what[0].upper()}{what[1:]} has no {plural} {named} (it takes {', '.join(fields)}); {fix}"

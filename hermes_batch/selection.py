@@ -8,9 +8,8 @@ from .default_plugins.filters import DEFAULT_FILTERS
 from .errors import UsageError
 from .filtering import refuse_run_filters
 from .interfaces import Distribution
-from .plugin_options import build_config, parse_spec
+from .plugin_options import build_config, parse_spec, structure_options
 from .plugins import KIND, Registry
-from .serialization import structure_config
 
 
 def _pick(registry: Registry, kind: str, name: str, option: Optional[str] = None):
@@ -39,12 +38,12 @@ def model_client_class(registry: Registry, name: Optional[str], base_url: str):
 def sandbox_backend(registry: Registry, name: str, options: dict):
     """(backend class, structured config) for --sandbox and -S options."""
     cls = _pick(registry, "sandboxes", name)
-    return cls, structure_config(options, cls.Config, f"options for the {name} sandbox (-S)")
+    return cls, structure_options(options, cls.Config, f"the {name} sandbox (-S)", "-S {key}=...")
 
 
 def executor(registry: Registry, name: str, options: dict):
     cls = _pick(registry, "executors", name)
-    return cls(structure_config(options, cls.Config, f"options for the {name} executor (-E)"))
+    return cls(structure_options(options, cls.Config, f"the {name} executor (-E)", "-E {key}=..."))
 
 
 def plugin(registry: Registry, kind: str, text: str, option: str):

@@ -16,8 +16,9 @@ import attrs
 
 from .errors import ConfigError, UsageError
 from .interfaces import ModelSettings, ToolsetRuntime, ToolsetSession
+from .plugin_options import structure_options
 from .records import Usage
-from .serialization import parse_key_values, structure_config
+from .serialization import parse_key_values
 
 log = logging.getLogger("hermes_batch.toolsets")
 
@@ -57,7 +58,7 @@ def build_runtimes(registry, names: Iterable[str], options: Mapping[str, dict], 
     runtimes = {}
     for name in sorted((set(names) & installed) | set(options)):
         toolset = registry.get("toolsets", name)
-        config = structure_config(dict(options.get(name, {})), toolset.Config, f"options for the {name} toolset (-T)")
+        config = structure_options(dict(options.get(name, {})), toolset.Config, f"the {name} toolset (-T)", f"-T {name}.{{key}}=...")
         runtimes[name] = toolset.runtime(config, model)
     return runtimes
 

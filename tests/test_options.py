@@ -117,6 +117,7 @@ def test_options_reach_their_fields_converted(parsed, tmp_path):
         ({"max_cost": -0.5}, "--max_cost must be 0 or more, got -0.5."),
         ({"request_timeout": 0.0}, "--request_timeout must be more than 0, got 0."),
         ({"provider_sort": "speed"}, "--provider_sort must be one of price, throughput, latency."),
+        ({"log_prefix_chars": -5}, "--log_prefix_chars must be 0 or more, got -5."),
         ({"resume": True, "overwrite": True}, "--resume and --overwrite contradict each other; pass one of them."),
     ],
 )
@@ -131,3 +132,17 @@ def test_the_same_sentence_reaches_the_command_line(tmp_path):
                                       "--run_name", "r", "--base_url", "http://127.0.0.1:9/v1", "--max_turns", "0"])
     assert result.exit_code == 2
     assert result.output == "Error: --max_turns must be at least 1, got 0.\n"
+
+
+def test_provider_lists_are_commas_or_a_json_list_and_nothing_else(parsed, tmp_path):
+    assert parsed("--providers_allowed", '["Anthropic", "Google Vertex"]').providers_allowed == ("Anthropic", "Google Vertex")
+    assert parsed("--providers_order", "Anthropic,Google Vertex").providers_order == ("Anthropic", "Google Vertex")
+    for value in ('["a", 1]', '["a", "b"', '"a"', "[]x"):
+        result = CliRunner().invoke(cli, ["run", "--dataset_file", str(tmp_path / "d.jsonl"), "--batch_size", "5",
+                                          "--run_name", "r", "--base_url", "http://127.0.0.1:9/v1",
+                                          "--providers_ignored", value])
+        assert result.exit_code == 2, value
+        assert result.output == (
+            f"Error: --providers_ignored takes names separated by commas or a JSON list of names, not {value!r}; "
+            "write a,b or '[\"a\", \"b\"]'.\n"
+        )

@@ -3,8 +3,9 @@
 import attrs
 import pytest
 
-from hermes_batch.errors import HermesBatchError
-from hermes_batch.plugin_options import build_config, parse_spec
+from hermes_batch.errors import HermesBatchError, UsageError
+from hermes_batch.plugin_options import build_config, parse_spec, structure_options
+from hermes_batch.testing import ToolLoopScript, write_dataset
 
 
 class Plugin:
@@ -57,3 +58,51 @@ def test_options_files(tmp_path):
     assert build_config(Plugin, parse_spec(f"f:@{tmp_path / 'o.json'}", "--filter"), "filter").share == 0.1
     with pytest.raises(HermesBatchError, match="not valid TOML"):
         parse_spec(f"f:@{tmp_path / 'bad.toml'}", "--filter")
+
+
+class Box:
+    @attrs.frozen
+    class Config:
+        image: str = "x"
+        memory: str = "1g"
+        cpus: float = 1.0
+
+
+def test_an_unknown_option_is_named_with_the_valid_ones_and_the_closest():
+    with pytest.raises(UsageError) as info:
+        structure_options({"memroy": "2g"}, Box.Config, "the box sandbox (-S)", "-S {key}=...")
+    assert str(info.value) == (
+        "The box sandbox (-S) has no option 'memroy' (it takes image, memory, cpus); did you mean -S memory=...?"
+    )
+    with pytest.raises(UsageError) as info:
+        structure_options({"cpu": 2, "colour": "red"}, Box.Config, "the box sandbox (-S)", "-S {key}=...")
+    assert str(info.value) == (
+        "The box sandbox (-S) has no options 'cpu', 'colour' (it takes image, memory, cpus); did you mean -S cpus=...?"
+    )
+    with pytest.raises(UsageError) as info:
+        structure_options({"zzz": 1}, Box.Config, "the filter box", "box:{key}=...")
+    assert str(info.value) == "The filter box has no option 'zzz' (it takes image, memory, cpus); use one of them."
+    with pytest.raises(UsageError) as info:
+        build_config(Box, parse_spec("box:memroy=1", "--filter"), "filter")  # the filter's own spelling
+    assert str(info.value).endswith("did you mean box:memory=...?")
+    assert structure_options({"memory": "2g"}, Box.Config, "the box sandbox (-S)", "-S {key}=...") == Box.Config(memory="2g")
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["-S", "kep=true"], "The local sandbox (-S) has no option 'kep' (it takes keep, max_starting, "),
+        (["-S", "kep=true"], "did you mean -S keep=...?"),
+        (["--executor", "processes", "-E", "worker=2"],
+         "The processes executor (-E) has no option 'worker' (it takes workers); did you mean -E workers=...?"),
+        (["--filter", "no-reasoning:min_shares=0.5"],
+         "The filter no-reasoning has no option 'min_shares' (it takes min_share); "
+         "did you mean no-reasoning:min_share=...?"),
+    ],
+)
+def test_option_typos_on_the_command_line_get_the_valid_keys(runner, model_server, tmp_path, args, says):
+    server = model_server(ToolLoopScript(tool_calls=0))
+    result = runner.invoke(write_dataset(tmp_path / "d.jsonl", [{"prompt": "p"}]), *args, server=server)
+    assert result.exit_code == 2, result.output
+    assert says in result.output
+    assert server.request_count == 0

@@ -246,7 +246,7 @@ def test_an_engine_that_is_down_stops_the_run_at_start_with_status_2(tmp_path, r
     "option, says",
     [
         ("memory=lots", "memory must be a size such as 512m or 4g, got 'lots'"),
-        ("bogus=1", "extra fields found (bogus)"),
+        ("bogus=1", "has no option 'bogus' (it takes image, "),
         ("network=host", "network=host would share a network namespace"),
         ("cap_add=SYS_ADMIN", "cap_add: SYS_ADMIN would let commands reach past the container"),
     ],
@@ -256,7 +256,7 @@ def test_bad_options_stop_the_run_before_anything_is_sent(tmp_path, runner, mode
     server = model_server(FAST)
     result = runner.invoke(dataset, "-S", option, server=server)
     assert result.exit_code == 2
-    assert f"Error: Invalid options for the docker sandbox (-S): {says}" in result.output
+    assert "Error: " in result.output and "docker sandbox (-S)" in result.output and says in result.output
     assert server.request_count == 0
     assert not runner.folder().exists()
 

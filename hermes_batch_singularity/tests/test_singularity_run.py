@@ -248,7 +248,7 @@ def test_a_missing_runtime_stops_the_run_before_the_preflight_with_status_2(tmp_
     "option, says",
     [
         ("network=bridge", "network"),
-        ("bogus=1", "extra fields found (bogus)"),
+        ("bogus=1", "has no option 'bogus' (it takes image, "),
         ("workdir=relative", "workdir must be an absolute path"),
         ("extra_args=--writable", "--writable would change the image itself"),
         ("max_starting=0", "max_starting must be at least 1"),
@@ -260,6 +260,6 @@ def test_bad_options_stop_the_run_before_anything_is_sent(tmp_path, model_server
     server = model_server(FAST)
     result = runner.invoke(dataset, "-S", option, server=server)
     assert result.exit_code == 2
-    assert "Error: Invalid options for the singularity sandbox (-S):" in result.output and says in result.output
+    assert "Error: " in result.output and "singularity sandbox (-S)" in result.output and says in result.output
     assert server.request_count == 0
     assert not runner.folder().exists()
