@@ -24,6 +24,7 @@ import random
 import tomllib
 from typing import Any, Iterable, Mapping, Optional, Union
 
+from . import plugins
 from .errors import ConfigError
 from .inputfiles import read_text_file
 from .interfaces import Distribution
@@ -33,10 +34,6 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 _FILE_KEYS = frozenset({"description", "toolsets"})
 
-# The seed's toolsets that come with a first-party plugin rather than the core: toolset -> distribution.
-PLUGIN_TOOLSETS = {name: "hermes-batch-toolbox" for name in ("web", "browser", "vision", "image_gen", "moa")}
-# How to install a first-party plugin from a checkout of this repository (it is not on a package index yet).
-PLUGIN_INSTALL = {"hermes-batch-toolbox": "pip install . ./plugins/hermes_batch_toolbox"}
 _JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "a table"}
 
 
@@ -70,21 +67,7 @@ def unavailable_toolsets(distribution: Distribution, available: Iterable[str]) -
 
 def where_to_get(toolsets: Iterable[str]) -> str:
     """Which plugin provides ``toolsets`` and how to install it: 'hermes-batch-toolbox provides web, moa (pip ...)'."""
-    by_plugin: dict[str, list[str]] = {}
-    unknown = []
-    for name in toolsets:
-        plugin = PLUGIN_TOOLSETS.get(name)
-        if plugin is None:
-            unknown.append(name)
-        else:
-            by_plugin.setdefault(plugin, []).append(name)
-    parts = [
-        f"{plugin} provides {', '.join(names)} (from this repository: {PLUGIN_INSTALL[plugin]})"
-        for plugin, names in by_plugin.items()
-    ]
-    if unknown:
-        parts.append(f"no known plugin provides {', '.join(unknown)}")
-    return "; ".join(parts)
+    return plugins.where_to_get("toolsets", toolsets)
 
 
 def unavailable_warning(distribution: Distribution, available: Iterable[str]) -> Optional[str]:
@@ -181,13 +164,18 @@ def distributions_as_json(distributions: Iterable[Distribution], available_tools
             "description": dist.description,
             "toolsets": [
                 {"name": toolset, "probability": p, "percent": _percent(p), "available": toolset in have}
-                | ({} if toolset in have else {"plugin": PLUGIN_TOOLSETS.get(toolset)})
+                | ({} if toolset in have else {"plugin": _distribution_of(toolset)})
                 for toolset, p in _ranked(dist)
             ],
             "unavailable": list(unavailable_toolsets(dist, have)),
         }
         for dist in distributions
     ]
+
+
+def _distribution_of(toolset: str) -> Optional[str]:
+    found = plugins.first_party("toolsets", toolset)
+    return found.distribution if found is not None else None
 
 
 def _ranked(dist: Distribution) -> list[tuple[str, float]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import logging
 import warnings
@@ -64,6 +65,73 @@ KINDS: tuple[Kind, ...] = (
     Kind("commands", "register_commands", "command", "commands", click.Command, instances=True),
 )
 KIND = {kind.key: kind for kind in KINDS}
+
+
+@attrs.frozen
+class FirstParty:
+    """A plugin distribution of this repository: its folder and the names it provides, by kind (KINDS keys)."""
+
+    distribution: str
+    path: str  # its folder, from the repository's top folder
+    provides: dict[str, tuple[str, ...]]
+
+    @property
+    def install(self) -> str:
+        """How to install it from a checkout: with the core in the same command, since neither is on an index yet."""
+        return f"pip install . ./{self.path}"
+
+
+# What the first-party plugins provide, so that asking for one that is not installed says which to install.
+# tests/test_plugins.py checks it against what the installed distributions really register.
+FIRST_PARTY: tuple[FirstParty, ...] = (
+    FirstParty("hermes-batch-docker", "hermes_batch_docker", {"sandboxes": ("docker",), "commands": ("docker",)}),
+    FirstParty("hermes-batch-singularity", "hermes_batch_singularity",
+               {"sandboxes": ("singularity",), "commands": ("singularity",)}),
+    FirstParty("hermes-batch-modal", "hermes_batch_modal", {"sandboxes": ("modal",), "commands": ("modal",)}),
+    FirstParty("hermes-batch-toolbox", "plugins/hermes_batch_toolbox",
+               {"toolsets": ("web", "browser", "vision", "image_gen", "moa")}),
+    FirstParty("hermes-batch-filters", "plugins/hermes_batch_filters",
+               {"filters": ("max-tool-errors", "min-tool-calls", "final-answer", "repetition", "length",
+                            "near-duplicates")}),
+    FirstParty("hermes-batch-parquet", "plugins/hermes_batch_parquet", {"writers": ("parquet",)}),
+    FirstParty("hermes-batch-ray", "plugins/hermes_batch_ray", {"executors": ("ray",)}),
+)
+_INSTALL = {dist.distribution: dist.install for dist in FIRST_PARTY}
+
+
+def first_party(kind: str, name: str) -> Optional[FirstParty]:
+    """The first-party distribution that provides the ``kind`` (a KINDS key) named ``name``, or None."""
+    return next((dist for dist in FIRST_PARTY if name in dist.provides.get(kind, ())), None)
+
+
+def where_to_get(kind: str, names: Iterable[str]) -> str:
+    """Which first-party plugin provides ``names`` and how to install it.
+
+    'hermes-batch-toolbox provides web, moa (from this repository: pip install . ./plugins/hermes_batch_toolbox)';
+    names no first-party plugin provides are said to be so.
+    """
+    by_dist: dict[str, list[str]] = {}
+    unknown = []
+    for name in names:
+        dist = first_party(kind, name)
+        if dist is None:
+            unknown.append(name)
+        else:
+            by_dist.setdefault(dist.distribution, []).append(name)
+    parts = [f"{dist} provides {', '.join(found)} (from this repository: {_INSTALL[dist]})" for dist, found in by_dist.items()]
+    if unknown:
+        parts.append(f"no known plugin provides {', '.join(unknown)}")
+    return "; ".join(parts)
+
+
+def unknown_name(kind: str, name: str, installed: Iterable[str], option: str) -> str:
+    """The sentence for ``option NAME`` naming nothing installed: the plugin that provides it, or the closest name."""
+    known = ", ".join(sorted(installed)) or "none"
+    if first_party(kind, name) is not None:
+        return (f"Unknown {option} {name!r}: {where_to_get(kind, [name])}; install it or pass one of the installed "
+                f"{KIND[kind].plural}: {known}.")
+    close = difflib.get_close_matches(name, sorted(installed), n=1)
+    return f"Unknown {option} {name!r}; installed: {known}" + (f"; did you mean {option} {close[0]}?" if close else ".")
 
 
 class PluginLoadWarning(UserWarning):

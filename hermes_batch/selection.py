@@ -9,7 +9,7 @@ from .errors import UsageError
 from .filtering import refuse_run_filters
 from .interfaces import Distribution
 from .plugin_options import build_config, parse_spec, structure_options
-from .plugins import KIND, Registry
+from .plugins import KIND, Registry, unknown_name
 
 
 def _pick(registry: Registry, kind: str, name: str, option: Optional[str] = None):
@@ -17,8 +17,7 @@ def _pick(registry: Registry, kind: str, name: str, option: Optional[str] = None
     try:
         return registry.get(kind, name)
     except KeyError:
-        known = ", ".join(registry.names(kind)) or "none"
-        raise UsageError(f"Unknown {option or KIND[kind].option} {name!r}; installed: {known}.") from None
+        raise UsageError(unknown_name(kind, name, registry.names(kind), option or KIND[kind].option)) from None
 
 
 def model_client_class(registry: Registry, name: Optional[str], base_url: str):

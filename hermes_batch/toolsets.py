@@ -8,6 +8,7 @@ its key (``-T web.api_key_env=BRAVE_API_KEY``) and reads it at start.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 from typing import Any, Callable, Iterable, Mapping, Optional
@@ -17,6 +18,7 @@ import attrs
 from .errors import ConfigError, UsageError
 from .interfaces import ModelSettings, ToolsetRuntime, ToolsetSession
 from .plugin_options import structure_options
+from .plugins import first_party, where_to_get
 from .records import Usage
 from .serialization import parse_key_values
 
@@ -51,9 +53,12 @@ def build_runtimes(registry, names: Iterable[str], options: Mapping[str, dict], 
     installed = set(registry.names("toolsets"))
     unknown = sorted(set(options) - installed)
     if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(installed), n=1)
+        fix = (f"; {where_to_get('toolsets', unknown[:1])}." if first_party("toolsets", unknown[0]) is not None
+               else f"; did you mean -T {close[0]}.KEY=VALUE?" if close else ".")
         raise UsageError(
             f"-T names the toolset {unknown[0]!r}, which is not installed; installed toolsets: "
-            f"{', '.join(sorted(installed)) or 'none'}."
+            f"{', '.join(sorted(installed)) or 'none'}{fix}"
         )
     runtimes = {}
     for name in sorted((set(names) & installed) | set(options)):

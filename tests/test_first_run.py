@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from hermes_batch import plugins
 from hermes_batch.cli import cli
-from hermes_batch.testing import write_dataset
+from hermes_batch.testing import TEST_API_KEY, write_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,3 +131,48 @@ def test_a_truncated_line_is_reported_where_it_broke(tmp_path):
         f"{path}:2: invalid JSON: the line ends at column 28 before the JSON does (cut short?)",
         f"{path}:3: invalid JSON: Expecting ',' delimiter at column 16",
     )
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["run", "--sandbox", "singularity"], "Unknown --sandbox 'singularity': hermes-batch-singularity provides "
+         "singularity (from this repository: pip install . ./hermes_batch_singularity); install it or pass one of "
+         "the installed sandbox backends: local."),
+        (["run", "--sandbox", "modal"], "(from this repository: pip install . ./hermes_batch_modal)"),
+        (["run", "--executor", "ray"], "hermes-batch-ray provides ray (from this repository: pip install . "
+         "./plugins/hermes_batch_ray); install it or pass one of the installed executors: local, processes."),
+        (["run", "--filter", "length:min_chars=10"], "hermes-batch-filters provides length (from this repository: "
+         "pip install . ./plugins/hermes_batch_filters)"),
+        (["run", "--writer", "parquet"], "hermes-batch-parquet provides parquet"),
+        (["export", "RUN", "--format", "parquet"], "Unknown --format 'parquet': hermes-batch-parquet provides parquet "
+         "(from this repository: pip install . ./plugins/hermes_batch_parquet)"),
+        (["refilter", "RUN", "--filter", "near-duplicates"], "hermes-batch-filters provides near-duplicates"),
+        (["run", "-T", "web.provider=brave"], "hermes-batch-toolbox provides web (from this repository: "
+         "pip install . ./plugins/hermes_batch_toolbox)"),
+        (["docker", "cleanup"], "No command 'docker': hermes-batch-docker provides docker (from this repository: "
+         "pip install . ./hermes_batch_docker); install it."),
+        (["run", "--filter", "no-reasonin"], "Unknown --filter 'no-reasonin'; installed: hallucinated-tools, "
+         "no-reasoning; did you mean --filter no-reasoning?"),
+    ],
+)
+def test_a_first_party_plugin_that_is_not_installed_is_named_with_its_install_line(
+    tmp_path, model_server, monkeypatch, args, says
+):
+    monkeypatch.setattr(plugins, "_load_entry_point", lambda pm, ep, strict: None)  # the core alone: `pip install .`
+    server = model_server()
+    run_folder = tmp_path / "out" / "done"
+    if args[0] == "run":
+        data = write_dataset(tmp_path / "d.jsonl", [{"prompt": "p"}])
+        args = ["run", "--dataset_file", str(data), "--batch_size", "1", "--run_name", "r", "--output_dir",
+                str(tmp_path / "out"), "--base_url", server.base_url, "--api_key", TEST_API_KEY, *args[1:]]
+    elif "RUN" in args:
+        data = write_dataset(tmp_path / "d.jsonl", [{"prompt": "p"}])
+        done = CliRunner().invoke(cli, ["run", "--dataset_file", str(data), "--batch_size", "1", "--run_name", "done",
+                                        "--output_dir", str(tmp_path / "out"), "--base_url", server.base_url,
+                                        "--api_key", TEST_API_KEY, "--no_filters", "--no-progress"])
+        assert done.exit_code == 0, done.output
+        args = [str(run_folder) if arg == "RUN" else arg for arg in args]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.split())

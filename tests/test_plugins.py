@@ -5,12 +5,15 @@ import json
 import subprocess
 import sys
 import textwrap
+import tomllib
 import warnings
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 import hermes_batch
+from hermes_batch import plugins
 from hermes_batch.cli import cli
 from hermes_batch.errors import PluginError
 from hermes_batch.interfaces import Filter, Toolset
@@ -316,3 +319,19 @@ def test_plugins_add_commands():
     assert CliRunner().invoke(cli, ["hello"], obj=pm).output == "hello from a plugin\n"
     with pytest.raises(PluginError, match="Plugin 'Commands' registers the command 'hello', which already exists"):
         plugin_commands(click.Group(commands={"hello": hello}), pm)
+
+
+def test_the_first_party_table_is_what_the_repositorys_plugins_register():
+    # scripts/test.sh installs every plugin of the repository, so the table is checked against the real thing.
+    root = Path(__file__).resolve().parents[1]
+    folders = {str(p.parent.relative_to(root)) for p in [*root.glob("hermes_batch_*/pyproject.toml"),
+                                                            *root.glob("plugins/*/pyproject.toml")]}
+    folders.discard("plugins/hermes_batch_example")  # a template to copy, not a plugin to install
+    assert {dist.path for dist in plugins.FIRST_PARTY} == folders
+    registered = {p["distribution"]: p["provides"] for p in plugins.describe_plugins(get_plugin_manager())}
+    for dist in plugins.FIRST_PARTY:
+        project = tomllib.loads((root / dist.path / "pyproject.toml").read_text())["project"]
+        assert project["name"] == dist.distribution
+        assert dist.distribution in registered, f"{dist.distribution} is not installed; run scripts/test.sh"
+        provided = {kind: tuple(sorted(names)) for kind, names in dist.provides.items()}
+        assert provided == {kind: tuple(names) for kind, names in registered[dist.distribution].items()}, dist.distribution

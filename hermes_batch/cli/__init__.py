@@ -61,6 +61,16 @@ class _Group(click.Group):
     def get_command(self, ctx, name):
         return super().get_command(ctx, name) or self._plugin_commands(ctx).get(name)
 
+    def resolve_command(self, ctx, args):
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError:
+            from ..plugins import first_party, where_to_get
+
+            if args and first_party("commands", args[0]) is not None:  # a first-party plugin's command group
+                raise click.UsageError(f"No command {args[0]!r}: {where_to_get('commands', args[:1])}; install it.", ctx) from None
+            raise
+
     def _plugin_commands(self, ctx) -> dict[str, click.Command]:
         meta = ctx.find_root().meta
         if _PLUGIN_COMMANDS not in meta:
