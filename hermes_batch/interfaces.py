@@ -239,6 +239,17 @@ class SandboxBackend(abc.ABC):
     async def prepare_image(self, image: Optional[str]) -> None:
         """Make ``image`` available (pull once); raises SandboxError if it cannot be had."""
 
+    def image_for(self, spec: SandboxSpec) -> str:
+        """The image a sandbox opened for ``spec`` runs, as the prompt's ``metadata.image`` records it.
+
+        The row's image, else the backend's default (its Config's ``image``, the ``-S image=`` option);
+        "" for a backend that runs no image (``ignores_images``).  A sandbox's ``image`` property is the
+        same; override both when the backend chooses its image otherwise.
+        """
+        if self.ignores_images:
+            return ""
+        return spec.image or getattr(self.config, "image", None) or ""
+
     @abc.abstractmethod
     async def open(self, spec: SandboxSpec) -> Sandbox:
         """Open the sandbox of one prompt; raises SandboxError."""

@@ -139,7 +139,7 @@ class PromptProcessor:
             row=row.extra,
             seed=self.seed,
             sandbox=self.backend.name,
-            image=sandbox.image or row.image or "",  # -S image=... too, when the sandbox was opened
+            image=self.backend.image_for(spec),  # what the sandbox runs or would run, whether or not a tool opened it
             cwd=row.cwd or "",
             tools_offered=tuple(tools),
             end_reason=result.end_reason,

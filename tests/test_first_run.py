@@ -100,6 +100,7 @@ def test_the_local_sandbox_says_once_that_it_ignores_images(runner, model_server
     assert result.exit_code == 0, result.output
     [warning] = [line for line in result.output.splitlines() if "container images" in line]
     assert "python:3.10, python:3.11, python:3.12, ..." in warning and "--sandbox docker" in warning
+    assert {t["metadata"]["image"] for t in runner.records("trajectories.jsonl")} == {""}  # it ran in no image
     quiet = runner.invoke(write_dataset(tmp_path / "plain.jsonl", [{"prompt": "plain"}]), run_name="plain")
     assert "container images" not in quiet.output
 

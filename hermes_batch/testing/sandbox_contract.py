@@ -18,7 +18,10 @@ and implements :meth:`SandboxContract.sandbox_exists`::
 
 Set ``image`` to the image the tests run in (any image with a POSIX ``sh``,
 ``sleep``, ``env``, ``cat``, ``yes``, ``head``, ``dd``, ``ln``, ``mkfifo`` and
-``setsid``: busybox is enough).  The tests use POSIX sh only.  Each test closes
+``setsid``: busybox is enough), and ``image_marker`` to what its
+``/etc/hermes-image`` holds, if it has one (the test images of
+``scripts/docker.sh`` name themselves there), so that the image a sandbox
+records is checked against the one it runs.  The tests use POSIX sh only.  Each test closes
 the sandboxes it opened.  Tests of processes outliving ``close`` look for them
 in this machine's ``/proc`` (:meth:`SandboxContract.processes_with`); a backend
 whose processes run elsewhere overrides it.
@@ -116,6 +119,8 @@ class SandboxContract:
 
     #: Image the sandboxes are opened with (None: the backend's default).
     image: Optional[str] = None
+    #: What ``/etc/hermes-image`` holds in the sandboxes of ``image`` and of the backend's default (None: not checked).
+    image_marker: Optional[str] = None
     #: Seconds a timed-out ``exec`` may take beyond its timeout (container backends are slower).
     timeout_slack: float = 2.0
     #: Longest output, in characters, a command that prints forever may return.
@@ -185,6 +190,29 @@ class SandboxContract:
     async def sandbox(self, open_sandbox: OpenSandbox) -> Sandbox:
         """One sandbox with default settings."""
         return await open_sandbox()
+
+    # --- the image -------------------------------------------------------------------
+
+    async def test_the_image_recorded_is_the_one_the_sandbox_runs(self, backend: SandboxBackend):
+        # metadata.image is backend.image_for(spec): the row's image, else the backend's default, "" for none
+        for index, image in enumerate((self.image, None)):
+            spec = SandboxSpec(run_name=backend.run.run_name, prompt_index=900 + index,
+                               content_key=content_key(f"image prompt {index}", image, None), image=image)
+            await backend.prepare_image(image)
+            sandbox = await backend.open(spec)
+            try:
+                recorded = backend.image_for(spec)
+                assert sandbox.image == recorded
+                if backend.ignores_images:
+                    assert recorded == ""
+                else:
+                    default = getattr(backend.config, "image", None)
+                    assert recorded and recorded == (image or default or recorded), (image, default)
+                if self.image_marker is not None and recorded:
+                    done = await sandbox.exec("cat /etc/hermes-image", 60)
+                    assert done.output.strip() == self.image_marker
+            finally:
+                await sandbox.close()
 
     # --- exec ----------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from docker_rig import IMAGE_A
 
 class TestDockerSandboxContract(SandboxContract):
     image = IMAGE_A
+    image_marker = IMAGE_A
     timeout_slack = 3.0
     max_output_chars = 10_100  # the limit below, plus the omission notice
     race_reads = 40  # each file call is an exec or two

@@ -13,6 +13,7 @@ from modal_rig import IMAGE_A
 
 class TestModalSandboxContractAgainstStandIn(SandboxContract):
     image = IMAGE_A
+    image_marker = IMAGE_A
     timeout_slack = 3.0
     max_output_chars = 10_100  # the limit below, plus the omission notice
     race_reads = 40  # each file call is an exec through the stand-in server (about 90 ms): 160 calls, not 1,600

@@ -69,6 +69,7 @@ def test_twenty_prompts_run_each_in_a_sandbox_of_its_own_with_the_rows_image_and
         assert (marker, pwd) == (image, cwd), trajectory["prompt_index"]
         hostnames.add(hostname)
         assert trajectory["metadata"]["sandbox"] == "modal"
+        assert trajectory["metadata"]["image"] == image  # the image it ran in, -S image=... included
     assert len(hostnames) == 20  # one sandbox per prompt
     assert all(server.calls_for(row["prompt"]) == 2 for row in rows)
     assert runner.records("failed.jsonl") == []

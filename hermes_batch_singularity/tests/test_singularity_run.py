@@ -37,7 +37,7 @@ def sleeping_instances(apptainer_bin: str, run_name: str) -> list:
 
 
 def test_twenty_prompts_run_each_in_the_image_its_row_names(tmp_path, runner, model_server, images):
-    rows, expected = [], {}
+    rows, expected, source = [], {}, {}
     for i in range(20):
         prompt = f"task {i}: which image are you in?"
         kind = i % 4
@@ -51,6 +51,7 @@ def test_twenty_prompts_run_each_in_the_image_its_row_names(tmp_path, runner, mo
             row, image, cwd = {"prompt": prompt, "image": images.archive_a, "cwd": f"/tasks/{i}"}, IMAGE_A, f"/tasks/{i}"
         rows.append(row)
         expected[i] = (image, cwd)
+        source[i] = row.get("image") or row.get("docker_image") or images.sif_a
     dataset = write_dataset(tmp_path / "data.jsonl", rows)
     command = 'cat /etc/hermes-image; pwd; echo "$APPTAINER_INSTANCE"'
     thinking = ToolLoopScript(tool_calls=1, command=command)
@@ -79,6 +80,7 @@ def test_twenty_prompts_run_each_in_the_image_its_row_names(tmp_path, runner, mo
         assert parsed is not None and parsed.prompt_index == index and parsed.of_run(runner.run_name)
         names.add(instance)
         assert trajectory["metadata"]["sandbox"] == "singularity"
+        assert trajectory["metadata"]["image"] == source[index], index  # the image it ran in, -S image=... included
     assert len(names) == 20  # one instance per prompt
     assert all(server.calls_for(row["prompt"]) == 2 for row in rows)
     assert runner.records("failed.jsonl") == []

@@ -203,7 +203,7 @@ class ModalBackend(SandboxBackend):
             async with asyncio.timeout(config.startup_timeout):
                 created = await asyncio.shield(creating)
                 self.created += 1
-                sandbox = ModalSandbox(self, created, workdir, spec.prompt_index)
+                sandbox = ModalSandbox(self, created, workdir, spec.prompt_index, spec.image or config.image)
                 self._open.add(sandbox)
                 await sandbox.make_ready()
                 return sandbox

@@ -104,8 +104,9 @@ class _Capped:
 class ModalSandbox(Sandbox):
     """A Modal Sandbox of its own; each command is a ``/bin/sh -c`` exec with the sandbox's environment only."""
 
-    def __init__(self, backend: "ModalBackend", sandbox: modal.Sandbox, workdir: str, prompt_index: int):
+    def __init__(self, backend: "ModalBackend", sandbox: modal.Sandbox, workdir: str, prompt_index: int, image: str = ""):
         self.modal_sandbox = sandbox
+        self._image = image
         self.id = sandbox.object_id
         self.prompt_index = prompt_index
         self._workdir = workdir
@@ -117,6 +118,10 @@ class ModalSandbox(Sandbox):
     @property
     def workdir(self) -> str:
         return self._workdir
+
+    @property
+    def image(self) -> str:
+        return self._image
 
     async def make_ready(self) -> None:
         """The first command: creates the working directory, and proves the sandbox runs commands."""

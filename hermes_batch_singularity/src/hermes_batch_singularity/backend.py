@@ -143,7 +143,7 @@ class SingularityBackend(SandboxBackend):
                 starting.add_done_callback(functools.partial(self._stop_if_started, name))
                 raise
         env = {str(key): str(value) for key, value in spec.env.items()}
-        sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env)
+        sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image)
         self._open.add(sandbox)
         try:
             await self._make_workdir(sandbox)

@@ -140,8 +140,10 @@ async def _drain(stream: asyncio.StreamReader, output: BoundedOutput) -> None:
 class SingularitySandbox(Sandbox):
     """An instance of its own; each command is an ``exec`` of ``/bin/sh -c`` with the sandbox's variables only."""
 
-    def __init__(self, backend: "SingularityBackend", name: str, workdir: str, prompt_index: int, env: dict):
+    def __init__(self, backend: "SingularityBackend", name: str, workdir: str, prompt_index: int, env: dict,
+                 image: str = ""):
         self.name = name
+        self._image = image
         self.prompt_index = prompt_index
         self._workdir = workdir
         self._backend = backend
@@ -152,6 +154,10 @@ class SingularitySandbox(Sandbox):
     @property
     def workdir(self) -> str:
         return self._workdir
+
+    @property
+    def image(self) -> str:
+        return self._image
 
     def _argv(self, *command: str, pwd: Optional[str] = None) -> list:
         return [*self._backend.exec_prefix(pwd or self._workdir), f"instance://{self.name}", *command]
