@@ -4,14 +4,16 @@
 #   scripts/apptainer.sh          set it up (see below) and print the folder of the `apptainer` command
 #   scripts/apptainer.sh stop     stop and remove the container (the image is kept)
 #
-# Sourced by scripts/test.sh after scripts/docker.sh (it calls ensure_apptainer_for_tests), or run
-# on its own.  Debian 12 has no Apptainer package, and Debian unstable's needs a newer C library, so
-# Apptainer runs inside a Docker container:
+# Sourced by scripts/test.sh after scripts/docker.sh (it calls ensure_apptainer_for_tests, and
+# stop_started_apptainer when the tests end), or run on its own.  Debian 12 has no Apptainer package,
+# and Debian unstable's needs a newer C library, so Apptainer runs inside a Docker container:
 #   1. once per machine: debootstrap a minimal Debian unstable root with apptainer in it, from the
 #      Debian mirror of this machine's apt sources, and `docker import` it as $HERMES_APPTAINER_IMAGE;
-#   2. keep one container of it running ($HERMES_APPTAINER_CONTAINER), with the capabilities and
-#      devices Apptainer needs (never --privileged) and /tmp bind-mounted at /tmp, so the files the
-#      tests make there (images, SIF caches) have the same paths on both sides;
+#   2. one container of it running ($HERMES_APPTAINER_CONTAINER), with the capabilities and devices
+#      Apptainer needs and no others (see _hba_start_container) and /tmp bind-mounted at /tmp, so the
+#      files the tests make there (images, SIF caches) have the same paths on both sides; one already
+#      running is used as it is (other test runs may be using it), and only one this script started
+#      is noted (HBA_STARTED_CONTAINER) for stop_started_apptainer;
 #   3. write `apptainer` and `singularity` commands into $HERMES_APPTAINER_HOME/bin that forward
 #      their arguments, environment, working folder, standard input, exit status and signals into
 #      that container with `docker exec`, running as root; and the same in user-bin/, running as
@@ -22,8 +24,12 @@ HERMES_APPTAINER_IMAGE=${HERMES_APPTAINER_IMAGE:-hermes-batch-test/apptainer:2}
 HERMES_APPTAINER_CONTAINER=${HERMES_APPTAINER_CONTAINER:-hermes-batch-apptainer}
 HERMES_APPTAINER_HOME=${HERMES_APPTAINER_HOME:-/tmp/hermes-batch-apptainer}
 HERMES_APPTAINER_LOOPS=${HERMES_APPTAINER_LOOPS:-32}  # loop devices given to the container
-# Changes of the container's settings below change this, so an older container is replaced.
-_HB_RIG_VERSION=5
+# Changes of the container's settings below change this.  A stopped container older than this is
+# replaced; a running one of at least _HB_RIG_MIN_VERSION is used as it is (other test runs on the
+# machine may be using it: `scripts/apptainer.sh stop` when none is, and the next run makes a new one).
+_HB_RIG_VERSION=6
+_HB_RIG_MIN_VERSION=5  # the oldest container the tests still work with
+HBA_STARTED_CONTAINER=  # set when this script started the container
 HERMES_APPTAINER_USER=hbuser  # the ordinary user of user-bin/
 
 _hba_say() { echo "apptainer.sh: $*" >&2; }
@@ -86,26 +92,40 @@ _hba_loop_devices() {
 }
 
 _hba_container_ready() {
-    [ "$(docker inspect -f '{{.State.Running}} {{index .Config.Labels "org.hermes-batch.rig-version"}}' \
-        "$HERMES_APPTAINER_CONTAINER" 2>/dev/null)" = "true $_HB_RIG_VERSION" ]
+    local state
+    state=$(docker inspect -f '{{.State.Running}} {{index .Config.Labels "org.hermes-batch.rig-version"}}' \
+        "$HERMES_APPTAINER_CONTAINER" 2>/dev/null) || return 1
+    [ "${state% *}" = true ] && [ "${state#* }" -ge "$_HB_RIG_MIN_VERSION" ] 2>/dev/null
 }
 
-# _hba_start_container: one running container of the image (kept between test runs).
+# The capabilities Apptainer needs, found by trying each away (root runs a SIF from a loop device with
+# --no-privs and --net --network none; an ordinary user runs it in user namespaces with squashfuse):
+# SYS_ADMIN mounts and makes namespaces (and lets Docker's default seccomp profile allow those calls),
+# DAC_READ_SEARCH the overlay, NET_ADMIN the loopback of --network none, MKNOD a loop device,
+# SETPCAP drops root's capabilities, SETUID/SETGID/SYS_CHROOT/CHOWN/DAC_OVERRIDE/FOWNER the starter,
+# KILL passes the forwarders' signals on to the ordinary user's runtime.
+_HBA_CAPABILITIES=(SYS_ADMIN DAC_READ_SEARCH NET_ADMIN MKNOD SETPCAP SETUID SETGID SYS_CHROOT CHOWN DAC_OVERRIDE
+    FOWNER KILL)
+
+# _hba_start_container: one running container of the image (left running for other test runs unless
+# stop_started_apptainer stops it).
 _hba_start_container() {
-    local devices
+    local devices capability security=()
     _hba_container_ready && return 0
     devices=$(_hba_loop_devices) || { _hba_say "could not make the loop devices"; return 1; }
     docker rm -f "$HERMES_APPTAINER_CONTAINER" >/dev/null 2>&1
+    for capability in "${_HBA_CAPABILITIES[@]}"; do security+=(--cap-add "$capability"); done
+    # Docker's AppArmor profile forbids mount; where AppArmor is on, the container goes without it.
+    if [ "$(cat /sys/module/apparmor/parameters/enabled 2>/dev/null)" = Y ]; then
+        security+=(--security-opt apparmor=unconfined)
+    fi
     # --init reaps the instances' processes (a stopped instance is otherwise a zombie that
-    # `apptainer instance stop` waits 10 s for); SYS_RESOURCE is the one capability refused here;
-    # systempaths=unconfined leaves /proc unmasked, which an ordinary user's new /proc mount needs;
-    # the engine restarts it should something on this shared machine kill it.
+    # `apptainer instance stop` waits 10 s for); systempaths=unconfined leaves /proc unmasked, which an
+    # ordinary user's new /proc mount needs; Docker's default seccomp profile stays.
     # shellcheck disable=SC2086
-    if ! docker run -d --init --restart unless-stopped --name "$HERMES_APPTAINER_CONTAINER" \
+    if ! docker run -d --init --name "$HERMES_APPTAINER_CONTAINER" \
             --label org.hermes-batch.test-rig=apptainer --label "org.hermes-batch.rig-version=$_HB_RIG_VERSION" \
-            --cap-add ALL --cap-drop SYS_RESOURCE \
-            --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
-            --security-opt systempaths=unconfined \
+            --cap-drop ALL "${security[@]}" --security-opt systempaths=unconfined \
             --device /dev/fuse $devices \
             -v /tmp:/tmp \
             "$HERMES_APPTAINER_IMAGE" sleep infinity >/dev/null 2>"$HERMES_APPTAINER_HOME/run.err"; then
@@ -114,6 +134,7 @@ _hba_start_container() {
         _hba_say "could not start the container: $(tail -n 3 "$HERMES_APPTAINER_HOME/run.err")"
         return 1
     fi
+    HBA_STARTED_CONTAINER=$HERMES_APPTAINER_CONTAINER
     docker exec "$HERMES_APPTAINER_CONTAINER" useradd -m "$HERMES_APPTAINER_USER" >/dev/null 2>&1
     docker exec "$HERMES_APPTAINER_CONTAINER" id "$HERMES_APPTAINER_USER" >/dev/null 2>&1
 }
@@ -178,6 +199,15 @@ EOF
     done
 }
 
+# stop_started_apptainer: remove the container _hba_start_container started (none found running).
+stop_started_apptainer() {
+    local container=$HBA_STARTED_CONTAINER
+    [ -n "$container" ] || return 0
+    HBA_STARTED_CONTAINER=
+    _hba_say "removing the container $container it started (the image $HERMES_APPTAINER_IMAGE is kept)"
+    docker rm -f "$container" >/dev/null 2>&1
+}
+
 # ensure_apptainer: image, container and forwarders; prints the folder of the forwarders
 # (those that run as the ordinary user are in the folder user-bin beside it).
 ensure_apptainer() {
@@ -204,8 +234,9 @@ ensure_apptainer() {
 # ensure_apptainer_for_tests: exports HERMES_APPTAINER_BIN (the forwarders' folder), or
 # HERMES_APPTAINER_PROBLEM (why not); in CI a failure stops the tests, elsewhere they skip.
 ensure_apptainer_for_tests() {
-    local started=$SECONDS bin
-    if bin=$(ensure_apptainer); then
+    local started=$SECONDS bin=$HERMES_APPTAINER_HOME/bin
+    # not in a subshell: HBA_STARTED_CONTAINER must reach stop_started_apptainer
+    if ensure_apptainer >/dev/null; then
         export HERMES_APPTAINER_BIN=$bin
         unset HERMES_APPTAINER_PROBLEM
         _hba_say "Apptainer $("$bin/apptainer" --version 2>/dev/null | awk '{print $NF}') ready in the container $HERMES_APPTAINER_CONTAINER ($((SECONDS - started)) s)"

@@ -4,13 +4,16 @@
 #   scripts/docker.sh          install docker.io if there is no engine, start dockerd, build the images
 #   scripts/docker.sh images   only build the test images (the engine must answer)
 #
-# Sourced by scripts/test.sh (it calls ensure_docker_for_tests) or run on its own.
-# No image registry is needed: the images are built locally from busybox-static and fed to
-# `docker import`, so nothing is pulled.
+# Sourced by scripts/test.sh (it calls ensure_docker_for_tests, and stop_started_docker_engine when
+# the tests end) or run on its own.  No image registry is needed: the images are built locally from
+# busybox-static and fed to `docker import`, so nothing is pulled.  An engine this script starts is
+# noted in HB_STARTED_DOCKERD (its pid); one it found answering is never stopped by it.
 
 . "$(dirname "${BASH_SOURCE[0]}")/python.sh"  # quietly
 
 HERMES_DOCKERD_LOG=${HERMES_DOCKERD_LOG:-/tmp/hermes-batch-dockerd.log}
+HERMES_DOCKERD_PIDFILE=${HERMES_DOCKERD_PIDFILE:-/var/run/docker.pid}
+HB_STARTED_DOCKERD=  # the pid of the engine this script started, if it started one
 HERMES_TEST_IMAGES=(hermes-batch-test/busybox-a:1 hermes-batch-test/busybox-b:1)
 
 _hb_say() { echo "docker.sh: $*" >&2; }
@@ -42,8 +45,8 @@ ensure_docker_engine() {
     fi
     if ! _hb_engine_answers; then
         _hb_say "starting dockerd in the background (log: $HERMES_DOCKERD_LOG)"
-        # its own session, so a Ctrl-C of the tests does not stop the engine
-        _hb_as_root setsid dockerd >"$HERMES_DOCKERD_LOG" 2>&1 < /dev/null &
+        # its own session, so a Ctrl-C of the tests does not stop the engine before the tests have cleaned up
+        _hb_as_root setsid dockerd --pidfile "$HERMES_DOCKERD_PIDFILE" >"$HERMES_DOCKERD_LOG" 2>&1 < /dev/null 9>&- &
         local waited=0
         until _hb_engine_answers; do
             if [ "$waited" -ge 60 ]; then
@@ -54,7 +57,25 @@ ensure_docker_engine() {
             sleep 1
             waited=$((waited + 1))
         done
+        HB_STARTED_DOCKERD=$(_hb_as_root cat "$HERMES_DOCKERD_PIDFILE" 2>/dev/null)
     fi
+}
+
+# stop_started_docker_engine: stop the engine ensure_docker_engine started (none found running is touched).
+stop_started_docker_engine() {
+    local pid=$HB_STARTED_DOCKERD waited=0
+    [ -n "$pid" ] || return 0
+    HB_STARTED_DOCKERD=
+    _hb_say "stopping the dockerd it started (pid $pid)"
+    _hb_as_root kill -TERM "$pid" 2>/dev/null || return 0
+    while _hb_as_root kill -0 "$pid" 2>/dev/null; do
+        if [ "$waited" -ge 60 ]; then
+            _hb_say "dockerd (pid $pid) has not stopped after 30 s; it is left running"
+            return 1
+        fi
+        sleep 0.5
+        waited=$((waited + 1))
+    done
 }
 
 # _hb_static_busybox: the path of a statically linked busybox (from busybox-static).

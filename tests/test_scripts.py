@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,3 +53,114 @@ def test_pip_notes_are_hidden_on_success_and_shown_on_failure(tmp_path):
 def test_build_folders_are_ignored_by_git():
     for path in ("build/lib/x.py", "hermes_batch_docker/build/lib/x.py", "plugins/hermes_batch_example/build/x"):
         assert subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT).returncode == 0, path
+
+
+# --- scripts/test.sh stops what it started, and only that --------------------------------------------
+
+FAKE_DOCKER = r"""#!/usr/bin/env bash
+# A stand-in for the docker client: the engine answers while the fake dockerd runs (or when FOUND_ENGINE=1),
+# containers are files in $STATE; every call is logged.
+echo "docker $*" >> "$STATE/log"
+engine() { [ "${FOUND_ENGINE:-}" = 1 ] || { [ -s "$STATE/dockerd.pid" ] && kill -0 "$(cat "$STATE/dockerd.pid")" 2>/dev/null; }; }
+engine || exit 1
+case "$1" in
+    info|import) exit 0 ;;
+    image) exit 0 ;;
+    inspect) [ -f "$STATE/container-${@: -1}" ] && cat "$STATE/container-${@: -1}" || exit 1 ;;
+    rm) rm -f "$STATE/container-${@: -1}" ;;
+    run) while [ "$1" != --name ]; do shift; done; echo "true 6" > "$STATE/container-$2" ;;
+    exec) case "$*" in *--version*) echo "apptainer version 1.4.5" ;; esac ;;
+esac
+"""
+
+FAKE_DOCKERD = r"""#!/usr/bin/env bash
+while [ $# -gt 0 ]; do [ "$1" = --pidfile ] && pidfile=$2; shift; done
+echo $$ > "$pidfile"
+echo "dockerd started" >> "$STATE/log"
+trap 'echo "dockerd stopped" >> "$STATE/log"; rm -f "$pidfile"; exit 0' TERM
+while :; do sleep 0.1; done
+"""
+
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+[ "$1" = -c ] && exit 0
+echo "pytest $* (fd 9 $( [ -e /proc/$$/fd/9 ] && echo inherited || echo closed))" >> "$STATE/log"
+exit "${FAKE_PYTEST_STATUS:-0}"
+"""
+
+
+@pytest.fixture(autouse=True)
+def _no_stand_in_left(tmp_path):
+    yield
+    # the fake dockerds a test left running (on purpose, or by failing): those whose command names this test's folder
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"{tmp_path}/".encode() in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+
+
+def run_test_sh(tmp_path, env=None, args=("-q",)) -> tuple[subprocess.CompletedProcess, str]:
+    """scripts/test.sh with stand-ins for docker, dockerd, pip and python (nothing real is started or stopped)."""
+    state, bin_dir, venv = tmp_path / "state", tmp_path / "bin", tmp_path / "venv"
+    for folder in (state, bin_dir, venv / "bin"):
+        folder.mkdir(parents=True, exist_ok=True)
+    for path, text in [(bin_dir / "docker", FAKE_DOCKER), (bin_dir / "dockerd", FAKE_DOCKERD),
+                       (bin_dir / "sudo", '#!/bin/sh\nexec "$@"\n'), (bin_dir / "apt-get", "#!/bin/sh\nexit 1\n"),
+                       (venv / "bin" / "python", FAKE_PYTHON), (venv / "bin" / "pip", "#!/bin/sh\nexit 0\n")]:
+        path.write_text(text)
+        path.chmod(0o755)
+    base = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path), "STATE": str(state),
+        "HERMES_BATCH_VENV": str(venv), "HERMES_DOCKERD_PIDFILE": str(state / "dockerd.pid"),
+        "HERMES_DOCKERD_LOG": str(state / "dockerd.log"), "HERMES_APPTAINER_HOME": str(tmp_path / "apptainer"),
+        "HERMES_APPTAINER_CONTAINER": "test-rig", "HERMES_BATCH_SERVICES_LOCK": str(tmp_path / "services.lock"),
+        "HERMES_CHROMIUM": "/bin/true",
+    }
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "test.sh"), *args], env={**base, **(env or {})},
+                          capture_output=True, text=True, timeout=120)
+    return done, (state / "log").read_text()
+
+
+def test_test_sh_stops_the_engine_and_container_it_started(tmp_path):
+    done, log = run_test_sh(tmp_path, {"FAKE_PYTEST_STATUS": "3"})
+    assert done.returncode == 3, done.stderr  # pytest's status
+    assert "dockerd started" in log and "pytest -m pytest -q (fd 9 closed)" in log
+    [run] = [line for line in log.splitlines() if line.startswith("docker run ")]
+    assert "--cap-drop ALL" in run and "--cap-add SYS_ADMIN" in run
+    for privilege in ("--privileged", "seccomp=unconfined", "--cap-add ALL", "--restart"):
+        assert privilege not in run
+    after = log.split("pytest -m pytest", 1)[1]
+    assert "docker rm -f test-rig" in after and "dockerd stopped" in after
+    assert after.index("docker rm -f test-rig") < after.index("dockerd stopped")  # the container, then its engine
+    assert "removing the container test-rig it started" in done.stderr
+    assert "stopping the dockerd it started" in done.stderr
+
+
+def test_test_sh_leaves_what_it_found_running(tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "container-test-rig").write_text("true 5")  # an older rig that works, in use
+    done, log = run_test_sh(tmp_path, {"FOUND_ENGINE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert "dockerd started" not in log and "docker run" not in log and "docker rm" not in log
+    assert "stopp" not in done.stderr and "removing" not in done.stderr
+
+
+def test_test_sh_keeps_what_it_started_when_asked_or_in_use(tmp_path):
+    done, log = run_test_sh(tmp_path / "kept", {"HERMES_BATCH_KEEP_SERVICES": "1"})
+    assert done.returncode == 0, done.stderr
+    assert "docker rm -f test-rig" not in log.split("pytest -m pytest", 1)[1] and "dockerd stopped" not in log
+    assert "left running as HERMES_BATCH_KEEP_SERVICES=1 asks: the container test-rig dockerd (pid" in done.stderr
+
+    lock = tmp_path / "shared" / "services.lock"
+    lock.parent.mkdir()
+    other = subprocess.Popen(["flock", "-s", str(lock), "sleep", "60"])  # another test run using them
+    try:
+        time.sleep(0.5)
+        done, log = run_test_sh(tmp_path / "shared", {"HERMES_BATCH_SERVICES_LOCK": str(lock)})
+    finally:
+        other.kill()
+        other.wait()
+    assert done.returncode == 0, done.stderr
+    assert "another scripts/test.sh is using what this one started; left running" in done.stderr
+    assert "dockerd stopped" not in log
