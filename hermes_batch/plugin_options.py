@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from .errors import UsageError
+from .errors import ConfigError, UsageError
 from .serialization import structure_config
 
 
@@ -137,7 +137,7 @@ def build_config(cls: type, spec: PluginSpec, what: str) -> Any:
 
 
 def structure_options(options: dict, config_cls: type, what: str, spelling: str) -> Any:
-    """``options`` structured strictly into ``config_cls``; an unknown key is a UsageError listing the valid ones.
+    """``options`` structured strictly into ``config_cls``; an unknown key is a ConfigError listing the valid ones.
 
     ``what`` names the plugin ("the docker sandbox"); ``spelling`` is how one
     option is written on the command line, with ``{key}`` for its name
@@ -146,7 +146,7 @@ def structure_options(options: dict, config_cls: type, what: str, spelling: str)
     fields = [f.name for f in attrs.fields(config_cls)] if attrs.has(config_cls) else []
     unknown = [key for key in options if key not in fields]
     if unknown:
-        raise UsageError(unknown_options(unknown, fields, what, spelling))
+        raise ConfigError(unknown_options(unknown, fields, what, spelling))
     return structure_config(options, config_cls, f"options for {what}")
 
 

@@ -3,7 +3,7 @@
 import attrs
 import pytest
 
-from hermes_batch.errors import HermesBatchError, UsageError
+from hermes_batch.errors import ConfigError, HermesBatchError
 from hermes_batch.plugin_options import build_config, parse_spec, structure_options
 from hermes_batch.testing import ToolLoopScript, write_dataset
 
@@ -69,20 +69,20 @@ class Box:
 
 
 def test_an_unknown_option_is_named_with_the_valid_ones_and_the_closest():
-    with pytest.raises(UsageError) as info:
+    with pytest.raises(ConfigError) as info:
         structure_options({"memroy": "2g"}, Box.Config, "the box sandbox (-S)", "-S {key}=...")
     assert str(info.value) == (
         "The box sandbox (-S) has no option 'memroy' (it takes image, memory, cpus); did you mean -S memory=...?"
     )
-    with pytest.raises(UsageError) as info:
+    with pytest.raises(ConfigError) as info:
         structure_options({"cpu": 2, "colour": "red"}, Box.Config, "the box sandbox (-S)", "-S {key}=...")
     assert str(info.value) == (
         "The box sandbox (-S) has no options 'cpu', 'colour' (it takes image, memory, cpus); did you mean -S cpus=...?"
     )
-    with pytest.raises(UsageError) as info:
+    with pytest.raises(ConfigError) as info:
         structure_options({"zzz": 1}, Box.Config, "the filter box", "box:{key}=...")
     assert str(info.value) == "The filter box has no option 'zzz' (it takes image, memory, cpus); use one of them."
-    with pytest.raises(UsageError) as info:
+    with pytest.raises(ConfigError) as info:
         build_config(Box, parse_spec("box:memroy=1", "--filter"), "filter")  # the filter's own spelling
     assert str(info.value).endswith("did you mean box:memory=...?")
     assert structure_options({"memory": "2g"}, Box.Config, "the box sandbox (-S)", "-S {key}=...") == Box.Config(memory="2g")

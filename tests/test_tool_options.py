@@ -191,7 +191,7 @@ def test_nothing_left_to_sample_is_a_usage_error(tmp_path, model_server, monkeyp
 
 def test_bad_options_stop_the_run_before_anything_is_sent(tmp_path, model_server):
     server = model_server(ToolLoopScript(tool_calls=1))
-    with pytest.raises(UsageError) as info:
+    with pytest.raises(ConfigError) as info:
         run_api(tmp_path, server, [{"prompt": "p"}], NotesPlugin(), tool_options={"notes": {"lable": "x"}})
     assert str(info.value).startswith("The notes toolset (-T) has no option 'lable' (it takes ")
     assert str(info.value).endswith("; did you mean -T notes.label=...?")
