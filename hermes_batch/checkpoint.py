@@ -120,10 +120,14 @@ def repair_torn_tails(folder: RunFolder) -> None:
             log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", path, dropped)
 
 
-def write_run_json(folder: RunFolder, plan: RunPlan, plugins: list[dict], redactor: Redactor) -> None:
+def write_run_json(
+    folder: RunFolder, plan: RunPlan, plugins: list[dict], redactor: Redactor, settings_history: list = (),
+) -> None:
     """run.json: the configuration (never the API key), the plan's decisions and the plugins' versions.
 
-    ``redactor`` hides any secret of the run that reached a value (an option, a path).
+    ``redactor`` hides any secret of the run that reached a value (an option, a path);
+    ``settings_history`` the settings that change what the data means, per session that changed them
+    (``run_settings.check_resume``).
     """
     config = plan.config
     data = {
@@ -142,5 +146,6 @@ def write_run_json(folder: RunFolder, plan: RunPlan, plugins: list[dict], redact
             for name, options in plan.toolset_configs.items()
         },
         "plugins": [{k: p[k] for k in ("name", "distribution", "version")} for p in plugins],
+        "settings_history": list(settings_history),
     }
     atomic_write_text(folder.run_json, json.dumps(redactor.data(data), indent=2, default=str) + "\n")

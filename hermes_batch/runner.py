@@ -14,7 +14,9 @@ from typing import Optional
 import attrs
 import pluggy
 
-from . import bookkeeping, cleanup, distributions, limits, notices, refilter, reindex, rowkeys, runfolder, selection
+from . import (
+    bookkeeping, cleanup, distributions, limits, notices, refilter, reindex, rowkeys, run_settings, runfolder, selection,
+)
 from .checkpoint import BatchTracker, Checkpoints, load_checkpoint, repair_torn_tails, write_run_json
 from .config import RunConfig
 from .errors import (
@@ -92,6 +94,8 @@ class Run:
         self._check_folder()
         try:
             self.checkpoints = Checkpoints(self.folder, cfg, load_checkpoint(self.folder) if cfg.resume else None)
+            # a resume continues the run's data: settings that change what it means are refused, or kept apart
+            self.settings_history = run_settings.check_resume(plan, self.folder, self.checkpoints.session_number)
         except BaseException:
             self.close()
             raise
@@ -187,7 +191,7 @@ class Run:
             return RunResult(exc.exit_code, None, str(exc))
         try:
             self.folder.create()
-            write_run_json(self.folder, plan, describe_plugins(self.pm), self.redactor)
+            write_run_json(self.folder, plan, describe_plugins(self.pm), self.redactor, self.settings_history)
             rowkeys.save(self.folder, self.validated, cfg.max_samples)
             self.validated.keys.digests = self.validated.keys.indexes = None  # matched: 16 bytes a row less
             client.journal = self.journal = CallJournal(journal_path(self.folder.dir), self.checkpoints.session_number)
@@ -407,6 +411,8 @@ class Run:
             run=RunInfo(
                 model=self.config.model, distribution=self.config.distribution, batch_size=self.config.batch_size,
                 total_prompts=self.plan.dataset.valid, total_lines=self.plan.dataset.total,
+                models=tuple(run_settings.distinct(self.settings_history, "model")),
+                distributions=tuple(run_settings.distinct(self.settings_history, "distribution")),
             ),
         )
         runfolder.check_stop()

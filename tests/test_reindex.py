@@ -100,7 +100,7 @@ def test_reordered_rows_keep_indexes_unique_and_run_only_the_rest(runner, model_
     run(runner, server, first, "--max_samples", "6")
 
     second = first[::-1]
-    run(runner, server, second, "--resume")
+    run(runner, server, second, "--resume", "--max_samples", "all")
     for prompt in first:
         assert server.calls_for(prompt) == 2, prompt  # each ran once
     assert len(check_joins(runner, second)) == 10
@@ -110,7 +110,7 @@ def test_a_changed_batch_size_regroups_the_batch_files(runner, model_server):
     rows = prompts(12)
     server = model_server(FAST)
     run(runner, server, rows, "--max_samples", "7")
-    run(runner, server, rows, "--resume", "--batch_size", "3")
+    run(runner, server, rows, "--resume", "--batch_size", "3", "--max_samples", "all")
     assert len(check_joins(runner, rows, batch_size=3)) == 12
     assert sorted(p.name for p in runner.folder().glob("batch_*.jsonl")) == [f"batch_{i}.jsonl" for i in range(4)]
 

@@ -264,7 +264,7 @@ def test_duplicated_prompts_run_once_per_row_across_resumes(tmp_path, runner, mo
     assert first.calls_for(dup) == 2 * CALLS_PER_SESSION
 
     second = model_server(FAST)
-    result = runner.invoke(data, *BASE, "--resume", server=second)
+    result = runner.invoke(data, *BASE, "--resume", "--max_samples", "all", server=second)
     assert result.exit_code == 0, result.output
     assert second.calls_for(dup) == CALLS_PER_SESSION  # only the third copy
     merged = assert_each_once(runner, dataset)
@@ -386,7 +386,7 @@ def test_batch_numbers_are_fixed_whatever_order_prompts_finish_in(tmp_path, runn
     expected = {0: prompts[0:4], 1: prompts[4:7]}
     assert {int(p.stem[6:]): sorted(map(human, read_jsonl(p))) for p in folder.glob("batch_*.jsonl")} == expected
 
-    result = runner.invoke(data, *args, "--resume", server=model_server(FAST, latency=slow_first))
+    result = runner.invoke(data, *args, "--resume", "--max_samples", "all", server=model_server(FAST, latency=slow_first))
     assert result.exit_code == 0, result.output
     expected = {n: sorted(prompts[n * 4:(n + 1) * 4]) for n in range(4)}
     assert {int(p.stem[6:]): sorted(map(human, read_jsonl(p))) for p in folder.glob("batch_*.jsonl")} == expected
@@ -431,7 +431,7 @@ def test_statistics_cover_every_session_of_the_run(tmp_path, runner, model_serve
     assert result.exit_code == 0, result.output
     assert statistics(runner)["finished"]["model_calls"] == 4 * CALLS_PER_SESSION
 
-    result = runner.invoke(data, *BASE, "--resume", server=model_server(FAST))
+    result = runner.invoke(data, *BASE, "--resume", "--max_samples", "all", server=model_server(FAST))
     assert result.exit_code == 0, result.output
     stats = statistics(runner)
     assert stats["prompts"]["finished"] == stats["finished"]["samples"] == 9

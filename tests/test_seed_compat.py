@@ -37,7 +37,7 @@ def test_seed_style_boolean_values_are_accepted(runner, model_server, tmp_path):
     result = runner.invoke(data, "--verbose=false", "--max_samples", "2")
     assert result.exit_code == 0, result.output
     assert "[B0:P0]" not in result.output
-    result = runner.invoke(data, "--resume=True", "--verbose=true", "--skip_invalid=False")
+    result = runner.invoke(data, "--resume=True", "--verbose=true", "--skip_invalid=False", "--max_samples=all")
     assert result.exit_code == 0, result.output
     assert "[B0:P2]" in result.output  # --verbose=true logs each prompt's turns
     assert runner.server.calls_for("task 0") == 3  # --resume=True resumed: the finished prompts did not run again
