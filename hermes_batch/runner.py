@@ -303,8 +303,13 @@ class Run:
         cfg = self.config
         if not reindex.needs_check(self.folder, self.plan.dataset_fingerprint, cfg.batch_size):
             return
-        result = reindex.reindex(self.folder, cfg.dataset_file, cfg.batch_size)
-        reindex.warn(result)
+        if reindex.same_dataset(self.folder, self.plan.dataset_fingerprint):
+            # only --batch_size changed: the records keep their prompt_index and move to their new batch files
+            result = reindex.refile(self.folder, cfg.batch_size)
+            log.info("--batch_size %d: %d record(s) moved to the batch files of that size.", cfg.batch_size, result.moved)
+        else:
+            result = reindex.reindex(self.folder, cfg.dataset_file, cfg.batch_size)
+            reindex.warn(result)
         if result.rewritten:  # the records moved (their indexes were dropped with the old files)
             self.checkpoints.renumbered()
 
