@@ -295,7 +295,10 @@ class Run:
         self._reindex()
         keys = self.validated.keys
         plan = rowkeys.plan(keys, self.index.finished_digests())
-        self.checkpoints.completed_batches |= rowkeys.batches_finished(keys, plan.left, self.config.batch_size)
+        size = self.config.batch_size
+        self.checkpoints.completed_batches |= rowkeys.batches_finished(keys, plan.left, size)
+        if plan.left is not None:  # a batch with a prompt to run again (it failed) is not complete
+            self.checkpoints.not_complete(index // size for index in runfolder.stoppable(plan.left, 1 << 16))
         return plan
 
     def _reindex(self) -> None:
@@ -353,7 +356,7 @@ class Run:
         index.add(record)
         self.counts[kind] += 1
         self.progress.ended(kind)
-        self.tracker.finished(job.batch_num)
+        self.tracker.finished(job.batch_num, failed=kind == "failed")
         self.pm.hook.prompt_finished(run=self.context, outcome=record)
 
     def _batch_log(self, batch: int) -> AppendLog:
@@ -362,12 +365,13 @@ class Run:
             log_ = self.batch_logs[batch] = AppendLog(self.folder.batch_path(batch))
         return log_
 
-    def _batch_complete(self, batch: int) -> None:
+    def _batch_complete(self, batch: int, failed: int) -> None:
         log_ = self.batch_logs.pop(batch, None)
         if log_ is not None:
             log_.close()
         self.index.close_batch(batch)
-        self.checkpoints.completed_batches.add(batch)
+        if not failed:  # as batch_runner.py: a batch is complete when all its prompts finished, none failed
+            self.checkpoints.completed_batches.add(batch)
         self._save_checkpoint(interrupted=False)
 
     # --- bookkeeping -------------------------------------------------------------------------

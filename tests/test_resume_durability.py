@@ -406,6 +406,28 @@ def test_checkpoint_records_completed_batches(tmp_path, runner, model_server):
     assert len(saved["sessions"]) == 1
 
 
+def test_a_batch_with_a_failed_prompt_is_not_complete_until_a_resume_finishes_it(tmp_path, runner, model_server):
+    prompts = make_prompts(12)
+    data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
+    batch_1 = set(prompts[5:10])
+    broken = model_server(RoutedScript(lambda p: _always_500 if p in batch_1 else FAST))
+    result = runner.invoke(data, *BASE, "--max_retries", "0", server=broken)
+    assert result.exit_code == 3, result.output
+    saved = checkpoint(runner)
+    assert saved["completed_batches"] == [0, 2]  # every prompt of batch 1 failed
+    assert (saved["prompts_finished"], saved["prompts_failed"]) == (7, 5)
+    # the seed's name, with its meaning: no count under a name that meant the list of finished prompts
+    assert "completed_prompts" not in saved and saved["last_updated"] == saved["updated_at"]
+
+    # a folder of an earlier version, whose checkpoint.json held completed_prompts as a count, resumes
+    (runner.folder() / "checkpoint.json").write_text(json.dumps({**saved, "completed_prompts": 7}) + "\n")
+    result = runner.invoke(data, *BASE, "--resume", server=model_server(FAST))
+    assert result.exit_code == 0, result.output
+    saved = checkpoint(runner)
+    assert saved["completed_batches"] == [0, 1, 2] and "completed_prompts" not in saved
+    assert len(saved["sessions"]) == 2
+
+
 def test_resume_of_a_finished_run_calls_no_model_and_rebuilds_outputs(tmp_path, runner, model_server):
     prompts = make_prompts(7)
     data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
