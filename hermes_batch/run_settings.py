@@ -255,3 +255,22 @@ def distinct(history: Iterable[Mapping], name: str) -> list:
         if isinstance(value, str) and value not in seen:
             seen.append(value)
     return seen
+
+
+def record_filters(folder: RunFolder, specs) -> None:
+    """A refilter judged the run's records by ``specs``: run.json says so, so a resume applies the same filters."""
+    from .runfolder import atomic_write_text
+
+    data = read_run_json(folder)
+    if not data:
+        return
+    specs = list(specs)
+    if isinstance(data.get("config"), dict):
+        data["config"]["filters"] = specs
+    before = recorded_settings(data)
+    if before is not None and before.get("filters") != specs:
+        history = [entry for entry in data.get(HISTORY) or () if isinstance(entry, Mapping)] or [
+            {"session": 0, "settings": before}]
+        history.append({"session": None, "refilter": True, "settings": {**before, "filters": specs}})
+        data[HISTORY] = history
+    atomic_write_text(folder.run_json, json.dumps(data, indent=2, default=str) + "\n")

@@ -88,6 +88,7 @@ class Run:
         )
         self.plan = plan
         self.filters = selection.filters(self.registry, plan.filters)
+        notices.discarding_everything(cfg, [f.name for f in self.filters])
         self.writers = selection.writers(self.registry, plan.writers)
         self.executor = self.registry.get("executors", plan.executor)(plan.executor_config)
 
@@ -257,6 +258,8 @@ class Run:
                 EXIT_INTERRUPTED, None,
                 "Interrupted while merging; finished prompts are saved, run again with --resume to merge them.",
             )
+        if statistics is not None:
+            notices.mostly_discarded(statistics, [f.name for f in self.filters], self.folder.dir)
         if fatal is not None:
             return RunResult(fatal.exit_code, statistics, str(fatal))
         if interrupted:

@@ -122,3 +122,34 @@ def test_a_limit_taken_from_run_json_can_be_lifted(runner, model_server, tmp_pat
     assert len(runner.records("trajectories.jsonl")) == 2  # --max_samples 2 still
     assert run(runner, data, server, "--resume", "--max_samples", "all").exit_code == 0
     assert len(runner.records("trajectories.jsonl")) == 4
+
+
+def test_a_run_whose_filter_discards_everything_says_so_at_start_and_at_the_end(runner, model_server, tmp_path):
+    from hermes_batch.testing import ToolLoopScript
+
+    server = model_server(ToolLoopScript(tool_calls=1, reasoning=None))  # a model that gives no reasoning
+    data = write_dataset(tmp_path / "data.jsonl", prompts(3))
+    result = run(runner, data, server, "--model", "plain", "--reasoning_disabled")
+    assert result.exit_code == 0, result.output
+    start, end = result.output.index("--reasoning_disabled turns reasoning off"), result.output.index("discarded 3 of")
+    assert start < end
+    assert "the no-reasoning filter will discard every sample" in result.output
+    assert "--filter hallucinated-tools" in result.output
+    assert "The no-reasoning filter discarded 3 of the 3 finished samples (100%" in result.output
+    assert runner.records("trajectories.jsonl") == []
+
+    # the way out it names: a refilter keeps them, and later resumes judge by the refilter's filters
+    refiltered = runner.cli("refilter", str(runner.folder()), "--filter", "hallucinated-tools")
+    assert refiltered.exit_code == 0, refiltered.output
+    write_dataset(data, prompts(5))
+    resumed = run(runner, data, server, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert "discarded" not in resumed.output.split("Tool usage")[0]
+    assert len(runner.records("trajectories.jsonl")) == 5
+
+
+def test_no_word_when_the_filters_keep_most(runner, model_server, tmp_path):
+    server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", prompts(3))
+    result = run(runner, data, server, "--model", "thinker")
+    assert result.exit_code == 0 and "filter discarded" not in result.output and "turns reasoning off" not in result.output
