@@ -15,7 +15,8 @@ import attrs
 import pluggy
 
 from . import (
-    bookkeeping, cleanup, distributions, limits, notices, refilter, reindex, rowkeys, run_settings, runfolder, selection,
+    bookkeeping, cleanup, distributions, limits, notices, refilter, reindex, rowkeys, run_settings, runfolder,
+    seed_import, selection,
 )
 from .checkpoint import BatchTracker, Checkpoints, load_checkpoint, repair_torn_tails, write_run_json
 from .config import RunConfig
@@ -108,6 +109,12 @@ class Run:
         self.lock = RunFolderLock(self.folder.dir)
         self.lock.acquire()
         try:
+            if cfg.resume and seed_import.is_seed_folder(self.folder):
+                # its records have no content key: a resume would find nothing finished and pay for all again
+                raise RunFolderError(
+                    f"{self.folder.dir} is a run folder of batch_runner.py; convert it first with "
+                    f"'hermes-batch import {self.folder.dir} --dataset_file {cfg.dataset_file}', then resume."
+                )
             if self.folder.has_outputs() and not cfg.resume:
                 if not cfg.overwrite:
                     raise RunFolderError(
