@@ -55,9 +55,15 @@ HISTORY = "settings_history"
 
 
 def read_run_json(folder: RunFolder) -> dict:
-    """run.json as a dict ({} when missing or unreadable)."""
+    """run.json as a dict ({} when missing or unreadable); a committed refilter's, when one awaits its switch."""
+    from .refilter import PLAN, STAGING
+
+    path = folder.run_json
+    staged = folder.dir / STAGING / "run.json"
+    if (folder.dir / STAGING / PLAN).exists() and staged.exists():
+        path = staged  # the next start finishes that refilter before anything reads the records
     try:
-        data = json.loads(folder.run_json.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -257,13 +263,10 @@ def distinct(history: Iterable[Mapping], name: str) -> list:
     return seen
 
 
-def record_filters(folder: RunFolder, specs) -> None:
-    """A refilter judged the run's records by ``specs``: run.json says so, so a resume applies the same filters."""
-    from .runfolder import atomic_write_text
 
-    data = read_run_json(folder)
-    if not data:
-        return
+def with_filters(data: dict, specs) -> dict:
+    """run.json ``data`` saying the run's records are judged by ``specs`` (a refilter's per-sample filters)."""
+    data = json.loads(json.dumps(data))
     specs = list(specs)
     if isinstance(data.get("config"), dict):
         data["config"]["filters"] = specs
@@ -273,4 +276,4 @@ def record_filters(folder: RunFolder, specs) -> None:
             {"session": 0, "settings": before}]
         history.append({"session": None, "refilter": True, "settings": {**before, "filters": specs}})
         data[HISTORY] = history
-    atomic_write_text(folder.run_json, json.dumps(data, indent=2, default=str) + "\n")
+    return data

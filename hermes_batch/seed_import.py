@@ -31,6 +31,7 @@ finish on the next ``hermes-batch import`` if a crash interrupts it.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import os
@@ -131,13 +132,36 @@ def _tool_stats(record: dict) -> tuple[dict, dict]:
     return stats, errors
 
 
-class _Rows:
-    """The dataset's rows by prompt text, each claimed by at most one record."""
+def _prompt_digest(prompt: str) -> bytes:
+    return hashlib.blake2b(prompt.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
-    def __init__(self, rows):
+
+def _record_prompts(seed_files) -> set:
+    """Digests of the prompts of batch_runner.py's records: only the rows that have one are kept in memory."""
+    found = set()
+    for path in seed_files:
+        with open(path, "rb") as handle:
+            for raw in handle:
+                try:
+                    record = json.loads(raw)
+                except (ValueError, RecursionError):
+                    continue
+                turns = record.get("conversations") if isinstance(record, dict) else None
+                for turn in turns if isinstance(turns, list) else ():
+                    if isinstance(turn, dict) and turn.get("from") == "human" and isinstance(turn.get("value"), str):
+                        found.add(_prompt_digest(turn["value"]))
+                        break
+    return found
+
+
+class _Rows:
+    """The dataset's rows by prompt text (those some record has), each claimed by at most one record."""
+
+    def __init__(self, rows, wanted: set):
         self.by_prompt: dict[str, list] = collections.defaultdict(list)
         for row in rows:
-            self.by_prompt[row.prompt].append(row)
+            if _prompt_digest(row.prompt) in wanted:
+                self.by_prompt[row.prompt].append(row)
 
     def claim(self, prompt: str, index: Any):
         free = self.by_prompt.get(prompt)
@@ -251,7 +275,7 @@ def _stage(folder: RunFolder, staging: Path, seed_files, dataset_file, batch_siz
            tools_of: dict) -> tuple[ImportResult, list]:
     from .reindex import UNMATCHED, _Writers
 
-    rows = _Rows(dataset.iter_rows(dataset_file))
+    rows = _Rows(dataset.iter_rows(dataset_file), _record_prompts(seed_files))
     writers = _Writers(staging)
     counts: collections.Counter = collections.Counter()
     models: list[str] = []

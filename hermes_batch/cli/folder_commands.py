@@ -85,11 +85,6 @@ def refilter_command(run_dir, filter_, no_filters, dry_run, as_json):
         raise UsageError(f"The run's writers cannot be rebuilt: {exc} Install the writer's plugin, then refilter.") from None
     with locked(folder, "hermes-batch refilter"):
         result = refilter(folder, filters, tuple(filter_), dry_run=dry_run, writers=writers)
-        if not dry_run:  # a resume goes on with the filters the records were judged by (those a run can apply)
-            from ..filtering import RunFilter
-            from ..run_settings import record_filters
-
-            record_filters(folder, [spec for spec, f in zip(filter_, filters) if not isinstance(f, RunFilter)])
     _print_refilter(result, as_json)
 
 
