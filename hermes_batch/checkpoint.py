@@ -23,10 +23,14 @@ log = logging.getLogger("hermes_batch.run")
 
 
 class BatchTracker:
-    """Knows when every prompt of a batch dispatched in this session has ended."""
+    """Knows when every prompt of a batch dispatched in this session has ended, and how many of them failed.
+
+    ``on_complete(batch, failed)`` is called once per batch.
+    """
 
     def __init__(self, on_complete):
         self.pending: collections.Counter = collections.Counter()
+        self.failed: collections.Counter = collections.Counter()
         self.current: Optional[int] = None
         self.exhausted = False
         self.on_complete = on_complete
@@ -37,8 +41,9 @@ class BatchTracker:
         self.current = batch
         self.pending[batch] += 1
 
-    def finished(self, batch: int) -> None:
+    def finished(self, batch: int, failed: bool = False) -> None:
         self.pending[batch] -= 1
+        self.failed[batch] += failed
         if self.pending[batch] == 0 and (batch != self.current or self.exhausted):
             self._complete(batch)
 
@@ -53,7 +58,7 @@ class BatchTracker:
 
     def _complete(self, batch: int) -> None:
         del self.pending[batch]
-        self.on_complete(batch)
+        self.on_complete(batch, self.failed.pop(batch, 0))
 
 
 class Checkpoints:
@@ -83,6 +88,13 @@ class Checkpoints:
         if self.previous is not None:
             self.previous = attrs.evolve(self.previous, completed_batches=())
 
+    def not_complete(self, batches) -> None:
+        """``batches`` have prompts left to run (failed, or new rows): earlier sessions' word no longer holds."""
+        batches = set(batches)
+        if self.previous is not None and batches:
+            kept = tuple(b for b in self.previous.completed_batches if b not in batches)
+            self.previous = attrs.evolve(self.previous, completed_batches=kept)
+
     def save(self, counts: collections.Counter, session: SessionInfo) -> Checkpoint:
         """Replace checkpoint.json: this session's ``counts`` (kept, discarded, failed) and ``session`` so far."""
         prev = self.previous
@@ -96,7 +108,6 @@ class Checkpoints:
             prompts_failed=counts["failed"],
             sessions=(prev.sessions if prev else ()) + (session,),
             updated_at=updated,
-            completed_prompts=finished,
             last_updated=updated,
         )
         atomic_write_text(self.folder.checkpoint, to_json_line(checkpoint))
@@ -120,10 +131,14 @@ def repair_torn_tails(folder: RunFolder) -> None:
             log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", path, dropped)
 
 
-def write_run_json(folder: RunFolder, plan: RunPlan, plugins: list[dict], redactor: Redactor) -> None:
+def write_run_json(
+    folder: RunFolder, plan: RunPlan, plugins: list[dict], redactor: Redactor, settings_history: list = (),
+) -> None:
     """run.json: the configuration (never the API key), the plan's decisions and the plugins' versions.
 
-    ``redactor`` hides any secret of the run that reached a value (an option, a path).
+    ``redactor`` hides any secret of the run that reached a value (an option, a path);
+    ``settings_history`` the settings that change what the data means, per session that changed them
+    (``run_settings.check_resume``).
     """
     config = plan.config
     data = {
@@ -142,5 +157,6 @@ def write_run_json(folder: RunFolder, plan: RunPlan, plugins: list[dict], redact
             for name, options in plan.toolset_configs.items()
         },
         "plugins": [{k: p[k] for k in ("name", "distribution", "version")} for p in plugins],
+        "settings_history": list(settings_history),
     }
     atomic_write_text(folder.run_json, json.dumps(redactor.data(data), indent=2, default=str) + "\n")

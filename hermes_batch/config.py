@@ -87,6 +87,9 @@ class RunConfig:
     num_workers: int = option(4, help="Prompts processed at the same time.", validator=at_least(1))
     resume: bool = option(False, help="Continue the run from its outputs.")
     overwrite: bool = option(False, help="Delete the run folder's outputs and start afresh.")
+    allow_changed_settings: bool = option(
+        False, help="Let --resume change options that change what the data means (model, endpoint, toolsets, "
+        "sandbox, filters, ...); run.json keeps each session's settings.")
     verbose: bool = option(False, help="Log each prompt's turns and tool calls.")
     max_samples: Optional[int] = option(None, help="Only the first N prompts of the dataset.", validator=at_least(1))
     max_tokens: Optional[int] = option(None, help="Most tokens per model response.", validator=at_least(1))

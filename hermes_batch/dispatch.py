@@ -43,6 +43,9 @@ log = logging.getLogger("hermes_batch.dispatch")
 PREFETCH = 4
 """Prompts a worker holds beyond those it runs once the dataset is exhausted (before: as many as it runs, if more)."""
 
+CLOSE_GRACE_S = 10.0
+"""How long the driver still listens to a worker once it is stopped, for the last messages on their way."""
+
 
 class WorkerLost(Exception):
     """The worker's process, actor or node is gone; ``str`` says how."""
@@ -94,6 +97,7 @@ class Dispatcher:
         queue: Optional[int] = None,
     ):
         self.links = list(links)
+        self.started_links = list(links)  # lost ones too: close() stops them all
         self.jobs = jobs if isinstance(jobs, PromptJobs) else PromptJobs(jobs)
         self.on_outcome = on_outcome
         self.relay = relay
@@ -108,29 +112,79 @@ class Dispatcher:
         self._events: asyncio.Queue = asyncio.Queue()
         self._limits: dict[WorkerLink, tuple] = {}
         self._recording: set[asyncio.Future] = set()  # outcomes being written while the leasing goes on
+        self._receivers: list[asyncio.Task] = []
 
     async def run(self) -> None:
-        receivers = [asyncio.create_task(self._receive(link)) for link in self.links]
-        try:
-            for link in list(self.links):
+        """Lease every job and record every outcome; then call ``close``, also when this raises or is cancelled."""
+        # The receivers outlive run(): a read cut off by a cancel can lose a message half read, and the last
+        # messages of a stopped worker (the end of the model calls its stop cut off) are still to come.
+        self._receivers = [asyncio.create_task(self._receive(link)) for link in self.links]
+        for link in list(self.links):
+            await self._fill(link)
+        while self._outstanding():
+            link, messages = await self._events.get()
+            if isinstance(messages, WorkerLost):
+                await self._lost(link, messages)
+                continue
+            if isinstance(messages, BaseException):  # an outcome could not be written (disk full)
+                raise messages
+            for message in messages:
+                await self._handle(link, message)
+            if link in self.leased:
                 await self._fill(link)
-            while self._outstanding():
-                link, messages = await self._events.get()
-                if isinstance(messages, WorkerLost):
-                    await self._lost(link, messages)
-                    continue
-                if isinstance(messages, BaseException):  # an outcome could not be written (disk full)
-                    raise messages
-                for message in messages:
-                    await self._handle(link, message)
-                if link in self.leased:
-                    await self._fill(link)
+
+    async def close(self, grace: float = CLOSE_GRACE_S) -> None:
+        """Stop every worker and take in what each sends until it is gone, then wait for the outcomes being written.
+
+        A worker told to stop cancels its prompts in flight; the end of each model
+        call that cuts off is journaled and sent like any other, so calls.jsonl
+        holds no request without its end (as with the local executor), and an
+        outcome that arrives meanwhile is recorded.  The error of an outcome
+        that could not be written (disk full) is raised.
+        """
+        closing = asyncio.ensure_future(close_all(self.started_links))
+        try:
+            await self._drain(closing, grace)
+            await closing
         finally:
-            for task in receivers:
+            if not closing.done():  # cancelled (a second Ctrl-C): the links kill their workers
+                closing.cancel()
+                await asyncio.gather(closing, return_exceptions=True)
+            for task in self._receivers:
                 task.cancel()
-            await asyncio.gather(*receivers, return_exceptions=True)
+            await asyncio.gather(*self._receivers, return_exceptions=True)
         for recording in list(self._recording):
             await recording  # its error (disk full) is the run's
+
+    async def _drain(self, closing: asyncio.Future, grace: float) -> None:
+        receiving = asyncio.gather(*self._receivers, return_exceptions=True)  # each ends when its worker is gone
+        deadline = None
+        try:
+            while not (receiving.done() and self._events.empty()):
+                if self._events.empty():
+                    if deadline is None and closing.done():
+                        deadline = asyncio.get_running_loop().time() + grace
+                    timeout = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
+                    waiting = {receiving, closing} if not closing.done() else {receiving}
+                    getter = asyncio.ensure_future(self._events.get())
+                    done, _ = await asyncio.wait({getter, *waiting}, timeout=timeout,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if getter not in done:
+                        getter.cancel()
+                        await asyncio.gather(getter, return_exceptions=True)
+                        if not done:  # the grace ran out: whatever a worker still had is lost with it
+                            return
+                        continue
+                    link, messages = getter.result()
+                else:
+                    link, messages = self._events.get_nowait()
+                if isinstance(messages, BaseException):
+                    continue  # a worker gone, or a write error: close() raises the latter from its recording
+                for message in messages:
+                    if message[0] in ("journal", "outcome"):
+                        await self._handle(link, message)
+        finally:
+            receiving.cancel()
 
     def _recorded(self, recording: asyncio.Future) -> None:
         self._recording.discard(recording)
@@ -272,16 +326,25 @@ async def wait_ready(link: WorkerLink) -> None:
 
 
 async def drive(links: list, jobs, processor, on_outcome) -> None:
-    """Wait for every worker to be ready, then dispatch ``jobs`` over them, the driver's journal and limiter fed."""
-    started = time.monotonic()
-    await asyncio.gather(*(wait_ready(link) for link in links))
-    log.info("%d workers ready in %.1f s: %s.", len(links), time.monotonic() - started,
-             ", ".join(f"{link.name} ({link.concurrency} sessions)" for link in links))
-    relay, limits = _mirror(processor)
-    # Under --max_cost a short queue: a worker starts a queued prompt without asking the driver, so a deep
-    # one could start as many prompts again as it has sessions after the budget is reached.
-    queue = PREFETCH if processor.plan.config.max_cost is not None else None
-    await Dispatcher(links, jobs, on_outcome, relay, limits, queue).run()
+    """Wait for every worker to be ready, dispatch ``jobs`` over them, the driver's journal and limiter fed, and
+    stop them (taking in their last messages), also on errors and Ctrl-C."""
+    dispatcher = None
+    try:
+        started = time.monotonic()
+        await asyncio.gather(*(wait_ready(link) for link in links))
+        log.info("%d workers ready in %.1f s: %s.", len(links), time.monotonic() - started,
+                 ", ".join(f"{link.name} ({link.concurrency} sessions)" for link in links))
+        relay, limits = _mirror(processor)
+        # Under --max_cost a short queue: a worker starts a queued prompt without asking the driver, so a deep
+        # one could start as many prompts again as it has sessions after the budget is reached.
+        queue = PREFETCH if processor.plan.config.max_cost is not None else None
+        dispatcher = Dispatcher(links, jobs, on_outcome, relay, limits, queue)
+        await dispatcher.run()
+    finally:
+        if dispatcher is not None:
+            await dispatcher.close()
+        else:
+            await close_all(links)
 
 
 async def run_on_workers(
@@ -304,9 +367,10 @@ async def run_on_workers(
     try:
         for setup in worker_setups(processor, shares, processor.run.run_dir):
             links.append(await start(setup, processor.plan.model.api_key))
-        await drive(links, jobs, processor, on_outcome)
-    finally:
+    except BaseException:
         await close_all(links)
+        raise
+    await drive(links, jobs, processor, on_outcome)
 
 
 async def close_all(links: list) -> None:

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 from .errors import RunFolderError, UsageError
 from .records import Checkpoint
+from .run_settings import HISTORY, distinct
 from .runfolder import RunFolder, atomic_write_text, read_records
 from .statistics import RunInfo, build_statistics
 
@@ -67,6 +68,8 @@ def run_info(folder: RunFolder) -> RunInfo:
         batch_size=integer(config.get("batch_size")),
         total_prompts=integer(dataset.get("valid")),
         total_lines=integer(dataset.get("lines")),
+        models=tuple(distinct(history, "model")) if isinstance(history := data.get(HISTORY), list) else (),
+        distributions=tuple(distinct(history, "distribution")) if isinstance(history, list) else (),
     )
 
 

@@ -54,3 +54,39 @@ def skipped_lines(report, folder: RunFolder, dataset_file, max_samples) -> None:
         "Skipped %d invalid line(s) of %s (--skip_invalid); all are listed in %s:\n  %s%s",
         report.invalid, dataset_file, path, "\n  ".join(shown), more,
     )
+
+
+def discarding_everything(config, filter_names) -> None:
+    """Reasoning turned off while the no-reasoning filter is on: it will discard every sample, say so first."""
+    off = ("--reasoning_disabled" if config.reasoning_disabled
+           else "--reasoning_effort none" if config.reasoning_effort == "none" else None)
+    if off and "no-reasoning" in filter_names:
+        others = [name for name in filter_names if name != "no-reasoning"]
+        keep = " ".join(f"--filter {name}" for name in others) if others else "--no_filters"
+        log.warning(
+            "%s turns reasoning off, so the no-reasoning filter will discard every sample without reasoning in its "
+            "text, which is every sample of most models; pass the filters without it (%s) to keep them.", off, keep,
+        )
+
+
+MOSTLY = 0.5  # a filter that discards more than this share of the finished samples is worth a word
+
+
+def mostly_discarded(statistics: dict, filter_names, run_dir) -> None:
+    """At the end: one filter discarded most of the finished samples (a run can exit 0 having kept nothing)."""
+    finished = statistics["prompts"]["finished"]
+    if not finished:
+        return
+    for name, count in statistics["discarded_by_filter"].items():
+        if count > finished * MOSTLY:
+            hint = ""
+            if name == "no-reasoning":
+                hint = (" the model gave no reasoning (it may not be a reasoning model, or reasoning is off: "
+                        "--reasoning_disabled, --reasoning_effort none);")
+            others = [n for n in filter_names if n != name]
+            keep = " ".join(f"--filter {n}" for n in others) if others else "--no_filters"
+            log.warning(
+                "The %s filter discarded %d of the %d finished samples (%.0f%%, see discarded.jsonl);%s to keep "
+                "them, run `hermes-batch refilter %s %s` (no model call; later resumes keep those filters).",
+                name, count, finished, 100 * count / finished, hint, run_dir, keep,
+            )

@@ -96,12 +96,30 @@ def _base_type(annotation: Any) -> Any:
     return annotation
 
 
+class _OrNone(click.ParamType):
+    """A number, or ``none`` (``all`` too for a count): no limit, as when the option is not given.
+
+    A resume takes the options not given from run.json; this is how one lifts a limit the run was started with.
+    """
+
+    def __init__(self, base: type):
+        self.base = click.INT if base is int else click.FLOAT
+        self.name = f"{self.base.name}|none"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() in ("none", "all"):
+            return None
+        return self.base.convert(value, param, ctx)
+
+
 def _click_type(field: attrs.Attribute, cli: Cli, base: Any) -> Any:
     if cli.type is not None:
         return cli.type
     choices = getattr(field.validator, "choices", None)
     if choices:
         return click.Choice(choices)
+    if base in (int, float) and field.default is None:
+        return _OrNone(base)
     if base in (int, float, str):
         return base
     return None

@@ -278,12 +278,13 @@ class Checkpoint:
 
     run_name: str
     batch_size: int
-    completed_batches: tuple[int, ...] = ()
+    completed_batches: tuple[int, ...] = ()  # every prompt finished (kept or discarded), none failed or left
     prompts_finished: int = 0
     prompts_failed: int = 0
     sessions: tuple[SessionInfo, ...] = ()  # one per invocation of the run
     updated_at: str = ""
     schema_version: int = SCHEMA_VERSION
-    # the names Hermes Agent's batch_runner.py used, for scripts written for its checkpoint.json
-    completed_prompts: int = 0  # prompts finished (kept or discarded), as a count
+    # A name Hermes Agent's batch_runner.py used, with its meaning.  Its completed_prompts (the list of
+    # finished prompt indices) is not written: prompts_finished counts them, index/ knows them.  Versions
+    # before 0.x wrote completed_prompts as a count; reading ignores it.
     last_updated: str = ""

@@ -126,13 +126,16 @@ def refilter(folder: RunFolder, filters: Sequence, specs: Sequence[str], *, dry_
     """
     finish_pending(folder, writers)
     result, changes = plan(folder, filters, specs, dry_run)
+    run_json = _run_json(folder, filters, specs)
     if dry_run or not changes:
         if not dry_run:
+            if run_json is not None:
+                atomic_write_text(folder.run_json, run_json)
             _rebuild(folder, writers, specs)  # the filters in force are recorded even when nothing moves
             _append_audit_summary(folder, result)
         return result
     staging = folder.dir / STAGING
-    _stage(folder, staging, result, changes)
+    _stage(folder, staging, result, changes, run_json)
     if after_stage is not None:
         after_stage()
     _switch(folder, staging, writers)
@@ -158,9 +161,24 @@ def _raw_lines(path: Path):
                 yield number, raw
 
 
-def _stage(folder: RunFolder, staging: Path, result: RefilterResult, changes: list) -> None:
+def _run_json(folder: RunFolder, filters: Sequence, specs: Sequence[str]) -> Optional[str]:
+    """run.json with the refilter's per-sample filters as the run's, so a resume judges new prompts by them."""
+    from .filtering import RunFilter
+    from .run_settings import read_run_json, with_filters
+
+    data = read_run_json(folder)
+    if not data:
+        return None
+    sample_specs = [spec for spec, f in zip(specs, filters) if not isinstance(f, RunFilter)]
+    return json.dumps(with_filters(data, sample_specs), indent=2) + "\n"
+
+
+def _stage(folder: RunFolder, staging: Path, result: RefilterResult, changes: list,
+           run_json: Optional[str] = None) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
+    if run_json is not None:  # switched in with the records: the filters they are judged by
+        atomic_write_text(staging / "run.json", run_json)
     by_where = {m.where: m for m in changes}
     discarded_name = folder.discarded.name
     affected = {m.where[0] for m in changes if m.to == "discarded"}

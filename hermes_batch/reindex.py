@@ -55,6 +55,7 @@ class ReindexResult:
     unmatched: int = 0
     restored: int = 0
     rewritten: bool = False
+    moved: int = 0  # records given the batch of another --batch_size, their prompt_index unchanged
 
 
 def recorded_dataset(folder: RunFolder) -> dict:
@@ -84,6 +85,11 @@ def needs_check(folder: RunFolder, dataset_fingerprint: str, batch_size: int) ->
     """True when the dataset or the batch size may have changed since the records were written."""
     recorded = recorded_dataset(folder)
     return recorded.get("fingerprint") != dataset_fingerprint or recorded.get("batch_size") != batch_size
+
+
+def same_dataset(folder: RunFolder, dataset_fingerprint: str) -> bool:
+    """True when the records were written for these very dataset bytes (their prompt_index still holds)."""
+    return recorded_dataset(folder).get("fingerprint") == dataset_fingerprint
 
 
 # --- reading the records as they are ---------------------------------------------------------------------
@@ -229,6 +235,19 @@ def _plan(folder: RunFolder, rows, batch_size: int) -> tuple[dict, ReindexResult
     return assignment, ReindexResult(renumbered, unmatched, restored, bool(renumbered or unmatched or restored))
 
 
+def _own_places(folder: RunFolder, batch_size: int) -> tuple[dict, ReindexResult]:
+    """entry number -> its own prompt_index for every record (a dataset unchanged, a batch size changed)."""
+    assignment: dict[int, Optional[int]] = {}
+    moved = 0
+    for number, entry in _entries(folder):
+        if entry.kind == "unreadable" or entry.aside or entry.index < 0:
+            assignment[number] = None  # stays where it is: unmatched.jsonl
+            continue
+        assignment[number] = entry.index
+        moved += entry.batch != entry.index // batch_size
+    return assignment, ReindexResult(moved=moved, rewritten=bool(moved))
+
+
 # --- rewriting -----------------------------------------------------------------------------------------------
 
 
@@ -305,8 +324,25 @@ def reindex(folder: RunFolder, dataset_file, batch_size: int) -> ReindexResult:
         raise write_error(exc.filename or folder.dir, exc, doing="Re-indexing") from exc
 
 
+def refile(folder: RunFolder, batch_size: int) -> ReindexResult:
+    """Move each record to the batch file its own prompt_index has at ``batch_size``; no index changes.
+
+    For a resume over the same dataset bytes with another --batch_size: nothing
+    is matched again (the dataset is not read), nothing renumbered.
+    """
+    try:
+        assignment, result = _own_places(folder, batch_size)
+        return _rewrite(folder, batch_size, assignment, result)
+    except OSError as exc:
+        raise write_error(exc.filename or folder.dir, exc, doing="Re-indexing") from exc
+
+
 def _reindex(folder: RunFolder, dataset_file, batch_size: int) -> ReindexResult:
     assignment, result = _plan(folder, dataset.iter_rows(dataset_file), batch_size)
+    return _rewrite(folder, batch_size, assignment, result)
+
+
+def _rewrite(folder: RunFolder, batch_size: int, assignment: dict, result: ReindexResult) -> ReindexResult:
     if not result.rewritten:
         return result
     staging = folder.dir / STAGING

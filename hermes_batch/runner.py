@@ -14,7 +14,10 @@ from typing import Optional
 import attrs
 import pluggy
 
-from . import bookkeeping, cleanup, distributions, limits, notices, refilter, reindex, rowkeys, runfolder, selection
+from . import (
+    bookkeeping, cleanup, distributions, limits, notices, refilter, reindex, rowkeys, run_settings, runfolder,
+    seed_import, selection,
+)
 from .checkpoint import BatchTracker, Checkpoints, load_checkpoint, repair_torn_tails, write_run_json
 from .config import RunConfig
 from .errors import (
@@ -86,12 +89,15 @@ class Run:
         )
         self.plan = plan
         self.filters = selection.filters(self.registry, plan.filters)
+        notices.discarding_everything(cfg, [f.name for f in self.filters])
         self.writers = selection.writers(self.registry, plan.writers)
         self.executor = self.registry.get("executors", plan.executor)(plan.executor_config)
 
         self._check_folder()
         try:
             self.checkpoints = Checkpoints(self.folder, cfg, load_checkpoint(self.folder) if cfg.resume else None)
+            # a resume continues the run's data: settings that change what it means are refused, or kept apart
+            self.settings_history = run_settings.check_resume(plan, self.folder, self.checkpoints.session_number)
         except BaseException:
             self.close()
             raise
@@ -103,6 +109,12 @@ class Run:
         self.lock = RunFolderLock(self.folder.dir)
         self.lock.acquire()
         try:
+            if cfg.resume and seed_import.is_seed_folder(self.folder):
+                # its records have no content key: a resume would find nothing finished and pay for all again
+                raise RunFolderError(
+                    f"{self.folder.dir} is a run folder of batch_runner.py; convert it first with "
+                    f"'hermes-batch import {self.folder.dir} --dataset_file {cfg.dataset_file}', then resume."
+                )
             if self.folder.has_outputs() and not cfg.resume:
                 if not cfg.overwrite:
                     raise RunFolderError(
@@ -187,7 +199,7 @@ class Run:
             return RunResult(exc.exit_code, None, str(exc))
         try:
             self.folder.create()
-            write_run_json(self.folder, plan, describe_plugins(self.pm), self.redactor)
+            write_run_json(self.folder, plan, describe_plugins(self.pm), self.redactor, self.settings_history)
             rowkeys.save(self.folder, self.validated, cfg.max_samples)
             self.validated.keys.digests = self.validated.keys.indexes = None  # matched: 16 bytes a row less
             client.journal = self.journal = CallJournal(journal_path(self.folder.dir), self.checkpoints.session_number)
@@ -253,6 +265,8 @@ class Run:
                 EXIT_INTERRUPTED, None,
                 "Interrupted while merging; finished prompts are saved, run again with --resume to merge them.",
             )
+        if statistics is not None:
+            notices.mostly_discarded(statistics, [f.name for f in self.filters], self.folder.dir)
         if fatal is not None:
             return RunResult(fatal.exit_code, statistics, str(fatal))
         if interrupted:
@@ -291,7 +305,10 @@ class Run:
         self._reindex()
         keys = self.validated.keys
         plan = rowkeys.plan(keys, self.index.finished_digests())
-        self.checkpoints.completed_batches |= rowkeys.batches_finished(keys, plan.left, self.config.batch_size)
+        size = self.config.batch_size
+        self.checkpoints.completed_batches |= rowkeys.batches_finished(keys, plan.left, size)
+        if plan.left is not None:  # a batch with a prompt to run again (it failed) is not complete
+            self.checkpoints.not_complete(index // size for index in runfolder.stoppable(plan.left, 1 << 16))
         return plan
 
     def _reindex(self) -> None:
@@ -299,8 +316,13 @@ class Run:
         cfg = self.config
         if not reindex.needs_check(self.folder, self.plan.dataset_fingerprint, cfg.batch_size):
             return
-        result = reindex.reindex(self.folder, cfg.dataset_file, cfg.batch_size)
-        reindex.warn(result)
+        if reindex.same_dataset(self.folder, self.plan.dataset_fingerprint):
+            # only --batch_size changed: the records keep their prompt_index and move to their new batch files
+            result = reindex.refile(self.folder, cfg.batch_size)
+            log.info("--batch_size %d: %d record(s) moved to the batch files of that size.", cfg.batch_size, result.moved)
+        else:
+            result = reindex.reindex(self.folder, cfg.dataset_file, cfg.batch_size)
+            reindex.warn(result)
         if result.rewritten:  # the records moved (their indexes were dropped with the old files)
             self.checkpoints.renumbered()
 
@@ -344,7 +366,7 @@ class Run:
         index.add(record)
         self.counts[kind] += 1
         self.progress.ended(kind)
-        self.tracker.finished(job.batch_num)
+        self.tracker.finished(job.batch_num, failed=kind == "failed")
         self.pm.hook.prompt_finished(run=self.context, outcome=record)
 
     def _batch_log(self, batch: int) -> AppendLog:
@@ -353,12 +375,13 @@ class Run:
             log_ = self.batch_logs[batch] = AppendLog(self.folder.batch_path(batch))
         return log_
 
-    def _batch_complete(self, batch: int) -> None:
+    def _batch_complete(self, batch: int, failed: int) -> None:
         log_ = self.batch_logs.pop(batch, None)
         if log_ is not None:
             log_.close()
         self.index.close_batch(batch)
-        self.checkpoints.completed_batches.add(batch)
+        if not failed:  # as batch_runner.py: a batch is complete when all its prompts finished, none failed
+            self.checkpoints.completed_batches.add(batch)
         self._save_checkpoint(interrupted=False)
 
     # --- bookkeeping -------------------------------------------------------------------------
@@ -407,6 +430,8 @@ class Run:
             run=RunInfo(
                 model=self.config.model, distribution=self.config.distribution, batch_size=self.config.batch_size,
                 total_prompts=self.plan.dataset.valid, total_lines=self.plan.dataset.total,
+                models=tuple(run_settings.distinct(self.settings_history, "model")),
+                distributions=tuple(run_settings.distinct(self.settings_history, "distribution")),
             ),
         )
         runfolder.check_stop()

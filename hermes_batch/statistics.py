@@ -32,6 +32,13 @@ class RunInfo:
     batch_size: Optional[int] = None
     total_prompts: Optional[int] = None  # valid rows of the dataset (up to --max_samples)
     total_lines: Optional[int] = None  # rows considered, invalid ones included: prompt_index runs over these
+    models: tuple[str, ...] = ()  # every model of the run's sessions (several only with --allow_changed_settings)
+    distributions: tuple[str, ...] = ()
+
+
+def _one(value: Optional[str], values: Sequence[str]) -> Optional[str]:
+    """The run's one model (or distribution); None when its sessions used several, which ``models`` lists."""
+    return None if len(values) > 1 else value
 
 
 def _ratio(part: int, whole: int) -> Optional[float]:
@@ -245,8 +252,10 @@ def build_statistics(
         "schema_version": STATISTICS_SCHEMA_VERSION,
         "run_name": folder.run_name,
         # batch_runner.py's run-level fields, so scripts written for its statistics.json keep working
-        "model": run.model,
-        "distribution": run.distribution,
+        "model": _one(run.model, run.models),
+        "models": list(run.models) or ([run.model] if run.model else []),
+        "distribution": _one(run.distribution, run.distributions),
+        "distributions": list(run.distributions) or ([run.distribution] if run.distribution else []),
         "batch_size": run.batch_size,
         "total_prompts": run.total_prompts,
         "total_batches": total_batches,

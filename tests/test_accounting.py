@@ -87,7 +87,7 @@ def test_sigkill_then_resume_counts_every_request_the_endpoint_served(tmp_path, 
     assert result.exit_code == 0, result.output
     assert "--max_cost" in result.output and server.request_count == before
 
-    result = runner.invoke(data, *BASE, "--resume", server=server)
+    result = runner.invoke(data, *BASE, "--resume", "--max_cost", "none", server=server)  # the budget lifted
     assert result.exit_code == 0, result.output
     stats = json_file(folder / "statistics.json")
     assert stats["prompts"]["kept"] == 40

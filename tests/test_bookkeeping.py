@@ -96,7 +96,7 @@ def test_statistics_from_the_indexes_equal_a_full_scan_across_resumes_duplicates
     assert from_index == reference
     assert reference["prompts"]["failed"] == 1 and reference["prompts"]["discarded"] == 3
 
-    result = runner.invoke(data, *BASE, "--resume", server=model_server(route(True)))
+    result = runner.invoke(data, *BASE, "--resume", "--max_samples", "all", server=model_server(route(True)))
     assert result.exit_code == 3, result.output
     from_index, reference = stats_both_ways(folder)
     assert from_index == reference
@@ -187,7 +187,7 @@ def test_an_index_write_cut_off_leaves_the_old_index_and_the_resume_catches_up(t
 
     monkeypatch.setattr(bookkeeping, "atomic_write_text", crash_on_batch_index)
     with pytest.raises(Crash):
-        runner.invoke(data, *BASE, "--resume", server=model_server(FAST))
+        runner.invoke(data, *BASE, "--resume", "--max_samples", "all", server=model_server(FAST))
     monkeypatch.setattr(bookkeeping, "atomic_write_text", real)
     third = model_server(FAST)
     result = runner.invoke(data, *BASE, "--resume", server=third)
@@ -207,7 +207,7 @@ def test_a_resume_that_adds_batches_appends_them_to_the_merged_output(tmp_path, 
     merged = runner.folder() / "trajectories.jsonl"
     before = merged.read_bytes()
     inode = merged.stat().st_ino
-    result = runner.invoke(data, *BASE, "--resume", server=model_server(FAST))
+    result = runner.invoke(data, *BASE, "--resume", "--max_samples", "all", server=model_server(FAST))
     assert result.exit_code == 0, result.output
     assert merged.stat().st_ino == inode  # extended in place, not written again
     assert merged.read_bytes().startswith(before)
@@ -236,7 +236,7 @@ def test_a_merge_cut_off_is_completed_by_the_next_resume(tmp_path, runner, model
 
     monkeypatch.setattr(JsonlWriter, "append", append_then_crash)
     with pytest.raises(Crash):
-        runner.invoke(data, *BASE, "--resume", server=model_server(FAST))
+        runner.invoke(data, *BASE, "--resume", "--max_samples", "all", server=model_server(FAST))
     monkeypatch.setattr(JsonlWriter, "append", real)
     assert not (runner.folder() / "trajectories.jsonl").read_bytes().endswith(b"\n")
     last = model_server(FAST)

@@ -72,17 +72,22 @@ class SimulatedWorker(WorkerLink):
     async def close(self):
         for task in self.tasks:
             task.cancel()
+        self.outbox.put_nowait(WorkerLost("stopped"))  # a stopped worker's messages end
 
 
-async def dispatch(links, jobs, on_outcome=None, queue=None):
-    recorded, journal = [], []
+async def dispatch(links, jobs, on_outcome=None, queue=None, journal=None):
+    recorded, journal = [], [] if journal is None else journal
 
     async def record(job, outcome):
         recorded.append((job, outcome))
         if on_outcome is not None:
             await on_outcome(job, outcome)
 
-    await Dispatcher(links, iter(jobs), record, journal.append, queue=queue).run()
+    dispatcher = Dispatcher(links, iter(jobs), record, journal.append, queue=queue)
+    try:
+        await dispatcher.run()
+    finally:
+        await dispatcher.close(grace=1.0)
     return recorded, journal
 
 
@@ -197,3 +202,34 @@ async def test_outcomes_are_written_while_the_leasing_goes_on_and_a_failed_write
 
     with pytest.raises(RunFolderWriteError, match="ENOSPC"):
         await dispatch([SimulatedWorker("b", 2)], range(30), disk_full)
+
+
+async def test_what_a_stopped_worker_sends_on_its_way_out_is_still_taken_in():
+    # Ctrl-C: the driver stops its workers; each cancels its model calls in flight and journals their end,
+    # which must reach calls.jsonl (else statistics.json counts them "unanswered", killed, which they were not)
+    class Stuck(SimulatedWorker):
+        async def _run(self, lease, job):
+            self.outbox.put_nowait([("journal", {"event": "sent", "prompt_index": job})])
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                self.outbox.put_nowait([("journal", {"event": "done", "prompt_index": job, "status": 0})])
+
+        async def close(self):
+            for task in self.tasks:
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+            await asyncio.sleep(0.05)  # the last frame is on its way
+            self.outbox.put_nowait(WorkerLost("exit status 0"))
+
+    link = Stuck("a", 2)
+    journal = []
+    dispatching = asyncio.ensure_future(dispatch([link], range(2), journal=journal))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if len(journal) == 2:
+            break
+    dispatching.cancel()  # what Ctrl-C does to the executor
+    with pytest.raises(asyncio.CancelledError):
+        await dispatching
+    assert Counter(entry["event"] for entry in journal) == Counter(sent=2, done=2)

@@ -276,3 +276,26 @@ def test_a_worker_whose_driver_is_gone_exits_even_when_its_stop_hangs():
     err = worker.stderr.read()
     assert worker.returncode == 1, err
     assert b"did not stop within 1 s" in err
+
+
+@pytest.mark.parametrize("executor", [("--executor", "local"), PROCESSES], ids=["local", "processes"])
+def test_after_ctrl_c_no_request_counts_as_unanswered_whatever_the_executor(tmp_path, runner, model_server, procs,
+                                                                             executor):
+    # "unanswered" is a request in flight when the process was killed; a clean Ctrl-C cancels the requests in
+    # flight and journals their end, in the worker processes too
+    prompts = prompts_of(8)
+    server = model_server(ToolLoopScript(tool_calls=1), hang=lambda request: request.turn == 1)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
+    proc = runner.spawn(data, *BASE, *executor, "--num_workers", "8", server=server)
+    procs.append(proc)
+    wait_for(lambda: sum(r.turn == 1 for r in server.requests) == 8, 90, "eight requests hanging", proc)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, err
+
+    folder = runner.folder()
+    journal = [json.loads(line) for line in (folder / "calls.jsonl").read_text().splitlines()]
+    events = Counter(entry["event"] for entry in journal)
+    assert events["sent"] == events["done"] == 16  # the first turn answered, the second cut off
+    requests = json.loads((folder / "statistics.json").read_text())["model_requests"]
+    assert requests["unanswered"] == 0 and requests["requests"] == 16 and requests["errors"] == 8

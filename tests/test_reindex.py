@@ -100,7 +100,7 @@ def test_reordered_rows_keep_indexes_unique_and_run_only_the_rest(runner, model_
     run(runner, server, first, "--max_samples", "6")
 
     second = first[::-1]
-    run(runner, server, second, "--resume")
+    run(runner, server, second, "--resume", "--max_samples", "all")
     for prompt in first:
         assert server.calls_for(prompt) == 2, prompt  # each ran once
     assert len(check_joins(runner, second)) == 10
@@ -110,9 +110,23 @@ def test_a_changed_batch_size_regroups_the_batch_files(runner, model_server):
     rows = prompts(12)
     server = model_server(FAST)
     run(runner, server, rows, "--max_samples", "7")
-    run(runner, server, rows, "--resume", "--batch_size", "3")
+    run(runner, server, rows, "--resume", "--batch_size", "3", "--max_samples", "all")
     assert len(check_joins(runner, rows, batch_size=3)) == 12
     assert sorted(p.name for p in runner.folder().glob("batch_*.jsonl")) == [f"batch_{i}.jsonl" for i in range(4)]
+
+
+def test_a_new_batch_size_over_the_same_dataset_moves_records_and_renumbers_none(runner, model_server, monkeypatch):
+    rows = prompts(12)
+    server = model_server(FAST)
+    run(runner, server, rows, "--max_samples", "7")
+    before = {human(r): r["prompt_index"] for r in runner.records("trajectories.jsonl")}
+    # the dataset is the same bytes: it is not matched again, so nothing can be renumbered
+    monkeypatch.setattr(reindex, "_plan", lambda *a: pytest.fail("the unchanged dataset was matched again"))
+    result = run(runner, server, rows, "--resume", "--batch_size", "3")
+    assert "changed" not in result.output and "renumbered" not in result.output
+    kept = check_joins(runner, rows, batch_size=3)  # moved to the batch files of 3
+    assert {human(r): r["prompt_index"] for r in kept} == before
+    assert sorted(p.name for p in runner.folder().glob("batch_*.jsonl")) == ["batch_0.jsonl", "batch_1.jsonl", "batch_2.jsonl"]
 
 
 def test_an_unchanged_dataset_is_not_rewritten(runner, model_server):

@@ -264,7 +264,7 @@ def test_duplicated_prompts_run_once_per_row_across_resumes(tmp_path, runner, mo
     assert first.calls_for(dup) == 2 * CALLS_PER_SESSION
 
     second = model_server(FAST)
-    result = runner.invoke(data, *BASE, "--resume", server=second)
+    result = runner.invoke(data, *BASE, "--resume", "--max_samples", "all", server=second)
     assert result.exit_code == 0, result.output
     assert second.calls_for(dup) == CALLS_PER_SESSION  # only the third copy
     merged = assert_each_once(runner, dataset)
@@ -386,7 +386,7 @@ def test_batch_numbers_are_fixed_whatever_order_prompts_finish_in(tmp_path, runn
     expected = {0: prompts[0:4], 1: prompts[4:7]}
     assert {int(p.stem[6:]): sorted(map(human, read_jsonl(p))) for p in folder.glob("batch_*.jsonl")} == expected
 
-    result = runner.invoke(data, *args, "--resume", server=model_server(FAST, latency=slow_first))
+    result = runner.invoke(data, *args, "--resume", "--max_samples", "all", server=model_server(FAST, latency=slow_first))
     assert result.exit_code == 0, result.output
     expected = {n: sorted(prompts[n * 4:(n + 1) * 4]) for n in range(4)}
     assert {int(p.stem[6:]): sorted(map(human, read_jsonl(p))) for p in folder.glob("batch_*.jsonl")} == expected
@@ -404,6 +404,28 @@ def test_checkpoint_records_completed_batches(tmp_path, runner, model_server):
     assert saved["batch_size"] == BATCH
     assert saved["prompts_finished"] == 12
     assert len(saved["sessions"]) == 1
+
+
+def test_a_batch_with_a_failed_prompt_is_not_complete_until_a_resume_finishes_it(tmp_path, runner, model_server):
+    prompts = make_prompts(12)
+    data = write_dataset(tmp_path / "data.jsonl", rows(prompts))
+    batch_1 = set(prompts[5:10])
+    broken = model_server(RoutedScript(lambda p: _always_500 if p in batch_1 else FAST))
+    result = runner.invoke(data, *BASE, "--max_retries", "0", server=broken)
+    assert result.exit_code == 3, result.output
+    saved = checkpoint(runner)
+    assert saved["completed_batches"] == [0, 2]  # every prompt of batch 1 failed
+    assert (saved["prompts_finished"], saved["prompts_failed"]) == (7, 5)
+    # the seed's name, with its meaning: no count under a name that meant the list of finished prompts
+    assert "completed_prompts" not in saved and saved["last_updated"] == saved["updated_at"]
+
+    # a folder of an earlier version, whose checkpoint.json held completed_prompts as a count, resumes
+    (runner.folder() / "checkpoint.json").write_text(json.dumps({**saved, "completed_prompts": 7}) + "\n")
+    result = runner.invoke(data, *BASE, "--resume", server=model_server(FAST))
+    assert result.exit_code == 0, result.output
+    saved = checkpoint(runner)
+    assert saved["completed_batches"] == [0, 1, 2] and "completed_prompts" not in saved
+    assert len(saved["sessions"]) == 2
 
 
 def test_resume_of_a_finished_run_calls_no_model_and_rebuilds_outputs(tmp_path, runner, model_server):
@@ -431,7 +453,7 @@ def test_statistics_cover_every_session_of_the_run(tmp_path, runner, model_serve
     assert result.exit_code == 0, result.output
     assert statistics(runner)["finished"]["model_calls"] == 4 * CALLS_PER_SESSION
 
-    result = runner.invoke(data, *BASE, "--resume", server=model_server(FAST))
+    result = runner.invoke(data, *BASE, "--resume", "--max_samples", "all", server=model_server(FAST))
     assert result.exit_code == 0, result.output
     stats = statistics(runner)
     assert stats["prompts"]["finished"] == stats["finished"]["samples"] == 9

@@ -211,8 +211,8 @@ def test_disk_full_stops_the_run_with_its_own_status_and_resume_finishes(tmp_pat
 
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
     second = model_server(ToolLoopScript(tool_calls=1, final="x" * 30_000 + " {prompt}"))
-    args[args.index("--base_url") + 1] = second.base_url
-    result = CliRunner().invoke(cli, args + ["--resume"], catch_exceptions=False)
+    args[args.index("--base_url") + 1] = second.base_url  # another scripted server: another port, same model
+    result = CliRunner().invoke(cli, args + ["--resume", "--allow_changed_settings"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     merged = Counter(json.loads(line)["conversations"][1]["value"] for line in
                      (folder / "trajectories.jsonl").read_text().splitlines())

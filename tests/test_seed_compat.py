@@ -26,7 +26,8 @@ def test_statistics_and_checkpoint_carry_the_seed_fields(runner, model_server, t
     assert stats["reasoning_statistics"]["turns_with_reasoning"] == stats["reasoning_statistics"]["total_assistant_turns"] > 0
 
     checkpoint = json.loads((folder / "checkpoint.json").read_text())
-    assert checkpoint["completed_prompts"] == checkpoint["prompts_finished"] == 7
+    # batch_runner.py's completed_prompts is the list of finished prompt indices: never a count under that name
+    assert "completed_prompts" not in checkpoint and checkpoint["prompts_finished"] == 7
     assert datetime.datetime.fromisoformat(checkpoint["last_updated"]) == datetime.datetime.fromisoformat(
         checkpoint["updated_at"])
 
@@ -37,7 +38,7 @@ def test_seed_style_boolean_values_are_accepted(runner, model_server, tmp_path):
     result = runner.invoke(data, "--verbose=false", "--max_samples", "2")
     assert result.exit_code == 0, result.output
     assert "[B0:P0]" not in result.output
-    result = runner.invoke(data, "--resume=True", "--verbose=true", "--skip_invalid=False")
+    result = runner.invoke(data, "--resume=True", "--verbose=true", "--skip_invalid=False", "--max_samples=all")
     assert result.exit_code == 0, result.output
     assert "[B0:P2]" in result.output  # --verbose=true logs each prompt's turns
     assert runner.server.calls_for("task 0") == 3  # --resume=True resumed: the finished prompts did not run again

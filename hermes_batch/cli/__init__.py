@@ -12,6 +12,7 @@ from ..errors import EXIT_INTERRUPTED, HermesBatchError, PluginError
 from .listing import distributions_command, listing_commands, plugins_command
 from .new_plugin import new_plugin_command
 from .run import run_command
+from .seed_import import import_command
 
 _PLUGIN_MANAGER = "hermes_batch.plugin_manager"
 _PLUGIN_COMMANDS = "hermes_batch.plugin_commands"
@@ -92,6 +93,7 @@ cli.add_command(run_command)
 cli.add_command(distributions_command)
 cli.add_command(plugins_command)
 cli.add_command(new_plugin_command)
+cli.add_command(import_command)
 for command in listing_commands():
     cli.add_command(command)
 

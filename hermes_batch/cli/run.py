@@ -73,10 +73,22 @@ def run_command(**values):
     no_filters = values.pop("no_filters")
     if no_filters and values["filters"]:
         raise click.UsageError("--no_filters and --filter contradict each other; pass one of them.")
-    api_key = resolve_api_key(values["api_key"], values["base_url"], model_client=values["model_client"])
-    require_api_key(api_key, values["base_url"], values["model_client"])
-    overrides = {"api_key": api_key, **({"filters": ()} if no_filters else {})}
-    sys.exit(execute(options.from_cli(RunConfig, values, **overrides)))
+    given = given_options(click.get_current_context()) | ({"filters"} if no_filters else set())
+    config = options.from_cli(RunConfig, values, **({"filters": ()} if no_filters else {}))
+    if config.resume:
+        from ..run_settings import inherit
+
+        config = inherit(config, given)  # the options not given: as the run was started
+        _setup_logging(config.verbose)
+    api_key = resolve_api_key(config.api_key, config.base_url, model_client=config.model_client)
+    require_api_key(api_key, config.base_url, config.model_client)
+    sys.exit(execute(attrs.evolve(config, api_key=api_key)))
+
+
+def given_options(ctx: click.Context) -> set:
+    """The parameters the user gave (on the command line or through the environment), not click's defaults."""
+    defaults = (click.core.ParameterSource.DEFAULT, click.core.ParameterSource.DEFAULT_MAP, None)
+    return {name for name in ctx.params if ctx.get_parameter_source(name) not in defaults}
 
 
 def execute(config: RunConfig) -> int:

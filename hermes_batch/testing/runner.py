@@ -48,7 +48,17 @@ class Runner:
         ]
         if server is not None:
             base += ["--base_url", server.base_url]
+            if _resumes(extra) and self._recorded_base_url(run_name) not in (None, server.base_url):
+                # Each scripted server listens on a port of its own, so a resume against a fresh one changes
+                # --base_url, which a resume refuses; the scripted model is the same, so the change is allowed.
+                base.append("--allow_changed_settings")
         return base + list(self.options) + list(extra)
+
+    def _recorded_base_url(self, run_name: Optional[str]) -> Optional[str]:
+        try:
+            return json.loads((self.folder(run_name) / "run.json").read_text())["config"]["base_url"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def folder(self, run_name: Optional[str] = None) -> Path:
         """The run folder."""
@@ -86,6 +96,13 @@ class Runner:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _resumes(args) -> bool:
+    for arg in args:
+        if arg == "--resume" or (arg.startswith("--resume=") and arg.partition("=")[2].lower() in ("true", "1", "yes")):
+            return True
+    return False
 
 
 def tool_outputs(trajectory: dict) -> list[str]:

@@ -86,7 +86,8 @@ def summarize(index: RunIndex) -> dict:
     config = run.get("config") or {}
     return {
         "run_name": run_dir.name,
-        "model": config.get("model") or (stats or {}).get("model"),
+        # several with --allow_changed_settings: the report names them all, never one of them as the run's
+        "model": ", ".join((stats or {}).get("models") or ()) or config.get("model") or (stats or {}).get("model"),
         "distribution": (run.get("distribution") or {}).get("name") or config.get("distribution"),
         "total_prompts": (run.get("dataset") or {}).get("valid"),
         "counts": {

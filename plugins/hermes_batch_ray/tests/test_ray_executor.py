@@ -169,3 +169,19 @@ def test_ctrl_c_stops_the_actors_and_their_sandboxes(tmp_path, runner, model_ser
     wait_for(lambda: not ray_cluster.processes("ray::PromptActor"), 60, "the actors to end")
     assert list(scratch.iterdir()) == [], "each actor removed its sandboxes' folders"
     assert Counter(human(t) for t in batch_records(runner.folder())) == Counter(quick)
+
+
+def test_after_ctrl_c_no_request_counts_as_unanswered(tmp_path, runner, model_server, procs, ray_cluster):
+    # as with the local executor: the actors' stop journals the end of the model calls it cut off
+    server = model_server(ToolLoopScript(tool_calls=1), hang=lambda request: request.turn == 1)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts_of(6)])
+    proc = runner.spawn(data, *BASE, *ray_options(ray_cluster), "--num_workers", "6", server=server)
+    procs.append(proc)
+    wait_for(lambda: sum(r.turn == 1 for r in server.requests) == 6, 120, "six requests hanging", proc)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    folder = runner.folder()
+    events = Counter(json.loads(line)["event"] for line in (folder / "calls.jsonl").read_text().splitlines())
+    assert events["sent"] == events["done"] == 12
+    assert json.loads((folder / "statistics.json").read_text())["model_requests"]["unanswered"] == 0

@@ -70,14 +70,17 @@ class PromptActor:
             messages.append(self.worker.limits())
         return messages
 
-    async def stop(self) -> None:
-        """Cancel the prompts in flight (each closes its sandbox) and shut the worker down."""
+    async def stop(self) -> list:
+        """Cancel the prompts in flight (each closes its sandbox) and shut the worker down; returns the messages
+        no poll took (the end of the model calls the stop cut off, for the run's journal)."""
         if self.worker is not None:
             await self.worker.stop()
         if self.run_dir is not None:
             scratch = os.path.join(self.run_dir, "scratch")
             if not (os.path.isdir(scratch) and os.listdir(scratch)):
                 shutil.rmtree(self.run_dir, ignore_errors=True)
+        messages, self.pending = self.pending, []
+        return messages
 
 
 def _setup_logging(setup: WorkerSetup) -> None:

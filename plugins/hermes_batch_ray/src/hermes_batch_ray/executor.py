@@ -129,6 +129,7 @@ class RayLink(WorkerLink):
     def __init__(self, actor, index: int, concurrency: int):
         self.actor = actor
         self.started = False
+        self.last: Optional[list] = None  # what the actor's stop returned, handed out by the next receive
         self.index = index
         self.concurrency = concurrency
         self.name = f"Ray worker {index + 1}"
@@ -179,13 +180,17 @@ class RayLink(WorkerLink):
         try:
             return await self.actor.poll.remote()
         except ray.exceptions.RayError as exc:
+            if self.last:  # killed after its stop: the messages it had left come first
+                last, self.last = self.last, None
+                return last
             raise WorkerLost(_first_line(exc)) from None
 
     async def close(self) -> None:
         import ray
 
         try:
-            await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(self.actor.stop.remote())), STOP_TIMEOUT_S)
+            self.last = await asyncio.wait_for(
+                asyncio.shield(asyncio.ensure_future(self.actor.stop.remote())), STOP_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - gone already, or stuck: it is killed below either way
             log.debug("stopping %s", self.name, exc_info=True)
         finally:

@@ -1,0 +1,155 @@
+"""A resume continues the run as it was started: options not given come from run.json, and options that
+change what the data means are refused unless --allow_changed_settings (then run.json keeps each session's)."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+
+from hermes_batch.config import RunConfig
+from hermes_batch.run_settings import COMMAND, MEANING, RUN
+from hermes_batch.testing import write_dataset
+from hermes_batch.testing.runner import TEST_API_KEY
+
+
+def test_every_option_has_exactly_one_class():
+    # a new option must say whether a resume may change it: add it to MEANING, RUN or COMMAND in run_settings.py
+    fields = {f.name for f in attrs.fields(RunConfig)}
+    assert MEANING | RUN | COMMAND == fields
+    assert not (MEANING & RUN) and not (MEANING & COMMAND) and not (RUN & COMMAND)
+
+
+def run(runner, data, server, *extra):
+    """``hermes-batch run`` with only what this test gives (no --model: the Runner's defaults would give one)."""
+    return runner.cli(
+        "run", "--dataset_file", str(data), "--batch_size", "5", "--run_name", "run",
+        "--output_dir", str(runner.tmp_path / "out"), "--api_key", TEST_API_KEY, "--no-progress",
+        "--base_url", server.base_url, *extra,
+    )
+
+
+def prompts(n, start=0):
+    return [{"prompt": f"task {i}: say hello"} for i in range(start, start + n)]
+
+
+def models_of(records):
+    return sorted({r["metadata"]["model"] for r in records})
+
+
+def test_a_resume_without_the_options_continues_with_those_of_run_json(runner, model_server, tmp_path):
+    server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", prompts(3))
+    first = run(runner, data, server, "--model", "model-a", "--distribution", "terminal_only", "--max_turns", "4")
+    assert first.exit_code == 0, first.output
+    write_dataset(data, prompts(6))  # three rows more
+    sent = len(server.requests)
+
+    resumed = run(runner, data, server, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert {r.model for r in server.requests[sent:]} == {"model-a"}  # not the default model
+    records = runner.records("trajectories.jsonl")
+    assert len(records) == 6 and models_of(records) == ["model-a"]
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert (stats["model"], stats["models"], stats["distribution"]) == ("model-a", ["model-a"], "terminal_only")
+    config = json.loads((runner.folder() / "run.json").read_text())["config"]
+    assert (config["model"], config["max_turns"]) == ("model-a", 4)
+
+
+def test_a_resume_that_changes_the_model_is_refused_naming_both(runner, model_server, tmp_path):
+    server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", prompts(3))
+    assert run(runner, data, server, "--model", "model-a").exit_code == 0
+    write_dataset(data, prompts(6))
+    sent, before = len(server.requests), (runner.folder() / "batch_0.jsonl").read_bytes()
+
+    refused = run(runner, data, server, "--resume", "--model", "model-b", "--max_turns", "3")
+    assert refused.exit_code == 2, refused.output
+    [line] = refused.output.strip().splitlines()
+    assert '--model was "model-a" and is "model-b" now' in line and "--max_turns was 10 and is 3 now" in line
+    assert "--allow_changed_settings" in line
+    assert len(server.requests) == sent and (runner.folder() / "batch_0.jsonl").read_bytes() == before
+
+    # options that change only how the run goes may change
+    resumed = run(runner, data, server, "--resume", "--num_workers", "2", "--request_timeout", "30")
+    assert resumed.exit_code == 0, resumed.output
+    assert models_of(runner.records("trajectories.jsonl")) == ["model-a"]
+
+
+def test_allowed_changes_are_kept_per_session_and_the_statistics_name_every_model(runner, model_server, tmp_path):
+    server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", prompts(3))
+    assert run(runner, data, server, "--model", "model-a").exit_code == 0
+    write_dataset(data, prompts(6))
+
+    resumed = run(runner, data, server, "--resume", "--model", "model-b", "--allow_changed_settings")
+    assert resumed.exit_code == 0, resumed.output
+    assert 'allowed by --allow_changed_settings' in resumed.output
+    records = runner.records("trajectories.jsonl")
+    assert {r["prompt_index"]: r["metadata"]["model"] for r in records} == {
+        0: "model-a", 1: "model-a", 2: "model-a", 3: "model-b", 4: "model-b", 5: "model-b"}
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["model"] is None and stats["models"] == ["model-a", "model-b"]
+    history = json.loads((runner.folder() / "run.json").read_text())["settings_history"]
+    assert [(h["session"], h["settings"]["model"]) for h in history] == [(0, "model-a"), (1, "model-b")]
+
+    # the next resume continues with the last session's settings, and compares against them
+    write_dataset(data, prompts(7))
+    again = run(runner, data, server, "--resume")
+    assert again.exit_code == 0, again.output
+    assert runner.records("trajectories.jsonl")[-1]["metadata"]["model"] == "model-b"
+
+
+def test_the_ephemeral_system_prompt_is_compared_but_never_saved(runner, model_server, tmp_path):
+    server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", prompts(2))
+    secret = "Always answer in the voice of a pirate captain"
+    assert run(runner, data, server, "--ephemeral_system_prompt", secret).exit_code == 0
+    assert secret not in (runner.folder() / "run.json").read_text()
+    write_dataset(data, prompts(3))
+
+    refused = run(runner, data, server, "--resume")  # run.json cannot give it back
+    assert refused.exit_code == 2 and "--ephemeral_system_prompt was given and is not given now" in refused.output
+    assert secret not in refused.output
+    assert run(runner, data, server, "--resume", "--ephemeral_system_prompt", secret).exit_code == 0
+
+
+def test_a_limit_taken_from_run_json_can_be_lifted(runner, model_server, tmp_path):
+    server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", prompts(4))
+    assert run(runner, data, server, "--max_samples", "2").exit_code == 0
+    assert run(runner, data, server, "--resume").exit_code == 0
+    assert len(runner.records("trajectories.jsonl")) == 2  # --max_samples 2 still
+    assert run(runner, data, server, "--resume", "--max_samples", "all").exit_code == 0
+    assert len(runner.records("trajectories.jsonl")) == 4
+
+
+def test_a_run_whose_filter_discards_everything_says_so_at_start_and_at_the_end(runner, model_server, tmp_path):
+    from hermes_batch.testing import ToolLoopScript
+
+    server = model_server(ToolLoopScript(tool_calls=1, reasoning=None))  # a model that gives no reasoning
+    data = write_dataset(tmp_path / "data.jsonl", prompts(3))
+    result = run(runner, data, server, "--model", "plain", "--reasoning_disabled")
+    assert result.exit_code == 0, result.output
+    start, end = result.output.index("--reasoning_disabled turns reasoning off"), result.output.index("discarded 3 of")
+    assert start < end
+    assert "the no-reasoning filter will discard every sample" in result.output
+    assert "--filter hallucinated-tools" in result.output
+    assert "The no-reasoning filter discarded 3 of the 3 finished samples (100%" in result.output
+    assert runner.records("trajectories.jsonl") == []
+
+    # the way out it names: a refilter keeps them, and later resumes judge by the refilter's filters
+    refiltered = runner.cli("refilter", str(runner.folder()), "--filter", "hallucinated-tools")
+    assert refiltered.exit_code == 0, refiltered.output
+    write_dataset(data, prompts(5))
+    resumed = run(runner, data, server, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert "discarded" not in resumed.output.split("Tool usage")[0]
+    assert len(runner.records("trajectories.jsonl")) == 5
+
+
+def test_no_word_when_the_filters_keep_most(runner, model_server, tmp_path):
+    server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", prompts(3))
+    result = run(runner, data, server, "--model", "thinker")
+    assert result.exit_code == 0 and "filter discarded" not in result.output and "turns reasoning off" not in result.output
