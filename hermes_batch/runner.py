@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import json
 import logging
 import os
 import time
@@ -15,6 +14,7 @@ import attrs
 import pluggy
 
 from . import bookkeeping, cleanup, distributions, limits, notices, refilter, reindex, rowkeys, runfolder, selection
+from . import endpoint_numbers
 from .checkpoint import BatchTracker, Checkpoints, load_checkpoint, repair_torn_tails, write_run_json
 from .config import RunConfig
 from .errors import (
@@ -27,6 +27,7 @@ from .errors import (
 )
 from .interfaces import PromptJob, PromptJobs
 from .journal import CallJournal, journal_path
+from .jsonguard import finite_dumps
 from .lock import RunFolderLock
 from .merge import merge_run
 from .plugins import collect, describe_plugins, get_plugin_manager
@@ -149,6 +150,7 @@ class Run:
             concurrent.futures.ThreadPoolExecutor(self.concurrency + 4, thread_name_prefix="hermes-batch")
         )
         fresh = not self.folder.has_outputs()
+        endpoint_numbers.reset_warning()  # one warning per run for numbers no call can have
         self.index = bookkeeping.RunIndex(self.folder)
         self.resume_plan = rowkeys.plan(self.validated.keys, None)
         if cfg.resume:
@@ -411,7 +413,7 @@ class Run:
         )
         runfolder.check_stop()
         stats = self.redactor.data(stats)
-        atomic_write_text(self.folder.statistics, json.dumps(stats, indent=2) + "\n")
+        atomic_write_text(self.folder.statistics, finite_dumps(stats, indent=2) + "\n")
         return stats
 
 
