@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 from typing import Any, Optional
 
@@ -200,6 +201,13 @@ def escape_controls(text: str, keep: str = "") -> str:
 @functools.lru_cache(maxsize=8)
 def _escapes_keeping(keep: str) -> dict:
     return {code: escape for code, escape in _CONTROL_ESCAPES.items() if chr(code) not in keep}
+
+
+class TerminalFormatter(logging.Formatter):
+    """Log lines with control characters escaped: a model's or an endpoint's text must not drive the terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().format(record), keep="\n")
 
 
 _CONTROL_ESCAPES = {
