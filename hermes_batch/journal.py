@@ -30,6 +30,7 @@ import attrs
 from .endpoint_numbers import checked_usage, finite_seconds, stored_cost, stored_usage
 from .jsonguard import finite_dumps
 from .records import CallRecord, ModelResponse, Usage
+from .errors import RunFolderWriteError
 from .runfolder import repair_torn_tail, write_all, write_error
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ current_prompt: contextvars.ContextVar[int] = contextvars.ContextVar("hermes_bat
 
 class CallJournal:
     """Appends a line per model request of one session to the run's calls.jsonl."""
+
+    stopped: Optional[RunFolderWriteError] = None  # a write of the run folder failed: no request goes out
 
     def __init__(self, path, session: int):
         self.path = Path(path)
@@ -72,11 +75,20 @@ class CallJournal:
                 os.ftruncate(self._fd, self._size)
             except OSError:
                 pass  # the next start cuts a torn tail
-            raise write_error(self.path, exc) from exc
+            error = write_error(self.path, exc)
+            self.stop(error)
+            raise error from exc
         self._size += len(data)
 
+    def stop(self, error: RunFolderWriteError) -> None:
+        """A write of the run folder failed: every later request is refused (``sent`` raises); thread-safe."""
+        if self.stopped is None:
+            self.stopped = error
+
     def sent(self) -> None:
-        """A request is about to go out."""
+        """A request is about to go out; raises RunFolderWriteError once the run folder could not be written."""
+        if self.stopped is not None:  # paying for an answer the run cannot save
+            raise RunFolderWriteError(str(self.stopped))
         self._write({"event": "sent", "session": self.session, "prompt_index": current_prompt.get()})
 
     def tool_usage(self, usage: Usage) -> None:
