@@ -12,7 +12,7 @@ import attrs
 
 from .errors import ModelOutcome, PromptFailure, RunFolderWriteError
 from .interfaces import COMMAND_TIMEOUT, MAX_OUTPUT_CHARS, ModelClient, Tool, ToolContext
-from .jsonguard import arguments_problem, safe_message, scrub_text
+from .jsonguard import arguments_problem, escape_controls, safe_message, scrub_text
 from .records import InvalidToolCall, Message, ToolCall, ToolStat, Usage
 from .run_context import LOG_PREFIX_CHARS
 from .schema import validate
@@ -94,7 +94,8 @@ def _is_failure(result: Mapping) -> bool:
 
 def _preview(text: str, limit: int) -> str:
     text = text.replace("\n", " ")
-    return text if len(text) <= limit else text[:limit] + "..."
+    # the model's ESC and NUL bytes go to a terminal: shown escaped, never acted on
+    return escape_controls(text if len(text) <= limit else text[:limit] + "...")
 
 
 @functools.lru_cache(maxsize=16)
@@ -139,7 +140,8 @@ async def run_session(
         session.append(message)
         if say:
             said = message.content or ("(reasoning) " + message.reasoning if message.reasoning else "")
-            calls = f" -> calls {', '.join(c.name for c in message.tool_calls)}" if message.tool_calls else ""
+            names = escape_controls(", ".join(c.name for c in message.tool_calls))
+            calls = f" -> calls {names}" if message.tool_calls else ""
             say(f"turn {state.api_calls}: {_preview(said, settings.log_prefix_chars)}{calls}")
         if response.finish_reason in _EARLY_STOPS:
             end_reason = _EARLY_STOPS[response.finish_reason]
@@ -155,7 +157,7 @@ async def run_session(
                 result = _not_run(len(message.tool_calls), settings.max_tool_calls_per_turn)
             content = scrub_text(json.dumps(result, ensure_ascii=False))  # a tool may return any text
             if say:
-                say(f"  {call.name}({_preview(call.raw_arguments, settings.log_prefix_chars)}) -> "
+                say(f"  {escape_controls(call.name)}({_preview(call.raw_arguments, settings.log_prefix_chars)}) -> "
                     f"{_preview(content, settings.log_prefix_chars)}")
             session.append(Message("tool", content, tool_call_id=call.id, name=call.name))
 

@@ -19,9 +19,11 @@ from fractions import Fraction
 from typing import Iterable, Optional, Union
 
 from .conversation import reasoning_counts
-from .records import CallRecord, Discarded, Failure, Trajectory
+from .endpoint_numbers import TOKEN_FIELDS, stored_usage
+from .records import CallRecord, Discarded, Failure, Trajectory, Usage
 
 _SCALE = 1074  # every finite double is an integer multiple of 2**-1074
+_USAGE_FIELDS = (*TOKEN_FIELDS, "cost")
 
 
 _HEX_KEY = re.compile(r"[0-9a-f]{32}")
@@ -204,19 +206,22 @@ class Aggregate:
         self.finished.add(traj)
         self.tools.update(traj.tool_stats)
         meta = traj.metadata
-        self._add_usage(meta.usage)
-        self.usage_reported += bool(meta.usage.prompt_tokens or meta.usage.completion_tokens)
+        usage = self._add_usage(meta.usage)
+        self.usage_reported += bool(usage.prompt_tokens or usage.completion_tokens)
         self.requests.add(meta.calls)
         if meta.timestamp:
             self.first_ts = meta.timestamp if self.first_ts is None else min(self.first_ts, meta.timestamp)
             self.last_ts = meta.timestamp if self.last_ts is None else max(self.last_ts, meta.timestamp)
 
-    def _add_usage(self, usage) -> None:
+    def _add_usage(self, usage) -> Usage:
+        # counted as the record is written and read back: a value no record can hold is not reported
+        usage = stored_usage({name: getattr(usage, name) for name in _USAGE_FIELDS})
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
         self.reasoning_tokens += usage.reasoning_tokens
         self.cached_tokens += usage.cached_tokens
         self.cost.add(usage.cost)
+        return usage
 
     def merge(self, other: "Aggregate") -> None:
         """Add the totals of another set of records."""

@@ -34,7 +34,9 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 
 import attrs
 
-from .aggregate import Aggregate, epoch, key_digest
+from .aggregate import Aggregate, ExactSum, epoch, key_digest
+from .endpoint_numbers import CALLS_PER_RECORD, MAX_CALL_COST, MAX_CALL_TOKENS, stored_cost, stored_usage
+from .jsonguard import finite_dumps
 from .journal import JournalTotals, finish_totals, journal_path, scan_journal
 from .records import Discarded, Failure, Trajectory, Usage
 from .runfolder import RunFolder, _fsync_dir, atomic_write_text, check_stop, read_records
@@ -109,6 +111,7 @@ class FileIndex:
         self.aggregate = Aggregate()
         self.digests = array.array("Q")
         self.epochs = array.array("d")
+        self.implausible = False  # its saved usage totals are none its records could sum to (see from_json)
 
     def add(self, record: Union[Trajectory, Discarded, Failure]) -> None:
         """Count a record just appended to the file."""
@@ -134,7 +137,7 @@ class FileIndex:
         self.edges = edges(self.source, self.covered)
 
     def to_json(self) -> str:
-        return json.dumps({
+        return finite_dumps({
             "version": VERSION, "source": self.source.name, "kind": self.kind, "covered": self.covered,
             "edges": self.edges, "aggregate": self.aggregate.to_state(),
             "digests": pack_array(self.digests), "epochs": pack_array(self.epochs),
@@ -149,6 +152,11 @@ class FileIndex:
         index = cls(source, kind)
         index.covered, index.edges = int(data["covered"]), str(data["edges"])
         index.aggregate = Aggregate.from_state(data["aggregate"])
+        if not _plausible_usage(index.aggregate):
+            # saved by a version that took any number an endpoint sent (10**30 tokens, 1e308 dollars): the
+            # records are read again with today's checks, or, where they are gone, the totals are not reported
+            index.implausible = True
+            _forget_usage(index.aggregate)
         index.digests, index.epochs = unpack_array("Q", data["digests"]), unpack_array("d", data["epochs"])
         if len(index.digests) != len(index.epochs):
             raise ValueError("the index's arrays differ in length")
@@ -200,6 +208,8 @@ class RunIndex:
         if source.name in self.open:
             return self.open[source.name]
         index, changed = self._read(source, kind), False
+        if index is not None and index.implausible and source.exists():
+            index = None  # built again below, its records read with today's checks
         if index is not None and kind == "kept" and not source.exists():
             return index  # a batch file deleted once the run was final: what it held is in the merged output
         end = covered_end(source)
@@ -316,7 +326,7 @@ class RunIndex:
             data = json.loads(saved.read_text(encoding="utf-8"))
             covered = int(data["covered"])
             if data["version"] == VERSION and covered <= covered_end(path) and data["edges"] == edges(path, covered):
-                raw = _journal_from_state(data["totals"])
+                raw = _journal_from_state(data["totals"], covered)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             raw = None
         if raw is None:
@@ -325,7 +335,7 @@ class RunIndex:
         if path.exists() and (end != covered or not saved.exists()):
             if not self.dir.is_dir():
                 self.dir.mkdir(exist_ok=True)
-            atomic_write_text(saved, json.dumps({"version": VERSION, "covered": end, "edges": edges(path, end),
+            atomic_write_text(saved, finite_dumps({"version": VERSION, "covered": end, "edges": edges(path, end),
                                                  "totals": _journal_state(raw)}) + "\n")
         return finish_totals(raw)
 
@@ -343,13 +353,40 @@ def _journal_state(totals: JournalTotals) -> dict:
     }
 
 
-def _journal_from_state(state: dict) -> JournalTotals:
+def _plausible_usage(aggregate: Aggregate) -> bool:
+    """True when the usage totals are sums that ``aggregate``'s records could hold (endpoint_numbers.py)."""
+    records = aggregate.finished.samples + aggregate.failure_records
+    tokens = MAX_CALL_TOKENS * CALLS_PER_RECORD * records
+    if not all(0 <= getattr(aggregate, name) <= tokens for name in _TOKEN_TOTALS):
+        return False
+    return 0 <= aggregate.cost.scaled <= (int(MAX_CALL_COST) * CALLS_PER_RECORD * records) << _COST_SCALE
+
+
+def _forget_usage(aggregate: Aggregate) -> None:
+    for name in _TOKEN_TOTALS:
+        setattr(aggregate, name, 0)
+    aggregate.cost = ExactSum()
+
+
+_TOKEN_TOTALS = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens")
+_COST_SCALE = 1074  # ExactSum's
+_JOURNAL_LINE = 30  # bytes a line of calls.jsonl takes at least
+
+
+def _journal_from_state(state: dict, covered: int) -> JournalTotals:
+    """The saved totals; raises ValueError when their usage is none the lines they cover could sum to."""
+    usage = Usage(*state["usage"])
+    lines = covered // _JOURNAL_LINE + 1
+    if stored_usage(attrs.asdict(usage), calls=lines) != usage or any(
+        stored_cost(cost, calls=lines) is None for _session, cost in state["cost_by_session"]
+    ):
+        raise ValueError("the saved totals hold usage no call can report")
     latency: dict = defaultdict(Counter)
     for provider, pairs in state["latency_ms"].items():
         latency[provider] = Counter({int(ms): int(n) for ms, n in pairs})
     return JournalTotals(
         first_session=state["first_session"], sent=int(state["sent"]), done=int(state["done"]),
-        errors=int(state["errors"]), rate_limited=int(state["rate_limited"]), usage=Usage(*state["usage"]),
+        errors=int(state["errors"]), rate_limited=int(state["rate_limited"]), usage=usage,
         cost_by_session={s: c for s, c in state["cost_by_session"]},
         requests_by_provider=Counter(state["requests_by_provider"]),
         errors_by_provider=Counter(state["errors_by_provider"]), latency_ms=latency,

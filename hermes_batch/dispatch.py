@@ -35,6 +35,7 @@ import logging
 import time
 from typing import Awaitable, Callable, Iterator, Optional
 
+from .endpoint_numbers import stored_cost
 from .errors import HermesBatchError
 from .interfaces import PromptJob, PromptJobs
 
@@ -397,8 +398,8 @@ def _mirror(processor) -> tuple:
             limiter.errors += 1
         if status == 429:
             limiter.rate_limited += 1
-        cost = entry.get("cost")
-        if isinstance(cost, (int, float)):
+        cost = stored_cost(entry.get("cost"))  # a worker's line, checked like any journal line
+        if cost is not None:
             limiter.cost = (limiter.cost or 0.0) + cost
 
     def limits(summed: tuple) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .errors import RunFolderError, UsageError
+from .jsonguard import finite_dumps
 from .records import Checkpoint
 from .run_settings import HISTORY, distinct
 from .runfolder import RunFolder, atomic_write_text, read_records
@@ -108,7 +109,7 @@ def rebuild_statistics(folder: RunFolder, filters: Optional[Sequence[str]] = Non
         run=run_info(folder),
     )
     if write:
-        atomic_write_text(folder.statistics, json.dumps(stats, indent=2) + "\n")
+        atomic_write_text(folder.statistics, finite_dumps(stats, indent=2) + "\n")
     return stats
 
 

@@ -27,7 +27,10 @@ from typing import Optional
 
 import attrs
 
+from .endpoint_numbers import checked_usage, finite_seconds, stored_cost, stored_usage
+from .jsonguard import finite_dumps
 from .records import CallRecord, ModelResponse, Usage
+from .errors import RunFolderWriteError
 from .runfolder import repair_torn_tail, write_all, write_error
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,8 @@ current_prompt: contextvars.ContextVar[int] = contextvars.ContextVar("hermes_bat
 
 class CallJournal:
     """Appends a line per model request of one session to the run's calls.jsonl."""
+
+    stopped: Optional[RunFolderWriteError] = None  # a write of the run folder failed: no request goes out
 
     def __init__(self, path, session: int):
         self.path = Path(path)
@@ -60,7 +65,7 @@ class CallJournal:
             self._write({"event": "journal", "first_session": session})
 
     def _write(self, entry: dict) -> None:
-        data = (json.dumps(entry, separators=(",", ":")) + "\n").encode()  # ensure_ascii: always encodable
+        data = (finite_dumps(entry, separators=(",", ":")) + "\n").encode()  # ensure_ascii: always encodable
         try:
             write_all(self._fd, data)
         except OSError as exc:
@@ -70,16 +75,26 @@ class CallJournal:
                 os.ftruncate(self._fd, self._size)
             except OSError:
                 pass  # the next start cuts a torn tail
-            raise write_error(self.path, exc) from exc
+            error = write_error(self.path, exc)
+            self.stop(error)
+            raise error from exc
         self._size += len(data)
 
+    def stop(self, error: RunFolderWriteError) -> None:
+        """A write of the run folder failed: every later request is refused (``sent`` raises); thread-safe."""
+        if self.stopped is None:
+            self.stopped = error
+
     def sent(self) -> None:
-        """A request is about to go out."""
+        """A request is about to go out; raises RunFolderWriteError once the run folder could not be written."""
+        if self.stopped is not None:  # paying for an answer the run cannot save
+            raise RunFolderWriteError(str(self.stopped))
         self._write({"event": "sent", "session": self.session, "prompt_index": current_prompt.get()})
 
     def tool_usage(self, usage: Usage) -> None:
         """A tool made a model call of its own (vision, mixture of agents): its tokens and cost count too."""
         entry = {"event": "usage", "session": self.session, "prompt_index": current_prompt.get()}
+        usage = checked_usage(usage)  # checked where it came in; again here, a few comparisons, as it is written
         self._count(usage)
         entry.update(_usage_fields(usage))
         self._write(entry)
@@ -99,6 +114,7 @@ class CallJournal:
             "latency_s": call.latency_s,
         }
         if usage is not None:
+            usage = checked_usage(usage)
             self._count(usage)
             entry.update(_usage_fields(usage))
         self._write(entry)
@@ -125,8 +141,8 @@ class CallJournal:
 
     def relay(self, entry: dict) -> None:
         """Write a line another process journaled (a worker of the processes or Ray executor); its cost counts."""
-        cost = entry.get("cost")
-        if entry.get("event") in ("done", "usage") and isinstance(cost, (int, float)):
+        cost = stored_cost(entry.get("cost"))
+        if entry.get("event") in ("done", "usage") and cost is not None:
             self.cost = (self.cost or 0.0) + cost
         self._write(entry)
 
@@ -223,22 +239,19 @@ def scan_journal(path, totals: JournalTotals, start: int = 0) -> int:
                 status = entry.get("status") or 0
                 provider = entry.get("provider") or "unknown"
                 totals.requests_by_provider[provider] += 1
-                totals.latency_ms[provider][int(round(float(entry.get("latency_s") or 0.0) * 1000))] += 1
+                totals.latency_ms[provider][int(round(finite_seconds(entry.get("latency_s")) * 1000))] += 1
                 if status != 200:
                     totals.errors += 1
                     totals.errors_by_provider[provider] += 1
                 if status == 429:
                     totals.rate_limited += 1
             if event in ("done", "usage"):  # "usage": a model call a tool made, counted in tokens and cost only
-                cost = entry.get("cost")
-                totals.usage = totals.usage + Usage(
-                    entry.get("prompt_tokens", 0), entry.get("completion_tokens", 0),
-                    entry.get("reasoning_tokens", 0), entry.get("cached_tokens", 0),
-                    float(cost) if isinstance(cost, (int, float)) else None,
-                )
-                if isinstance(cost, (int, float)):
+                # one call's usage: what no call can report (NaN, Infinity, 10**30, negative) is not reported
+                usage = stored_usage(entry, calls=1)
+                totals.usage = totals.usage + usage
+                if usage.cost is not None:
                     session = entry.get("session", 0)
-                    totals.cost_by_session[session] = totals.cost_by_session.get(session, 0.0) + cost
+                    totals.cost_by_session[session] = totals.cost_by_session.get(session, 0.0) + usage.cost
             if event == "journal" and totals.first_session is None:
                 totals.first_session = entry.get("first_session")
     return end

@@ -11,7 +11,9 @@ surrogate becomes U+FFFD) so the sample is kept.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
 from typing import Any, Optional
 
@@ -163,6 +165,56 @@ def scrub_value(value: Any) -> Any:
         items = [scrub_value(item) for item in value]
         return kind(items) if any(a is not b for a, b in zip(items, value)) else value
     return value
+
+
+def finite_value(value: Any) -> Any:
+    """Decoded JSON with every float that is not finite (NaN, Infinity) replaced by 0.0; ``value`` itself when clean.
+
+    What JSON writers fall back on, so that nothing any reader would choke on is ever written.
+    """
+    kind = type(value)
+    if kind is float:
+        return value if math.isfinite(value) else 0.0
+    if kind is dict:
+        out = {key: finite_value(item) for key, item in value.items()}
+        return out if any(out[key] is not item for key, item in value.items()) else value
+    if kind is list or kind is tuple:
+        items = [finite_value(item) for item in value]
+        return kind(items) if any(a is not b for a, b in zip(items, value)) else value
+    return value
+
+
+def finite_dumps(value: Any, **options) -> str:
+    """``json.dumps(value, **options)`` that never writes NaN or Infinity: such a float is written as 0.0."""
+    try:
+        return json.dumps(value, allow_nan=False, **options)
+    except ValueError:  # a float that is not finite reached a record some way: writing it would poison the file
+        return json.dumps(finite_value(value), allow_nan=False, **options)
+
+
+def escape_controls(text: str, keep: str = "") -> str:
+    """``text`` with what a terminal would act on (C0 and C1 controls such as ESC and NUL, DEL, line separators,
+    bidirectional overrides) written as escapes; characters in ``keep`` (a newline, say) stay as they are."""
+    return text.translate(_escapes_keeping(keep))
+
+
+@functools.lru_cache(maxsize=8)
+def _escapes_keeping(keep: str) -> dict:
+    return {code: escape for code, escape in _CONTROL_ESCAPES.items() if chr(code) not in keep}
+
+
+class TerminalFormatter(logging.Formatter):
+    """Log lines with control characters escaped: a model's or an endpoint's text must not drive the terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().format(record), keep="\n")
+
+
+_CONTROL_ESCAPES = {
+    code: "\\t" if code == 9 else f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    for code in (*range(0x20), *range(0x7F, 0xA0), 0x061C, 0x200E, 0x200F, 0x2028, 0x2029, *range(0x202A, 0x202F),
+                 *range(0x2066, 0x206A))
+}
 
 
 def _refuse_constant(name: str):

@@ -9,6 +9,10 @@ them through httpx.  An error status still becomes the SDK's own exception,
 made by the SDK's client from the answer.  ``--http_backend httpx`` sends every
 call through the SDK's ``post()`` on its default httpx transport instead.
 
+On both, ``--request_timeout`` bounds a call from sending it to the last byte
+of its answer, and an answer is read up to ``MAX_ANSWER_BYTES`` once
+decompressed, never whole whatever its size.
+
 Request bodies are JSON we assemble ourselves: each message of a conversation
 is serialized once, when first sent, and kept while the message lives, so a
 call serializes only what the previous turn added.
@@ -34,6 +38,8 @@ from .errors import ConfigError, RetryableModelError
 KEEPALIVE_EXPIRY_S = 5.0
 # The SDKs' default pool, for clients built without a concurrency (tests, plugins).
 DEFAULT_MAX_CONNECTIONS = 1000
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+"""Most bytes of one model answer, counted once decompressed: a gzip answer of half a megabyte can expand to 500."""
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -65,7 +71,8 @@ def http_client(sdk, settings):
     if settings.http_backend not in HTTP_BACKENDS:
         raise ConfigError(f"Unknown --http_backend {settings.http_backend!r}; pass one of {', '.join(HTTP_BACKENDS)}.")
     if settings.http_backend == "httpx":
-        return sdk.DefaultAsyncHttpxClient(limits=connection_limits(sdk, settings), timeout=settings.request_timeout)
+        return sdk.DefaultAsyncHttpxClient(limits=connection_limits(sdk, settings), timeout=settings.request_timeout,
+                                           event_hooks={"response": [_read_capped_httpx]})
     if _request_options_type(sdk) is None:
         return None
     httpx = _sdk_httpx(sdk)
@@ -95,11 +102,11 @@ SDK_INTERNALS = ("_prepare_options", "_build_request", "_prepare_request", "_mak
 def poster(sdk, client, path: str, options: dict, settings) -> "SdkPost | DirectPost":
     """What sends a model call's body to ``path`` for ``settings.http_backend``: ``await poster.post(body)``."""
     if settings.http_backend == "httpx":
-        return SdkPost(client, path, options)
+        return SdkPost(sdk, client, path, options, settings.request_timeout)
     options_type = _request_options_type(sdk)  # as http_client() found it: the SDK's client was made for it
     if options_type is None:  # an SDK of another shape: its own post() still works, at its cost
         _warn_post_only(sdk.__name__, getattr(sdk, "__version__", "unknown version"))
-        return SdkPost(client, path, options)
+        return SdkPost(sdk, client, path, options, settings.request_timeout)
     return DirectPost(sdk, client, options_type, path, options, settings)
 
 
@@ -131,14 +138,54 @@ def _ssl_context(httpx, cert_file: Optional[str], cert_dir: Optional[str]):
     return httpx.create_ssl_context(trust_env=True)
 
 
-class SdkPost:
-    """Every call through the SDK's ``post()``: its request building and its httpx transport."""
+class AnswerTooLarge(RetryableModelError):
+    """A model answer went past MAX_ANSWER_BYTES once decompressed; it was not read further."""
 
-    def __init__(self, client, path: str, options: dict):
-        self._client, self._path, self._options = client, path, options
+    def __init__(self):
+        super().__init__(f"The model endpoint's answer was larger than {MAX_ANSWER_BYTES // 2**20} MB once "
+                         "decompressed; it was not read further.")
+
+
+def _timed_out(timeout: float) -> TimeoutError:
+    # the cause the clients' "could not be reached: ..." names
+    return TimeoutError(f"no whole answer within --request_timeout ({timeout:g} s)")
+
+
+async def _read_capped_httpx(response) -> None:
+    """httpx's response hook: the body read here, decompressed, stopping past MAX_ANSWER_BYTES.
+
+    httpx would read it whole; what is read is kept where ``response.aread()`` finds it.
+    """
+    chunks, size = [], 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise AnswerTooLarge()
+        chunks.append(chunk)
+    response._content = b"".join(chunks)
+
+
+class SdkPost:
+    """Every call through the SDK's ``post()``: its request building and its httpx transport.
+
+    httpx's timeout bounds each read, and a body trickling a byte at a time
+    never trips it: the whole call is bounded by ``timeout`` here.
+    """
+
+    def __init__(self, sdk, client, path: str, options: dict, timeout: float):
+        self._sdk, self._client, self._path, self._options, self._timeout = sdk, client, path, options, timeout
 
     async def post(self, body: bytes) -> bytes:
-        return await self._client.post(self._path, cast_to=bytes, content=body, options=self._options)
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await self._client.post(self._path, cast_to=bytes, content=body, options=self._options)
+        except TimeoutError:
+            request = _sdk_httpx(self._sdk).Request("POST", str(self._client.base_url).rstrip("/") + self._path)
+            raise self._sdk.APITimeoutError(request=request) from _timed_out(self._timeout)
+        except self._sdk.APIConnectionError as exc:
+            if isinstance(exc.__cause__, AnswerTooLarge):  # raised by the response hook, wrapped by the SDK
+                raise exc.__cause__ from None
+            raise
 
     async def aclose(self) -> None:
         pass
@@ -203,8 +250,9 @@ class DirectPost:
         tls = self._url.startswith("https:") or self._proxy is not None
         context = _ssl_context(httpx, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) if tls else True
         connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=KEEPALIVE_EXPIRY_S, ssl=context)
-        # As httpx's Timeout(t): t to wait for a pooled connection, to connect, and between bytes of the answer.
-        timeout = aiohttp.ClientTimeout(total=None, connect=t, sock_connect=t, sock_read=t)
+        # t for the whole call (an answer trickling a byte at a time never trips a timer between bytes), and
+        # as httpx's Timeout(t): t to wait for a pooled connection, to connect, and between bytes of the answer.
+        timeout = aiohttp.ClientTimeout(total=t, connect=t, sock_connect=t, sock_read=t)
         # trust_env would look up ~/.netrc at every request (on a thread), and refuse the SDK's Authorization beside it.
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
         self._errors = aiohttp.ClientError
@@ -220,9 +268,9 @@ class DirectPost:
             headers[self._idempotency] = self._client._idempotency_key()
         try:
             async with self._session.post(self._url, data=body, headers=headers, proxy=self._proxy) as response:
-                data = await response.read()
+                data = await _read_capped(response)
         except TimeoutError as exc:  # asyncio's and aiohttp's timeouts alike
-            raise self._sdk.APITimeoutError(request=self._request) from exc
+            raise self._sdk.APITimeoutError(request=self._request) from _timed_out(self._timeout)
         except self._errors as exc:
             raise self._sdk.APIConnectionError(request=self._request) from exc
         if response.status >= 400:
@@ -235,6 +283,20 @@ class DirectPost:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+async def _read_capped(response) -> bytes:
+    """An aiohttp response's body, decompressed, read up to MAX_ANSWER_BYTES (AnswerTooLarge past them)."""
+    length = response.content_length
+    if length is not None and length <= MAX_ANSWER_BYTES and "Content-Encoding" not in response.headers:
+        return await response.read()  # the common answer: its length known and within the cap, read at once
+    chunks, size = [], 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise AnswerTooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def environment_proxy(url: str) -> Optional[str]:

@@ -29,6 +29,7 @@ import sys
 from typing import Optional
 
 from .dispatch import WorkerError, WorkerLink, WorkerLost
+from .jsonguard import TerminalFormatter
 from .worker import PromptWorker, WorkerSetup
 
 log = logging.getLogger("hermes_batch.worker")
@@ -149,7 +150,7 @@ class _Outbox:
 def _setup_logging(setup: WorkerSetup) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        logging.Formatter(f"%(asctime)s %(levelname)s [worker {setup.index + 1}] %(message)s", "%H:%M:%S")
+        TerminalFormatter(f"%(asctime)s %(levelname)s [worker {setup.index + 1}] %(message)s", "%H:%M:%S")
     )
     root = logging.getLogger("hermes_batch")
     root.handlers[:] = [handler]

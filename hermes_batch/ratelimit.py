@@ -18,6 +18,9 @@ import logging
 import time
 from typing import Awaitable, Callable, Optional
 
+import attrs
+
+from .endpoint_numbers import checked_usage
 from .errors import FatalModelError, ModelCallError, ModelEndpointError, ModelOutcome, RetryableModelError
 from .interfaces import MAX_RETRIES
 from .jsonguard import scrub_text
@@ -106,6 +109,9 @@ class CallLimiter:
                 raise
             else:
                 self._release()
+                usage = checked_usage(response.usage)  # any client's, any tool's: a few comparisons when fine
+                if usage is not response.usage:
+                    response = attrs.evolve(response, usage=usage)
                 self._attempted(calls, response.provider, started, 200, estimate, response)
                 self._increase(round_)
                 return response

@@ -18,7 +18,7 @@ import re
 import secrets
 import threading
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, TypeVar, Union
+from typing import Callable, Iterable, Iterator, Optional, TypeVar, Union
 
 from .errors import RunFolderError, RunFolderWriteError, UsageError
 from .serialization import describe_structure_error, from_json
@@ -136,6 +136,43 @@ def write_error(path: PathLike, exc: OSError, *, started: bool = True, doing: st
         f"{doing} {path} failed: {what}{f' ({name})' if name else ''}; finished prompts are saved, so {advice}, "
         "then run the same command with --resume to continue."
     )
+
+
+RECORD_BYTES = 64 * 1024
+"""What one prompt's record is taken to need on disk before a run has written any (they are 10 to 100 KB)."""
+
+
+def free_bytes(path: PathLike) -> Optional[int]:
+    """Bytes free for this user on the disk of ``path`` (or of its nearest existing parent); None if unknown."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def check_free_space(folder: "RunFolder", needed: int) -> None:
+    """Raise RunFolderWriteError (exit 74) when the run folder's disk has less than ``needed`` bytes free.
+
+    Called before any prompt is leased: a run that cannot write its records would pay for them and lose them.
+    """
+    free = free_bytes(folder.dir)
+    if free is not None and free < needed:
+        raise RunFolderWriteError(
+            f"The disk of {folder.dir} has only {_size(free)} free, less than the {_size(needed)} the records of "
+            "the prompts that run at once need; free some space on it or choose another --output_dir, then run the "
+            "same command again."
+        )
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
 
 
 def validate_run_name(name: str) -> str:
@@ -270,8 +307,9 @@ def _cut_after_last_newline(fd: int) -> int:
 class AppendLog:
     """Durable whole-line appends to one JSONL file, opened lazily and repaired before the first append."""
 
-    def __init__(self, path: PathLike):
+    def __init__(self, path: PathLike, on_error: Optional[Callable[[RunFolderWriteError], None]] = None):
         self.path = Path(path)
+        self.on_error = on_error  # told of a failed write at once, in the writing thread (the run stops calls)
         self.dropped_bytes = 0  # total cut off torn tails, for the runner to report
         self._fd: Optional[int] = None
         self._size = 0  # where the next record starts, to cut off a record a failed write left half written
@@ -329,8 +367,11 @@ class AppendLog:
                 write_all(self._fd, data)
                 os.fsync(self._fd)
             except OSError as exc:
+                error = write_error(self.path, exc)
+                if self.on_error is not None:
+                    self.on_error(error)
                 self._cut_back()
-                raise write_error(self.path, exc) from exc
+                raise error from exc
             self._size += len(data)
 
     def _cut_back(self) -> None:

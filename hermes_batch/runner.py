@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import json
 import logging
 import os
 import time
@@ -15,8 +14,8 @@ import attrs
 import pluggy
 
 from . import (
-    bookkeeping, cleanup, distributions, limits, notices, refilter, reindex, rowkeys, run_settings, runfolder,
-    seed_import, selection,
+    bookkeeping, cleanup, distributions, endpoint_numbers, limits, notices, refilter, reindex, rowkeys, run_settings,
+    runfolder, seed_import, selection,
 )
 from .checkpoint import BatchTracker, Checkpoints, load_checkpoint, repair_torn_tails, write_run_json
 from .config import RunConfig
@@ -30,6 +29,7 @@ from .errors import (
 )
 from .interfaces import PromptJob, PromptJobs
 from .journal import CallJournal, journal_path
+from .jsonguard import finite_dumps
 from .lock import RunFolderLock
 from .merge import merge_run
 from .plugins import collect, describe_plugins, get_plugin_manager
@@ -161,6 +161,7 @@ class Run:
             concurrent.futures.ThreadPoolExecutor(self.concurrency + 4, thread_name_prefix="hermes-batch")
         )
         fresh = not self.folder.has_outputs()
+        endpoint_numbers.reset_warning()  # one warning per run for numbers no call can have
         self.index = bookkeeping.RunIndex(self.folder)
         self.resume_plan = rowkeys.plan(self.validated.keys, None)
         if cfg.resume:
@@ -171,6 +172,11 @@ class Run:
                 return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
         self.checkpoints.previously_finished = self.resume_plan.finished
         to_run = plan.dataset.valid - self.resume_plan.skipped
+        if to_run:
+            try:  # before any prompt is leased, and before the preflight: a full disk costs nothing to fix
+                runfolder.check_free_space(self.folder, self._space_needed(to_run))
+            except RunFolderWriteError as exc:
+                return RunResult(exc.exit_code, None, str(exc))
         self.context = RunContext(cfg.run_name, self.folder.dir, plan.seed, cfg.verbose, cfg.log_prefix_chars, pool)
         processor = build_processor(plan, self.context, self.registry, self.runtimes)
         client = self.client = processor.client
@@ -224,8 +230,8 @@ class Run:
         self.progress = Progress(total=to_run, enabled=cfg.progress)
         self.progress.watch(client.limiter.summary)
         self.failed_logs = {
-            "discarded": AppendLog(self.folder.discarded),
-            "failed": AppendLog(self.folder.failed),
+            "discarded": AppendLog(self.folder.discarded, on_error=self._write_failed),
+            "failed": AppendLog(self.folder.failed, on_error=self._write_failed),
         }
         self.tracker = BatchTracker(self._batch_complete)
         self.pm.hook.run_started(run=self.context)
@@ -283,6 +289,20 @@ class Run:
         journaled = self.journal.cost if self.journal is not None else None
         return self.previous_cost + (journaled or 0.0)
 
+    def _space_needed(self, to_run: int) -> int:
+        """Bytes the records of the prompts that run at once take: as big as this run's records so far."""
+        written = sum(path.stat().st_size for _num, path in self.folder.iter_batch_files())
+        if self.folder.discarded.exists():
+            written += self.folder.discarded.stat().st_size
+        finished = self.resume_plan.finished
+        per_record = written // finished if finished and written else runfolder.RECORD_BYTES
+        return min(self.concurrency, to_run) * per_record
+
+    def _write_failed(self, error: RunFolderWriteError) -> None:
+        # in the writing thread, at once: no model request goes out after a write of the run folder failed
+        if self.journal is not None:
+            self.journal.stop(error)
+
     def _over_budget(self) -> bool:
         return self.config.max_cost is not None and self._cost_so_far() >= self.config.max_cost
 
@@ -330,6 +350,8 @@ class Run:
         size = self.config.batch_size
         available = frozenset(self.plan.toolsets)
         for row in rows:
+            if self.journal is not None and self.journal.stopped is not None:
+                break  # a write failed: the run stops, and no prompt is leased that it could not save
             if self._over_budget():
                 self.jobs.halt()
                 log.warning("The cost budget --max_cost %g is reached; no new prompt is started.", self.config.max_cost)
@@ -362,17 +384,21 @@ class Run:
             else:
                 kind, record, log_ = "kept", outcome, self._batch_log(job.batch_num)
         index = self.index.touch(kind, job.batch_num)  # before the append: the index covers what the file held
-        await log_.append(to_json_line(record))
-        index.add(record)
-        self.counts[kind] += 1
-        self.progress.ended(kind)
-        self.tracker.finished(job.batch_num, failed=kind == "failed")
+        try:
+            await log_.append(to_json_line(record))
+            index.add(record)
+            self.counts[kind] += 1
+            self.progress.ended(kind)
+            self.tracker.finished(job.batch_num, failed=kind == "failed")  # a completed batch saves its index and the checkpoint
+        except RunFolderWriteError as exc:
+            self._write_failed(exc)
+            raise
         self.pm.hook.prompt_finished(run=self.context, outcome=record)
 
     def _batch_log(self, batch: int) -> AppendLog:
         log_ = self.batch_logs.get(batch)
         if log_ is None:
-            log_ = self.batch_logs[batch] = AppendLog(self.folder.batch_path(batch))
+            log_ = self.batch_logs[batch] = AppendLog(self.folder.batch_path(batch), on_error=self._write_failed)
         return log_
 
     def _batch_complete(self, batch: int, failed: int) -> None:
@@ -436,7 +462,7 @@ class Run:
         )
         runfolder.check_stop()
         stats = self.redactor.data(stats)
-        atomic_write_text(self.folder.statistics, json.dumps(stats, indent=2) + "\n")
+        atomic_write_text(self.folder.statistics, finite_dumps(stats, indent=2) + "\n")
         return stats
 
 

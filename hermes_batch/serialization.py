@@ -20,25 +20,28 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, TypeVar
+from typing import Any, Optional, TypeVar
 
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.v import format_exception
 
 from .errors import ConfigError
-from .jsonguard import MAX_DEPTH, has_lone_surrogate, scrub_text, value_problem
-from .records import CallRecord, InvalidToolCall, Metadata, ToolCallRecord, Trajectory, Turn, Usage
+from .endpoint_numbers import TOKEN_FIELDS, finite_seconds, stored_cost, stored_usage
+from .jsonguard import MAX_DEPTH, finite_dumps, has_lone_surrogate, scrub_text, value_problem
+from .records import CallRecord, InvalidToolCall, Metadata, SessionInfo, ToolCallRecord, Trajectory, Turn, Usage
 
 T = TypeVar("T")
 
 
 def _json_text(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False)  # text in a string: NaN there is the model's word, not a number
 
 
 def _unstructure_usage(usage: Usage) -> dict:
     usage = usage or Usage()  # a plugin may still build records with usage=None
+    # what no reader could take back (NaN, Infinity, 10**30 tokens) is never written: it is not reported
+    usage = stored_usage({name: getattr(usage, name) for name in (*TOKEN_FIELDS, "cost")})
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -50,26 +53,26 @@ def _unstructure_usage(usage: Usage) -> dict:
 
 
 def _structure_usage(data: Any, _type=None) -> Usage:
-    if data is None:  # written by versions before schema 2
+    if not isinstance(data, dict):  # null: written by versions before schema 2
         return Usage()
-    cost = data.get("cost")
-    if data.get("cost_reported") is False or not isinstance(cost, (int, float)) or isinstance(cost, bool):
-        cost = None
-    return Usage(
-        int(data.get("prompt_tokens") or 0),
-        int(data.get("completion_tokens") or 0),
-        int(data.get("reasoning_tokens") or 0),
-        int(data.get("cached_tokens") or 0),
-        None if cost is None else float(cost),
-    )
+    # values no call could report (NaN, Infinity, negative, 10**30), as older versions wrote them, are not reported
+    return stored_usage(data)
 
 
 def _unstructure_call(call: CallRecord) -> dict:
-    return {"provider": call.provider or "", "latency_s": float(call.latency_s), "status": call.status or 0}
+    return {"provider": call.provider or "", "latency_s": finite_seconds(call.latency_s), "status": call.status or 0}
 
 
 def _structure_call(data: Any, _type=None) -> CallRecord:
-    return CallRecord(data.get("provider") or None, float(data.get("latency_s") or 0.0), data.get("status") or None)
+    return CallRecord(data.get("provider") or None, finite_seconds(data.get("latency_s")), data.get("status") or None)
+
+
+def _seconds(value: Any, _type=None) -> float:
+    return finite_seconds(value)
+
+
+def _session_cost(value: Any, _type=None) -> Optional[float]:
+    return stored_cost(value, calls=None)
 
 
 def _unstructure_tool_call(call: ToolCallRecord) -> dict:
@@ -137,7 +140,7 @@ def _make_record_converter() -> cattrs.Converter:
             Metadata, conv,
             row=override(unstruct_hook=_json_text),
             invalid_tool_calls=override(unstruct_hook=_unstructure_invalid_calls),
-            duration_s=override(unstruct_hook=float),
+            duration_s=override(unstruct_hook=finite_seconds),
         ),
     )
     conv.register_structure_hook(
@@ -146,7 +149,19 @@ def _make_record_converter() -> cattrs.Converter:
             Metadata, conv,
             row=override(struct_hook=_structure_row),
             invalid_tool_calls=override(struct_hook=_structure_invalid_calls),
+            duration_s=override(struct_hook=_seconds),
         ),
+    )
+    # a session's duration and cost, as an older version may have written them (Infinity, NaN)
+    conv.register_unstructure_hook(
+        SessionInfo,
+        make_dict_unstructure_fn(SessionInfo, conv, duration_s=override(unstruct_hook=finite_seconds),
+                                 cost=override(unstruct_hook=_session_cost)),
+    )
+    conv.register_structure_hook(
+        SessionInfo,
+        make_dict_structure_fn(SessionInfo, conv, duration_s=override(struct_hook=_seconds),
+                               cost=override(struct_hook=_session_cost)),
     )
     # the free JSON of records written before schema 2 (tool-call arguments, metadata.row)
     conv.register_structure_hook(Any, lambda v, _: v)
@@ -194,7 +209,7 @@ def to_json_line(record: Any) -> str:
 
     A lone surrogate that reached the record some way (a plugin's text, a file name) becomes U+FFFD.
     """
-    line = json.dumps(record_converter.unstructure(record), ensure_ascii=False, separators=(",", ":")) + "\n"
+    line = finite_dumps(record_converter.unstructure(record), ensure_ascii=False, separators=(",", ":")) + "\n"
     return line if line.isascii() else scrub_text(line)
 
 

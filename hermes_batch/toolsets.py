@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 import attrs
 
+from .endpoint_numbers import checked_usage
 from .errors import ConfigError, UsageError
 from .interfaces import ModelSettings, ToolsetRuntime, ToolsetSession
 from .plugin_options import structure_options
@@ -94,7 +95,8 @@ class PromptToolsets:
 
     def report_usage(self, usage: Usage, journaled: bool = False) -> None:
         if self._on_usage is not None:
-            self._on_usage(usage, journaled)
+            # what a tool's own endpoint reported: checked like a model client's answer
+            self._on_usage(checked_usage(usage), journaled)
 
     async def aclose(self) -> None:
         """Close every session that was opened; a failing close is logged, never raised."""

@@ -257,6 +257,30 @@ def test_half_an_emoji_from_the_model_is_stored_as_a_replacement_character(model
                                                '{"command": "ls", "timeout": NaN}']
 
 
+def escape_script(request):
+    if request.turn == 0:
+        return Reply(content="\x1b[2J\x1b]0;pwned\x07 cleared\x00", reasoning="\x1b[31mred",
+                     tool_calls=[("terminal", '{"command": "printf \'\\033[5m\'; echo \\u001b[0m"}'),
+                                 ("term\x1binal", "{}")])
+    return Reply(content="Done \x9b31m\u202e.", reasoning="ok")
+
+
+def test_verbose_shows_the_models_control_characters_escaped(model_server, runner, tmp_path):
+    # ESC, NUL, BEL and CSI from the model (or a tool's output) would drive the terminal of whoever watches the run
+    server = model_server(escape_script)
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "hostile"}])
+    result = runner.invoke(dataset, "--distribution", "terminal_only", "--no_filters", "--verbose", server=server)
+    assert result.exit_code == 0, result.output
+    shown = [line for line in result.output.splitlines() if "[B0:P0]" in line]
+    assert any("\\x1b[2J\\x1b]0;pwned\\x07 cleared\\x00" in line for line in shown), shown
+    assert any("term\\x1binal" in line for line in shown) and any("\\x9b31m\\u202e" in line for line in shown)
+    for char in ("\x1b", "\x00", "\x07", "\x9b", "\u202e"):
+        assert char not in result.output
+    # the records keep the model's text as it was
+    record = runner.records("trajectories.jsonl")[0]
+    assert "\x1b[2J" in record["conversations"][2]["value"]
+
+
 @pytest.mark.parametrize("option", ["--ephemeral_system_prompt", "--model", "--providers_order"])
 def test_option_text_that_is_not_utf8_is_refused_before_any_model_call(model_server, runner, tmp_path, option):
     # on Linux argv bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape)

@@ -22,6 +22,7 @@ import threading
 from typing import Optional
 
 import anthropic
+import attrs
 import openai
 import pytest
 from aiohttp import web
@@ -431,6 +432,54 @@ def test_429s_and_500s_with_retry_after_are_retried_on_each_transport(backend, m
     assert result.exit_code == 0, result.output
     for record in runner.records("trajectories.jsonl"):
         assert [c["status"] for c in record["metadata"]["calls"]] == [429, 200, 503, 200]
+
+
+def _spawn(runner, data, server, *extra) -> tuple:
+    """(exit status, stderr, peak memory in MB, seconds) of a run in a child process; fails after 90 s."""
+    import os
+    import time
+
+    started = time.monotonic()
+    with open(runner.tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "hermes_batch", *runner.args(data, *extra, server=server)],
+                                stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                break
+            time.sleep(0.1)
+        else:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"the run was still going after 90 s: {(runner.tmp_path / 'stderr.txt').read_text()[-2000:]}")
+    return proc.returncode, (runner.tmp_path / "stderr.txt").read_text(), usage.ru_maxrss / 1024, time.monotonic() - started
+
+
+def test_request_timeout_bounds_the_whole_answer_of_an_endpoint_that_trickles(backend, model_server, runner, tmp_path):
+    # headers at once, then a byte every half second: a timer between bytes never fires
+    script = ToolLoopScript(tool_calls=1)
+    server = model_server(lambda request: attrs.evolve(script(request), trickle=0.5))
+    data = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "Drips"}])
+    status, err, _memory, seconds = _spawn(runner, data, server, "--request_timeout", "3", "--max_retries", "0",
+                                           "--http_backend", backend)
+    assert status == 3, err
+    [failure] = runner.records("failed.jsonl")
+    assert "within --request_timeout (3 s)" in failure["message"], failure["message"]
+    [call] = failure["calls"]
+    assert call["status"] == 0 and 2.9 <= call["latency_s"] < 6
+
+
+def test_a_gzip_answer_is_capped_once_decompressed(backend, model_server, runner, tmp_path):
+    # half a megabyte on the wire, 500 MB once decompressed: the run stops reading at the cap
+    server = model_server(lambda request: Reply("ok", gzip=True, padding=500_000_000))
+    data = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "Expands"}])
+    status, err, memory, _seconds = _spawn(runner, data, server, "--max_retries", "0", "--http_backend", backend)
+    assert status == 3, err
+    [failure] = runner.records("failed.jsonl")
+    assert f"larger than {model_http.MAX_ANSWER_BYTES // 2**20} MB once decompressed" in failure["message"]
+    assert memory < 400, f"peak {memory:.0f} MB"
 
 
 async def _calls(client_class, base_url, calls=1, prepare=lambda sdk_client: None, **settings) -> list:

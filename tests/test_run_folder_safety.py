@@ -30,6 +30,7 @@ from hermes_batch import runfolder
 from hermes_batch.cleanup import is_sandbox_folder
 from hermes_batch.config import RunConfig
 from hermes_batch.errors import RunFolderError, RunFolderWriteError
+from hermes_batch.journal import CallJournal
 from hermes_batch.lock import LOCK_NAME, RunFolderLock
 from hermes_batch.plugins import get_plugin_manager
 from hermes_batch.records import Failure, content_key
@@ -219,6 +220,77 @@ def test_disk_full_stops_the_run_with_its_own_status_and_resume_finishes(tmp_pat
     assert merged == Counter(f"task {i}" for i in range(30))
     assert len({r.prompt for r in second.requests if not r.preflight}) == 30 - saved  # none paid twice
     assert_whole_lines(folder)
+
+
+def test_a_resume_on_a_disk_still_full_stops_before_paying_for_anything(tmp_path, runner, model_server, small_disk):
+    # a resume on a still-full disk paid a dozen requests (some 40 in the report) before its first record failed
+    server = model_server(ToolLoopScript(tool_calls=1, final="x" * 30_000 + " {prompt}"))
+    data = write_dataset(tmp_path / "d.jsonl", prompts(30))
+    args = runner.args(data, *BASE, "--num_workers", "8", server=server)
+    args[args.index("--output_dir") + 1] = str(small_disk / "out")
+    from click.testing import CliRunner
+
+    from hermes_batch.cli import cli
+
+    assert CliRunner().invoke(cli, args, catch_exceptions=False).exit_code == 74
+    folder = small_disk / "out" / "run"
+    paid = server.request_count
+    result = CliRunner().invoke(cli, args + ["--resume"], catch_exceptions=False)
+    assert result.exit_code == 74, result.output
+    assert server.request_count == paid, server.request_count - paid  # not even the preflight
+    message = last_line(result.output)
+    assert message.startswith(f"Error: The disk of {folder} has only ") and " free, " in message, message
+    assert message.endswith("free some space on it or choose another --output_dir, then run the same command again.")
+    assert "Traceback" not in result.output
+    assert_whole_lines(folder)
+
+
+@pytest.mark.parametrize("executor", [(), ("--executor", "processes", "-E", "workers=2")], ids=["local", "processes"])
+def test_no_model_request_goes_out_after_the_first_failed_write(executor, tmp_path, runner, model_server, monkeypatch):
+    # eight sessions at once, the first to end fills the disk with its record: the other seven send nothing more
+    arrivals = []
+
+    def latency(request):  # called as each request arrives
+        arrivals.append(time.monotonic())
+        return 0.05 if request.prompt == "task 0" else 0.2
+
+    server = model_server(ToolLoopScript(tool_calls=3), latency=latency)
+    data = write_dataset(tmp_path / "d.jsonl", prompts(40))
+    real_write = os.write
+    failed_at = []
+
+    def disk_fills_with_the_first_record(fd, chunk):
+        if Path(os.readlink(f"/proc/self/fd/{fd}")).name.startswith("batch_"):
+            failed_at.append(time.monotonic())
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, chunk)
+
+    monkeypatch.setattr(os, "write", disk_fills_with_the_first_record)
+    result = runner.invoke(data, *BASE, "--num_workers", "8", *executor, server=server)
+    monkeypatch.undo()
+    assert result.exit_code == 74, result.output
+    assert failed_at and "No space left on device (ENOSPC)" in last_line(result.output)
+    # a request already on its way when the write failed arrives within milliseconds; none is sent after it
+    assert [round(t - failed_at[0], 3) for t in arrivals if t > failed_at[0] + 0.1] == []
+
+
+def test_a_failed_append_stops_the_call_journal_at_once(tmp_path, monkeypatch):
+    # told in the writing thread, before the error reaches the event loop: no request slips out in between
+    journal = CallJournal(tmp_path / "calls.jsonl", 0)
+    log = AppendLog(tmp_path / "batch_0.jsonl", on_error=journal.stop)
+    journal.sent()
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runfolder.os, "write", full)
+    with pytest.raises(RunFolderWriteError):
+        log.append_sync(to_json_line(Failure(0, "k0", 0, "E", "sandbox", "first", "t")))
+    monkeypatch.undo()
+    with pytest.raises(RunFolderWriteError, match=r"batch_0.jsonl failed: No space left on device \(ENOSPC\)"):
+        journal.sent()
+    journal.close()
+    assert (tmp_path / "calls.jsonl").read_text().count('"event":"sent"') == 1
 
 
 def test_a_file_size_limit_is_reported_as_a_write_error_and_resume_finishes(tmp_path, runner, model_server):

@@ -262,6 +262,36 @@ async def test_hanging_request_times_out_and_does_not_block_shutdown():
     assert time.monotonic() - started < 2.5
 
 
+async def test_usage_goes_out_as_an_endpoint_spells_it_through_both_sdks():
+    raw = '{"prompt_tokens": 1000000000000000000000000000000, "completion_tokens": NaN, "cost": 1e999}'
+    async with ScriptedModelServer(lambda r: Reply("ok", raw_usage=raw)) as server:
+        answer = await openai_client(server).chat.completions.with_raw_response.create(model="m", messages=user("q"))
+        assert f'"usage": {raw}' in answer.http_response.text
+        assert json.loads(answer.http_response.text)["usage"]["cost"] == float("inf")
+    nan = Usage(prompt_tokens=5, completion_tokens=-3, cost=float("nan"))
+    async with ScriptedModelServer(lambda r: Reply("ok", usage=nan)) as server:
+        text = (await openai_client(server).chat.completions.with_raw_response.create(
+            model="m", messages=user("q"))).http_response.text
+        assert '"completion_tokens": -3' in text and '"cost": NaN' in text
+        answer = await anthropic_client(server).messages.with_raw_response.create(
+            model="m", max_tokens=10, messages=user("q"))
+        assert '"output_tokens": -3' in answer.http_response.text
+
+
+async def test_an_answer_can_trickle_and_come_gzipped_with_padding():
+    async with ScriptedModelServer(lambda r: Reply("ok", trickle=0.002)) as server:
+        started = time.monotonic()
+        response = await openai_client(server).chat.completions.create(model="m", messages=user("slow"))
+        assert response.choices[0].message.content == "ok"
+        assert time.monotonic() - started > 0.4  # some 300 bytes, one every 2 ms at least
+    async with ScriptedModelServer(lambda r: Reply("ok", gzip=True, padding=20_000_000)) as server:
+        answer = await openai_client(server).chat.completions.with_raw_response.create(model="m", messages=user("q"))
+        assert answer.http_response.headers["content-encoding"] == "gzip"
+        assert answer.http_response.num_bytes_downloaded < 200_000  # 20 MB of whitespace, compressed
+        assert len(answer.http_response.content) > 20_000_000
+        assert answer.parse().choices[0].message.content == "ok"
+
+
 async def test_streaming_is_refused_with_a_clear_error():
     async with ScriptedModelServer(lambda r: Reply("ok")) as server:
         with pytest.raises(openai.BadRequestError, match="stream=true is not supported"):

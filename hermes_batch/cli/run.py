@@ -14,6 +14,7 @@ import click
 from .. import options
 from ..config import RunConfig, require_api_key, resolve_api_key
 from ..errors import EXIT_FAILED_PROMPTS, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, HermesBatchError
+from ..jsonguard import TerminalFormatter
 from .listing import print_distributions
 
 
@@ -52,7 +53,7 @@ class _StderrHandler(logging.StreamHandler):
 
 def _setup_logging(verbose: bool) -> None:
     handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    handler.setFormatter(TerminalFormatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger("hermes_batch")
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO if verbose else logging.WARNING)

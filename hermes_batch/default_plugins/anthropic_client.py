@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import attrs
 
 import hermes_batch
+from hermes_batch.endpoint_numbers import token_count
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
 from hermes_batch.interfaces import ModelClient, ModelSettings
 from hermes_batch.model_http import (
@@ -375,15 +376,20 @@ def from_wire(response, provider: Optional[str] = None) -> ModelResponse:
     )
 
 
+def _field(value, name: str):
+    # construct() leaves what does not fit the SDK's types as it came: a dict, a string, a number
+    return value.get(name) if isinstance(value, dict) else getattr(value, name, None)
+
+
 def _usage(usage) -> Usage:
     if usage is None:
         return Usage()
-    cache_read = getattr(usage, "cache_read_input_tokens", None) or 0
-    cache_creation = getattr(usage, "cache_creation_input_tokens", None) or 0
-    details = getattr(usage, "output_tokens_details", None)
+    # checked at the boundary: NaN, 1e999, negative or 10**30 tokens count as not reported
+    cache_read = token_count(_field(usage, "cache_read_input_tokens"), "cache_read_input_tokens")
+    cache_creation = token_count(_field(usage, "cache_creation_input_tokens"), "cache_creation_input_tokens")
     return Usage(
-        prompt_tokens=(usage.input_tokens or 0) + cache_read + cache_creation,
-        completion_tokens=usage.output_tokens or 0,
-        reasoning_tokens=getattr(details, "thinking_tokens", None) or 0,
+        prompt_tokens=token_count(_field(usage, "input_tokens"), "input_tokens") + cache_read + cache_creation,
+        completion_tokens=token_count(_field(usage, "output_tokens"), "output_tokens"),
+        reasoning_tokens=token_count(_field(_field(usage, "output_tokens_details"), "thinking_tokens"), "thinking_tokens"),
         cached_tokens=cache_read,
     )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from urllib.parse import urlsplit
 
 import hermes_batch
+from hermes_batch.endpoint_numbers import call_cost, token_count
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
 from hermes_batch.interfaces import ModelClient, ModelSettings
 from hermes_batch.model_http import (
@@ -269,18 +270,15 @@ def _text(value) -> Optional[str]:
     return value if isinstance(value, str) else None
 
 
-def _count(value) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def _usage(usage) -> Usage:
     if not isinstance(usage, dict):
         return Usage()
-    cost = usage.get("cost")
+    # checked at the boundary: NaN, 1e999, a negative cost or 10**30 tokens count as not reported
     return Usage(
-        prompt_tokens=_count(usage.get("prompt_tokens")),
-        completion_tokens=_count(usage.get("completion_tokens")),
-        reasoning_tokens=_count(_object(usage.get("completion_tokens_details")).get("reasoning_tokens")),
-        cached_tokens=_count(_object(usage.get("prompt_tokens_details")).get("cached_tokens")),
-        cost=float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None,
+        prompt_tokens=token_count(usage.get("prompt_tokens"), "prompt_tokens"),
+        completion_tokens=token_count(usage.get("completion_tokens"), "completion_tokens"),
+        reasoning_tokens=token_count(_object(usage.get("completion_tokens_details")).get("reasoning_tokens"),
+                                     "reasoning_tokens"),
+        cached_tokens=token_count(_object(usage.get("prompt_tokens_details")).get("cached_tokens"), "cached_tokens"),
+        cost=call_cost(usage.get("cost")),
     )

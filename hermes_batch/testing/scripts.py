@@ -81,9 +81,19 @@ class Reply:
 
     ``tool_calls`` holds ``(name, arguments)`` pairs; a string ``arguments`` is sent
     verbatim (to test invalid JSON).  ``usage=None`` estimates tokens from text
-    lengths.  A ``status`` other than 200 sends the provider's error body with
+    lengths; its numbers are sent as given, also those JSON cannot hold
+    (``float("nan")`` goes out as ``NaN``).  ``raw_usage`` is JSON text sent
+    verbatim as the answer's ``usage`` object instead: numbers as an endpoint
+    may spell them (``1e999``, ``-1``, thirty digits) and fields of any type.
+    A ``status`` other than 200 sends the provider's error body with
     ``error_message``.  With the Anthropic API any ``reasoning_format`` except
     ``"none"`` gives a signed ``thinking`` block.
+
+    How the answer travels: ``trickle`` sends the headers at once and then the
+    body one byte every ``trickle`` seconds (an endpoint that stalls); ``gzip``
+    compresses the body (``Content-Encoding: gzip``); ``padding`` adds that
+    many bytes of whitespace after the JSON, which JSON allows, so with ``gzip``
+    a small answer expands to a big one (a decompression bomb).
     """
 
     content: str = ""
@@ -97,6 +107,10 @@ class Reply:
     headers: dict = attrs.field(factory=dict)
     error_message: Optional[str] = None
     error_type: Optional[str] = None  # default: the provider's type for ``status``
+    raw_usage: Optional[str] = None
+    trickle: Optional[float] = None
+    gzip: bool = False
+    padding: int = 0
 
 
 Script = Callable[[ScriptRequest], Union[Reply, Awaitable[Reply]]]
@@ -194,3 +208,4 @@ class ImageReply:
     status: int = 200
     error_message: Optional[str] = None
     usage: Optional[Usage] = None  # reported as the images API's input/output tokens
+    raw_usage: Optional[str] = None  # JSON text sent verbatim as the answer's usage object instead (see Reply)

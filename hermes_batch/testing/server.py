@@ -26,6 +26,7 @@ import random
 import signal
 import sys
 import threading
+import zlib
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 import attrs
@@ -63,6 +64,7 @@ __all__ = [
 
 
 SCRIPT_ERROR_STATUS = 400  # the answer to a request whose script raised (see ScriptedModelServer.script_errors)
+_RAW_USAGE = "hermes-batch-scripted-raw-usage"  # where Reply.raw_usage goes in the rendered JSON
 
 
 @attrs.frozen
@@ -258,11 +260,56 @@ class ScriptedModelServer:
             self._thinking["valid" if ok else "invalid"] += 1
         return ok
 
-    def _respond(self, status: int, body: dict, headers: Optional[Mapping[str, str]] = None) -> web.Response:
+    def _respond(
+        self, status: int, body: dict, headers: Optional[Mapping[str, str]] = None, raw_usage: Optional[str] = None,
+    ) -> web.Response:
         with self._lock:
             self._statuses[status] += 1
         headers = {"x-request-id": f"req_hb{self._next_id()}", **(headers or {})}
-        return web.json_response(body, status=status, headers=headers)
+        if raw_usage is None:
+            return web.json_response(body, status=status, headers=headers)
+        text = json.dumps({**body, "usage": _RAW_USAGE}).replace(json.dumps(_RAW_USAGE), raw_usage, 1)
+        return web.Response(text=text, status=status, headers=headers, content_type="application/json")
+
+    async def _deliver(self, http: web.Request, answer: web.Response, reply: Reply) -> web.StreamResponse:
+        """``answer`` as ``reply`` says it travels: gzip-compressed, padded, a byte at a time."""
+        if not (reply.trickle or reply.gzip or reply.padding):
+            return answer
+        body = answer.body
+        headers = {k: v for k, v in answer.headers.items() if k.lower() not in ("content-length", "content-type")}
+        stream = web.StreamResponse(status=answer.status, headers=headers)
+        stream.content_type = "application/json"
+        compress = zlib.compressobj(wbits=31) if reply.gzip else None  # wbits 31: the gzip format
+        if compress is not None:
+            stream.headers["Content-Encoding"] = "gzip"
+        await stream.prepare(http)
+
+        def pieces():
+            yield body
+            left = reply.padding
+            while left > 0:
+                yield b" " * min(left, 1 << 20)
+                left -= 1 << 20
+
+        async def send(data: bytes) -> None:
+            if not reply.trickle:
+                await stream.write(data)
+                return
+            for i in range(len(data)):
+                await stream.write(data[i:i + 1])
+                await asyncio.sleep(reply.trickle)
+
+        try:
+            for piece in pieces():
+                data = compress.compress(piece) if compress is not None else piece
+                if data:
+                    await send(data)
+            if compress is not None:
+                await send(compress.flush())
+            await stream.write_eof()
+        except (ConnectionError, RuntimeError):  # the client gave up on it, as a client should
+            pass
+        return stream
 
     def _error(
         self,
@@ -341,13 +388,15 @@ class ScriptedModelServer:
                                error_type="script_error")
         if reply.status != 200:
             message = reply.error_message or f"Scripted error {reply.status}."
-            return self._error(api, reply.status, message, reply.headers, reply.error_type, reply.provider)
+            return await self._deliver(
+                http, self._error(api, reply.status, message, reply.headers, reply.error_type, reply.provider), reply
+            )
         usage = reply.usage or estimate_usage(request, reply)
         if api == "anthropic":
             response = render_anthropic(request, reply, usage, self._next_id, self._sign)
         else:
             response = render_openai(request, reply, usage, self._next_id)
-        return self._respond(200, response, reply.headers)
+        return await self._deliver(http, self._respond(200, response, reply.headers, reply.raw_usage), reply)
 
     def _failing_rule(self, request: ScriptRequest) -> Optional[ErrorRule]:
         attempt = 0
@@ -400,6 +449,8 @@ class ScriptedModelServer:
                 self._files[name] = image
                 data.append({"url": f"{self.base_url}/files/{name}"})
         answer: dict = {"created": 0, "data": data}
+        if reply.raw_usage is not None:
+            return self._respond(200, answer, raw_usage=reply.raw_usage)
         if reply.usage is not None:
             answer["usage"] = {
                 "input_tokens": reply.usage.prompt_tokens,
