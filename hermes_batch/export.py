@@ -85,6 +85,7 @@ class ExportResult:
     counts: dict  # split -> trajectories written
     filtered: dict  # filter name -> records it left out
     skipped: int  # records the format cannot hold
+    repaired: int = 0  # records written with U+FFFD for text that is not Unicode
 
 
 _TOOL_STATS = re.compile(rb'"tool_stats"\s*:\s*\{')
@@ -162,6 +163,7 @@ def export(folder: RunFolder, writer: FileWriter, *, output: Optional[Path] = No
         counts={name: sink.count for name, sink in sinks.items()},
         filtered=filtered,
         skipped=sum(sink.skipped for sink in sinks.values()),
+        repaired=sum(sink.repaired for sink in sinks.values()),
     )
 
 
@@ -172,6 +174,9 @@ def describe(result: ExportResult) -> str:
         lines.append(f"left out by {name}: {count}")
     if result.skipped:
         lines.append(f"left out as the format cannot hold them: {result.skipped}")
+    if result.repaired:
+        lines.append(f"repaired: {result.repaired} (text that is not Unicode, a lone surrogate of an older record, "
+                     "written as U+FFFD as the run writes it)")
     return "\n".join(lines)
 
 

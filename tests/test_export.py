@@ -170,3 +170,27 @@ def test_an_interrupted_export_leaves_the_previous_file(run_dir, tmp_path, monke
     assert result.exit_code == 1 and "Aborted" in result.output  # click's answer to Ctrl-C
     assert out.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".o.jsonl")] == []
+
+
+def plant_lone_surrogate(run_dir, prompt):
+    """Give ``prompt``'s kept record an escaped lone surrogate after its answer, as versions before the repair wrote."""
+    answer = answer_for(prompt)
+    for path in sorted(run_dir.glob("batch_*.jsonl")):
+        text = path.read_text(encoding="utf-8")
+        if answer in text:
+            path.write_text(text.replace(answer, answer + "\\ud800", 1), encoding="utf-8")
+            return answer
+    raise AssertionError(f"no batch file holds the answer of {prompt!r}")
+
+
+def test_an_old_record_with_a_lone_surrogate_is_repaired_as_the_run_does(run_dir, tmp_path):
+    answer = plant_lone_surrogate(run_dir, "[ok] task 1")
+    result = hb("export", run_dir, "--format", "openai", "--output", tmp_path / "o.jsonl")
+    assert "repaired: 1" in result.output  # text that is not Unicode, written with U+FFFD as the run writes it
+    rows = lines(tmp_path / "o.jsonl")
+    assert len(rows) == len(lines(run_dir / "trajectories.jsonl"))
+    row = next(r for r in rows if r["messages"][1]["content"] == "[ok] task 1")
+    assert row["messages"][-1]["content"].endswith(answer + "\ufffd")
+    hb("export", run_dir, "--format", "sharegpt", "--output", tmp_path / "s.jsonl")
+    assert answer + "\ufffd" in (tmp_path / "s.jsonl").read_text(encoding="utf-8")
+

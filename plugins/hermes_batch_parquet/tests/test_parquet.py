@@ -79,3 +79,17 @@ def test_an_empty_export_is_a_valid_file(run_dir, tmp_path):
     hb("export", run_dir, "--format", "parquet", "--filter", "length:max_chars=1", "--output", tmp_path / "e.parquet")
     table = pq.read_table(tmp_path / "e.parquet")
     assert table.num_rows == 0 and table.schema.equals(SCHEMA, check_metadata=False)
+
+
+def test_an_old_record_with_a_lone_surrogate_is_repaired_as_the_run_does(run_dir, tmp_path):
+    answer = answer_for("[ok] task 1")
+    for path in sorted(run_dir.glob("batch_*.jsonl")):  # an escaped lone surrogate, as older versions wrote
+        text = path.read_text(encoding="utf-8")
+        path.write_text(text.replace(answer, answer + "\\ud800", 1), encoding="utf-8")
+    result = hb("export", run_dir, "--format", "parquet", "--output", tmp_path / "t.parquet")
+    assert "repaired: 1" in result.output
+    rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert len(rows) == len(lines(run_dir / "trajectories.jsonl"))
+    row = next(r for r in rows if r["conversations"][1]["value"] == "[ok] task 1")
+    assert row["conversations"][-1]["value"].endswith(answer + "\ufffd")
+
