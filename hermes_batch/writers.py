@@ -39,6 +39,7 @@ class Sink(abc.ABC):
         self.skipped = 0  # trajectories the format cannot hold (see the writer's docs)
         self.repaired = 0  # trajectories written with U+FFFD for text that is not Unicode (see scrub)
         self._done = False
+        self._sealed = False
 
     @abc.abstractmethod
     def add(self, trajectory: Trajectory) -> None:
@@ -63,15 +64,27 @@ class Sink(abc.ABC):
     def finish(self) -> None:
         """Write what the format needs at the end (a footer); called once before the file is committed."""
 
+    def seal(self) -> Path:
+        """Finish the temporary file and return it, complete on disk, for the caller to move into place (an export
+        switches several files at once); on an error it is removed."""
+        if not self._sealed:
+            try:
+                self.finish()
+                self.file.flush()
+                os.fsync(self.file.fileno())
+                self.file.close()
+            except BaseException:
+                self.abort()
+                raise
+            self._sealed = True
+        return self.tmp
+
     def commit(self) -> None:
         """Finish the file and move it to ``path`` atomically."""
         if self._done:
             return
+        self.seal()
         try:
-            self.finish()
-            self.file.flush()
-            os.fsync(self.file.fileno())
-            self.file.close()
             os.replace(self.tmp, self.path)
             _fsync_dir(self.path.parent)
         except BaseException:
@@ -143,15 +156,17 @@ class FileWriter(Writer):
         return self.filename
 
 
-def report_skipped(writer: Any, sink: Sink) -> None:
-    """One warning when a format had to leave trajectories out (the writer's docs say which), one when it repaired some."""
+def report_skipped(writer: Any, sink: Sink, path: Optional[os.PathLike] = None) -> None:
+    """One warning when a format had to leave trajectories out (the writer's docs say which), one when it repaired
+    some; ``path`` names the file where the sink's own path was only where it was built."""
+    path = path or sink.path
     if sink.skipped:
         log.warning(
             "%s: %d trajectory(ies) left out, since the %s format cannot hold them (%s).",
-            sink.path, sink.skipped, writer.name, getattr(writer, "skips", "see its documentation"),
+            path, sink.skipped, writer.name, getattr(writer, "skips", "see its documentation"),
         )
     if sink.repaired:
         log.warning(
             "%s: %d trajectory(ies) held text that is not Unicode (a lone surrogate, in records of older versions); "
-            "written with U+FFFD in its place, as the run writes such text.", sink.path, sink.repaired,
+            "written with U+FFFD in its place, as the run writes such text.", path, sink.repaired,
         )
