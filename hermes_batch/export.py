@@ -144,10 +144,13 @@ def export(folders, writer: FileWriter, *, output: Optional[Path] = None, includ
 
 
 def _entries(folders: Sequence[RunFolder], include: str) -> Iterator[Entry]:
-    """The records of every run, run by run; ``where`` leads with the run's place in ``folders``."""
+    """The records of every run, run by run; with several, ``where`` leads with the run's place in ``folders``."""
+    if len(folders) == 1:
+        yield from iter_entries(folders[0], include)
+        return
     for number, folder in enumerate(folders):
         for entry in iter_entries(folder, include):
-            yield attrs.evolve(entry, where=(number, *entry.where))
+            yield Entry((number, *entry.where), entry.trajectory, entry.discarded)
 
 
 def _export(folders, writer, target, include, splits, filters, force) -> ExportResult:
