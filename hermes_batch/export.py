@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import re
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import attrs
 
 from .errors import UsageError
-from .filtering import INCLUDE, iter_entries, judge
-from .runfolder import RunFolder
+from .export_files import TRAIN, locked, other_data_files, prepare, publish, remove_if_empty, target_for
+from .filtering import INCLUDE, Entry, iter_entries, judge
+from .runfolder import RunFolder, write_error
 from .writers import FileWriter, report_skipped
 
-TRAIN = "train"
+log = logging.getLogger(__name__)
 _SPLIT_SALT = b"hermes-batch split\0"
 
 
@@ -63,20 +65,6 @@ def split_of(content_key: str, splits: dict) -> str:
     return TRAIN
 
 
-def output_paths(folder: RunFolder, writer: FileWriter, output: Optional[Path], splits: dict) -> dict:
-    """split name -> file.  ``output`` ending in the format's suffix is a file (``name.<split><suffix>`` with
-    splits); any other ``output`` is a folder of ``<split><suffix>`` files; the default folder is
-    ``RUN_DIR/exports/<format>/``."""
-    names = [TRAIN, *splits]
-    if output is not None and output.suffix == writer.suffix and not output.is_dir():
-        if not splits:
-            return {TRAIN: output}
-        stem = output.name[: -len(writer.suffix)]
-        return {name: output.with_name(f"{stem}.{name}{writer.suffix}") for name in names}
-    base = output if output is not None else folder.dir / "exports" / writer.name
-    return {name: base / f"{name}{writer.suffix}" for name in names}
-
-
 @attrs.frozen
 class ExportResult:
     """What an export wrote: per split its file and count, what the filters left out and what the format could not hold."""
@@ -85,6 +73,8 @@ class ExportResult:
     counts: dict  # split -> trajectories written
     filtered: dict  # filter name -> records it left out
     skipped: int  # records the format cannot hold
+    repaired: int = 0  # records written with U+FFFD for text that is not Unicode
+    removed: tuple = ()  # files of the previous export here that the new set lacks, removed
 
 
 _TOOL_STATS = re.compile(rb'"tool_stats"\s*:\s*\{')
@@ -119,50 +109,111 @@ def _tool_names(folder: RunFolder, include: str) -> set:
     return names
 
 
-def export(folder: RunFolder, writer: FileWriter, *, output: Optional[Path] = None, include: str = "kept",
-           splits: Optional[dict] = None, filters: Sequence = ()) -> ExportResult:
-    """Write the records ``include`` selects that pass ``filters``, in prompt_index order, one file per split."""
+def export(folders, writer: FileWriter, *, output: Optional[Path] = None, include: str = "kept",
+           splits: Optional[dict] = None, filters: Sequence = (), force: bool = False) -> ExportResult:
+    """Write the records ``include`` selects that pass ``filters``, one file per split, replacing the export's
+    previous files there (export_files.py says which it owns and how they are switched).
+
+    ``folders`` is one RunFolder or several, merged into one dataset: run by run, each in prompt_index order,
+    every line listing the tools of all of them.  Whole-run filters (near-duplicates) compare across runs.
+    """
+    folders = [folders] if isinstance(folders, RunFolder) else list(folders)
     if include not in INCLUDE:
         raise UsageError(f"--include {include!r} is not one of {', '.join(INCLUDE)}; choose one of them.")
     from .refilter import pending
 
-    if pending(folder):
-        raise UsageError(
-            f"{folder.dir} has a refilter that was interrupted; run 'hermes-batch refilter' on it again to finish it, "
-            "then export."
-        )
+    seen: set = set()
+    for folder in folders:
+        if pending(folder):
+            raise UsageError(
+                f"{folder.dir} has a refilter that was interrupted; run 'hermes-batch refilter' on it again to finish "
+                "it, then export."
+            )
+        if folder.dir.resolve() in seen:
+            raise UsageError(f"The run {folder.dir} is given twice; give each run once.")
+        seen.add(folder.dir.resolve())
     splits = splits or {}
-    paths = output_paths(folder, writer, output, splits)
-    for path in paths.values():
-        if path.exists() and path.is_dir():
-            raise UsageError(f"{path} is a folder; pass --output a file name ending in {writer.suffix} or a folder.")
-    rejected = judge(lambda: iter_entries(folder, include), filters) if filters else {}
+    target = target_for([f.dir for f in folders], writer.name, writer.suffix, output, splits)
+    with locked(target) as created:
+        try:
+            return _export(folders, writer, target, include, splits, filters, force)
+        except BaseException:
+            if created:
+                remove_if_empty(target.folder)
+            raise
+
+
+def _entries(folders: Sequence[RunFolder], include: str) -> Iterator[Entry]:
+    """The records of every run, run by run; with several, ``where`` leads with the run's place in ``folders``."""
+    if len(folders) == 1:
+        yield from iter_entries(folders[0], include)
+        return
+    for number, folder in enumerate(folders):
+        for entry in iter_entries(folder, include):
+            yield Entry((number, *entry.where), entry.trajectory, entry.discarded)
+
+
+def _export(folders, writer, target, include, splits, filters, force) -> ExportResult:
+    plan = prepare(target, force=force)
+    rejected = judge(lambda: _entries(folders, include), filters) if filters else {}
     filtered: dict = {f.name: 0 for f in filters}
     for verdict in rejected.values():
         for name in set(verdict.filters):
             filtered[name] += 1
-    names = _tool_names(folder, include)
-    sinks = {name: writer.open(path) for name, path in paths.items()}
+    names: set = set()
+    for folder in folders:
+        names |= _tool_names(folder, include)
+    final = {split: target.path(name) for split, name in target.names.items()}
+    sinks: dict = {}
     try:
-        for entry in iter_entries(folder, include):
+        for split, name in target.names.items():
+            sinks[split] = _write(final[split], writer.open, plan.staging / name)
+        for entry in _entries(folders, include):
             if entry.where in rejected:
                 continue
             traj = entry.trajectory
-            sinks[split_of(traj.metadata.content_key, splits)].add(traj.with_tools(names))
-        for sink in sinks.values():
-            sink.commit()
+            split = split_of(traj.metadata.content_key, splits)
+            _write(final[split], sinks[split].add, traj.with_tools(names))
+        written = {target.names[split]: _write(final[split], sink.seal) for split, sink in sinks.items()}
     except BaseException:
         for sink in sinks.values():
             sink.abort()
+        if plan.staging != target.folder:
+            remove_if_empty(plan.staging)
         raise
-    for sink in sinks.values():
-        report_skipped(writer, sink)
+    info = {
+        "format": writer.name,
+        "runs": [str(folder.dir.resolve()) for folder in folders],
+        "include": include,
+        "splits": splits,
+        "filters": [f.name for f in filters],
+        "counts": {target.names[split]: {"trajectories": sink.count} for split, sink in sinks.items()},
+    }
+    _write(target.folder, publish, plan, written, info)
+    for split, sink in sinks.items():
+        report_skipped(writer, sink, final[split])
+    for name in plan.left_alone:
+        log.warning("%s: left alone, since it was changed after the previous export wrote it.", target.path(name))
+    others = other_data_files(target, writer.suffix)
+    if others:
+        log.warning("%s also holds %s, which this export did not write: load_dataset(..., data_dir=) reads every "
+                    "such file too.", target.shown, ", ".join(others))
     return ExportResult(
-        files={name: str(sink.path) for name, sink in sinks.items()},
-        counts={name: sink.count for name, sink in sinks.items()},
+        files={split: str(target.path(name)) for split, name in target.names.items()},
+        counts={split: sink.count for split, sink in sinks.items()},
         filtered=filtered,
         skipped=sum(sink.skipped for sink in sinks.values()),
+        repaired=sum(sink.repaired for sink in sinks.values()),
+        removed=tuple(sorted(plan.stale)),
     )
+
+
+def _write(path: Path, fn, *args):
+    """``fn(*args)``; a failed write (disk full, quota, file size limit) becomes one sentence with exit status 74."""
+    try:
+        return fn(*args)
+    except OSError as exc:
+        raise write_error(path, exc, started=False) from exc
 
 
 def describe(result: ExportResult) -> str:
@@ -172,6 +223,11 @@ def describe(result: ExportResult) -> str:
         lines.append(f"left out by {name}: {count}")
     if result.skipped:
         lines.append(f"left out as the format cannot hold them: {result.skipped}")
+    if result.removed:
+        lines.append(f"removed from the previous export here: {', '.join(result.removed)}")
+    if result.repaired:
+        lines.append(f"repaired: {result.repaired} (text that is not Unicode, a lone surrogate of an older record, "
+                     "written as U+FFFD as the run writes it)")
     return "\n".join(lines)
 
 

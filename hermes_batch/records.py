@@ -168,6 +168,15 @@ class Turn:
     value: str
     tool_calls: Optional[tuple[ToolCallRecord, ...]] = None  # on "gpt" turns only
 
+    @property
+    def tool_results(self) -> list[dict]:
+        """The ``{"tool_call_id", "name", "content"}`` results a ``tool`` turn holds ([] for other turns)."""
+        if self.from_ != "tool":
+            return []
+        from .openai_format import tool_results  # it imports this module; one reading of a tool turn
+
+        return tool_results(self)
+
 
 @frozen
 class Metadata:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, Iterable, Optional
 
 from .interfaces import Writer
+from .jsonguard import scrub_text
 from .records import Trajectory
 from .runfolder import TEMP_MARK, _fsync_dir
 
@@ -36,24 +37,54 @@ class Sink(abc.ABC):
         self.file: BinaryIO = os.fdopen(fd, "wb")
         self.count = 0  # trajectories written
         self.skipped = 0  # trajectories the format cannot hold (see the writer's docs)
+        self.repaired = 0  # trajectories written with U+FFFD for text that is not Unicode (see scrub)
         self._done = False
+        self._sealed = False
 
     @abc.abstractmethod
     def add(self, trajectory: Trajectory) -> None:
         """Write one trajectory (count it in ``count``, or in ``skipped`` if the format cannot hold it)."""
 
+    @staticmethod
+    def scrub(value: Any) -> Any:
+        """``value`` with each lone surrogate in its strings (keys too) replaced by U+FFFD, as the run repairs text.
+
+        Records written by older versions may hold one (an escaped ``\\ud800``), which no UTF-8 encoder
+        takes; a sink whose encoding fails with UnicodeEncodeError writes the scrubbed value and counts it
+        in ``repaired``.
+        """
+        if isinstance(value, str):
+            return scrub_text(value)
+        if isinstance(value, dict):
+            return {Sink.scrub(key): Sink.scrub(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(Sink.scrub(item) for item in value)
+        return value
+
     def finish(self) -> None:
         """Write what the format needs at the end (a footer); called once before the file is committed."""
+
+    def seal(self) -> Path:
+        """Finish the temporary file and return it, complete on disk, for the caller to move into place (an export
+        switches several files at once); on an error it is removed."""
+        if not self._sealed:
+            try:
+                self.finish()
+                self.file.flush()
+                os.fsync(self.file.fileno())
+                self.file.close()
+            except BaseException:
+                self.abort()
+                raise
+            self._sealed = True
+        return self.tmp
 
     def commit(self) -> None:
         """Finish the file and move it to ``path`` atomically."""
         if self._done:
             return
+        self.seal()
         try:
-            self.finish()
-            self.file.flush()
-            os.fsync(self.file.fileno())
-            self.file.close()
             os.replace(self.tmp, self.path)
             _fsync_dir(self.path.parent)
         except BaseException:
@@ -97,7 +128,12 @@ class LineSink(Sink):
         if line is None:
             self.skipped += 1
             return
-        self.file.write(line.encode("utf-8"))
+        try:
+            data = line.encode("utf-8")
+        except UnicodeEncodeError:
+            data = self.scrub(line).encode("utf-8")
+            self.repaired += 1
+        self.file.write(data)
         self.count += 1
 
 
@@ -120,10 +156,17 @@ class FileWriter(Writer):
         return self.filename
 
 
-def report_skipped(writer: Any, sink: Sink) -> None:
-    """One warning when a format had to leave trajectories out (the writer's docs say which)."""
+def report_skipped(writer: Any, sink: Sink, path: Optional[os.PathLike] = None) -> None:
+    """One warning when a format had to leave trajectories out (the writer's docs say which), one when it repaired
+    some; ``path`` names the file where the sink's own path was only where it was built."""
+    path = path or sink.path
     if sink.skipped:
         log.warning(
             "%s: %d trajectory(ies) left out, since the %s format cannot hold them (%s).",
-            sink.path, sink.skipped, writer.name, getattr(writer, "skips", "see its documentation"),
+            path, sink.skipped, writer.name, getattr(writer, "skips", "see its documentation"),
+        )
+    if sink.repaired:
+        log.warning(
+            "%s: %d trajectory(ies) held text that is not Unicode (a lone surrogate, in records of older versions); "
+            "written with U+FFFD in its place, as the run writes such text.", path, sink.repaired,
         )

@@ -28,11 +28,14 @@ def _logging() -> None:
 
 
 @click.command("export")
-@click.argument("run_dir", type=_RUN_DIR)
+@click.argument("run_dirs", metavar="RUN_DIR [RUN_DIR ...]", nargs=-1, required=True, type=_RUN_DIR)
 @click.option("--format", "format_", required=True, metavar="NAME[:OPTIONS]",
               help="sharegpt, openai (openai:reasoning=drop) or parquet (hermes-batch-parquet), or any file writer.")
 @click.option("--output", type=click.Path(path_type=Path), default=None,
-              help="A file ending in the format's suffix, or a folder of <split> files [default: RUN_DIR/exports/<format>/].")
+              help="A file ending in the format's suffix, or a folder of <split> files [default: RUN_DIR/exports/<format>/; "
+                   "needed for several runs].")
+@click.option("--force", is_flag=True,
+              help="Replace existing files at the output that hermes-batch export did not write.")
 @click.option("--include", type=click.Choice(INCLUDE), default="kept", show_default=True,
               help="Kept trajectories, discarded ones, or all.")
 @click.option("--split", "split", multiple=True, metavar="NAME=SHARE",
@@ -40,20 +43,21 @@ def _logging() -> None:
 @click.option("--filter", "filter_", multiple=True, metavar="NAME[:OPTIONS]",
               help="Leave out what this filter rejects (repeatable); also whole-run filters such as near-duplicates.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def export_command(run_dir, format_, output, include, split, filter_, as_json):
-    """Write a run's trajectories as training files (splits stable across re-exports)."""
+def export_command(run_dirs, format_, output, include, split, filter_, force, as_json):
+    """Write the trajectories of one run, or several merged, as training files (splits stable across re-exports)."""
     from ..export import as_json as result_json
     from ..export import describe, export, parse_splits
     from ..folder_info import open_run_folder
 
     _logging()
-    folder = open_run_folder(run_dir)
+    folders = [open_run_folder(run_dir) for run_dir in run_dirs]
     registry = _registry()
     writer = selection.plugin(registry, "writers", format_, "--format")
     if not isinstance(writer, FileWriter):
         raise UsageError(f"The writer {writer.name!r} writes only into a run folder, so it cannot export; choose a file format.")
     filters = selection.filters(registry, tuple(filter_), whole_run=True)
-    result = export(folder, writer, output=output, include=include, splits=parse_splits(split), filters=filters)
+    result = export(folders, writer, output=output, include=include, splits=parse_splits(split), filters=filters,
+                    force=force)
     click.echo(result_json(result) if as_json else describe(result))
 
 

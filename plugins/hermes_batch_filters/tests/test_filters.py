@@ -146,6 +146,21 @@ def test_planted_near_duplicates_are_found_and_nothing_else(tmp_path, model_serv
     assert {r["conversations"][1]["value"] for r in lines(tmp_path / "dedup.jsonl")} == set(prompts) - planted
 
 
+def test_trajectories_alike_but_for_their_tool_call_ids_are_duplicates(tmp_path, model_server):
+    # the same prompt five times: the same commands, results and answer; only the ids the endpoint made up
+    # for each call (call_hb1, call_hb2, ...) differ, and they say nothing about what the agent did
+    server = model_server(script=ShapeScript())
+    folder = run_shapes(tmp_path, server, ["[ok] task 0"] * 5 + ["[long] distinct 1"], extra=["--no_filters"])
+    records = lines(folder / "trajectories.jsonl")
+    ids = {json.loads(t["value"].split("\n")[1])["tool_call_id"] for r in records[:5] for t in r["conversations"]
+           if t["from"] == "tool"}
+    assert len(ids) == 10  # two calls each, every id different
+    result = hb("export", folder, "--format", "sharegpt", "--filter", "near-duplicates:over=trajectory,threshold=0.8",
+                "--output", tmp_path / "dedup.jsonl")
+    assert "left out by near-duplicates: 4" in result.output
+    assert [r["prompt_index"] for r in lines(tmp_path / "dedup.jsonl")] == [0, 5]
+
+
 def test_near_duplicates_is_a_run_filter():
     registry = hermes_batch.get_plugin_manager().registry()
     assert issubclass(registry.get("filters", "near-duplicates"), RunFilter)

@@ -1,5 +1,6 @@
 """The Parquet writer read by its real consumers: pyarrow's schema, HuggingFace datasets and DuckDB."""
 
+import json
 import datasets
 import duckdb
 import pyarrow as pa
@@ -79,3 +80,41 @@ def test_an_empty_export_is_a_valid_file(run_dir, tmp_path):
     hb("export", run_dir, "--format", "parquet", "--filter", "length:max_chars=1", "--output", tmp_path / "e.parquet")
     table = pq.read_table(tmp_path / "e.parquet")
     assert table.num_rows == 0 and table.schema.equals(SCHEMA, check_metadata=False)
+
+
+def test_an_old_record_with_a_lone_surrogate_is_repaired_as_the_run_does(run_dir, tmp_path):
+    answer = answer_for("[ok] task 1")
+    for path in sorted(run_dir.glob("batch_*.jsonl")):  # an escaped lone surrogate, as older versions wrote
+        text = path.read_text(encoding="utf-8")
+        path.write_text(text.replace(answer, answer + "\\ud800", 1), encoding="utf-8")
+    result = hb("export", run_dir, "--format", "parquet", "--output", tmp_path / "t.parquet")
+    assert "repaired: 1" in result.output
+    rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert len(rows) == len(lines(run_dir / "trajectories.jsonl"))
+    row = next(r for r in rows if r["conversations"][1]["value"] == "[ok] task 1")
+    assert row["conversations"][-1]["value"].endswith(answer + "\ufffd")
+
+
+
+def test_several_runs_with_different_tools_export_and_load_as_one_parquet_dataset(run_dir, tmp_path, model_server):
+    (tmp_path / "dists.toml").write_text('[terminal_alone]\ntoolsets = { terminal = 100 }\n')
+    other = run_shapes(tmp_path, model_server(script=ShapeScript()), shape_rows(["ok", "notool"], 2),
+                       run_name="other", extra=["--writer", "jsonl", "--writer", "parquet", "--distribution_file", tmp_path / "dists.toml",
+                              "--distribution", "terminal_alone"])
+    tools = [json.loads((folder / "run.json").read_text())["tools"] for folder in (run_dir, other)]
+    assert tools[0] != tools[1]
+    # the runs' own trajectories.parquet files share the one schema, so they load together whatever the tools
+    both = datasets.load_dataset("parquet", data_files=[str(run_dir / "trajectories.parquet"),
+                                                        str(other / "trajectories.parquet")],
+                                 split="train", cache_dir=str(tmp_path / "hf"))
+    kept = len(lines(run_dir / "trajectories.jsonl")) + len(lines(other / "trajectories.jsonl"))
+    assert len(both) == kept
+    out = tmp_path / "merged"
+    hb("export", run_dir, other, "--format", "parquet", "--split", "validation=0.3", "--output", out)
+    ds = datasets.load_dataset("parquet", data_dir=str(out), cache_dir=str(tmp_path / "hf"))
+    assert set(ds) == {"train", "validation"} and len(ds["train"]) + len(ds["validation"]) == kept
+    # the next export there owns the folder's set: validation.parquet of the first goes
+    result = hb("export", run_dir, other, "--format", "parquet", "--output", out)
+    assert "removed from the previous export here: validation.parquet" in result.output
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["train.parquet"]
+    assert pq.read_table(out / "train.parquet").num_rows == kept

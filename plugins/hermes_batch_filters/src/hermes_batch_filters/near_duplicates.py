@@ -20,6 +20,7 @@ permutations come from a fixed seed.
 
 from __future__ import annotations
 
+import json
 from typing import Iterable
 
 import attrs
@@ -40,10 +41,25 @@ def _threshold_range(_instance, attribute, value):
 
 
 def text_of(trajectory: Trajectory, over: str) -> str:
-    """What is compared: the final answer, or every non-system turn."""
+    """What is compared: the final answer, or what the agent did over every non-system turn.
+
+    A tool turn counts by each result's tool name and content, without the ``tool_call_id`` the endpoint made up
+    (new for every call, so the same session run twice would otherwise differ in every shingle holding one);
+    the assistant turns' call blocks hold only the tool name and arguments already.
+    """
     if over == "answer":
         return trajectory.final_answer or ""
-    return "\n".join(turn.value for turn in trajectory.conversations if turn.from_ != "system")
+    parts = []
+    for turn in trajectory.conversations:
+        if turn.from_ == "system":
+            continue
+        results = turn.tool_results
+        if not results:
+            parts.append(turn.value)
+        for result in results:
+            content = result.get("content")
+            parts.append(f"{result.get('name', '')}\n{content if isinstance(content, str) else json.dumps(content)}")
+    return "\n".join(parts)
 
 
 class NearDuplicatesFilter(RunFilter):

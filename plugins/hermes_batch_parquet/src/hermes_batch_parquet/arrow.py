@@ -74,9 +74,16 @@ class ParquetSink(Sink):
             self._flush_rows()
 
     def _flush_rows(self) -> None:
-        if self.rows:
-            self.writer.write_table(pa.Table.from_pylist(self.rows, schema=SCHEMA))
-            self.rows = []
+        if not self.rows:
+            return
+        try:
+            table = pa.Table.from_pylist(self.rows, schema=SCHEMA)
+        except UnicodeEncodeError:  # a lone surrogate of an old record: repaired, as the run repairs text
+            scrubbed = [self.scrub(row) for row in self.rows]
+            self.repaired += sum(1 for old, new in zip(self.rows, scrubbed) if old != new)
+            table = pa.Table.from_pylist(scrubbed, schema=SCHEMA)
+        self.writer.write_table(table)
+        self.rows = []
 
     def finish(self) -> None:
         self._flush_rows()
