@@ -13,18 +13,24 @@ _MAX_REASONS = 2000  # distinct discard reasons counted one by one; the rest are
 # An old or hand-edited record may hold anything where a number belongs (1e999, NaN, a string): such a value
 # counts as not reported, so it can neither stop the sums nor poison them.
 
-def _number(value) -> Optional[float]:
-    """``value`` as a finite number that is not negative, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:  # an integer past the largest float
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
+_LARGEST = 10**18  # a count or a cost past this is no measurement
+
+
+def _number(value):
+    """``value`` if it is a finite number, not negative and not absurd, else None."""
+    kind = type(value)  # not isinstance: True is no number here
+    if kind is int or kind is float:
+        return value if 0 <= value < _LARGEST else None  # NaN fails the comparison
+    return None
+
+
+_USAGE_FIELDS = (("prompt", "prompt_tokens"), ("completion", "completion_tokens"),
+                 ("reasoning", "reasoning_tokens"), ("cached", "cached_tokens"))
 
 
 def _int(value) -> int:
+    if type(value) is int:  # the usual case, first: these run for every tool of every record
+        return value if 0 <= value < _LARGEST else 0
     number = _number(value)
     return int(number) if number is not None else 0
 
@@ -82,22 +88,25 @@ class Aggregates:
         }
 
     def add_calls(self, calls) -> None:
-        for call in _dicts(calls):
+        for call in calls if isinstance(calls, list) else _dicts(calls):
+            if not isinstance(call, dict):
+                continue
             provider = str(call.get("provider") or "unknown")
             row = self.providers.setdefault(provider, [0, 0, 0])
             status = call.get("status")
             row[0] += 1
             row[1] += status != 200
             row[2] += status == 429
-            latency = _number(call.get("latency_s") or 0)
-            if latency is not None and latency < 1e9:
+            latency = call.get("latency_s") or 0
+            if (type(latency) is float or type(latency) is int) and 0 <= latency < 1e9:
                 self.latency_ms[int(round(latency * 1000))] += 1
 
     def add_usage(self, usage) -> None:
         usage = usage if isinstance(usage, dict) else {}
-        for ours, theirs in (("prompt", "prompt_tokens"), ("completion", "completion_tokens"),
-                             ("reasoning", "reasoning_tokens"), ("cached", "cached_tokens")):
-            self.usage[ours] += _int(usage.get(theirs))
+        totals = self.usage
+        for ours, theirs in _USAGE_FIELDS:
+            value = usage.get(theirs, 0)
+            totals[ours] += value if type(value) is int and 0 <= value < _LARGEST else _int(value)
         cost = _number(usage.get("cost"))
         if cost is not None and usage.get("cost_reported", True):
             total = (self.cost or 0.0) + cost
@@ -107,8 +116,9 @@ class Aggregates:
     def add_finished(self, traj: dict, kept: bool) -> None:
         scopes = ("finished", "kept") if kept else ("finished",)
         with_, without = 0, 0
-        for turn in _dicts(traj.get("conversations")):
-            if turn.get("from") == "gpt":
+        turns = traj.get("conversations")
+        for turn in turns if isinstance(turns, list) else ():
+            if isinstance(turn, dict) and turn.get("from") == "gpt":
                 if str(turn.get("value", "")).startswith("<think>"):
                     with_ += 1
                 else:
@@ -121,10 +131,17 @@ class Aggregates:
         tool_stats = traj.get("tool_stats")
         for name, stat in (tool_stats.items() if isinstance(tool_stats, dict) else ()):
             if isinstance(stat, dict):
-                row = self.tools.setdefault(str(name), [0, 0, 0])
-                row[0] += _int(stat.get("count"))
-                row[1] += _int(stat.get("success"))
-                row[2] += _int(stat.get("failure"))
+                row = self.tools.setdefault(name, [0, 0, 0])  # a JSON object's keys are strings
+                count, success, failure = stat.get("count", 0), stat.get("success", 0), stat.get("failure", 0)
+                if (type(count) is int and type(success) is int and type(failure) is int  # the usual case, first
+                        and count >= 0 and success >= 0 and failure >= 0):
+                    row[0] += count
+                    row[1] += success
+                    row[2] += failure
+                else:
+                    row[0] += _int(count)
+                    row[1] += _int(success)
+                    row[2] += _int(failure)
         self.partial += bool(traj.get("partial"))
 
     def add_reasons(self, filters, reasons) -> None:

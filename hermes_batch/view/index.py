@@ -73,19 +73,19 @@ def _clip(text, limit: int = SEARCH_FIELD_CHARS) -> str:
 
 def _turns(traj: dict) -> list:
     turns = traj.get("conversations")
-    return [t for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []
+    return turns if isinstance(turns, list) else []
 
 
 def prompt_of(traj: dict) -> str:
     for turn in _turns(traj):
-        if turn.get("from") == "human":
+        if isinstance(turn, dict) and turn.get("from") == "human":
             return str(turn.get("value", ""))
     return ""
 
 
 def answer_of(traj: dict) -> str:
     for turn in reversed(_turns(traj)):
-        if turn.get("from") == "gpt":
+        if isinstance(turn, dict) and turn.get("from") == "gpt":
             return str(turn.get("value", ""))
     return ""
 
@@ -107,6 +107,8 @@ def _names(value) -> tuple:
 
 def _count(value, high: int = 0xFFFFFFFF) -> int:
     """A count from a record, 0 when it is not a finite number (an old or hand-edited line may hold 1e999)."""
+    if type(value) is int and 0 <= value <= high:  # the usual case, first
+        return value
     try:
         return min(high, max(0, int(value or 0)))
     except (TypeError, ValueError, OverflowError):
@@ -114,6 +116,8 @@ def _count(value, high: int = 0xFFFFFFFF) -> int:
 
 
 def _prompt_index(value) -> int:
+    if type(value) is int and -(2**63) <= value < 2**63:
+        return value
     try:
         return max(-(2**63), min(2**63 - 1, int(value or 0)))
     except (TypeError, ValueError, OverflowError):
@@ -348,13 +352,15 @@ class RunIndex:
                             continue
                         pending.append(chunk[:end])
                         line, pending = b"".join(pending), []
-                        added += self._take(file_id, status, offset, line)
+                        if line.strip():
+                            added += self._add(file_id, status, offset, line)
                         offset += len(line) + 1
                         start = end + 1
                     lines = chunk[start:].split(b"\n") if start else chunk.split(b"\n")
                     rest = lines.pop()  # incomplete: the next chunk, or a line still being written
                     for line in lines:
-                        added += self._take(file_id, status, offset, line)
+                        if line.strip():
+                            added += self._add(file_id, status, offset, line)
                         offset += len(line) + 1
                     if rest:
                         pending.append(rest)
@@ -365,9 +371,6 @@ class RunIndex:
                 self.sources[name] = state
             state["size"] = st.st_size
             return added
-
-    def _take(self, file_id: int, status: int, offset: int, line: bytes) -> int:
-        return self._add(file_id, status, offset, line) if line.strip() else 0
 
     def _add(self, file_id: int, status: int, offset: int, line: bytes) -> int:
         try:
@@ -414,7 +417,9 @@ class RunIndex:
             usage = _dict(meta.get("usage"))
             texts = (prompt_of(rec), answer_of(rec))
             key = meta.get("content_key", "")
-            called = tuple(sorted(str(n) for n, s in _dict(rec.get("tool_stats")).items() if _dict(s).get("count")))
+            tool_stats = rec.get("tool_stats")
+            called = tuple(sorted(n for n, s in tool_stats.items() if isinstance(s, dict) and s.get("count"))) \
+                if isinstance(tool_stats, dict) else ()
             tools = vocab["tools"].id(called)
             toolsets = vocab["toolsets"].id(_names(rec.get("toolsets_used")))
             end = vocab["end"].id(str(meta.get("end_reason") or ""))
