@@ -11,9 +11,11 @@ Measured:
 - view: `hermes-batch view` on the largest run: start-up (index built, then
   loaded from its cache), and in Chromium the time to the first page of the
   list and to a search that finds one prompt; the API's own time for a
-  filter and a sort; the viewer's peak memory.
+  filter and a sort; the viewer's peak memory;
+- long line: indexing a run whose one record is a line of N MB (its prompt),
+  wall and CPU time (``--long-line-mb 400``).
 
-    python bench/bench_view.py [--report-sizes 1000,100000] [--view-size 1000000] [--keep DIR]
+    python bench/bench_view.py [--report-sizes 1000,100000] [--view-size 1000000] [--long-line-mb 0] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -155,15 +157,22 @@ def _peak_rss_mb(pid: int) -> float:
 
 
 def _start_viewer(run_dir: Path):
+    """The viewer process, the URL it printed (with its token) and its start-up time."""
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "hermes_batch", "view", str(run_dir), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
-    match = re.search(r"at (http://\S+/) ", line)
+    match = re.search(r"at (http://\S+/\?token=\S+) ", line)
     if not match:
         proc.kill()
         raise SystemExit(f"the viewer did not start: {line!r}")
     return proc, match.group(1), time.perf_counter() - started
+
+
+def _api(url: str, path: str) -> str:
+    """``path`` of the viewer whose printed URL is ``url``, with its token."""
+    base, token = url.split("?token=")
+    return f"{base}{path}{'&' if '?' in path else '?'}token={token}"
 
 
 def bench_view(run_dir: Path, prompts: int) -> dict:
@@ -189,7 +198,7 @@ def bench_view(run_dir: Path, prompts: int) -> dict:
                            ("sort_turns_again", "api/records?sort=turns&desc=1&offset=50&limit=50"),
                            ("summary", "api/summary")):
             cpu = _cpu_s(proc.pid)
-            seconds, body = _get(url + path)
+            seconds, body = _get(_api(url, path))
             out[f"api_{name}_s"] = round(seconds, 3)
             out[f"api_{name}_cpu_s"] = round(_cpu_s(proc.pid) - cpu, 2)
             if name == "search_one":
@@ -223,10 +232,32 @@ def _browser(url: str, target: int) -> dict:
     return {"browser_first_page_s": round(first, 3), "browser_search_s": round(search, 3)}
 
 
+def bench_long_line(demo: Path, target: Path, megabytes: int) -> dict:
+    """Index a run whose one record is a line of ``megabytes`` MB: the time must grow with the size, not its square."""
+    from hermes_batch.view.index import RunIndex
+
+    target.mkdir(parents=True, exist_ok=True)
+    record = json.loads((demo / "batch_0.jsonl").read_bytes().splitlines()[0])
+    for turn in record["conversations"]:
+        if turn["from"] == "human":
+            turn["value"] = "A very long prompt. " * (megabytes * 1_000_000 // 20)
+    (target / "batch_0.jsonl").write_text(json.dumps(record) + "\n")
+    del record
+    t0, c0 = time.perf_counter(), time.process_time()
+    index = RunIndex(target, persist=False)
+    added = index.refresh()
+    t1, c1 = time.perf_counter(), time.process_time()
+    index.close()
+    assert added == 1, added
+    return {"line_bytes": (target / "batch_0.jsonl").stat().st_size, "index_s": round(t1 - t0, 2),
+            "index_cpu_s": round(c1 - c0, 2), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report-sizes", default="1000,100000")
     parser.add_argument("--view-size", type=int, default=1_000_000)
+    parser.add_argument("--long-line-mb", type=int, default=0, help="also index one record this long (0: not)")
     parser.add_argument("--keep", type=Path, help="build the runs here and keep them (default: a temporary folder)")
     args = parser.parse_args()
     base = args.keep or Path(tempfile.mkdtemp(prefix="bench-view-"))
@@ -235,6 +266,9 @@ def main() -> None:
         if not (demo / "statistics.json").exists():  # kept from an earlier --keep run
             demo = make_demo_run(base / "demo-out")
         results = {}
+        if args.long_line_mb:
+            results["long_line"] = bench_long_line(demo, base / "long-line", args.long_line_mb)
+            print(json.dumps({f"long_line_{args.long_line_mb}mb": results["long_line"]}), flush=True)
         for size in (int(s) for s in args.report_sizes.split(",") if s):
             run_dir = build_run(demo, base / f"run{size}", size)
             results[f"report_{size}"] = bench_report(run_dir)

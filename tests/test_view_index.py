@@ -246,3 +246,113 @@ def test_samples_spread_over_many_records_as_over_a_list_of_them(run_copy, monke
     longest = max(index.rows_of(0), key=lambda i: index.columns.length[i])
     chosen = index.spread(0, 5, index.columns.length[longest] - 1)
     assert longest not in chosen and len(chosen) == 5 and chosen == sorted(set(chosen))
+
+
+def _poisoned_line(run_dir, prompt: str, prompt_index: int) -> bytes:
+    """A kept record as an old run or a hand edit may have left it: numbers that are no finite number."""
+    record = read_jsonl(run_dir / "batch_0.jsonl")[0]
+    record["prompt_index"] = prompt_index
+    for turn in record["conversations"]:
+        if turn["from"] == "human":
+            turn["value"] = prompt
+    record["api_calls"] = "API_CALLS"
+    usage = record["metadata"]["usage"]
+    usage.update(prompt_tokens="TOKENS", cost="COST")
+    record["metadata"]["duration_s"] = "DURATION"
+    for call in record["metadata"]["calls"]:
+        call["latency_s"] = "LATENCY"
+    for stat in record["tool_stats"].values():
+        stat["count"] = "TOOL_CALLS"
+    text = json.dumps(record)
+    for name, value in (("API_CALLS", "1e999"), ("TOKENS", "1e999"), ("COST", "Infinity"), ("DURATION", "NaN"),
+                        ("LATENCY", "-Infinity"), ("TOOL_CALLS", "1e999")):
+        text = text.replace(f'"{name}"', value)
+    return (text + "\n").encode()
+
+
+def test_lines_that_are_no_record_are_skipped_and_counted_once_and_odd_numbers_count_as_unknown(run_copy):
+    with open(run_copy / "batch_0.jsonl", "ab") as fh:
+        fh.write(_poisoned_line(run_copy, "A record whose numbers overflow.", 40))
+    with open(run_copy / "discarded.jsonl", "ab") as fh:
+        fh.write(b"[1,2,3]\n")
+        fh.write(b'{"trajectory": [1], "filters": ["f"], "reasons": ["r"]}\n')
+        fh.write(b"42\n")
+    index = RunIndex(run_copy)
+    assert index.refresh() == 12  # the 11 records and the poisoned one; the three lines that are no record are not
+    assert index.tallies.unreadable == 3
+    row = next(i for i in range(len(index)) if index.columns.prompt[i] == 40)
+    completion = read_jsonl(run_copy / "batch_0.jsonl")[0]["metadata"]["usage"]["completion_tokens"]
+    # unknown where the record says 1e999 or NaN: no model calls, only the completion tokens, no duration
+    assert (index.columns.turns[row], index.columns.tokens[row], index.columns.duration[row]) == (0, completion, 0.0)
+    assert list(index.search("numbers overflow")) == [row]
+    assert index.aggregates.cost is None or index.aggregates.cost < 1e6  # the Infinity counted as not reported
+    # a live viewer refreshes every second: nothing is counted again
+    for _ in range(3):
+        assert index.refresh() == 0
+    assert len(index) == 12 and index.tallies.unreadable == 3
+    with open(run_copy / "discarded.jsonl", "ab") as fh:
+        fh.write((run_copy / "discarded.jsonl").read_bytes().splitlines(keepends=True)[0])
+    assert index.refresh() == 1 and len(index) == 13
+    index.save()
+    again = RunIndex(run_copy)
+    assert again.refresh() == 0 and len(again) == 13 and again.tallies.unreadable == 3
+
+
+def test_a_refresh_cut_short_goes_on_where_it_stopped_and_counts_nothing_twice(run_copy, monkeypatch):
+    """A pass that fails part way (a full disk under the search file) keeps what it indexed; the next one goes on."""
+    with open(run_copy / "batch_2.jsonl", "ab") as fh:
+        for k in range(6):
+            fh.write(_kept_line(run_copy, f"Appended prompt number {k}.", 100 + k))
+    index = RunIndex(run_copy)
+    real_add, calls = RunIndex._add, []
+
+    def add_until_the_disk_fills(self, file_id, status, offset, line):
+        calls.append(offset)
+        if len(calls) == 9:
+            raise OSError(28, "No space left on device")
+        return real_add(self, file_id, status, offset, line)
+
+    monkeypatch.setattr(RunIndex, "_add", add_until_the_disk_fills)
+    with pytest.raises(OSError):
+        index.refresh()
+    assert len(index) == 8
+    monkeypatch.setattr(RunIndex, "_add", real_add)
+    assert index.refresh() == 17 - 8
+    assert len(index) == 17
+    assert sorted(index.columns.prompt[i] for i in range(len(index)) if index.columns.prompt[i] >= 100) == list(range(100, 106))
+    for k in range(6):
+        assert len(list(index.search(f"prompt number {k}."))) == 1
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_lines_across_chunks_are_indexed_as_in_one_read(run_copy, monkeypatch, chunk):
+    from hermes_batch.view import index as index_module
+
+    with open(run_copy / "batch_2.jsonl", "ab") as fh:
+        fh.write(_kept_line(run_copy, "A long prompt " + "x" * 20_000 + " that ends here.", 77))
+    whole = RunIndex(run_copy, cache_dir=run_copy / "whole", persist=False)
+    whole.refresh()
+    monkeypatch.setattr(index_module, "_CHUNK", chunk)
+    pieces = RunIndex(run_copy, cache_dir=run_copy / "pieces", persist=False)
+    pieces.refresh()
+    assert len(pieces) == len(whole) == 12
+    for name in ("offset", "length", "prompt", "status", "turns", "tokens", "text"):
+        assert getattr(pieces.columns, name) == getattr(whole.columns, name), name
+    row = list(whole.columns.prompt).index(77)
+    assert list(pieces.search("a long prompt")) == list(whole.search("a long prompt")) == [row]
+
+
+def test_a_long_line_is_indexed_in_time_linear_in_its_length(run_copy, monkeypatch):
+    """Each chunk of a line that spans many used to copy all of the line before it again (400 MB: 44.5 s)."""
+    import time
+
+    from hermes_batch.view import index as index_module
+
+    monkeypatch.setattr(index_module, "_CHUNK", 1024)  # 8,000 chunks for one 8 MB line, as 100 chunks of 4 MB for 400 MB
+    with open(run_copy / "batch_2.jsonl", "ab") as fh:
+        fh.write(_kept_line(run_copy, "A huge prompt " + "y" * 8_000_000, 78))
+    index = RunIndex(run_copy, persist=False)
+    started = time.process_time()
+    assert index.refresh() == 12
+    # linear: well under a second of CPU; copying the line again per chunk is 32 GB of copies, a minute or more
+    assert time.process_time() - started < 5

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import re
+import shutil
+import subprocess
+import sys
 from collections import Counter
 
 from click.testing import CliRunner
 
 from hermes_batch.cli import cli
 from hermes_batch.testing.demo_run import KEPT_PROMPTS
-from view_rig import browser, demo_run_dir, needs_chromium, page, read_jsonl, run_copy  # noqa: F401 (fixtures)
+from view_rig import (  # noqa: F401 (fixtures)
+    browser, demo_run_dir, fill_up, needs_chromium, page, read_jsonl, run_copy, small_disk, viewer,
+)
 
 
 def _finished(run_dir) -> list[dict]:
@@ -132,3 +138,108 @@ def test_overwrite_removes_the_old_report_with_the_other_outputs(run_copy):
     remove_outputs(RunFolder(run_copy.parent, run_copy.name))
     assert not (run_copy / "report.html").exists()
     assert (run_copy / "notes.txt").read_text() == "mine"
+
+
+def _no_record_lines(run_dir) -> None:
+    """What an old run folder or a hand edit may hold: lines that are no record, numbers that are no number."""
+    with open(run_dir / "discarded.jsonl", "ab") as fh:
+        fh.write(b"[1,2,3]\n")
+    record = read_jsonl(run_dir / "batch_0.jsonl")[0]
+    record["prompt_index"], record["api_calls"] = 30, "API_CALLS"
+    record["metadata"]["usage"]["cost"] = "COST"
+    line = json.dumps(record).replace('"API_CALLS"', "1e999").replace('"COST"', "NaN")
+    with open(run_dir / "batch_1.jsonl", "a") as fh:
+        fh.write(line + "\n")
+    stats = json.loads((run_dir / "statistics.json").read_text())
+    stats["cost"], stats["tokens"]["prompt"] = float("inf"), float("nan")  # written by an older version
+    stats["duration"]["sessions"][0]["duration_s"] = float("inf")
+    (run_dir / "statistics.json").write_text(json.dumps(stats))
+
+
+def test_report_leaves_out_lines_that_are_no_record_and_counts_them(run_copy):
+    _no_record_lines(run_copy)
+    result = CliRunner().invoke(cli, ["report", str(run_copy)])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert "Left out 1 line(s) of the record files that are no record" in result.output
+    html = (run_copy / "report.html").read_text()
+    assert "1 lines of the record files left out as no record" in html
+    assert re.search(r'data-count="kept"><div class="num">9<', html)  # the record of odd numbers is listed
+    assert re.search(r'data-count="cost"><div class="num">not reported<', html)
+
+
+def test_view_serves_a_run_with_lines_that_are_no_record(run_copy, viewer):
+    from test_view_guard import _get
+
+    _no_record_lines(run_copy)
+    v = viewer(run_copy)
+    assert "Serving 12 records" in v.announcement
+    status, _headers, body = _get(v, f"/api/summary?token={v.token}")
+    assert status == 200 and "1 lines of the record files left out as no record" in body
+    assert _get(v, f"/api/records?sort=turns&desc=1&token={v.token}")[0] == 200
+
+
+def test_report_on_a_full_disk_says_so_in_one_sentence(demo_run_dir, small_disk):
+    run_dir = small_disk / "demo"
+    shutil.copytree(demo_run_dir, run_dir, ignore=shutil.ignore_patterns(".hermes-batch-view", "report.html"))
+    filler = fill_up(small_disk)
+    result = CliRunner().invoke(cli, ["report", str(run_dir)])
+    assert result.exit_code == 74, result.output
+    assert "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert lines[-1] == (f"Error: Writing {run_dir / 'report.html'} failed: No space left on device (ENOSPC); "
+                         f"free some space on that disk, then run `hermes-batch report {run_dir}` again.")
+    assert not (run_dir / "report.html").exists()
+    filler.unlink()
+    result = CliRunner().invoke(cli, ["report", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert (run_dir / "report.html").stat().st_size > 10_000
+
+
+def test_view_on_a_full_disk_says_so_and_does_not_blame_the_port(demo_run_dir, small_disk):
+    run_dir = small_disk / "demo"
+    shutil.copytree(demo_run_dir, run_dir, ignore=shutil.ignore_patterns(".hermes-batch-view"))
+    fill_up(small_disk)
+    proc = subprocess.run([sys.executable, "-m", "hermes_batch", "view", str(run_dir), "--port", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 74, proc.stderr
+    assert "Traceback" not in proc.stderr and "Cannot listen" not in proc.stderr and "--port" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"Error: Indexing {run_dir} failed: No space left on device (ENOSPC); free some space on that disk.")
+
+
+def test_report_that_cannot_be_written_advises_the_report_command_not_a_resume(run_copy, monkeypatch):
+    """Without a tmpfs: the report's own file cannot be written (its fsync says the quota is exceeded)."""
+    from hermes_batch import runfolder
+
+    def quota(fd):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    monkeypatch.setattr(runfolder.os, "fsync", quota)
+    result = CliRunner().invoke(cli, ["report", str(run_copy)])
+    assert result.exit_code == 74, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"Error: Writing {run_copy / 'report.html'} failed: Disk quota exceeded (EDQUOT); "
+        f"free some space or raise your disk quota, then run `hermes-batch report {run_copy}` again.")
+
+
+def test_view_whose_index_cannot_be_written_says_so_in_one_sentence(run_copy, monkeypatch):
+    """Without a tmpfs: the first pass over the run fails as on a full disk."""
+    import threading
+
+    from hermes_batch.view.index import RunIndex
+
+    def full(self, progress=None):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(RunIndex, "refresh", full)
+    results = []
+    # in a thread of its own: the Chromium of this module's browser tests keeps an event loop in this one
+    thread = threading.Thread(target=lambda: results.append(CliRunner().invoke(cli, ["view", str(run_copy), "--port", "0"])))
+    thread.start()
+    thread.join(120)
+    result = results[0]
+    assert result.exit_code == 74, result.output
+    assert "Cannot listen" not in result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"Error: Indexing {run_copy} failed: No space left on device (ENOSPC); free some space on that disk.")

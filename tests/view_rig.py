@@ -44,7 +44,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 class ViewerProcess:
-    """``hermes-batch view RUN_DIR --port 0`` as a child process; ``url`` once it said where it listens."""
+    """``hermes-batch view RUN_DIR --port 0`` as a child process; ``url`` (with its token) once it said where it listens."""
 
     def __init__(self, run_dir: Path, *extra: str):
         self.proc = subprocess.Popen(
@@ -52,11 +52,12 @@ class ViewerProcess:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )
         self.announcement = self.proc.stdout.readline()
-        match = re.search(r"at (http://\S+/) ", self.announcement)
+        match = re.search(r"at (http://\S+/)\?token=(\S+) ", self.announcement)
         if not match:
             self.stop()
             raise AssertionError(f"the viewer did not start: {self.announcement!r} {self.proc.stderr.read()[-2000:]}")
-        self.url = match.group(1)
+        self.base, self.token = match.group(1), match.group(2)  # http://127.0.0.1:PORT/ and this start's token
+        self.url = f"{self.base}?token={self.token}"  # what it printed: opening it lets the page in
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -112,3 +113,30 @@ def page(browser):
     p.set_default_timeout(15_000)
     yield p
     context.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 1 MiB tmpfs mounted inside tmp_path (we are root), to fill up; unmounted afterwards."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill_up(folder: Path) -> Path:
+    """Fill the disk ``folder`` is on to its last byte; returns the filler file (delete it to free the space)."""
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 4096)
+        except OSError:  # ENOSPC: the last write filled what was left
+            pass
+    return filler

@@ -2,10 +2,47 @@
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter
 from typing import Iterable, Optional
 
 _MAX_REASONS = 2000  # distinct discard reasons counted one by one; the rest are summed
+
+
+# An old or hand-edited record may hold anything where a number belongs (1e999, NaN, a string): such a value
+# counts as not reported, so it can neither stop the sums nor poison them.
+
+_LARGEST = 10**18  # a count or a cost past this is no measurement
+
+
+def _number(value):
+    """``value`` if it is a finite number, not negative and not absurd, else None."""
+    kind = type(value)  # not isinstance: True is no number here
+    if kind is int or kind is float:
+        return value if 0 <= value < _LARGEST else None  # NaN fails the comparison
+    return None
+
+
+_USAGE_FIELDS = (("prompt", "prompt_tokens"), ("completion", "completion_tokens"),
+                 ("reasoning", "reasoning_tokens"), ("cached", "cached_tokens"))
+
+
+def _int(value) -> int:
+    if type(value) is int:  # the usual case, first: these run for every tool of every record
+        return value if 0 <= value < _LARGEST else 0
+    number = _number(value)
+    return int(number) if number is not None else 0
+
+
+def _dicts(value) -> list:
+    """The dicts of a list field (a list, or JSON text of one); anything else holds none."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            return []
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 class Vocabulary:
@@ -51,28 +88,37 @@ class Aggregates:
         }
 
     def add_calls(self, calls) -> None:
-        for call in calls or ():
-            provider = call.get("provider") or "unknown"
+        for call in calls if isinstance(calls, list) else _dicts(calls):
+            if not isinstance(call, dict):
+                continue
+            provider = str(call.get("provider") or "unknown")
             row = self.providers.setdefault(provider, [0, 0, 0])
             status = call.get("status")
             row[0] += 1
             row[1] += status != 200
             row[2] += status == 429
-            self.latency_ms[int(round(float(call.get("latency_s") or 0) * 1000))] += 1
+            latency = call.get("latency_s") or 0
+            if (type(latency) is float or type(latency) is int) and 0 <= latency < 1e9:
+                self.latency_ms[int(round(latency * 1000))] += 1
 
     def add_usage(self, usage) -> None:
-        usage = usage or {}
-        for ours, theirs in (("prompt", "prompt_tokens"), ("completion", "completion_tokens"),
-                             ("reasoning", "reasoning_tokens"), ("cached", "cached_tokens")):
-            self.usage[ours] += int(usage.get(theirs) or 0)
-        if usage.get("cost") is not None and usage.get("cost_reported", True):
-            self.cost = (self.cost or 0.0) + float(usage["cost"])
+        usage = usage if isinstance(usage, dict) else {}
+        totals = self.usage
+        for ours, theirs in _USAGE_FIELDS:
+            value = usage.get(theirs, 0)
+            totals[ours] += value if type(value) is int and 0 <= value < _LARGEST else _int(value)
+        cost = _number(usage.get("cost"))
+        if cost is not None and usage.get("cost_reported", True):
+            total = (self.cost or 0.0) + cost
+            if math.isfinite(total):  # two costs near the largest float must not sum to infinity
+                self.cost = total
 
     def add_finished(self, traj: dict, kept: bool) -> None:
         scopes = ("finished", "kept") if kept else ("finished",)
         with_, without = 0, 0
-        for turn in traj.get("conversations") or ():
-            if turn.get("from") == "gpt":
+        turns = traj.get("conversations")
+        for turn in turns if isinstance(turns, list) else ():
+            if isinstance(turn, dict) and turn.get("from") == "gpt":
                 if str(turn.get("value", "")).startswith("<think>"):
                     with_ += 1
                 else:
@@ -82,15 +128,26 @@ class Aggregates:
             row[0] += with_
             row[1] += without
             row[2] += with_ == 0
-        for name, stat in (traj.get("tool_stats") or {}).items():
-            row = self.tools.setdefault(str(name), [0, 0, 0])
-            row[0] += int(stat.get("count") or 0)
-            row[1] += int(stat.get("success") or 0)
-            row[2] += int(stat.get("failure") or 0)
+        tool_stats = traj.get("tool_stats")
+        for name, stat in (tool_stats.items() if isinstance(tool_stats, dict) else ()):
+            if isinstance(stat, dict):
+                row = self.tools.setdefault(name, [0, 0, 0])  # a JSON object's keys are strings
+                count, success, failure = stat.get("count", 0), stat.get("success", 0), stat.get("failure", 0)
+                if (type(count) is int and type(success) is int and type(failure) is int  # the usual case, first
+                        and count >= 0 and success >= 0 and failure >= 0):
+                    row[0] += count
+                    row[1] += success
+                    row[2] += failure
+                else:
+                    row[0] += _int(count)
+                    row[1] += _int(success)
+                    row[2] += _int(failure)
         self.partial += bool(traj.get("partial"))
 
     def add_reasons(self, filters, reasons) -> None:
-        for name, reason in zip(filters or (), reasons or ()):
+        if not isinstance(filters, list) or not isinstance(reasons, list):
+            return
+        for name, reason in zip(filters, reasons):
             key = (str(name), str(reason)[:300])
             if key in self.reasons or len(self.reasons) < _MAX_REASONS:
                 self.reasons[key] += 1
@@ -115,6 +172,7 @@ class Tallies:
         self.toolsets = Counter({int(k): v for k, v in data.get("toolsets", {}).items()})
         self.filters = Counter({int(k): v for k, v in data.get("filters", {}).items()})  # over discarded rows
         self.model_calls: int = data.get("model_calls", 0)
+        self.unreadable: int = data.get("unreadable", 0)  # lines of the record files that are no record: skipped
 
     def add(self, status: int, finished: bool, discarded: bool, end: int, turns: int, duration: float,
             toolsets: int, filters: int) -> None:
@@ -134,9 +192,10 @@ class Tallies:
         for name in ("end", "turns", "duration", "toolsets", "filters"):
             setattr(other, name, Counter(getattr(self, name)))
         other.model_calls = self.model_calls
+        other.unreadable = self.unreadable
         return other
 
     def to_dict(self) -> dict:
         return {"status": self.status, "end": self.end, "turns": self.turns, "toolsets": self.toolsets,
-                "filters": self.filters, "model_calls": self.model_calls,
+                "filters": self.filters, "model_calls": self.model_calls, "unreadable": self.unreadable,
                 "duration": {repr(k): v for k, v in self.duration.items()}}

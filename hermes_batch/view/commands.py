@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import UsageError
+from ..errors import RunFolderWriteError, UsageError
+from ..runfolder import write_error
 from .index import CACHE_DIR_NAME
 
 _RUN_FILES = ("run.json", "checkpoint.json", "statistics.json", "discarded.jsonl", "failed.jsonl", "trajectories.jsonl")
@@ -52,12 +53,28 @@ def report_command(run_dir, samples):
     opens from a cluster's scratch disk or as an e-mail attachment.  It is also
     written at the end of every run.
     """
-    from .report import write_report
+    from .index import RunIndex
+    from .report import REPORT_NAME, write_report
 
     check_run_dir(run_dir)
     started = time.perf_counter()
-    path = write_report(run_dir, samples=samples, progress=_progress())
+    try:
+        index = RunIndex(run_dir)
+        try:
+            path = write_report(run_dir, index=index, samples=samples, progress=_progress())
+            unreadable = index.tallies.unreadable
+        finally:
+            index.close()
+    except (OSError, RunFolderWriteError) as exc:  # a full disk, a quota: one sentence, and the status a run gives it
+        cause = exc if isinstance(exc, OSError) else exc.__cause__
+        if not isinstance(cause, OSError):
+            raise
+        message = str(write_error(run_dir / REPORT_NAME, cause, started=False)).rstrip(".")
+        raise RunFolderWriteError(f"{message}, then run `hermes-batch report {run_dir}` again.") from None
     click.echo(f"Wrote {path} ({_size(path.stat().st_size)}, {time.perf_counter() - started:.1f} s).")
+    if unreadable:
+        click.echo(f"Left out {unreadable:,} line(s) of the record files that are no record (not JSON, or not a "
+                   "JSON object); the report counts them.", err=True)
 
 
 @click.command("view")
@@ -72,7 +89,7 @@ def view_command(run_dir, port, host):
     read from disk by offset; an index of where they are (a few dozen bytes per
     record) is cached in RUN_DIR/.hermes-batch-view/.
     """
-    from .server import serve
+    from .server import IndexingError, serve
 
     check_run_dir(run_dir)
     click.echo(f"Indexing {run_dir} ...", err=True)
@@ -85,6 +102,8 @@ def view_command(run_dir, port, host):
 
     try:
         asyncio.run(serve(run_dir, host, port, announce, progress))
+    except IndexingError as exc:
+        raise write_error(run_dir, exc.cause, started=False, doing="Indexing") from None
     except OSError as exc:
         raise UsageError(f"Cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port, or 0 for any free one.") from exc
     except KeyboardInterrupt:

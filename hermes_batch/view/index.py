@@ -56,6 +56,7 @@ _BATCH_RE = re.compile(r"batch_(\d+)\.jsonl")
 _HEAD_BYTES = 256
 _CHUNK = 4 * 1024 * 1024
 _FEW = 4096  # of a status: fewer rows than this are listed one by one to pick samples from
+_WARN_LINES = 10  # lines that are no record, named in the log one by one; the rest are only counted
 
 
 
@@ -70,23 +71,65 @@ def _clip(text, limit: int = SEARCH_FIELD_CHARS) -> str:
     return str(text or "")[:limit]
 
 
+def _turns(traj: dict) -> list:
+    turns = traj.get("conversations")
+    return turns if isinstance(turns, list) else []
+
+
 def prompt_of(traj: dict) -> str:
-    for turn in traj.get("conversations") or ():
-        if turn.get("from") == "human":
+    for turn in _turns(traj):
+        if isinstance(turn, dict) and turn.get("from") == "human":
             return str(turn.get("value", ""))
     return ""
 
 
 def answer_of(traj: dict) -> str:
-    for turn in reversed(traj.get("conversations") or ()):
-        if turn.get("from") == "gpt":
+    for turn in reversed(_turns(traj)):
+        if isinstance(turn, dict) and turn.get("from") == "gpt":
             return str(turn.get("value", ""))
     return ""
 
 
-def unwrap(status: int, data: dict) -> dict:
-    """The trajectory (or failure) dict of a parsed record line."""
-    return data.get("trajectory") or {} if status == DISCARDED else data
+def unwrap(status: int, data) -> dict:
+    """The trajectory (or failure) dict of a parsed record line; ``{}`` for a line of another shape."""
+    rec = (data.get("trajectory") or {} if status == DISCARDED else data) if isinstance(data, dict) else None
+    return rec if isinstance(rec, dict) else {}
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _names(value) -> tuple:
+    """A list of names from a record (toolsets, filters, reasons) as a tuple of strings; () for anything else."""
+    return tuple(map(str, value)) if isinstance(value, list) else ()
+
+
+def _count(value, high: int = 0xFFFFFFFF) -> int:
+    """A count from a record, 0 when it is not a finite number (an old or hand-edited line may hold 1e999)."""
+    if type(value) is int and 0 <= value <= high:  # the usual case, first
+        return value
+    try:
+        return min(high, max(0, int(value or 0)))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+def _prompt_index(value) -> int:
+    if type(value) is int and -(2**63) <= value < 2**63:
+        return value
+    try:
+        return max(-(2**63), min(2**63 - 1, int(value or 0)))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+def _seconds(value) -> float:
+    try:
+        seconds = float(value or 0.0)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
+    return seconds if 0 <= seconds < 1e9 else 0.0  # NaN fails both tests
 
 
 _SYSTEM_START = b'"conversations":[{"from":"system","value":"'
@@ -162,6 +205,7 @@ class RunIndex:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.persist = persist
         self._lock = threading.Lock()  # one refresh at a time; readers do not take it
+        self._warned = 0
         _remove_orphans(self.cache_dir)
         self._reset()
         if persist:
@@ -258,17 +302,20 @@ class RunIndex:
             if self._stale(files):
                 log.info("%s: a record file was replaced; rebuilding the view index.", self.run_dir)
                 self._reset()
-            added = 0
+            before = len(self.columns)
             grown = [name for name, st in files.items() if st.st_size != self.sources.get(name, {}).get("size")]
             if grown:  # a live run appends to one or two files at a time: the others are not even opened
-                with open(self.search_path, "ab") as self._blob:
+                self._blob = os.open(self.search_path, os.O_WRONLY)
+                try:
                     for name in grown:
-                        added += self._index_file(name)
+                        self._index_file(name)
                         if progress is not None:
                             progress(len(self.columns))
-            if added:
-                self.generation += 1
-            return added
+                finally:
+                    os.close(self._blob)
+                    if len(self.columns) != before:  # also when a pass failed part way: what it added is listed
+                        self.generation += 1
+            return len(self.columns) - before
 
     def _index_file(self, name: str) -> int:
         path = self.run_dir / name
@@ -290,82 +337,123 @@ class RunIndex:
                 self.files.append(name)
             file_id = self.files.index(name)
             fh.seek(state["offset"])
-            offset, added, rest = state["offset"], 0, b""
-            while True:
-                chunk = fh.read(_CHUNK)
-                if not chunk:
-                    break
-                lines = (rest + chunk).split(b"\n")
-                rest = lines.pop()  # incomplete: the next chunk, or a line still being written
-                for line in lines:
-                    length = len(line) + 1
-                    if line.strip():
-                        added += self._add(file_id, status, offset, line)
-                    offset += length
-            state["offset"], state["size"] = offset, st.st_size
-            self.sources[name] = state
+            added, offset = 0, state["offset"]
+            pending: list = []  # the pieces of a line that spans chunks: joined once, so a long line costs its length
+            try:
+                while True:
+                    chunk = fh.read(_CHUNK)
+                    if not chunk:
+                        break
+                    start = 0
+                    if pending:
+                        end = chunk.find(b"\n")
+                        if end < 0:
+                            pending.append(chunk)
+                            continue
+                        pending.append(chunk[:end])
+                        line, pending = b"".join(pending), []
+                        if line.strip():
+                            added += self._add(file_id, status, offset, line)
+                        offset += len(line) + 1
+                        start = end + 1
+                    lines = chunk[start:].split(b"\n") if start else chunk.split(b"\n")
+                    rest = lines.pop()  # incomplete: the next chunk, or a line still being written
+                    for line in lines:
+                        if line.strip():
+                            added += self._add(file_id, status, offset, line)
+                        offset += len(line) + 1
+                    if rest:
+                        pending.append(rest)
+            finally:
+                # what was indexed stays indexed even if a write of the search file failed: the next pass goes on
+                # from the first line not taken, and never counts a record twice
+                state["offset"] = offset
+                self.sources[name] = state
+            state["size"] = st.st_size
             return added
 
     def _add(self, file_id: int, status: int, offset: int, line: bytes) -> int:
         try:
             data = json.loads(_without_system_prompt(line))
-            rec = unwrap(status, data)
-            if not isinstance(rec, dict):
-                raise ValueError("not an object")
-        except (ValueError, RecursionError):
-            log.warning("%s: skipped a line that is not a JSON record at byte %d.", self.files[file_id], offset)
-            return 0
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or absurdly nested
+            return self._skip(file_id, offset, "is not JSON")
+        if not isinstance(data, dict) or (status == DISCARDED and not isinstance(data.get("trajectory") or {}, dict)):
+            return self._skip(file_id, offset, "is not a record (a JSON object)")
+        rec = unwrap(status, data)
         try:
             fields = self._fields(status, data, rec)
-        except (TypeError, ValueError, AttributeError) as exc:  # a record of an unexpected shape: list it anyway
+        except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
+            # a record of an unexpected shape: list it anyway
             log.warning("%s: a record at byte %d has an unexpected shape (%s).", self.files[file_id], offset, exc)
             fields = (0, 0, 0, 0, 0, 0, 0.0, 0, "", ("", ""), 0)
-        return self._append(file_id, status, offset, len(line), fields)
+        row = self._append(file_id, status, offset, len(line), fields)
+        try:  # the sums come last, once the row is in: a value of an odd shape counts as not reported
+            self._aggregate(status, data, rec)
+        except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
+            log.warning("%s: a record at byte %d has an unexpected shape (%s).", self.files[file_id], offset, exc)
+        return row
+
+    def _skip(self, file_id: int, offset: int, why: str) -> int:
+        """Count a line that is no record (as ``stats`` and ``export`` skip it); the first few are named in the log."""
+        self.tallies.unreadable += 1
+        self._warned += 1
+        if self._warned <= _WARN_LINES:
+            log.warning("%s: skipped the line at byte %d: it %s.%s", self.files[file_id], offset, why,
+                        " Further such lines are counted, not named." if self._warned == _WARN_LINES else "")
+        return 0
 
     def _fields(self, status: int, data: dict, rec: dict) -> tuple:
-        agg, vocab = self.aggregates, self.vocab
+        vocab = self.vocab
         if status == FAILED:
-            meta, usage = {}, rec.get("usage") or {}
+            meta, usage = {}, _dict(rec.get("usage"))
             texts = (str(rec.get("prompt", "")), str(rec.get("message", "")))
             key = rec.get("content_key", "")
             tools = toolsets = filters = 0
             end = 0
             error = vocab["error"].id(str(rec.get("error_kind") or rec.get("error_class") or "unknown"))
             duration = 0.0
-            agg.add_calls(rec.get("calls"))
         else:
-            meta = rec.get("metadata") or {}
-            usage = meta.get("usage") or {}
+            meta = _dict(rec.get("metadata"))
+            usage = _dict(meta.get("usage"))
             texts = (prompt_of(rec), answer_of(rec))
             key = meta.get("content_key", "")
-            called = tuple(sorted(n for n, s in (rec.get("tool_stats") or {}).items() if (s or {}).get("count")))
+            tool_stats = rec.get("tool_stats")
+            called = tuple(sorted(n for n, s in tool_stats.items() if isinstance(s, dict) and s.get("count"))) \
+                if isinstance(tool_stats, dict) else ()
             tools = vocab["tools"].id(called)
-            toolsets = vocab["toolsets"].id(tuple(rec.get("toolsets_used") or ()))
+            toolsets = vocab["toolsets"].id(_names(rec.get("toolsets_used")))
             end = vocab["end"].id(str(meta.get("end_reason") or ""))
-            filters = vocab["filters"].id(tuple(data.get("filters") or ())) if status == DISCARDED else 0
+            filters = vocab["filters"].id(_names(data.get("filters"))) if status == DISCARDED else 0
             error = 0
-            duration = float(meta.get("duration_s") or 0.0)
-            if not 0 <= duration < 1e9:
-                duration = 0.0
-            agg.add_finished(rec, kept=status == KEPT)
-            agg.add_calls(meta.get("calls"))
+            duration = _seconds(meta.get("duration_s"))
             if status == DISCARDED:
-                agg.add_reasons(data.get("filters"), data.get("reasons"))
-                texts = (texts[0], " ".join(map(str, data.get("reasons") or ())) + " " + _clip(texts[1]))
-        agg.add_usage(usage)
+                texts = (texts[0], " ".join(_names(data.get("reasons"))) + " " + _clip(texts[1]))
         ident = str(meta.get("id", "")) if meta else ""
-        turns = min(0xFFFFFFFF, max(0, int(rec.get("api_calls") or 0)))
-        tokens = min(0xFFFFFFFF, max(0, int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)))
-        prompt = max(-(2**63), min(2**63 - 1, int(rec.get("prompt_index") or 0)))
+        turns = _count(rec.get("api_calls"))
+        tokens = min(0xFFFFFFFF, _count(usage.get("prompt_tokens")) + _count(usage.get("completion_tokens")))
+        prompt = _prompt_index(rec.get("prompt_index"))
         return (tools, toolsets, end, filters, error, turns, duration, tokens, key, (ident,) + texts, prompt)
+
+    def _aggregate(self, status: int, data: dict, rec: dict) -> None:
+        agg = self.aggregates
+        if status == FAILED:
+            agg.add_calls(rec.get("calls"))
+            agg.add_usage(rec.get("usage"))
+            return
+        meta = _dict(rec.get("metadata"))
+        agg.add_finished(rec, kept=status == KEPT)
+        agg.add_calls(meta.get("calls"))
+        agg.add_usage(meta.get("usage"))
+        if status == DISCARDED:
+            agg.add_reasons(data.get("filters"), data.get("reasons"))
 
     def _append(self, file_id: int, status: int, offset: int, length: int, fields: tuple) -> int:
         tools, toolsets, end, filters, error, turns, duration, tokens, key, texts, prompt = fields
         cols = self.columns
         text = " ".join((texts[0], _clip(texts[1]), "\x1f", _clip(texts[-1]))).casefold() if len(texts) == 3 else ""
         data_bytes = text.replace("\n", " ").replace("\r", " ").encode("utf-8", "replace") + b"\n"
+        self._write_text(data_bytes)  # first: a write that fails (a full disk) adds no part of the row
         cols.text.append(self._blob_size)
-        self._blob.write(data_bytes)
         self._blob_size += len(data_bytes)
         cols.file.append(file_id)
         cols.offset.append(offset)
@@ -385,6 +473,13 @@ class RunIndex:
         self.tallies.add(status, status != FAILED, status == DISCARDED, end, turns, cols.duration[-1], toolsets,
                          filters)
         return 1
+
+    def _write_text(self, data: bytes) -> None:
+        """Write a row's search text at its place: bytes a failed write left beyond it are written over next time."""
+        view, at = memoryview(data), self._blob_size - self._work_base
+        while view:
+            done = os.pwrite(self._blob, view, at)
+            view, at = view[done:], at + done
 
     # -- the cache ------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from html import escape
 from importlib import resources
@@ -42,11 +43,19 @@ def page(title: str, body: str, script: str = "") -> str:
 
 
 def _fmt_int(value) -> str:
-    return f"{int(value or 0):,}"
+    try:
+        return f"{int(value or 0):,}"
+    except (TypeError, ValueError, OverflowError):  # an old statistics.json may hold NaN or Infinity
+        return "?"
 
 
 def _fmt_duration(seconds: float) -> str:
-    seconds = float(seconds or 0)
+    try:
+        seconds = float(seconds or 0)
+    except (TypeError, ValueError, OverflowError):
+        return "?"
+    if not math.isfinite(seconds):
+        return "?"
     if seconds < 60:
         return f"{seconds:.1f} s"
     minutes, secs = divmod(int(round(seconds)), 60)
@@ -60,6 +69,12 @@ def _table(headers, rows, cls: str = "") -> str:
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def _fmt_cost(cost) -> str:
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost) and cost >= 0:
+        return f"${cost:.4f}"
+    return "not reported"
+
+
 def summary_cards(s: dict) -> str:
     counts = s["counts"]
     tokens = s["tokens"]
@@ -70,7 +85,7 @@ def summary_cards(s: dict) -> str:
         ("skipped", "Skipped (invalid rows)", _fmt_int(counts["skipped_invalid"])),
         ("calls", "Model calls", _fmt_int(s["model_calls"])),
         ("tokens", "Tokens (prompt / completion)", f"{_fmt_int(tokens['prompt'])} / {_fmt_int(tokens['completion'])}"),
-        ("cost", "Cost", "not reported" if s["cost"] is None else f"${s['cost']:.4f}"),
+        ("cost", "Cost", _fmt_cost(s["cost"])),
         ("duration", "Duration", f"{_fmt_duration(s['duration_total_s'])} in {len(s['sessions'])} session(s)"),
         ("ratelimited", "Rate-limited calls", _fmt_int(s["rate_limited"])),
     ]
@@ -160,7 +175,8 @@ def summary_html(s: dict) -> str:
     """The summary section: counts, tables and charts."""
     facts = [f"model {s['model']}" if s["model"] else "", f"distribution {s['distribution']}" if s["distribution"] else "",
              f"{s['total_prompts']:,} prompts in the dataset" if s["total_prompts"] is not None else "",
-             f"{s['partial']:,} partial samples" if s["partial"] else ""]
+             f"{s['partial']:,} partial samples" if s["partial"] else "",
+             f"{s['unreadable']:,} lines of the record files left out as no record" if s["unreadable"] else ""]
     facts_html = " · ".join(escape(f) for f in facts if f)
     return (f'<section class="summary" id="summary"><p class="facts">{facts_html}</p>{summary_cards(s)}'
             f"{summary_charts(s)}{summary_tables(s)}</section>")

@@ -16,6 +16,7 @@ from typing import Optional
 
 from aiohttp import web
 
+from .guard import Guard
 from .index import RunIndex
 from .query import Query, _Sorts, run_query
 from .render import page, record_html, static_text, summary_html
@@ -45,8 +46,15 @@ class Viewer:
 
     async def start(self, app: web.Application) -> None:
         await asyncio.to_thread(self.index.refresh, self.progress)
-        await asyncio.to_thread(self.index.save)
+        await self._save()
         self._task = asyncio.create_task(self._follow())
+
+    async def _save(self) -> None:
+        try:
+            await asyncio.to_thread(self.index.save)
+        except OSError as exc:  # the cache only saves the next start a pass: serve without it
+            log.warning("Could not save the view index of %s (%s); the next start indexes the run again.",
+                        self.run_dir, exc.strerror or exc)
 
     async def stop(self, app: web.Application) -> None:
         if self._task is not None:
@@ -55,7 +63,7 @@ class Viewer:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        await asyncio.to_thread(self.index.save)
+        await self._save()
         self.index.close()
 
     async def _follow(self) -> None:
@@ -67,8 +75,8 @@ class Viewer:
             except Exception:  # a half-replaced file must not stop the viewer; the next pass retries
                 log.warning("could not index %s", self.run_dir, exc_info=True)
 
-    def app(self) -> web.Application:
-        app = web.Application()
+    def app(self, guard: Optional[Guard] = None) -> web.Application:
+        app = web.Application(middlewares=[guard.middleware] if guard is not None else [])
         app.on_startup.append(self.start)
         app.on_cleanup.append(self.stop)
         app.router.add_get("/", self.home)
@@ -152,19 +160,35 @@ def _count_statuses(status, n: int) -> tuple:
     return raw.count(0), raw.count(1), raw.count(2)
 
 
+class IndexingError(Exception):
+    """Building the index failed (a full disk, an unreadable file) before the viewer could listen."""
+
+    def __init__(self, cause: OSError):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 async def serve(run_dir: Path, host: str, port: int, announce, progress=None) -> None:
-    """Serve the viewer until cancelled; ``announce(url, records)`` is called once it listens."""
-    viewer = Viewer(run_dir, progress=progress)
-    runner = web.AppRunner(viewer.app(), access_log=None)
-    await runner.setup()
+    """Serve the viewer until cancelled; ``announce(url, records)`` is called once it listens.
+
+    The URL holds this start's token (see guard.py).  An OSError while
+    indexing raises :class:`IndexingError`; one while binding, OSError.
+    """
+    guard = Guard(host)
+    try:
+        viewer = Viewer(run_dir, progress=progress)
+        runner = web.AppRunner(viewer.app(guard), access_log=None)
+        await runner.setup()  # the first pass over the run: on_startup
+    except OSError as exc:
+        raise IndexingError(exc) from exc
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
-        bound = runner.addresses[0][1]
-        announce(f"http://{host}:{bound}/", len(viewer.index))
+        guard.listening(runner.addresses[0][1])
+        announce(guard.url(), len(viewer.index))
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
 
 
-__all__ = ["Viewer", "serve"]
+__all__ = ["IndexingError", "Viewer", "serve"]

@@ -96,6 +96,7 @@ def summarize(index: RunIndex) -> dict:
             "skipped_invalid": ((stats or {}).get("prompts") or {}).get("skipped_invalid", 0),
         },
         "partial": agg.partial,
+        "unreadable": tallies.unreadable,
         "model_calls": tallies.model_calls,
         "tokens": tokens,
         "cost": cost,

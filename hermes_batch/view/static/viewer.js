@@ -74,6 +74,10 @@
   async function poll() {
     try {
       const res = await fetch("/api/state");
+      if (res.status === 403) {  // another start of the viewer: its token is not the one this page got
+        $("live").textContent = "refused: open the URL hermes-batch view printed";
+        return;
+      }
       const state = await res.json();
       $("live").textContent = `${state.counts.kept.toLocaleString()} kept · ${state.counts.discarded.toLocaleString()} discarded · ` +
         `${state.counts.failed.toLocaleString()} failure records · live`;
