@@ -9,9 +9,9 @@ import click
 
 
 @click.command("import")
-@click.argument("seed_run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.argument("seed_run_dir", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--dataset_file", "--dataset-file", "dataset_file", required=True,
-              type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              type=click.Path(path_type=Path, dir_okay=False),
               help="The dataset the run was made from: its records are matched to its rows by prompt.")
 @click.option("--batch_size", "--batch-size", "batch_size", type=click.IntRange(min=1), default=None,
               help="Prompts per batch file.  [default: the batch size of batch_runner.py's statistics.json]")
@@ -37,6 +37,8 @@ def import_command(seed_run_dir, dataset_file, batch_size, filter_, no_filters, 
     _setup_logging(False)
     if filter_ and no_filters:
         raise click.UsageError("--no_filters and --filter contradict each other; pass one of them.")
+    if not seed_run_dir.is_dir():
+        raise RunFolderError(f"{seed_run_dir} is not a folder; pass the run folder batch_runner.py wrote (data/<run_name>).")
     path = seed_run_dir.resolve()
     try:
         folder = RunFolder(path.parent, path.name)
