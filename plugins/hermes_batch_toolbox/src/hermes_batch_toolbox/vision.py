@@ -18,6 +18,7 @@ from hermes_batch import Tool, ToolContext, ToolsetRuntime
 from .endpoint import call_error_text, read_secret
 from .images import ImageError, data_url, load_image
 from .options import positive
+from .urls import AddressPolicy, allowed_addresses
 
 PROMPT = (
     "Fully describe and explain everything about this image, then answer the following question:\n\n{question}"
@@ -35,6 +36,7 @@ class VisionConfig:
     max_image_bytes: int = attrs.field(default=10_000_000, validator=positive)
     timeout: float = attrs.field(default=120.0, validator=positive)  # seconds per image download and per model call
     allow_private: bool = False  # let image URLs point at loopback and private addresses
+    allow_addresses: tuple = attrs.field(default=(), converter=allowed_addresses)  # private addresses they may
 
 
 class VisionRuntime(ToolsetRuntime):
@@ -67,7 +69,7 @@ class VisionRuntime(ToolsetRuntime):
             self.endpoint = Endpoint(self.model.base_url, self.model.api_key, client.limiter, cfg.timeout)
         else:
             self.endpoint = Endpoint(cfg.base_url, read_secret(cfg.api_key_env), None, cfg.timeout)
-        self.images = client_session(cfg.allow_private)
+        self.images = client_session(AddressPolicy.of(cfg))
 
     async def shutdown(self) -> None:
         if self.endpoint is not None:
@@ -100,7 +102,7 @@ class VisionAnalyzeTool(Tool):
         try:
             data, mime = await load_image(
                 arguments["image_url"], ctx, runtime.images,
-                max_bytes=cfg.max_image_bytes, timeout=cfg.timeout, allow_private=cfg.allow_private,
+                max_bytes=cfg.max_image_bytes, timeout=cfg.timeout, policy=AddressPolicy.of(cfg),
             )
         except ImageError as exc:
             return {"success": False, "error": str(exc)}
