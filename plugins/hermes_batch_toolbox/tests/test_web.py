@@ -9,7 +9,7 @@ import pytest
 from hermes_batch import ConfigError, ModelSettings, UsageError
 from hermes_batch.testing import ToolsetHarness
 from hermes_batch_toolbox.net import FetchError, PublicOnlyResolver, address_blocked, check_url
-from hermes_batch_toolbox.urls import allowed_addresses
+from hermes_batch_toolbox.urls import allowed_addresses, allowed_entry
 from hermes_batch_toolbox.testing import BraveStandIn, SearxngStandIn
 from hermes_batch_toolbox.web import WebExtractTool, WebSearchTool
 
@@ -195,8 +195,9 @@ async def test_an_allowed_address_lets_through_that_address_and_port_only(toolse
     ("fd00::/8", "fd00::/8", None), (" 192.168.1.5 ", "192.168.1.5/32", None),
 ])
 def test_allow_addresses_entries(entry, network, port):
-    [(parsed, parsed_port)] = allowed_addresses(entry)
-    assert (str(parsed), parsed_port) == (network, port)
+    [kept] = allowed_addresses(entry)
+    parsed, parsed_port = allowed_entry(kept)
+    assert (kept, str(parsed), parsed_port) == (entry.strip(), network, port)
 
 
 def test_allow_addresses_refuses_names_and_bad_ports():

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import os
 import shutil
-from typing import Optional
+from typing import Any, Optional
 
 import attrs
 
@@ -70,7 +70,7 @@ class BrowserConfig:
     max_pages: int = attrs.field(default=8, validator=positive)  # pages (tabs, popups) open in a context at once
     max_memory_mb: int = attrs.field(default=1024, validator=positive)  # memory of a context's pages
     allow_private: bool = False  # let pages reach loopback and private addresses
-    allow_addresses: tuple = attrs.field(default=(), converter=allowed_addresses)  # private addresses they may
+    allow_addresses: Any = attrs.field(default=(), converter=allowed_addresses)  # private addresses they may
 
 
 class BrowserSession(ToolsetSession):
@@ -124,7 +124,7 @@ class BrowserSession(ToolsetSession):
         self._slot = True
         try:
             browser = await runtime.browser()
-            self._proxy = await proxy.GuardedProxy(AddressPolicy.of(cfg), connect_timeout=cfg.timeout).start()
+            self._proxy = await proxy.GuardedProxy(runtime.policy, connect_timeout=cfg.timeout).start()
             async with asyncio.timeout(OPEN_TIMEOUT_S):
                 context = await browser.new_context(
                     viewport={"width": 1280, "height": 800}, accept_downloads=False, service_workers="block",

@@ -161,9 +161,8 @@ class GuardedProxy:
             pass
         except Exception:  # a bug here must not take the run down: drop the connection
             log.debug("proxy connection failed", exc_info=True)
-        except asyncio.CancelledError:
-            cancelled = True
-            raise
+        except asyncio.CancelledError:  # aclose: the task is this connection's own, so it may end quietly
+            cancelled = True  # (asyncio.streams would log a cancelled handler as an error)
         finally:
             self.connections -= 1
             self._tasks.discard(task)

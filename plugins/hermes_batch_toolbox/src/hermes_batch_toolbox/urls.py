@@ -65,7 +65,7 @@ def is_localhost_name(host: str) -> bool:
     return name == "localhost" or name.endswith(".localhost")
 
 
-def _allowed_entry(entry: Any) -> tuple:
+def allowed_entry(entry: Any) -> tuple:
     """``10.0.0.5``, ``10.0.0.0/24``, ``127.0.0.1:8080``, ``[::1]:8080`` -> (network, port or None)."""
     if not isinstance(entry, str) or not entry.strip():
         raise ValueError(f"allow_addresses entries must be addresses such as 10.0.0.5:8080, got {entry!r}")
@@ -93,12 +93,14 @@ def _allowed_entry(entry: Any) -> tuple:
 
 
 def allowed_addresses(value: Any) -> tuple:
-    """attrs converter of ``allow_addresses``: comma-separated or a JSON list -> ((network, port), ...)."""
+    """attrs converter of ``allow_addresses``: comma-separated or a JSON list -> its entries, each checked."""
     if isinstance(value, str):
         value = [part for part in value.split(",") if part.strip()]
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"allow_addresses must be addresses, comma-separated or a JSON list, got {value!r}")
-    return tuple(e if isinstance(e, tuple) else _allowed_entry(e) for e in value)
+    for entry in value:
+        allowed_entry(entry)
+    return tuple(entry.strip() for entry in value)
 
 
 @attrs.frozen
@@ -111,7 +113,7 @@ class AddressPolicy:
     @classmethod
     def of(cls, config) -> "AddressPolicy":
         """The policy of a toolset's config (its ``allow_private`` and ``allow_addresses``)."""
-        return cls(config.allow_private, tuple(getattr(config, "allow_addresses", ())))
+        return cls(config.allow_private, tuple(allowed_entry(e) for e in getattr(config, "allow_addresses", ())))
 
     def permits(self, address: Union[str, IPAddress], port: int) -> bool:
         """Whether a connection to ``address``:``port`` may be made."""

@@ -9,7 +9,7 @@ file in the prompt's sandbox).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import attrs
 
@@ -36,7 +36,7 @@ class VisionConfig:
     max_image_bytes: int = attrs.field(default=10_000_000, validator=positive)
     timeout: float = attrs.field(default=120.0, validator=positive)  # seconds per image download and per model call
     allow_private: bool = False  # let image URLs point at loopback and private addresses
-    allow_addresses: tuple = attrs.field(default=(), converter=allowed_addresses)  # private addresses they may
+    allow_addresses: Any = attrs.field(default=(), converter=allowed_addresses)  # private addresses they may
 
 
 class VisionRuntime(ToolsetRuntime):
@@ -69,7 +69,8 @@ class VisionRuntime(ToolsetRuntime):
             self.endpoint = Endpoint(self.model.base_url, self.model.api_key, client.limiter, cfg.timeout)
         else:
             self.endpoint = Endpoint(cfg.base_url, read_secret(cfg.api_key_env), None, cfg.timeout)
-        self.images = client_session(AddressPolicy.of(cfg))
+        self.policy = AddressPolicy.of(cfg)
+        self.images = client_session(self.policy)
 
     async def shutdown(self) -> None:
         if self.endpoint is not None:
@@ -102,7 +103,7 @@ class VisionAnalyzeTool(Tool):
         try:
             data, mime = await load_image(
                 arguments["image_url"], ctx, runtime.images,
-                max_bytes=cfg.max_image_bytes, timeout=cfg.timeout, policy=AddressPolicy.of(cfg),
+                max_bytes=cfg.max_image_bytes, timeout=cfg.timeout, policy=runtime.policy,
             )
         except ImageError as exc:
             return {"success": False, "error": str(exc)}
