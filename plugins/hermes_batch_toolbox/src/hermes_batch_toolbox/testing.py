@@ -150,7 +150,9 @@ class LocalWebsite(AppServer):
     (an iframe), ``/fetch`` (a script fetches it and writes what it read into
     the page); ``/popups?n=N`` (opens N popups of itself when loaded, N more at
     each click of its button), ``/tabs`` (a link that opens ``/tabs`` in a new
-    tab), ``/hog?mb=N`` (a script that keeps N MB of memory).
+    tab), ``/hog?mb=N`` (a script that keeps N MB of memory), ``/many?n=N&delay=S&from=URL,URL``
+    (N images that each answer after S seconds, taken in turn from the sites of ``from``
+    (this one by default): a page that holds many connections at once).
 
     When the site plays a public site in a test, allow its address only
     (``allow_addresses=[site.address]``), so that the check that refuses
@@ -185,6 +187,7 @@ class LocalWebsite(AppServer):
         r.add_get("/popups", self.popups)
         r.add_get("/tabs", _fixed(_page, title="Tabs", body="<a href='/tabs' target='_blank'>Another tab</a>"))
         r.add_get("/hog", self.hog)
+        r.add_get("/many", self.many)
 
     async def index(self, _request):
         return _page("Toolbox Test Site", (
@@ -257,6 +260,13 @@ class LocalWebsite(AppServer):
             f"function storm() {{ for (let i = 0; i < {n}; i++) window.open('/popups?n={n}', '_blank'); }}"
             "storm();</script>"
         ))
+
+    async def many(self, request):
+        n, delay = int(request.query.get("n", 40)), float(request.query.get("delay", 1))
+        sites = [u for u in request.query.get("from", "").split(",") if u] or [""]
+        images = "".join(f"<img src='{html.escape(sites[i % len(sites)])}/slow?delay={delay:g}&image={i}' alt=''>"
+                         for i in range(n))
+        return _page("Many", f"<h1>Many images</h1>{images}")
 
     async def hog(self, request):
         mb = int(request.query.get("mb", 512))
