@@ -337,6 +337,9 @@ async def test_a_context_holds_at_most_max_pages(toolsets, sandbox, site):
     await asyncio.sleep(0.5)
     assert open_pages(ctx) == 3 and session.pages_refused >= 4
     assert (await call(BrowserSnapshotTool, ctx))["success"] is True
+    await (await session.page()).evaluate("() => window.close()")  # the current tab closes itself: go on in another
+    await asyncio.sleep(0.5)
+    assert (await call(BrowserSnapshotTool, ctx))["url"] == f"{site.url}/tabs" and open_pages(ctx) == 2
     await ctx.toolsets.aclose()
 
 

@@ -109,7 +109,9 @@ class BrowserSession(ToolsetSession):
             self.closed_because = None
             await self._open()
         if self._page is None:
-            self._page = await self._new_page()
+            still_open = [p for p in self._context.pages if not p.is_closed()]
+            # the current page closed itself: go on with the newest other tab, as a person would
+            self._page = still_open[-1] if still_open else await self._new_page()
         return self._page
 
     async def _open(self) -> None:
