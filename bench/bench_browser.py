@@ -73,7 +73,8 @@ async def prompt(runtime, site: str, rounds: int, starts: list, trips: list) -> 
 
 async def measure(site: str, concurrency: int, rounds: int, tmp: Path) -> dict:
     settings = ModelSettings(model="none", base_url="http://127.0.0.1:9/v1")
-    options = {"browser": {"allow_private": True, "max_contexts": concurrency, "timeout": 60}}
+    # the production address check, with the local site's one address allowed (as the toolbox's tests do)
+    options = {"browser": {"allow_addresses": [site.split("//", 1)[1]], "max_contexts": concurrency, "timeout": 60}}
     runtime = build_runtimes(collect(get_plugin_manager()), ["browser"], options, settings)["browser"]
     await runtime.start(RunContext("bench", tmp, seed=0), None)
     try:

@@ -305,6 +305,16 @@ class ToolsetRuntime:
         """
         return None
 
+    def files_needed(self) -> int:
+        """Most descriptors the toolset holds in the run's process at once, however many prompts run (0 by default).
+
+        A toolset whose descriptors do not grow with the prompts in flight (a
+        browser's proxies, a pool of connections) says so here; the run counts
+        them, with its per-prompt estimate, against the open-files limit before
+        it starts.  Called once before the run starts, without I/O.
+        """
+        return 0
+
     async def start(self, run: "RunContext", client: ModelClient) -> None:
         """Called once before the first prompt (only for available toolsets); ``client`` is the run's model client."""
         self.run, self.client = run, client

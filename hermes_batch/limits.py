@@ -85,6 +85,7 @@ def user_tasks(uid: int) -> int:
 def fit_concurrency(
     num_workers: int,
     *,
+    files_reserved: int = 0,
     raise_limit: Callable[[int], tuple] = raise_soft_limit,
     files_open: Optional[Callable[[], int]] = None,
     tasks_in_use: Optional[Callable[[int], int]] = None,
@@ -92,7 +93,9 @@ def fit_concurrency(
 ) -> Fit:
     """Raise the soft limits, then the number of prompts (at most ``num_workers``) the limits allow at once.
 
-    Raises UsageError when not even one prompt fits.  The keyword arguments exist for tests.
+    ``files_reserved``: descriptors the run's toolsets hold whatever the number of prompts
+    (``ToolsetRuntime.files_needed``).  Raises UsageError when not even one prompt fits.
+    The other keyword arguments exist for tests.
     """
     files_open = files_open or open_files
     tasks_in_use = tasks_in_use or user_tasks
@@ -101,10 +104,10 @@ def fit_concurrency(
 
     soft, _hard = raise_limit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY:
-        spare = soft - files_open() - FILES_BASE
+        spare = soft - files_open() - FILES_BASE - files_reserved
         if spare < FILES_PER_PROMPT * num_workers:
             fit = min(fit, spare // FILES_PER_PROMPT)
-            need = files_open() + FILES_BASE + FILES_PER_PROMPT * num_workers
+            need = files_open() + FILES_BASE + files_reserved + FILES_PER_PROMPT * num_workers
             reasons.append(("open files", soft, f"ulimit -n {_round_up(need)}"))
 
     soft, _hard = raise_limit(resource.RLIMIT_NPROC)

@@ -79,14 +79,22 @@ class Run:
         validate_run_name(cfg.run_name)
         # files and threads for the concurrency asked, said before any model call rather than as EMFILE after it
         fit = limits.fit_concurrency(cfg.num_workers)
-        if fit.reasons:
-            log.warning("%s", limits.describe(cfg.num_workers, fit))
         self.concurrency = fit.concurrency
         self.folder = RunFolder(cfg.output_dir, cfg.run_name)
         self.registry = collect(self.pm)
         plan, self.runtimes = make_plan(
             cfg, self.registry, self.folder, self.concurrency, on_validated=lambda v: setattr(self, "validated", v)
         )
+        # what the toolsets hold whatever the prompts in flight (a browser's proxies) is known once they are built
+        reserved = sum(runtime.files_needed() for runtime in self.runtimes.values())
+        if reserved:
+            fit = limits.fit_concurrency(cfg.num_workers, files_reserved=reserved)
+            if fit.concurrency != self.concurrency:
+                self.concurrency = fit.concurrency
+                calls = cfg.max_concurrent_requests or fit.concurrency
+                plan = attrs.evolve(plan, model=attrs.evolve(plan.model, max_concurrent_requests=calls))
+        if fit.reasons:
+            log.warning("%s", limits.describe(cfg.num_workers, fit))
         self.plan = plan
         self.filters = selection.filters(self.registry, plan.filters)
         notices.discarding_everything(cfg, [f.name for f in self.filters])

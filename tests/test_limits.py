@@ -76,6 +76,14 @@ def test_the_estimate_counts_files_and_tasks_per_prompt():
     assert fit.reasons == (("open files", 1024, "ulimit -n 10240"),)  # (20 + 64 + 8 * 1000) * 1.25, rounded up to 1024s
 
 
+def test_descriptors_a_toolset_holds_whatever_the_prompts_are_counted_once():
+    fit = limits.fit_concurrency(1000, files_reserved=528, raise_limit=fake_limits(), files_open=lambda: 20, euid=1000)
+    assert fit.concurrency == (1024 - 20 - limits.FILES_BASE - 528) // limits.FILES_PER_PROMPT
+    assert fit.reasons == (("open files", 1024, "ulimit -n 11264"),)  # (20 + 64 + 528 + 8 * 1000) * 1.25
+    with pytest.raises(UsageError, match="open files \\(limit 1024\\)"):
+        limits.fit_concurrency(1, files_reserved=1000, raise_limit=fake_limits(), files_open=lambda: 20, euid=1000)
+
+
 def test_threads_and_processes_limit_the_concurrency_of_a_user_but_not_of_root():
     tasks = fake_limits(files=(65536, 65536), tasks=(4096, 4096))
     fit = limits.fit_concurrency(2000, raise_limit=tasks, files_open=lambda: 20, tasks_in_use=lambda uid: 1000,

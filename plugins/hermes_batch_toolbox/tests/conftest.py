@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from hermes_batch_toolbox.testing import LocalWebsite, SearxngStandIn
+from hermes_batch_toolbox.testing import LocalWebsite, SearxngStandIn, SecretService
 
 
 @pytest.fixture(scope="session")
 def site():
     with LocalWebsite() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def secret():
+    """A service on this machine's loopback that no tool may reach (it counts the requests that did)."""
+    with SecretService() as server:
         yield server
 
 

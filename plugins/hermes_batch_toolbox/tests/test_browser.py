@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 
 import pytest
@@ -38,8 +39,9 @@ def ref_of(snapshot: str, text: str) -> str:
 
 
 @pytest.fixture
-async def browser(toolsets):
-    return await toolsets.start("browser", {"allow_private": True, "timeout": 15})
+async def browser(toolsets, site):
+    # the production address check, with the test site's one address allowed as a public site would be
+    return await toolsets.start("browser", {"allow_addresses": [site.address], "timeout": 15})
 
 
 async def test_a_session_navigates_reads_clicks_types_and_goes_back(browser, toolsets, sandbox, site):
@@ -113,6 +115,61 @@ async def test_private_addresses_are_refused_unless_allowed(toolsets, sandbox, s
     ctx = toolsets.context(sandbox, browser=runtime)
     result = await call(BrowserNavigateTool, ctx, url=site.url + "/")
     assert result == {"success": False, "error": "127.0.0.1 is a private or local address; only public addresses can be fetched."}
+
+
+# Hosts that all reach this machine's loopback, where the secret service listens on its own port.
+LOOPBACK_HOSTS = ("localhost.", "foo.localhost.", "127.0.0.1", "[::127.0.0.1]", "[64:ff9b::7f00:1]")
+
+
+async def settled_snapshot(ctx, secret, settled=lambda text: True, seconds: float = 10) -> str:
+    """The full snapshot once the page's scripts and frames went where they go (``settled``), or the secret shows."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        snap = await call(BrowserSnapshotTool, ctx, full=True)
+        text = snap.get("snapshot", "") or snap.get("error", "")
+        if secret.secret in text or settled(text) or asyncio.get_running_loop().time() > deadline:
+            return text
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("how", ["navigate", "https", "redirect", "script", "frame", "fetch"])
+async def test_no_way_leads_the_browser_to_loopback(browser, toolsets, sandbox, site, secret, how):
+    # The site plays a public page (only its own address is allowed); every hop, frame and request a page
+    # makes goes through the context's proxy, which decides on the address it would connect to.
+    hits = sum(secret.hits.values())
+    for host in LOOPBACK_HOSTS:
+        target = f"{'https' if how == 'https' else 'http'}://{host}:{secret.port}/"
+        ctx = toolsets.context(sandbox, browser=browser)
+        url = {"redirect": f"{site.url}/redirect-to?url={target}", "script": f"{site.url}/go?url={target}",
+               "frame": f"{site.url}/frame?url={target}", "fetch": f"{site.url}/fetch?url={target}"}.get(how, target)
+        nav = await call(BrowserNavigateTool, ctx, url=url)
+        if how in ("navigate", "https", "redirect"):
+            assert nav["success"] is False, (host, nav)
+            assert "is a private or local address; only public addresses can be fetched." in nav["error"], (host, nav)
+        else:
+            assert nav["success"] is True, (host, nav)
+        refused = "is a private or local address; only public addresses can be fetched."
+        went = {"script": lambda text: refused in text, "frame": lambda text: refused in text,
+                "fetch": lambda text: "waiting" not in text}.get(how, lambda text: True)
+        text = await settled_snapshot(ctx, secret, went)
+        assert secret.secret not in text and went(text), (how, host, text)
+        if how == "fetch":
+            assert "fetch failed" in text
+        await ctx.toolsets.aclose()
+    assert sum(secret.hits.values()) == hits  # nothing ever connected to it
+
+
+async def test_the_refusal_is_made_by_the_proxy_on_the_address_connected_to(browser, toolsets, sandbox, site, secret):
+    # the quick check of the URL does not see through a redirect: the proxy refuses the hop, names it, and
+    # the page shows the refusal instead of the target; an allowed address goes through the same proxy
+    ctx = toolsets.context(sandbox, browser=browser)
+    hits = sum(secret.hits.values())
+    nav = await call(BrowserNavigateTool, ctx, url=f"{site.url}/redirect-to?url=http://localhost.:{secret.port}/")
+    assert nav == {"success": False, "url": f"http://localhost.:{secret.port}/",
+                   "error": "localhost. is a private or local address; only public addresses can be fetched."}
+    assert "only public addresses can be fetched" in (await call(BrowserSnapshotTool, ctx, full=True))["snapshot"]
+    assert (await call(BrowserNavigateTool, ctx, url=f"{site.url}/redirect"))["title"] == "The Quiet Lighthouse"
+    assert ctx.session("browser")._proxy.refusals >= 1 and sum(secret.hits.values()) == hits
 
 
 async def test_a_slow_page_times_out_and_the_session_goes_on(toolsets, sandbox, site):
@@ -241,3 +298,70 @@ async def test_a_huge_page_gives_a_bounded_snapshot(toolsets, sandbox, site):
     snap = await call(BrowserSnapshotTool, ctx, full=True)
     assert snap["success"] is True and len(snap["snapshot"]) <= 3000
     assert "All work and no play" in snap["snapshot"] and snap["snapshot"].endswith("more lines cut; scroll or use browser_snapshot(full=false) ...]")
+
+
+def open_pages(ctx) -> int:
+    context = ctx.session("browser")._context
+    return len([p for p in context.pages if not p.is_closed()])
+
+
+async def test_a_popup_storm_opens_no_windows_and_later_calls_go_on(browser, toolsets, sandbox, site):
+    # a page that opens 300 windows, each of which opens 300 more: Chromium's popup blocker lets a page open
+    # a window only on a click, one per click, and a context never holds more than max_pages
+    ctx = toolsets.context(sandbox, browser=browser)
+    started = asyncio.get_running_loop().time()
+    nav = await call(BrowserNavigateTool, ctx, url=f"{site.url}/popups?n=300")
+    assert nav["success"] is True and nav["title"] == "Popups"
+    await asyncio.sleep(1)
+    assert open_pages(ctx) == 1
+    button = ref_of((await call(BrowserSnapshotTool, ctx))["snapshot"], "Open 300 windows")
+    assert (await call(BrowserClickTool, ctx, ref=button))["success"] is True
+    await asyncio.sleep(1)
+    assert open_pages(ctx) <= 2 <= browser.config.max_pages
+    assert (await call(BrowserSnapshotTool, ctx))["success"] is True
+    assert (await call(BrowserNavigateTool, ctx, url=f"{site.url}/article"))["title"] == "The Quiet Lighthouse"
+    assert asyncio.get_running_loop().time() - started < 30
+
+
+async def test_a_context_holds_at_most_max_pages(toolsets, sandbox, site):
+    runtime = await toolsets.start("browser", {"allow_addresses": [site.address], "max_pages": 3, "timeout": 15})
+    ctx = toolsets.context(sandbox, browser=runtime)
+    await call(BrowserNavigateTool, ctx, url=f"{site.url}/tabs")
+    for _ in range(5):  # the agent follows new tabs: the oldest other tab is closed to make room
+        clicked = await call(BrowserClickTool, ctx, ref=ref_of((await call(BrowserSnapshotTool, ctx))["snapshot"], "Another tab"))
+        assert clicked["success"] is True and clicked["title"] == "Tabs"
+        assert open_pages(ctx) <= 3
+    session = ctx.session("browser")
+    for _ in range(4):  # windows a page opened some other way are closed at once past max_pages
+        await session._context.new_page()
+    await asyncio.sleep(0.5)
+    assert open_pages(ctx) == 3 and session.pages_refused >= 4
+    assert (await call(BrowserSnapshotTool, ctx))["success"] is True
+    await (await session.page()).evaluate("() => window.close()")  # the current tab closes itself: go on in another
+    await asyncio.sleep(0.5)
+    assert (await call(BrowserSnapshotTool, ctx))["url"] == f"{site.url}/tabs" and open_pages(ctx) == 2
+    await ctx.toolsets.aclose()
+
+
+async def test_a_context_past_max_memory_mb_is_closed_and_the_prompt_can_start_again(toolsets, sandbox, site):
+    runtime = await toolsets.start("browser", {"allow_addresses": [site.address], "max_memory_mb": 200, "timeout": 15})
+    ctx = toolsets.context(sandbox, browser=runtime)
+    assert (await call(BrowserNavigateTool, ctx, url=f"{site.url}/article"))["success"] is True
+    assert await ctx.session("browser").memory_mb() < 50  # an ordinary page is far below the limit
+    assert (await call(BrowserNavigateTool, ctx, url=f"{site.url}/hog?mb=600"))["success"] is True
+    for _ in range(100):
+        snap = await call(BrowserSnapshotTool, ctx)
+        if not snap["success"]:
+            break
+        await asyncio.sleep(0.2)
+    assert re.fullmatch(
+        r"The pages of this prompt used \d+ MB of memory, more than the browser's limit of 200 MB, so its browser "
+        r"context was closed\. Call browser_navigate to start again\.", snap["error"]), snap
+    live = await runtime.browser()
+    for _ in range(100):  # the call may fail while the context is still closing
+        if live.contexts == [] and runtime._slots._value == runtime.config.max_contexts:
+            break
+        await asyncio.sleep(0.1)
+    assert live.contexts == [] and runtime._slots._value == runtime.config.max_contexts
+    assert (await call(BrowserNavigateTool, ctx, url=f"{site.url}/article"))["success"] is True
+    await ctx.toolsets.aclose()

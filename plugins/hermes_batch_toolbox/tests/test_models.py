@@ -72,6 +72,30 @@ async def test_vision_sends_the_image_from_a_url_a_file_or_a_data_url(endpoint, 
     assert client.limiter.cost == pytest.approx(0.006)  # the run's limiter: counts against --max_cost
 
 
+@pytest.mark.parametrize("fmt", ["think_tags", "scratchpad", "reasoning", "reasoning_content", "reasoning_details"])
+async def test_the_vision_models_reasoning_stays_out_of_the_analysis(model_server, toolsets, sandbox, fmt):
+    # however the model sends its reasoning (inline <think> blocks or a field of its own), only the answer is
+    # the tool's result; an answer that is reasoning only fails the call rather than passing the thoughts on
+    def vision(request):
+        if "Only think" in request.prompt:
+            return Reply(reasoning="The user wants colours; I think it is red.", reasoning_format=fmt)
+        return Reply(reasoning="The user wants colours; I think it is red.", reasoning_format=fmt,
+                     content="A red square.")
+
+    server = model_server(vision)
+    settings = ModelSettings(model="vision-model", base_url=server.base_url, api_key=TEST_API_KEY, max_retries=0)
+    client = OpenAIClient(settings)
+    runtime = await toolsets.start("vision", {}, settings=settings, client=client)
+    ctx = toolsets.context(sandbox, vision=runtime)
+    inline = "data:image/png;base64," + base64.b64encode(solid_png(1, 1, (255, 0, 0))).decode()
+    answer = await VisionAnalyzeTool().call({"image_url": inline, "question": "Which colour?"}, ctx)
+    assert answer == {"success": True, "analysis": "A red square."}
+    thoughts = await VisionAnalyzeTool().call({"image_url": inline, "question": "Only think"}, ctx)
+    assert thoughts["success"] is False and "I think it is red" not in thoughts["error"]
+    assert thoughts["error"].startswith("The vision model answered with reasoning only")
+    await client.aclose()
+
+
 async def test_vision_refuses_what_is_not_an_image(endpoint, toolsets, sandbox, site):
     server, settings, client = endpoint
     runtime = await toolsets.start("vision", {"allow_private": True, "max_image_bytes": 1000}, settings=settings, client=client)
@@ -199,3 +223,22 @@ async def test_moa_goes_on_without_a_failing_reference_and_defaults_to_the_run_m
     default = await toolsets.start("moa", {}, settings=settings, client=client)
     assert default.references == ("agent-model",) * 3 and default.aggregator == "agent-model"
     await client.aclose()
+
+
+async def test_moa_passes_on_answers_never_reasoning(model_server, toolsets, sandbox):
+    # a reference model that only reasons did not answer: its thoughts do not reach the aggregator or the result
+    script = RoutedScript({
+        "ref-a": lambda r: Reply(content="four", reasoning="<private> two and two"),
+        "ref-b": lambda r: Reply(reasoning="<private> I keep thinking and never answer"),
+        "judge": lambda r: Reply(content="Combined: " + r.messages[0]["content"].split("answers:")[-1].strip(),
+                                 reasoning="<private> judging"),
+    }, by="model")
+    server = model_server(script)
+    settings = ModelSettings(model="agent-model", base_url=server.base_url, api_key=TEST_API_KEY)
+    client = OpenAIClient(settings)
+    runtime = await toolsets.start("moa", {"models": "ref-a,ref-b", "aggregator": "judge"}, settings=settings, client=client)
+    result = await MixtureOfAgentsTool().call({"user_prompt": "What is 2+2?"}, toolsets.context(sandbox, moa=runtime))
+    await client.aclose()
+    assert result["success"] is True and "<private>" not in str(result)
+    assert result["response"] == "Combined: 1. four"
+    assert result["failed_models"] == [{"model": "ref-b", "error": "ref-b answered with no text (reasoning only)"}]

@@ -9,6 +9,7 @@ import pytest
 from hermes_batch import ConfigError, ModelSettings, UsageError
 from hermes_batch.testing import ToolsetHarness
 from hermes_batch_toolbox.net import FetchError, PublicOnlyResolver, address_blocked, check_url
+from hermes_batch_toolbox.urls import allowed_addresses, allowed_entry
 from hermes_batch_toolbox.testing import BraveStandIn, SearxngStandIn
 from hermes_batch_toolbox.web import WebExtractTool, WebSearchTool
 
@@ -147,6 +148,9 @@ async def test_more_than_five_urls_are_refused(web):
     ("127.0.0.1", True), ("10.1.2.3", True), ("192.168.0.1", True), ("169.254.169.254", True), ("::1", True),
     ("::ffff:127.0.0.1", True), ("100.64.0.1", True), ("0.0.0.0", True), ("224.0.0.1", True),
     ("93.184.216.34", False), ("2606:4700::1111", False),
+    # IPv6 addresses that carry an IPv4 address are judged by it: IPv4-compatible, NAT64, 6to4, SIIT
+    ("::127.0.0.1", True), ("64:ff9b::7f00:1", True), ("64:ff9b::a00:1", True), ("2002:7f00:1::", True),
+    ("::ffff:0:127.0.0.1", True), ("64:ff9b:1::808:808", True), ("64:ff9b::808:808", False), ("::ffff:8.8.8.8", False),
 ])
 def test_which_addresses_are_blocked(address, blocked):
     assert address_blocked(address) is blocked
@@ -157,10 +161,51 @@ def test_check_url_refuses_schemes_and_hosts():
     for url, message in [
         ("file:///etc/passwd", "not 'file'"), ("javascript:alert(1)", "not 'javascript'"), ("http:///x", "has no host"),
         ("http://[::1]:80/", "private or local"), ("http://app.localhost/", "private or local"),
+        ("http://localhost.:80/", "private or local"), ("http://app.localhost./", "private or local"),
+        ("http://[::127.0.0.1]/", "private or local"), ("http://[64:ff9b::7f00:1]/", "private or local"),
     ]:
         with pytest.raises(FetchError, match=message):
             check_url(url, False)
     assert check_url("http://127.0.0.1:8/", True) == "http://127.0.0.1:8/"
+
+
+async def test_an_allowed_address_lets_through_that_address_and_port_only(toolsets, sandbox, site, secret, searxng):
+    # the site plays a public site: only its address:port is allowed; the check that refuses the secret
+    # service on another port of the same loopback is the production one
+    runtime = await toolsets.start("web", {"provider": "searxng", "url": searxng.url, "allow_addresses": [site.address]})
+    ctx = toolsets.context(sandbox, web=runtime)
+    hits = sum(secret.hits.values())
+    port = secret.port
+    urls = [f"{site.url}/article", f"http://[::127.0.0.1]:{port}/", f"http://[64:ff9b::7f00:1]:{port}/",
+            f"http://localhost.:{port}/", f"{site.url}/redirect-to?url=http://[::127.0.0.1]:{port}/"]
+    result = await WebExtractTool().call({"urls": urls}, ctx)
+    article, *refused = result["results"]
+    assert article["error"] is None and article["title"] == "The Quiet Lighthouse"
+    assert [r["error"] for r in refused] == [
+        "::127.0.0.1 is a private or local address; only public addresses can be fetched.",
+        "64:ff9b::7f00:1 is a private or local address; only public addresses can be fetched.",
+        "localhost. is a private or local address; only public addresses can be fetched.",
+        "::7f00:1 is a private or local address; only public addresses can be fetched.",  # as the redirect wrote it
+    ]
+    assert sum(secret.hits.values()) == hits
+
+
+@pytest.mark.parametrize("entry, network, port", [
+    ("127.0.0.1:8080", "127.0.0.1/32", 8080), ("10.0.0.0/8", "10.0.0.0/8", None), ("[::1]:80", "::1/128", 80),
+    ("fd00::/8", "fd00::/8", None), (" 192.168.1.5 ", "192.168.1.5/32", None),
+])
+def test_allow_addresses_entries(entry, network, port):
+    [kept] = allowed_addresses(entry)
+    parsed, parsed_port = allowed_entry(kept)
+    assert (kept, str(parsed), parsed_port) == (entry.strip(), network, port)
+
+
+def test_allow_addresses_refuses_names_and_bad_ports():
+    assert len(allowed_addresses("10.0.0.1, 10.0.0.2:80")) == 2 == len(allowed_addresses(["10.0.0.1", "10.0.0.2:80"]))
+    with pytest.raises(ConfigError, match="names are not accepted"):
+        web_runtime({"allow_addresses": "intranet.example:80"})
+    with pytest.raises(ConfigError, match="outside 1-65535"):
+        web_runtime({"allow_addresses": ["10.0.0.1:0"]})
 
 
 async def test_names_that_resolve_to_private_addresses_are_refused_by_the_resolver():

@@ -13,6 +13,7 @@ from typing import Awaitable, Callable
 from hermes_batch import Tool, ToolContext
 
 from .browser import BrowserError, BrowserSession, _first_line, checked_url
+from .proxy import REFUSED_HEADER
 
 _REF = re.compile(r"^\s*(?:\[?\s*ref\s*=\s*|@)?((?:f\d+)?e\d+)\s*\]?\s*$")
 # roles kept by the compact snapshot: what can be acted on, and the headings that say where it is
@@ -66,6 +67,10 @@ async def _act(ctx: ToolContext, action: Action, *, open_context: bool = False) 
         if not session.runtime.alive():
             await session.close()
             return {"success": False, "error": "The browser crashed; call browser_navigate to start again."}
+        if session.closed_because:  # the memory watchdog closed the context under this call
+            return {"success": False, "error": f"{session.closed_because} Call browser_navigate to start again."}
+        if "ERR_TUNNEL_CONNECTION_FAILED" in str(exc) and session.refusal:
+            return {"success": False, "error": session.refusal}  # what the proxy said of that https:// address
         return {"success": False, "error": _first_line(exc)}
 
 
@@ -93,7 +98,8 @@ class BrowserNavigateTool(Tool):
         async def go(page, session):
             from playwright.async_api import Error as PlaywrightError
 
-            url = checked_url(arguments["url"], session.config.allow_private)
+            url = checked_url(arguments["url"], session.runtime.policy)
+            session.forget_refusals()
             response = None
             for attempt in range(NAVIGATION_ATTEMPTS):
                 try:
@@ -108,6 +114,9 @@ class BrowserNavigateTool(Tool):
                     await page.wait_for_load_state("domcontentloaded", timeout=_ms(session))
                     if page.url == url:
                         break
+            refused = response is not None and REFUSED_HEADER.lower() in response.headers
+            if refused and session.refusal:  # the proxy refused this address or a redirect's (its page says why)
+                return {"success": False, "error": session.refusal, "url": page.url}
             result = {"success": True, **await _where(page)}
             if response is not None:
                 result["status"] = response.status
@@ -193,7 +202,8 @@ class BrowserClickTool(Tool):
         async def click(page, session):
             ref, target = await _element(page, arguments["ref"])
             new_tab = await target.evaluate("el => !!el.closest('a[target]:not([target=_self])')", timeout=_ms(session))
-            if new_tab:  # follow the tab it opens
+            if new_tab:  # follow the tab it opens, closing the oldest other one when max_pages are open
+                await session.make_room()
                 async with page.context.expect_page(timeout=_ms(session)) as opened:
                     await target.click(timeout=_ms(session))
                 page = await opened.value

@@ -23,6 +23,7 @@ from hermes_batch import Tool, ToolContext, ToolsetRuntime
 from .endpoint import call_error_text, read_secret
 from .images import ImageError, image_filename, load_image, sniff
 from .options import positive
+from .urls import AddressPolicy
 
 ASPECT_RATIOS = ("landscape", "square", "portrait")
 # OpenAI sizes: gpt-image-* and dall-e-3 differ in their wide and tall sizes
@@ -81,7 +82,7 @@ class ImageGenRuntime(ToolsetRuntime):
             self.endpoint = Endpoint(self.model.base_url, self.model.api_key, client.limiter, cfg.timeout)
         else:
             self.endpoint = Endpoint(self.base_url, read_secret(self.key_variable), None, cfg.timeout)
-        self.downloads = client_session(allow_private=True)  # URLs the provider itself handed us
+        self.downloads = client_session(AddressPolicy(allow_private=True))  # URLs the provider itself handed us
 
     async def shutdown(self) -> None:
         if self.endpoint is not None:
@@ -155,7 +156,7 @@ class ImageGenerateTool(Tool):
         if data is None:
             try:
                 data, _mime = await load_image(
-                    url, ctx, runtime.downloads, max_bytes=cfg.max_image_bytes, timeout=cfg.timeout, allow_private=True
+                    url, ctx, runtime.downloads, max_bytes=cfg.max_image_bytes, timeout=cfg.timeout, policy=AddressPolicy(allow_private=True)
                 )
             except ImageError as exc:
                 return {"success": False, "image": url, "error": f"The image could not be downloaded: {exc}"}

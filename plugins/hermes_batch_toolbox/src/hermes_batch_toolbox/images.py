@@ -38,7 +38,7 @@ def data_url(data: bytes, mime: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
-async def load_image(source: str, ctx: ToolContext, session, *, max_bytes: int, timeout: float, allow_private: bool):
+async def load_image(source: str, ctx: ToolContext, session, *, max_bytes: int, timeout: float, policy):
     """(bytes, MIME type) of the image at ``source``: an http(s) URL, a data: URL, or a path in the sandbox."""
     source = (source or "").strip()
     if not source:
@@ -50,7 +50,7 @@ async def load_image(source: str, ctx: ToolContext, session, *, max_bytes: int, 
 
         try:
             page = await fetch(
-                session, source, max_bytes=max_bytes + 1, timeout=timeout, allow_private=allow_private,
+                session, source, max_bytes=max_bytes + 1, timeout=timeout, policy=policy,
                 accept="image/*,*/*;q=0.5",
             )
         except FetchError as exc:

@@ -82,9 +82,9 @@ class MoaRuntime(ToolsetRuntime):
 async def _ask(runtime: MoaRuntime, ctx: ToolContext, model: str, messages: tuple) -> str:
     response = await runtime.client_for(model).complete(messages, ())
     ctx.report_usage(response.usage, journaled=True)  # a request of the run's client: journaled already
-    text = (response.message.content or "").strip() or (response.message.reasoning or "").strip()
+    text = (response.message.content or "").strip()  # the client took reasoning out; it is never an answer here
     if not text:
-        raise ModelCallError(f"{model} answered with no text")
+        raise ModelCallError(f"{model} answered with no text" + (" (reasoning only)" if response.message.reasoning else ""))
     return text
 
 

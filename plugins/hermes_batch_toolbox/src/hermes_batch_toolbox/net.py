@@ -16,23 +16,31 @@ import attrs
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
-from .urls import FetchError, address_blocked, check_url
+from .urls import AddressPolicy, FetchError, address_blocked, check_url, is_localhost_name
 
-__all__ = ["FetchError", "Fetched", "PublicOnlyResolver", "address_blocked", "check_url", "client_session", "fetch"]
+__all__ = [
+    "AddressPolicy", "FetchError", "Fetched", "PublicOnlyResolver", "address_blocked", "check_url", "client_session",
+    "fetch",
+]
 
 USER_AGENT = "Mozilla/5.0 (compatible; hermes-batch-toolbox/0.1; +https://github.com/NousResearch/hermes-agent)"
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 class PublicOnlyResolver(AbstractResolver):
-    """Resolves like aiohttp's default resolver but drops every non-public address (DNS rebinding)."""
+    """Resolves like aiohttp's default resolver but drops every address the policy refuses (DNS rebinding)."""
 
-    def __init__(self):
+    def __init__(self, policy: AddressPolicy = AddressPolicy()):
         self._resolver = DefaultResolver()
+        self.policy = policy
 
     async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
-        answers = await self._resolver.resolve(host, port, family)
-        public = [a for a in answers if not address_blocked(a["host"])]
+        if is_localhost_name(host):  # loopback whatever a resolver says (RFC 6761), as browsers treat it
+            answers = [{"hostname": host, "host": "127.0.0.1", "port": port, "family": socket.AF_INET,
+                        "proto": 0, "flags": socket.AI_NUMERICHOST}]
+        else:
+            answers = await self._resolver.resolve(host, port, family)
+        public = [a for a in answers if self.policy.permits(a["host"], port)]
         if not public:
             raise OSError(f"{host} resolves only to private or local addresses, which cannot be fetched")
         return public
@@ -41,9 +49,9 @@ class PublicOnlyResolver(AbstractResolver):
         await self._resolver.close()
 
 
-def client_session(allow_private: bool, limit: int = 64) -> aiohttp.ClientSession:
-    """An aiohttp session for fetching pages for the model; public addresses only unless ``allow_private``."""
-    resolver = None if allow_private else PublicOnlyResolver()
+def client_session(policy: AddressPolicy, limit: int = 64) -> aiohttp.ClientSession:
+    """An aiohttp session for fetching pages for the model: it connects only to addresses ``policy`` permits."""
+    resolver = None if policy.allow_private else PublicOnlyResolver(policy)
     connector = aiohttp.TCPConnector(limit=limit, resolver=resolver, ttl_dns_cache=60)
     return aiohttp.ClientSession(connector=connector, headers={"User-Agent": USER_AGENT}, trust_env=False)
 
@@ -70,12 +78,12 @@ async def fetch(
     *,
     max_bytes: int,
     timeout: float,
-    allow_private: bool,
+    policy: AddressPolicy,
     max_redirects: int = 5,
     accept: str = "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5",
 ) -> Fetched:
     """GET ``url`` following up to ``max_redirects`` checked redirects; raises FetchError with a sentence for the model."""
-    current = check_url(url, allow_private)
+    current = check_url(url, policy)
     hops: list[str] = []
     try:
         async with asyncio.timeout(timeout):
@@ -85,7 +93,7 @@ async def fetch(
                         if len(hops) >= max_redirects:
                             raise FetchError(f"{url} redirects more than {max_redirects} times.")
                         hops.append(current)
-                        current = check_url(urljoin(current, response.headers["Location"]), allow_private)
+                        current = check_url(urljoin(current, response.headers["Location"]), policy)
                         continue
                     body, truncated = await _read_limited(response, max_bytes)
                     return Fetched(

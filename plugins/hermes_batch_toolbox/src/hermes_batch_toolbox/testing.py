@@ -1,7 +1,11 @@
 """Local servers for testing the toolbox without the internet, on 127.0.0.1.
 
 * :class:`LocalWebsite`: a small website with links, a form, images, a
-  redirect, a slow page and a huge page, for ``web_extract`` and the browser.
+  redirect, a slow page and a huge page, for ``web_extract`` and the browser,
+  and hostile pages (redirects, scripts and frames that go where they are
+  told, popup storms, a memory hog).
+* :class:`SecretService`: a service on this machine's loopback that the tools
+  must never reach; it counts the requests that did.
 * :class:`SearxngStandIn`: a stand-in for a SearXNG instance's JSON search API.
 * :class:`BraveStandIn`: a stand-in for the Brave Search API.
 * :class:`FalStandIn`: a stand-in for FAL's synchronous image generation.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import html
+import json
 import threading
 from typing import Callable, Optional
 
@@ -139,7 +144,25 @@ class LocalWebsite(AppServer):
     ``/slow?delay=S`` (answers after S seconds, 30 by default),
     ``/huge?bytes=N`` (N bytes of HTML, 50 MB by default, streamed),
     ``/notes.txt`` (plain text), ``/binary`` (octet-stream), ``/missing`` (404).
+
+    Hostile pages, each taking the address to go to as ``?url=``:
+    ``/redirect-to`` (302), ``/go`` (a script sets ``location``), ``/frame``
+    (an iframe), ``/fetch`` (a script fetches it and writes what it read into
+    the page); ``/popups?n=N`` (opens N popups of itself when loaded, N more at
+    each click of its button), ``/tabs`` (a link that opens ``/tabs`` in a new
+    tab), ``/hog?mb=N`` (a script that keeps N MB of memory), ``/many?n=N&delay=S&from=URL,URL``
+    (N images that each answer after S seconds, taken in turn from the sites of ``from``
+    (this one by default): a page that holds many connections at once).
+
+    When the site plays a public site in a test, allow its address only
+    (``allow_addresses=[site.address]``), so that the check that refuses
+    everything else is the production one.
     """
+
+    @property
+    def address(self) -> str:
+        """``127.0.0.1:PORT``, for a toolset's ``allow_addresses``."""
+        return f"{self.host}:{self.port}"
 
     def routes(self, app: web.Application) -> None:
         r = app.router
@@ -157,6 +180,14 @@ class LocalWebsite(AppServer):
         r.add_get("/notes.txt", _fixed(web.Response, text="Plain notes: bring a lamp.\n", content_type="text/plain"))
         r.add_get("/binary", _fixed(web.Response, body=b"\x00\x01" * 512, content_type="application/octet-stream"))
         r.add_get("/missing", _fixed(web.Response, status=404, text="not here"))
+        r.add_get("/redirect-to", self.redirect_to)
+        r.add_get("/go", self.go)
+        r.add_get("/frame", self.frame)
+        r.add_get("/fetch", self.fetch)
+        r.add_get("/popups", self.popups)
+        r.add_get("/tabs", _fixed(_page, title="Tabs", body="<a href='/tabs' target='_blank'>Another tab</a>"))
+        r.add_get("/hog", self.hog)
+        r.add_get("/many", self.many)
 
     async def index(self, _request):
         return _page("Toolbox Test Site", (
@@ -204,6 +235,47 @@ class LocalWebsite(AppServer):
         await asyncio.sleep(float(request.query.get("delay", 30)))
         return _page("Slow", "<p>Finally.</p>")
 
+    async def redirect_to(self, request):
+        raise web.HTTPFound(request.query["url"])
+
+    async def go(self, request):
+        target = json.dumps(request.query["url"])
+        return _page("Going", f"<p>Going elsewhere.</p><script>setTimeout(() => location.href = {target}, 50)</script>")
+
+    async def frame(self, request):
+        return _page("Framed", f"<h1>A frame</h1><iframe src='{html.escape(request.query['url'])}'></iframe>")
+
+    async def fetch(self, request):
+        target = json.dumps(request.query["url"])
+        return _page("Fetching", (
+            "<h1>Fetching</h1><p id=out>waiting</p><script>"
+            f"fetch({target}).then(r => r.text()).then(t => out.textContent = 'fetched: ' + t)"
+            ".catch(e => out.textContent = 'fetch failed')</script>"
+        ))
+
+    async def popups(self, request):
+        n = int(request.query.get("n", 300))
+        return _page("Popups", (
+            f"<button onclick='storm()'>Open {n} windows</button><script>"
+            f"function storm() {{ for (let i = 0; i < {n}; i++) window.open('/popups?n={n}', '_blank'); }}"
+            "storm();</script>"
+        ))
+
+    async def many(self, request):
+        n, delay = int(request.query.get("n", 40)), float(request.query.get("delay", 1))
+        sites = [u for u in request.query.get("from", "").split(",") if u] or [""]
+        images = "".join(f"<img src='{html.escape(sites[i % len(sites)])}/slow?delay={delay:g}&image={i}' alt=''>"
+                         for i in range(n))
+        return _page("Many", f"<h1>Many images</h1>{images}")
+
+    async def hog(self, request):
+        mb = int(request.query.get("mb", 512))
+        return _page("Hog", (
+            "<p id=out>allocating</p><script>window.kept = []; let n = 0;"
+            "const t = setInterval(() => { if (n >= %d) { clearInterval(t); out.textContent = 'holding'; return; }"
+            " const a = new Uint8Array(8 << 20); a.fill(1); kept.push(a); n += 8; }, 10);</script>" % mb
+        ))
+
     async def huge(self, request):
         size = int(request.query.get("bytes", 50_000_000))
         response = web.StreamResponse(headers={"Content-Type": "text/html; charset=utf-8"})
@@ -219,6 +291,27 @@ class LocalWebsite(AppServer):
         except (ConnectionResetError, RuntimeError):  # the reader stopped reading, as it should
             pass
         return response
+
+
+class SecretService(AppServer):
+    """A service on this machine's loopback holding ``secret``, readable by any page (CORS open) that reaches it.
+
+    ``hits`` counts the requests that reached it: a test of the tools' address
+    checks asserts it stays empty.
+    """
+
+    def __init__(self, secret: str = "the-loopback-secret-7d1f", **kwargs):
+        super().__init__(**kwargs)
+        self.secret = secret
+
+    def routes(self, app: web.Application) -> None:
+        async def answer(_request):
+            return web.Response(
+                text=f"<!doctype html><title>Secret</title><p>{self.secret}</p>", content_type="text/html",
+                headers={"Access-Control-Allow-Origin": "*"},
+            )
+
+        app.router.add_route("*", "/{tail:.*}", answer)
 
 
 class SearxngStandIn(AppServer):

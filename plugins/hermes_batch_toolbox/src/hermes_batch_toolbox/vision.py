@@ -9,7 +9,8 @@ file in the prompt's sandbox).
 
 from __future__ import annotations
 
-from typing import Optional
+import re
+from typing import Any, Optional
 
 import attrs
 
@@ -18,6 +19,7 @@ from hermes_batch import Tool, ToolContext, ToolsetRuntime
 from .endpoint import call_error_text, read_secret
 from .images import ImageError, data_url, load_image
 from .options import positive
+from .urls import AddressPolicy, allowed_addresses
 
 PROMPT = (
     "Fully describe and explain everything about this image, then answer the following question:\n\n{question}"
@@ -35,6 +37,7 @@ class VisionConfig:
     max_image_bytes: int = attrs.field(default=10_000_000, validator=positive)
     timeout: float = attrs.field(default=120.0, validator=positive)  # seconds per image download and per model call
     allow_private: bool = False  # let image URLs point at loopback and private addresses
+    allow_addresses: Any = attrs.field(default=(), converter=allowed_addresses)  # private addresses they may
 
 
 class VisionRuntime(ToolsetRuntime):
@@ -67,7 +70,8 @@ class VisionRuntime(ToolsetRuntime):
             self.endpoint = Endpoint(self.model.base_url, self.model.api_key, client.limiter, cfg.timeout)
         else:
             self.endpoint = Endpoint(cfg.base_url, read_secret(cfg.api_key_env), None, cfg.timeout)
-        self.images = client_session(cfg.allow_private)
+        self.policy = AddressPolicy.of(cfg)
+        self.images = client_session(self.policy)
 
     async def shutdown(self) -> None:
         if self.endpoint is not None:
@@ -100,7 +104,7 @@ class VisionAnalyzeTool(Tool):
         try:
             data, mime = await load_image(
                 arguments["image_url"], ctx, runtime.images,
-                max_bytes=cfg.max_image_bytes, timeout=cfg.timeout, allow_private=cfg.allow_private,
+                max_bytes=cfg.max_image_bytes, timeout=cfg.timeout, policy=runtime.policy,
             )
         except ImageError as exc:
             return {"success": False, "error": str(exc)}
@@ -120,22 +124,38 @@ class VisionAnalyzeTool(Tool):
         except Exception as exc:  # a refusal or an endpoint that stayed down fails this call, not the prompt
             return {"success": False, "error": f"The vision model could not be asked: {call_error_text(exc)}"}
         ctx.report_usage(usage)
-        analysis = chat_text(answer)
+        analysis, reasoned = chat_text(answer)
         if not analysis:
+            if reasoned:
+                return {"success": False, "error": (
+                    "The vision model answered with reasoning only and no text; "
+                    f"it may need more than -T vision.max_tokens={cfg.max_tokens}.")}
             return {"success": False, "error": "The vision model answered with no text."}
         return {"success": True, "analysis": analysis}
 
 
-def chat_text(answer: dict) -> str:
-    """The text of a chat-completions answer (its reasoning when the content is empty)."""
+# reasoning written into the content, as some models do (an unclosed block runs to the end)
+_INLINE_REASONING = re.compile(r"<(think|thinking|reasoning|REASONING_SCRATCHPAD)>.*?(?:</\1>|\Z)", re.DOTALL | re.IGNORECASE)
+_REASONING_FIELDS = ("reasoning", "reasoning_content", "reasoning_details")
+
+
+def chat_text(answer: dict) -> tuple[str, bool]:
+    """(the answer's text without its reasoning, whether it had reasoning) of a chat-completions answer.
+
+    Reasoning never becomes the tool's result: the model's thoughts are not the
+    analysis, and a trajectory would show them as if the tool had said them.
+    """
     try:
         message = answer["choices"][0]["message"]
     except (KeyError, IndexError, TypeError):
-        return ""
+        return "", False
     content = message.get("content")
     if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return (content or message.get("reasoning") or message.get("reasoning_content") or "").strip()
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+    content = content if isinstance(content, str) else ""
+    text = _INLINE_REASONING.sub("", content).strip()
+    reasoned = text != content.strip() or any(message.get(field) for field in _REASONING_FIELDS)
+    return text, reasoned
 
 
 VISION_TOOLS = (VisionAnalyzeTool,)

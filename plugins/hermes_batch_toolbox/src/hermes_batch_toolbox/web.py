@@ -18,6 +18,7 @@ from . import search
 from .endpoint import read_secret
 from .extract import cut, readable
 from .options import positive
+from .urls import AddressPolicy, allowed_addresses
 
 MAX_URLS = 5
 
@@ -39,6 +40,7 @@ class WebConfig:
     max_page_bytes: int = attrs.field(default=2_000_000, validator=positive)  # bytes read of a page
     max_chars: int = attrs.field(default=15_000, validator=positive)  # characters of text kept per page
     allow_private: bool = False  # let web_extract reach loopback and private addresses
+    allow_addresses: Any = attrs.field(default=(), converter=allowed_addresses)  # private addresses it may reach
 
 
 class WebRuntime(ToolsetRuntime):
@@ -73,7 +75,8 @@ class WebRuntime(ToolsetRuntime):
         await super().start(run, client)
         cfg = self.config
         self._api = aiohttp.ClientSession(headers={"User-Agent": "hermes-batch-toolbox"}, trust_env=False)
-        self.pages = client_session(cfg.allow_private)
+        self.policy = AddressPolicy.of(cfg)
+        self.pages = client_session(self.policy)
         url = cfg.url or self.provider_cls.default_url
         self.provider = self.provider_cls(url, read_secret(self.key_variable), self._api, cfg.timeout)
 
@@ -152,7 +155,7 @@ class WebExtractTool(Tool):
         cfg = runtime.config
         try:
             page = await fetch(
-                runtime.pages, url, max_bytes=cfg.max_page_bytes, timeout=cfg.timeout, allow_private=cfg.allow_private
+                runtime.pages, url, max_bytes=cfg.max_page_bytes, timeout=cfg.timeout, policy=runtime.policy
             )
         except FetchError as exc:
             return {"url": url, "title": "", "content": "", "error": str(exc)}
