@@ -434,27 +434,38 @@ def test_429s_and_500s_with_retry_after_are_retried_on_each_transport(backend, m
         assert [c["status"] for c in record["metadata"]["calls"]] == [429, 200, 503, 200]
 
 
+# Runs the command given and writes its own peak memory: a child forked by pytest, then exec'd, inherits
+# pytest's resident size as its starting peak (Linux keeps it across exec), which a long suite makes large;
+# a child of this small process starts from this process's size instead.
+_PEAK_OF_CHILD = (
+    "import os, subprocess, sys\n"
+    "child = subprocess.Popen(sys.argv[2:])\n"
+    "_pid, status, usage = os.wait4(child.pid, 0)\n"
+    "open(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
 def _spawn(runner, data, server, *extra) -> tuple:
     """(exit status, stderr, peak memory in MB, seconds) of a run in a child process; fails after 90 s."""
     import os
+    import signal
     import time
 
     started = time.monotonic()
+    peak = runner.tmp_path / "peak_kb.txt"
+    command = [sys.executable, "-m", "hermes_batch", *runner.args(data, *extra, server=server)]
     with open(runner.tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "hermes_batch", *runner.args(data, *extra, server=server)],
-                                stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                proc.returncode = os.waitstatus_to_exitcode(status)
-                break
-            time.sleep(0.1)
-        else:
-            proc.kill()
+        proc = subprocess.Popen([sys.executable, "-c", _PEAK_OF_CHILD, str(peak), *command],
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             pytest.fail(f"the run was still going after 90 s: {(runner.tmp_path / 'stderr.txt').read_text()[-2000:]}")
-    return proc.returncode, (runner.tmp_path / "stderr.txt").read_text(), usage.ru_maxrss / 1024, time.monotonic() - started
+    return proc.returncode, (runner.tmp_path / "stderr.txt").read_text(), int(peak.read_text()) / 1024, \
+        time.monotonic() - started
 
 
 def test_request_timeout_bounds_the_whole_answer_of_an_endpoint_that_trickles(backend, model_server, runner, tmp_path):
