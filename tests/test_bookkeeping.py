@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from hermes_batch import bookkeeping, rowkeys
-from hermes_batch.bookkeeping import RunIndex
+from hermes_batch.folder import record_index as bookkeeping, rowkeys
+from hermes_batch.folder.record_index import RunIndex
 from hermes_batch.default_plugins.jsonl_writer import JsonlWriter
-from hermes_batch.interfaces import Writer
-from hermes_batch.merge import merge_run
-from hermes_batch.records import SessionInfo
-from hermes_batch.runfolder import RunFolder
-from hermes_batch.serialization import from_json
-from hermes_batch.statistics import RunInfo, build_statistics
+from hermes_batch.contract.interfaces import Writer
+from hermes_batch.folder.merge import merge_run
+from hermes_batch.formats.records import SessionInfo
+from hermes_batch.folder.runfolder import RunFolder
+from hermes_batch.formats.serialization import from_json
+from hermes_batch.folder.statistics import RunInfo, build_statistics
 from hermes_batch.testing import Reply, RoutedScript, ToolLoopScript
 
 from hermes_batch.testing import write_dataset
@@ -296,8 +296,8 @@ def test_a_writer_that_cannot_append_writes_everything_only_when_something_chang
 
 def _copies() -> list[bytes]:
     """Lines of kept records at prompt indexes 0, 5, 10, 6 (batch size 5) with distinct prompts and keys."""
-    from hermes_batch.records import Metadata, ToolStat, Trajectory, Turn, content_key
-    from hermes_batch.serialization import to_json_line
+    from hermes_batch.formats.records import Metadata, ToolStat, Trajectory, Turn, content_key
+    from hermes_batch.formats.serialization import to_json_line
 
     lines = []
     for index in (0, 5, 10, 6):
@@ -345,6 +345,6 @@ def test_a_resume_with_nothing_left_imports_no_model_sdk(tmp_path, runner, model
     _out, err = child.communicate(timeout=120)
     assert child.returncode == 0, err[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
-    assert "hermes_batch.runner" in imported  # the profile is there
+    assert "hermes_batch.run.runner" in imported  # the profile is there
     assert not imported & {"openai", "anthropic"}
     assert server.request_count == 0

@@ -17,12 +17,12 @@ import attrs
 import pytest
 
 import hermes_batch
-from hermes_batch import bookkeeping
-from hermes_batch.interfaces import Distribution, Tool, Toolset
-from hermes_batch.journal import CallJournal
-from hermes_batch.records import CallRecord, Usage
-from hermes_batch.runfolder import RunFolder
-from hermes_batch.serialization import to_json_line
+from hermes_batch.folder import record_index as bookkeeping
+from hermes_batch.contract.interfaces import Distribution, Tool, Toolset
+from hermes_batch.folder.journal import CallJournal
+from hermes_batch.formats.records import CallRecord, Usage
+from hermes_batch.folder.runfolder import RunFolder
+from hermes_batch.formats.serialization import to_json_line
 from hermes_batch.testing import TEST_API_KEY, ImageReply, ToolLoopScript, write_dataset
 from hermes_batch.testing.records import make_trajectory
 

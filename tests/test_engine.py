@@ -5,9 +5,9 @@ import time
 from pathlib import Path
 
 import hermes_batch
-from hermes_batch.config import RunConfig
-from hermes_batch.plugins import get_plugin_manager
-from hermes_batch.runner import Run
+from hermes_batch.run.config import RunConfig
+from hermes_batch.contract.plugins import get_plugin_manager
+from hermes_batch.run.runner import Run
 from hermes_batch.testing import RoutedScript, ToolLoopScript
 
 from hermes_batch.testing import TEST_API_KEY as API_KEY, write_dataset

@@ -9,9 +9,9 @@ import pytest
 
 from hermes_batch.testing import write_dataset
 
-from hermes_batch import bookkeeping, reindex
+from hermes_batch.folder import record_index as bookkeeping, reindex
 from hermes_batch.errors import RunFolderWriteError
-from hermes_batch.runfolder import RunFolder
+from hermes_batch.folder.runfolder import RunFolder
 from hermes_batch.testing import ToolLoopScript
 
 BATCH = 5
