@@ -17,7 +17,7 @@ import attrs
 import pytest
 
 import hermes_batch
-from hermes_batch.folder import record_index as bookkeeping
+from hermes_batch.folder import record_index
 from hermes_batch.contract.interfaces import Distribution, Tool, Toolset
 from hermes_batch.folder.journal import CallJournal
 from hermes_batch.formats.records import CallRecord, Usage
@@ -248,13 +248,13 @@ def test_a_run_folder_that_already_holds_such_values_resumes_with_them_unknown(r
     checkpoint = folder / "checkpoint.json"
     checkpoint.write_text(re.sub(r'"cost":[0-9.]+', '"cost":Infinity', checkpoint.read_text()))
     # batch_1's index as an older version saved it: the sums of two records of 10**30 tokens and 1e308 dollars
-    old = bookkeeping.FileIndex(folder / "batch_1.jsonl", "kept")
+    old = record_index.FileIndex(folder / "batch_1.jsonl", "kept")
     old.catch_up()
     old.seal()
     old.aggregate.prompt_tokens = 2 * 10**30
     old.aggregate.cost.add(1e308)
     old.aggregate.cost.add(1e308)
-    run_index = bookkeeping.RunIndex(RunFolder(folder.parent, folder.name))
+    run_index = record_index.RunIndex(RunFolder(folder.parent, folder.name))
     run_index.save(old)
     # ... and the journal's totals as an older version saved them from those lines
     run_index.journal_totals()

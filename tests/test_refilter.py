@@ -255,11 +255,11 @@ def test_refilter_waits_for_no_run_it_takes_the_run_folders_lock(run_dir):
 def test_a_refilter_drops_the_indexes_of_the_files_it_rewrote_and_a_resume_counts_from_them(
         tmp_path, model_server, monkeypatch):
     import hermes_batch.folder.merge
-    from hermes_batch.folder import record_index as bookkeeping
+    from hermes_batch.folder import record_index
 
     server = model_server(script=ShapeScript())
     folder = run_shapes(tmp_path, server, shape_rows(SHAPES, 2))
-    index_dir = folder / bookkeeping.INDEX_DIR
+    index_dir = folder / record_index.INDEX_DIR
     indexed = {p.name for p in index_dir.iterdir()}
     assert {"batch_0.json", "discarded.json", "merged.json"} <= indexed  # as the run left them
     seen = []
@@ -281,6 +281,6 @@ def test_a_refilter_drops_the_indexes_of_the_files_it_rewrote_and_a_resume_count
     assert result.exit_code == 0, result.output
     assert server.request_count == calls
     check_consistent(folder, kept, discarded)  # statistics.json of the resume came from the indexes built again
-    index = bookkeeping.RunIndex(RunFolder(folder.parent, folder.name))
+    index = record_index.RunIndex(RunFolder(folder.parent, folder.name))
     total, _times, _batches = index.totals()
     assert total.kept.samples == len(kept) and total.discarded == len(discarded)

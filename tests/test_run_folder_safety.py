@@ -35,7 +35,7 @@ from hermes_batch.folder.lock import LOCK_NAME, RunFolderLock
 from hermes_batch.contract.plugins import get_plugin_manager
 from hermes_batch.formats.records import Failure, content_key
 from hermes_batch.folder.runfolder import AppendLog, RunFolder, read_records
-from hermes_batch.run.runner import Run
+from hermes_batch.run.runner import RunEngine
 from hermes_batch.formats.serialization import to_json_line
 from hermes_batch.testing import TEST_API_KEY as API_KEY
 from hermes_batch.testing import ToolLoopScript, ended, wait_for, write_dataset
@@ -101,7 +101,7 @@ def test_records_are_written_and_the_run_ends_while_tools_hold_every_pool_thread
         distribution="terminal_only", progress=False, num_workers=3, filters=(),
         sandbox_options={"keep": True},  # closing a sandbox would itself need the hogged pool
     )
-    run = Run(config, get_plugin_manager(extra_plugins=[hog]))
+    run = RunEngine(config, get_plugin_manager(extra_plugins=[hog]))
     run.prepare()
     outcome = {}
     ended = threading.Event()
@@ -734,20 +734,20 @@ def test_ctrl_c_while_a_resume_reads_the_run_folder_is_heard_at_once(tmp_path, r
 
     scanning = threading.Event()
     scan_started = []
-    real_read = Run._read_run_folder
+    real_read = RunEngine._read_run_folder
 
     def read(self):  # the folder built by copying has no index yet: the resume reads every record
         scan_started.append(time.perf_counter())
         scanning.set()
         return real_read(self)
 
-    monkeypatch.setattr(Run, "_read_run_folder", read)
+    monkeypatch.setattr(RunEngine, "_read_run_folder", read)
     config = RunConfig(
         dataset_file=data, batch_size=100_000, run_name="run", output_dir=runner.folder().parent, resume=True,
         base_url=model_server(FAST).base_url, model="scripted-model", api_key=API_KEY, distribution="terminal_only",
         progress=False,
     )
-    run = Run(config, get_plugin_manager())
+    run = RunEngine(config, get_plugin_manager())
     run.prepare()
 
     async def interrupt():

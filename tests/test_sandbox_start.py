@@ -15,7 +15,7 @@ from hermes_batch.run.config import RunConfig
 from hermes_batch.local_sandbox.backend import LocalSandboxBackend
 from hermes_batch.errors import SandboxError
 from hermes_batch.contract.plugins import get_plugin_manager
-from hermes_batch.run.runner import Run
+from hermes_batch.run.runner import RunEngine
 from hermes_batch.testing import ToolLoopScript
 from hermes_batch.testing.fixtures import write_dataset
 
@@ -71,13 +71,13 @@ class Arrivals:
         return self.script(request)
 
 
-def make_run(tmp_path: Path, server, rows, plugin, **options) -> Run:
+def make_run(tmp_path: Path, server, rows, plugin, **options) -> RunEngine:
     config = RunConfig(
         dataset_file=write_dataset(tmp_path / "prompts.jsonl", rows), batch_size=10, run_name="lazy",
         base_url=server.base_url, model="scripted-model", api_key=API_KEY, output_dir=tmp_path / "out",
         distribution="terminal_only", progress=False, sandbox="slow-local", preflight=False, **options,
     )
-    run = Run(config, get_plugin_manager(extra_plugins=[plugin]))
+    run = RunEngine(config, get_plugin_manager(extra_plugins=[plugin]))
     run.prepare()
     return run
 

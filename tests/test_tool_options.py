@@ -18,7 +18,7 @@ from hermes_batch.errors import ConfigError, UsageError
 from hermes_batch.contract.interfaces import Distribution, ModelSettings, Tool, Toolset, ToolsetRuntime, ToolsetSession
 from hermes_batch.contract.plugins import get_plugin_manager
 from hermes_batch.formats.records import Usage
-from hermes_batch.run.runner import Run
+from hermes_batch.run.runner import RunEngine
 from hermes_batch.testing import Reply, RoutedScript, ToolLoopScript
 from hermes_batch.contract.toolsets import parse_tool_options
 
@@ -110,7 +110,7 @@ def run_api(tmp_path: Path, server, rows, plugin, *, distribution="notes_and_ter
         base_url=server.base_url, model="scripted-model", api_key=API_KEY, output_dir=tmp_path / "out",
         distribution=distribution, progress=False, **options,
     )
-    run = Run(config, get_plugin_manager(extra_plugins=[plugin]))
+    run = RunEngine(config, get_plugin_manager(extra_plugins=[plugin]))
     run.prepare()
     return run, asyncio.run(run.execute())
 

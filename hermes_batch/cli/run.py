@@ -96,10 +96,10 @@ def execute(config: RunConfig) -> int:
     """Prepare (all checks before any model call), run, print the statistics; return the exit status."""
     from ..run.process_guard import protect
     from ..formats.redaction import redact_logging, run_secrets
-    from ..run.runner import Run
+    from ..run.runner import RunEngine
     from . import plugin_manager
 
-    run = Run(config, plugin_manager())
+    run = RunEngine(config, plugin_manager())
     protect(run_secrets(config))
     redact_logging(run.redactor)
     try:

@@ -2,7 +2,7 @@
 
 The statistics of a million-prompt run cannot come from reading every record
 at each session's end.  Each record file keeps an :class:`Aggregate` of its
-records in its index (bookkeeping.py); statistics.json is built from the sum
+records in its index (record_index.py); statistics.json is built from the sum
 of those, which equals one :class:`Aggregate` built by reading every record
 (statistics.py builds it that way when asked, and the tests compare the two).
 Every total here is a count, a set, a minimum or maximum, or an exact sum, so

@@ -2,7 +2,7 @@
 
 The merged output is the batches' kept trajectories one batch after another,
 each line listing every tool name of the run.  ``index/merged.json`` records
-which batches (as their indexes saw them: bookkeeping.BatchState), which tool
+which batches (as their indexes saw them: record_index.BatchState), which tool
 names, and, for a writer that can append, where each batch's lines end in its
 file.  The next merge compares:
 
@@ -124,7 +124,7 @@ def merge_run(folder: RunFolder, writers: Sequence[Writer], tool_names: Iterable
               batches: Optional[Sequence[BatchState]] = None) -> MergeResult:
     """Bring every writer's output up to date with the run's kept trajectories (see the module docstring).
 
-    ``batches`` is what the run's index says of each batch file (bookkeeping.RunIndex.totals); without it
+    ``batches`` is what the run's index says of each batch file (record_index.RunIndex.totals); without it
     the index is brought up to date here.
     """
     if batches is None:

@@ -5,7 +5,7 @@ row's content key and keeps its 8-byte digest (16 bytes a row with its index).
 ``index/dataset.json`` keeps those and the validation report, under the
 dataset's fingerprint (a hash of its bytes): a resume over the same file reads
 it only to hash it, takes the report and keys from there, and matches them
-against the finished prompts' digests (bookkeeping.py).  Only when prompts are
+against the finished prompts' digests (record_index.py).  Only when prompts are
 left does the run read the rows again, to run them.
 """
 
@@ -107,7 +107,7 @@ def _load(folder: RunFolder, path: str, fingerprint: str, max_samples: Optional[
 
 
 @attrs.frozen
-class Plan:
+class ResumeMatch:
     """What a session runs: the prompt indexes left (None: every valid row), and the finished prompts matched."""
 
     left: Optional[array.array]
@@ -120,7 +120,7 @@ class Plan:
         return self.finished - self.skipped
 
 
-def plan(keys: RowKeys, finished: Optional[array.array]) -> Plan:
+def match_finished(keys: RowKeys, finished: Optional[array.array]) -> ResumeMatch:
     """Match the rows against the digests of finished prompts, each finished prompt claiming one row.
 
     Duplicated rows count: a prompt three times in the dataset and finished twice runs once more.  The
@@ -128,7 +128,7 @@ def plan(keys: RowKeys, finished: Optional[array.array]) -> Plan:
     prompts); the few that are finished more than once are counted apart.
     """
     if not finished:
-        return Plan(None, 0, 0)
+        return ResumeMatch(None, 0, 0)
     unclaimed = set(finished)
     more: dict = {}  # digest -> finished records beyond the first
     if len(unclaimed) != len(finished):
@@ -143,7 +143,7 @@ def plan(keys: RowKeys, finished: Optional[array.array]) -> Plan:
             more[digest] -= 1
         else:
             unclaimed.discard(digest)
-    return Plan(left, len(finished), len(keys.digests) - len(left))
+    return ResumeMatch(left, len(finished), len(keys.digests) - len(left))
 
 
 def batches_finished(keys: RowKeys, left: Optional[array.array], batch_size: int) -> set[int]:

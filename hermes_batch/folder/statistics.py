@@ -226,7 +226,7 @@ def build_statistics(
 ) -> dict:
     """Aggregate statistics of the whole run, from its batch, discarded and failed files and its call journal.
 
-    ``totals`` and ``journal`` are what the run's indexes hold (bookkeeping.py); without them every record
+    ``totals`` and ``journal`` are what the run's indexes hold (record_index.py); without them every record
     and the whole journal are read.
     """
     aggregate, finish_times = scan_records(folder) if totals is None else totals

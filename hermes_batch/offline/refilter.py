@@ -85,7 +85,7 @@ def _entries(folder: RunFolder):
     return itertools.chain(iter_kept(folder), iter_discarded(folder, ordered=False))
 
 
-def plan(folder: RunFolder, filters: Sequence, specs: Sequence[str], dry_run: bool = False) -> tuple[RefilterResult, list]:
+def decide_moves(folder: RunFolder, filters: Sequence, specs: Sequence[str], dry_run: bool = False) -> tuple[RefilterResult, list]:
     """Judge every finished record; (result, changes) where changes also hold the records whose reasons change."""
     verdicts = judge(lambda: _entries(folder), filters)
     changes: list[Move] = []
@@ -125,7 +125,7 @@ def refilter(folder: RunFolder, filters: Sequence, specs: Sequence[str], *, dry_
     the switch (tests kill the process there).
     """
     finish_pending(folder, writers)
-    result, changes = plan(folder, filters, specs, dry_run)
+    result, changes = decide_moves(folder, filters, specs, dry_run)
     run_json = _run_json(folder, filters, specs)
     if dry_run or not changes:
         if not dry_run:

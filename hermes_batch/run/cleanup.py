@@ -62,7 +62,7 @@ def remove_outputs(folder: RunFolder, writer_files: Iterable[str] = (), *, kept:
 
 
 def _remove_index(folder: RunFolder) -> int:
-    """index/ (bookkeeping.py): its files and temporary files, and the folder if nothing else is in it."""
+    """index/ (record_index.py): its files and temporary files, and the folder if nothing else is in it."""
     index = folder.dir / INDEX_DIR
     if index.is_symlink() or not index.is_dir():
         return 0

@@ -13,7 +13,7 @@ from typing import Optional
 import attrs
 import pluggy
 
-from ..folder import record_index as bookkeeping, reindex, rowkeys, runfolder
+from ..folder import record_index, reindex, rowkeys, runfolder
 from . import cleanup, distributions, limits, notices, run_settings, selection
 from ..formats import endpoint_numbers
 from ..offline import refilter, seed_import
@@ -54,7 +54,7 @@ class RunResult:
     message: Optional[str] = None
 
 
-class Run:
+class RunEngine:
     """Everything one invocation needs; ``prepare`` raises before anything is sent to a model."""
 
     def __init__(self, config: RunConfig, pm: Optional[pluggy.PluginManager] = None):
@@ -170,8 +170,8 @@ class Run:
         )
         fresh = not self.folder.has_outputs()
         endpoint_numbers.reset_warning()  # one warning per run for numbers no call can have
-        self.index = bookkeeping.RunIndex(self.folder)
-        self.resume_plan = rowkeys.plan(self.validated.keys, None)
+        self.index = record_index.RunIndex(self.folder)
+        self.resume_plan = rowkeys.match_finished(self.validated.keys, None)
         if cfg.resume:
             try:
                 # off the event loop, like the merge: reading a big run folder must not make Ctrl-C wait
@@ -324,7 +324,7 @@ class Run:
             "--max_cost to continue."
         )
 
-    def _read_run_folder(self) -> rowkeys.Plan:
+    def _read_run_folder(self) -> rowkeys.ResumeMatch:
         """What a resume starts from, the folder repaired: the rows left, from the indexes and the row keys."""
         refilter.recover_files(self.folder)  # an interrupted refilter's files, before anything reads them
         if reindex.recover(self.folder):  # it drops the indexes of the files it rewrote
@@ -332,7 +332,7 @@ class Run:
         repair_torn_tails(self.folder)
         self._reindex()
         keys = self.validated.keys
-        plan = rowkeys.plan(keys, self.index.finished_digests())
+        plan = rowkeys.match_finished(keys, self.index.finished_digests())
         size = self.config.batch_size
         self.checkpoints.completed_batches |= rowkeys.batches_finished(keys, plan.left, size)
         if plan.left is not None:  # a batch with a prompt to run again (it failed) is not complete
