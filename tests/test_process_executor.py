@@ -243,7 +243,7 @@ async def test_the_forkserver_kills_and_reports_its_workers_and_a_dead_one_is_on
 
 WORKER_WHOSE_STOP_HANGS = """
 import asyncio, sys
-from hermes_batch import pipe_worker
+from hermes_batch.executors import pipe_worker
 
 class Worker:
     take_api_key = staticmethod(lambda: None)
