@@ -157,11 +157,33 @@ class ModelClient(abc.ABC):
 
 
 class Sandbox(abc.ABC):
-    """The isolated environment of one prompt."""
+    """The isolated environment of one prompt.
+
+    One sandbox is one process namespace (or what stands for it): every command
+    of the prompt runs in it, so a later command sees, signals and talks to the
+    processes earlier ones left running.  A process a command starts in the
+    background (``server > log 2>&1 &``) lives on after that command's ``exec``
+    returned, until :meth:`close`, which ends every one of them.  The building
+    blocks ``SandboxFolder``, ``run_command`` and ``ChildProcess`` of
+    ``hermes_batch`` do the hard parts for a backend whose files and processes
+    are on this machine (docs/plugins.md).
+    """
 
     @abc.abstractmethod
     async def exec(self, command: str, timeout: float) -> ExecResult:
-        """Run ``command`` in a non-login shell; kill its whole process tree after ``timeout`` seconds."""
+        """Run ``command`` in a non-login shell (``/bin/sh -c``), stdin empty, in :attr:`workdir`.
+
+        Returns when the command ends, even if a process it left in the
+        background still holds its output open (that output is then no longer
+        read: a background process's output belongs in a file).  ``output`` is
+        stdout and stderr merged, decoded as UTF-8 with replacement characters,
+        bounded (the first and last halves, see ``BoundedOutput``);
+        ``exit_code`` is the shell's status (128 + N for signal N).  At
+        ``timeout`` seconds, or when the caller is cancelled, the command's
+        whole process tree is killed and the result has ``timed_out=True``
+        and ``exit_code=None``; what it left in the background before is not.
+        Raises ``SandboxError`` once the sandbox is closed or cannot run it.
+        """
 
     @abc.abstractmethod
     async def read_file(self, path: str, max_bytes: Optional[int] = None) -> bytes:
@@ -188,7 +210,9 @@ class Sandbox(abc.ABC):
         """Remove the sandbox and end every process it started; safe to call more than once.
 
         That includes processes that left the command's process group or session
-        (``setsid``, daemons that fork twice).
+        (``setsid``, daemons that fork twice) and those its commands left
+        running in the background, which live until now.  After it, ``exec``
+        raises ``SandboxError``.
         """
 
     async def ready(self) -> "Sandbox":
