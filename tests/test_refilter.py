@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from hermes_batch.cli import cli
 from hermes_batch.records import Trajectory
 from hermes_batch.refilter import AUDIT, STAGING
-from hermes_batch.resume import scan_finished
+from hermes_batch.statistics import iter_finished
 from hermes_batch.runfolder import RunFolder
 from hermes_batch.serialization import from_json
 from hermes_batch.testing.fixtures import TEST_API_KEY
@@ -229,7 +229,7 @@ def test_a_resume_finishes_a_killed_refilter_and_pays_for_nothing(tmp_path, mode
     assert result.exit_code == 0, result.output
     assert server.request_count == calls
     check_consistent(folder, kept_before - rejects, discarded_before | rejects)
-    assert sum(scan_finished(RunFolder(folder.parent, folder.name)).values()) == len(kept_before | discarded_before)
+    assert sum(1 for _ in iter_finished(RunFolder(folder.parent, folder.name))) == len(kept_before | discarded_before)
 
 
 def test_export_refuses_a_folder_with_an_unfinished_refilter(run_dir):
