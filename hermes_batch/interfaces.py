@@ -366,18 +366,6 @@ class Tool(abc.ABC):
         """What the model is told of the tool; one object per class, so its request JSON is made once a run."""
         return _spec_of(cls)
 
-    @staticmethod
-    def from_function(
-        function: Callable[..., Awaitable[Any]], *, name: Optional[str] = None, description: Optional[str] = None
-    ) -> type["Tool"]:
-        """A Tool class that awaits ``function``, its JSON Schema built from the type hints and docstring.
-
-        See :func:`hermes_batch.function_tools.tool_from_function`; ``@hermes_batch.tool`` is the decorator form.
-        """
-        from .function_tools import tool_from_function
-
-        return tool_from_function(function, name=name, description=description)
-
     @abc.abstractmethod
     async def call(self, arguments: dict, ctx: ToolContext) -> dict:
         """Run the tool; the result is JSON.  A failure is reported as a non-null ``error``."""
