@@ -98,7 +98,8 @@ def build_folder(template: Path, out: Path, name: str, prompts: int, batch_size:
     structured = [from_json(r, Trajectory) for r in records]
     try:
         from hermes_batch import bookkeeping, rowkeys
-        from hermes_batch.aggregate import epoch, key_digest
+        from hermes_batch.aggregate import epoch
+        from hermes_batch.records import key_digest
         from hermes_batch.runfolder import RunFolder
     except ImportError:  # a version that scans the records instead of keeping indexes
         bookkeeping = None

@@ -12,8 +12,6 @@ the order in which records and files are added never changes the result.
 from __future__ import annotations
 
 import datetime
-import hashlib
-import re
 from collections import Counter, defaultdict
 from fractions import Fraction
 from typing import Iterable, Optional, Union
@@ -24,20 +22,6 @@ from .records import CallRecord, Discarded, Failure, Trajectory, Usage
 
 _SCALE = 1074  # every finite double is an integer multiple of 2**-1074
 _USAGE_FIELDS = (*TOKEN_FIELDS, "cost")
-
-
-_HEX_KEY = re.compile(r"[0-9a-f]{32}")
-
-
-def key_digest(content_key: str) -> int:
-    """The 64-bit digest of a content key that the indexes store (8 bytes instead of a 32-character string).
-
-    Content keys are already hashes (records.content_key): their first 16 hex digits serve as they are.
-    Anything else a record may hold is hashed.
-    """
-    if _HEX_KEY.fullmatch(content_key):
-        return int(content_key[:16], 16)
-    return int.from_bytes(hashlib.blake2b(content_key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 def epoch(timestamp: str) -> float:

@@ -34,11 +34,11 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 
 import attrs
 
-from .aggregate import Aggregate, ExactSum, epoch, key_digest
+from .aggregate import Aggregate, ExactSum, epoch
 from .endpoint_numbers import CALLS_PER_RECORD, MAX_CALL_COST, MAX_CALL_TOKENS, stored_cost, stored_usage
 from .jsonguard import finite_dumps
 from .journal import JournalTotals, finish_totals, journal_path, scan_journal
-from .records import Discarded, Failure, Trajectory, Usage
+from .records import Discarded, Failure, Trajectory, Usage, key_digest
 from .runfolder import RunFolder, _fsync_dir, atomic_write_text, check_stop, read_records
 
 log = logging.getLogger(__name__)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Optional
 
 import attrs
@@ -23,6 +24,21 @@ def content_key(prompt: str, image: Optional[str], cwd: Optional[str]) -> str:
     blob = _KEY_ENCODER.encode([prompt, image, cwd])
     # surrogatepass: a key for any text, identical to plain UTF-8 for every valid string
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+_HEX_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def key_digest(content_key: str) -> int:
+    """The 64-bit digest of a content key that the run folder's indexes store (8 bytes, not a 32-character string).
+
+    Content keys are already hashes (:func:`content_key`): their first 16 hex digits serve as they are.
+    Anything else a record may hold is hashed.  The digests in ``index/`` and the row keys on disk are these:
+    never change what a digest means, or a resume of an old run folder matches nothing.
+    """
+    if _HEX_KEY.fullmatch(content_key):
+        return int(content_key[:16], 16)
+    return int.from_bytes(hashlib.blake2b(content_key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 @frozen

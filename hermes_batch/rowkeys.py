@@ -19,9 +19,8 @@ from typing import Optional
 import attrs
 
 from . import dataset, reindex, runfolder
-from .aggregate import key_digest
 from .bookkeeping import INDEX_DIR, pack_array, unpack_array
-from .records import content_key
+from .records import content_key, key_digest
 from .runfolder import RunFolder, atomic_write_text
 
 log = logging.getLogger(__name__)

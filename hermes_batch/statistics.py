@@ -12,10 +12,10 @@ import attrs
 from rich.console import Console
 from rich.table import Table
 
-from .aggregate import Aggregate, Requests, Scope, epoch, key_digest
+from .aggregate import Aggregate, Requests, Scope, epoch
 from .journal import JournalTotals, journal_path, read_journal
 from .reindex import count_unmatched
-from .records import Discarded, Failure, SessionInfo, Trajectory, Usage
+from .records import Discarded, Failure, SessionInfo, Trajectory, Usage, key_digest
 from .runfolder import RunFolder, read_records
 from .serialization import record_converter
 

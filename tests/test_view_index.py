@@ -356,3 +356,19 @@ def test_a_long_line_is_indexed_in_time_linear_in_its_length(run_copy, monkeypat
     assert index.refresh() == 12
     # linear: well under a second of CPU; copying the line again per chunk is 32 GB of copies, a minute or more
     assert time.process_time() - started < 5
+
+
+def test_the_viewer_names_a_prompt_by_the_digest_the_run_folder_index_keeps(run_copy):
+    from hermes_batch.bookkeeping import RunIndex as FolderIndex
+    from hermes_batch.runfolder import RunFolder
+
+    record = json.loads(_kept_line(run_copy, "A prompt of a hand-made record.", 98))
+    record["metadata"]["content_key"] = "not a hash"  # no content key the run made: hashed, by the same digest
+    with open(run_copy / "batch_2.jsonl", "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+    index = RunIndex(run_copy)
+    index.refresh()
+    viewer = sorted(index.columns.key[i] for i in range(len(index)) if index.columns.status[i] != 2)
+    folder_index = FolderIndex(RunFolder(run_copy.parent, run_copy.name))
+    folder = sorted(folder_index.finished_digests())
+    assert viewer == folder and len(folder) == 11

@@ -21,7 +21,7 @@ from .aggregates import Aggregates, Tallies, Vocabulary
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 2  # 2: the cache in segments, with the tallies
+INDEX_VERSION = 3  # 2: the cache in segments, with the tallies; 3: content keys by records.key_digest
 _MAX_SEGMENTS = 64  # a save past this many writes the cache again as one segment
 
 # column name -> array typecode

@@ -42,6 +42,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from ..records import key_digest
 from . import cache
 from .cache import _Columns
 from .aggregates import Aggregates, Tallies, Vocabulary
@@ -58,13 +59,6 @@ _CHUNK = 4 * 1024 * 1024
 _FEW = 4096  # of a status: fewer rows than this are listed one by one to pick samples from
 _WARN_LINES = 10  # lines that are no record, named in the log one by one; the rest are only counted
 
-
-
-def _key_hash(content_key: str) -> int:
-    try:
-        return int(content_key[:16], 16)
-    except (TypeError, ValueError):
-        return int.from_bytes(hashlib.sha256(str(content_key).encode()).digest()[:8], "big")
 
 
 def _clip(text, limit: int = SEARCH_FIELD_CHARS) -> str:
@@ -468,7 +462,7 @@ class RunIndex:
         cols.end.append(end)
         cols.filters.append(filters)
         cols.error.append(error)
-        cols.key.append(_key_hash(str(key)))  # last: len(columns) counts whole rows only
+        cols.key.append(key_digest(str(key)))  # last: len(columns) counts whole rows only
         # the duration as the column holds it (a 32-bit float), so the tallies say what the rows say
         self.tallies.add(status, status != FAILED, status == DISCARDED, end, turns, cols.duration[-1], toolsets,
                          filters)
