@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterable, 
 
 import attrs
 
+from .liveness import owner_alive as _owner_alive
 from .records import ExecResult, Message, ModelResponse, SandboxSpec, ToolSpec, Trajectory, Usage
 
 # Defaults of the run options of the same names (RunConfig), also used where a plugin builds these classes itself.
@@ -221,6 +222,10 @@ class SandboxBackend(abc.ABC):
     # True: a prompt's sandbox starts opening beside its first model request; False: at its first tool call,
     # for backends where a sandbox costs more than the wait (a prompt that calls no tool then never opens one)
     open_early: ClassVar[bool] = True
+
+    # Whether the run that left a container, instance or sandbox behind may still run: ``start`` and a
+    # cleanup command remove only what this says is gone (see hermes_batch/liveness.py).
+    owner_alive = staticmethod(_owner_alive)
 
     def __init__(self, config: Any, run: "RunContext"):
         self.config = config

@@ -42,6 +42,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from ..liveness import owner_alive
 from ..records import key_digest
 from . import cache
 from .cache import _Columns
@@ -171,12 +172,9 @@ _WORK_FILES = itertools.count()
 def _remove_orphans(cache_dir: Path) -> None:
     """Remove the search files of viewers that were killed (each process has its own)."""
     for path in cache_dir.glob("work-*.search"):
-        try:
-            os.kill(int(path.name.split("-")[1]), 0)
-        except ProcessLookupError:
+        pid = path.name.split("-")[1]
+        if pid.isdigit() and not owner_alive(pid):
             path.unlink(missing_ok=True)
-        except (ValueError, IndexError, PermissionError):
-            continue
 
 
 class RunIndex:
