@@ -13,6 +13,8 @@ from typing import Any, Optional
 import attrs
 from attrs import field, frozen
 
+from . import hermes_format
+
 SCHEMA_VERSION = 2  # 2: invalid_tool_calls a list, row and tool-call arguments JSON text, no nulls
 
 
@@ -187,11 +189,7 @@ class Turn:
     @property
     def tool_results(self) -> list[dict]:
         """The ``{"tool_call_id", "name", "content"}`` results a ``tool`` turn holds ([] for other turns)."""
-        if self.from_ != "tool":
-            return []
-        from .openai_format import tool_results  # it imports this module; one reading of a tool turn
-
-        return tool_results(self)
+        return hermes_format.tool_responses(self.value) if self.from_ == "tool" else []
 
 
 @frozen
@@ -240,9 +238,10 @@ class Trajectory:
         end in an answer (``completed`` is false: turns, time or context ran out, or content was filtered)."""
         if not self.completed:
             return None
-        from .openai_format import final_answer  # it imports this module; one reading of an assistant turn
-
-        return final_answer(self)
+        for turn in reversed(self.conversations):
+            if turn.from_ == "gpt":
+                return "" if turn.tool_calls else hermes_format.split_reasoning(turn.value)[1]
+        return ""
 
     def with_tools(self, tool_names) -> "Trajectory":
         """The same trajectory with zeroed stats for every tool in ``tool_names`` it lacks."""

@@ -35,14 +35,13 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import attrs
 
-from . import __version__, dataset, distributions, reindex, selection
+from . import __version__, dataset, distributions, hermes_format, reindex, selection
 from .errors import RunFolderError, UsageError
 from .processor import now_iso
 from .records import (
@@ -58,7 +57,6 @@ STAGING = ".import"
 _COMPLETE = "COMPLETE"
 SEED_FILES = ("trajectories.jsonl", "checkpoint.json", "statistics.json")
 UNKNOWN = "unknown"
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @attrs.frozen
@@ -90,7 +88,7 @@ def _tool_calls(turn: dict) -> Optional[tuple]:
             arguments = item.get("arguments", function.get("arguments", {}))
             calls.append(ToolCallRecord(str(item.get("id", "")), str(name), arguments))
     elif turn.get("from") == "gpt" and isinstance(turn.get("value"), str):
-        for block in _TOOL_CALL.findall(turn["value"]):
+        for block in hermes_format.call_texts(turn["value"]):
             try:
                 call = json.loads(block)
             except ValueError:

@@ -7,6 +7,8 @@ import math
 from collections import Counter
 from typing import Iterable, Optional
 
+from .. import hermes_format
+
 _MAX_REASONS = 2000  # distinct discard reasons counted one by one; the rest are summed
 
 
@@ -119,7 +121,7 @@ class Aggregates:
         turns = traj.get("conversations")
         for turn in turns if isinstance(turns, list) else ():
             if isinstance(turn, dict) and turn.get("from") == "gpt":
-                if str(turn.get("value", "")).startswith("<think>"):
+                if hermes_format.has_reasoning(str(turn.get("value", ""))):
                     with_ += 1
                 else:
                     without += 1

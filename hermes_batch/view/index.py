@@ -42,6 +42,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from .. import hermes_format
 from ..liveness import owner_alive
 from ..records import key_digest
 from . import cache
@@ -128,7 +129,7 @@ def _seconds(value) -> float:
 
 
 _SYSTEM_START = b'"conversations":[{"from":"system","value":"'
-_SYSTEM_END = b'\\n</tools>"}'
+_SYSTEM_END = json.dumps(hermes_format.TOOLS_CLOSE)[1:-1].encode() + b'"}'  # the system turn's end, as JSON
 _NEXT_TURN = b'"},{"from":"'
 
 
