@@ -231,7 +231,7 @@ def test_an_old_or_damaged_cache_is_rebuilt(run_copy):
 
 
 def test_samples_spread_over_many_records_as_over_a_list_of_them(run_copy, monkeypatch, tmp_path):
-    from hermes_batch.view import index as index_module
+    from hermes_batch.view import sampling
 
     with open(run_copy / "batch_2.jsonl", "ab") as fh:
         for n in range(40):
@@ -240,7 +240,7 @@ def test_samples_spread_over_many_records_as_over_a_list_of_them(run_copy, monke
     index.refresh()
     listed = {k: index.spread(0, k, 1 << 30) for k in (1, 2, 5, 7)}
     too_long = index.spread(0, 5, 0)
-    monkeypatch.setattr(index_module, "_FEW", 0)  # now found from the counts by blocks
+    monkeypatch.setattr(sampling, "_FEW", 0)  # now found from the counts by blocks
     assert {k: index.spread(0, k, 1 << 30) for k in (1, 2, 5, 7)} == listed
     assert index.spread(0, 5, 0) == too_long == []
     longest = max(index.rows_of(0), key=lambda i: index.columns.length[i])

@@ -63,7 +63,7 @@ def save(index) -> None:  # under the index's lock
     lists them.  A list grown too long, or one whose segments another
     process removed, is written again as one segment.
     """
-    count, size = len(index.columns), index._blob_size
+    count, size = len(index.columns), index.text.size
     segments = list(index._segments)
     if len(segments) >= _MAX_SEGMENTS or not all((index.cache_dir / seg["dir"]).is_dir() for seg in segments):
         segments = []
@@ -94,11 +94,12 @@ def _write_segment(index, first_row: int, count: int, first_byte: int, size: int
         with open(folder / f"{name}.bin", "wb") as fh:
             getattr(index.columns, name)[first_row:count].tofile(fh)
     with open(folder / "search.txt", "wb") as dst:
-        for fh, base, length in [*index._parts, (None, index._work_base, size - index._work_base)]:
+        text = index.text
+        for fh, base, length in [*text.parts, (None, text.base, size - text.base)]:
             if base + length <= first_byte:
                 continue
             skip = max(0, first_byte - base)
-            src = fh if fh is not None else open(index.search_path, "rb")
+            src = fh if fh is not None else open(text.path, "rb")
             try:
                 src.seek(skip)
                 _copy(src, dst, length - skip)
@@ -139,9 +140,8 @@ def load(index) -> None:
         index._reset()
         return
     index.files, index.sources, index.aggregates, index.tallies, index.vocab = files, sources, aggregates, tallies, vocab
-    index._blob_size = manifest["blob_size"]
     index.columns = columns
-    index._use_parts(parts)
+    index.text.use_parts(parts)  # their size is the manifest's blob_size, checked above
     index._segments = manifest["segments"]
     index.generation += 1
 
