@@ -39,7 +39,7 @@ from .endpoint_numbers import CALLS_PER_RECORD, MAX_CALL_COST, MAX_CALL_TOKENS, 
 from .jsonguard import finite_dumps
 from .journal import JournalTotals, finish_totals, journal_path, scan_journal
 from .records import Discarded, Failure, Trajectory, Usage, key_digest
-from .runfolder import RunFolder, _fsync_dir, atomic_write_text, check_stop, read_records
+from .runfolder import RunFolder, _fsync_dir, atomic_write_text, check_stop, read_records, record_order
 
 log = logging.getLogger(__name__)
 
@@ -191,14 +191,13 @@ class RunIndex:
         A batch file deleted once the run was final (its trajectories are in the merged output) is still
         listed while its index is there: its prompts stay finished.
         """
-        batches = dict(self.folder.iter_batch_files())
+        files = self.folder.record_files()
         if self.dir.is_dir():
+            listed = {path.name for path, _kind in files}
             for entry in os.scandir(self.dir):
-                match = _BATCH_INDEX_RE.fullmatch(entry.name)
-                if match and int(match.group(1)) not in batches:
-                    batches[int(match.group(1))] = self.folder.batch_path(int(match.group(1)))
-        paths = [(batches[num], "kept") for num in sorted(batches)]
-        return paths + [(self.folder.discarded, "discarded"), (self.folder.failed, "failed")]
+                if _BATCH_INDEX_RE.fullmatch(entry.name) and entry.name + "l" not in listed:
+                    files.append((self.folder.dir / (entry.name + "l"), "kept"))
+        return sorted(files, key=lambda file: record_order(file[0].name))
 
     def path_of(self, source: Path) -> Path:
         return self.dir / (source.stem + ".json")

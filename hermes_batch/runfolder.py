@@ -175,6 +175,20 @@ def _size(count: int) -> str:
     return f"{count} bytes"
 
 
+_RECORD_FILES = {"discarded.jsonl": "discarded", "failed.jsonl": "failed"}
+
+
+def record_kind(name: str) -> Optional[str]:
+    """What a run folder's file of this name holds: "kept" (a batch file), "discarded", "failed", or None."""
+    return "kept" if _BATCH_RE.fullmatch(name) else _RECORD_FILES.get(name)
+
+
+def record_order(name: str) -> tuple:
+    """The order in which the record files are read: batch files by number, then discarded, then failed."""
+    match = _BATCH_RE.fullmatch(name)
+    return (0, int(match.group(1))) if match else (1 if name == "discarded.jsonl" else 2, 0)
+
+
 def validate_run_name(name: str) -> str:
     """Return ``name`` if it is a plain folder name, else raise UsageError."""
     if not isinstance(name, str) or not name:
@@ -240,6 +254,12 @@ class RunFolder:
             if match and entry.is_file():
                 found.append((int(match.group(1)), Path(entry.path)))
         return iter(sorted(found))
+
+    def record_files(self) -> list[tuple[Path, str]]:
+        """Every record file with its kind (:func:`record_kind`) in :func:`record_order`; discarded.jsonl and
+        failed.jsonl are listed whether they exist or not."""
+        batches = [(path, "kept") for _num, path in self.iter_batch_files()]
+        return batches + [(self.discarded, "discarded"), (self.failed, "failed")]
 
     def has_outputs(self) -> bool:
         """True when the folder already holds any output file of a run."""

@@ -31,7 +31,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -40,6 +39,7 @@ from typing import BinaryIO, Callable, Iterator, Optional
 
 from ..liveness import owner_alive
 from ..records import key_digest
+from ..runfolder import record_kind, record_order
 from . import cache
 from .cache import _Columns
 from . import sampling
@@ -52,21 +52,14 @@ from .search import SearchText
 log = logging.getLogger(__name__)
 
 CACHE_DIR_NAME = ".hermes-batch-view"
-_BATCH_RE = re.compile(r"batch_(\d+)\.jsonl")
 _HEAD_BYTES = 256
 _CHUNK = 4 * 1024 * 1024
 _WARN_LINES = 10  # lines that are no record, named in the log one by one; the rest are only counted
 
 
 def _source_status(name: str) -> Optional[int]:
-    if _BATCH_RE.fullmatch(name):
-        return KEPT
-    return {"discarded.jsonl": DISCARDED, "failed.jsonl": FAILED}.get(name)
-
-
-def _source_order(name: str):
-    match = _BATCH_RE.fullmatch(name)
-    return (0, int(match.group(1))) if match else (1 if name == "discarded.jsonl" else 2, 0)
+    kind = record_kind(name)
+    return None if kind is None else STATUSES.index(kind)
 
 
 def _head(path: Path) -> str:
@@ -180,7 +173,7 @@ class RunIndex:
                         found[entry.name] = entry.stat()
                 except FileNotFoundError:
                     continue
-        return {name: found[name] for name in sorted(found, key=_source_order)}
+        return {name: found[name] for name in sorted(found, key=record_order)}
 
     def _stale(self, files: dict) -> bool:
         """True when a file already indexed was replaced or cut, so appending to the index would be wrong."""
