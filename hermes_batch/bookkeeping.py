@@ -152,7 +152,9 @@ class FileIndex:
         index = cls(source, kind)
         index.covered, index.edges = int(data["covered"]), str(data["edges"])
         index.aggregate = Aggregate.from_state(data["aggregate"])
-        if not _plausible_usage(index.aggregate):
+        if kind == "discarded" and "reasons" not in data["aggregate"]:
+            index.implausible = True  # saved before the reasons were counted: read again from the records
+        elif not _plausible_usage(index.aggregate):
             # saved by a version that took any number an endpoint sent (10**30 tokens, 1e308 dollars): the
             # records are read again with today's checks, or, where they are gone, the totals are not reported
             index.implausible = True
@@ -177,8 +179,10 @@ class BatchState:
 class RunIndex:
     """The indexes of one run folder as a session uses them: loaded, brought up to date, added to, saved."""
 
-    def __init__(self, folder: RunFolder):
+    def __init__(self, folder: RunFolder, read_only: bool = False):
         self.folder = folder
+        self.read_only = read_only  # a reader beside the run (the report, the viewer): index/ stays the run's
+        self._held: dict[str, FileIndex] = {}  # read only: the indexes as last brought up to date, kept in memory
         self.dir = folder.dir / INDEX_DIR
         self.open: dict[str, FileIndex] = {}  # indexes of files this session appends to, by file name
         self.rebuilt = 0  # indexes built again from their records this session
@@ -224,9 +228,13 @@ class RunIndex:
         if changed:
             index.seal()
             self.save(index)
+        if self.read_only:  # the next load reads only what is appended meanwhile
+            self._held[source.name] = index
         return index
 
     def _read(self, source: Path, kind: str) -> Optional[FileIndex]:
+        if source.name in self._held:
+            return self._held[source.name]
         try:
             text = self.path_of(source).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):  # missing or unreadable: built again from the records
@@ -237,6 +245,8 @@ class RunIndex:
             return None
 
     def save(self, index: FileIndex) -> None:
+        if self.read_only:
+            return
         if not self.dir.is_dir():
             self.dir.mkdir(exist_ok=True)
             _fsync_dir(self.dir.parent)

@@ -3,7 +3,7 @@
 A segment (``snap-PID-NS/``) holds some rows' columns (one ``NAME.bin`` of
 each) and their search text (``search.txt``); ``manifest.json`` lists the
 segments in row order with everything else of the index (which bytes of each
-record file it covers, the interned values, the aggregates and tallies).  A
+record file it covers, the interned values and the tallies).  A
 save writes only the rows added since the index was loaded or last saved, so
 a run's end that added a thousand records to a million writes a thousand.
 """
@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 
-from .aggregates import Aggregates, Tallies, Vocabulary
+from .aggregates import Tallies, Vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def save(index) -> None:  # under the index's lock
         segments.append(_write_segment(index, first_row, count, first_byte, size))
     manifest = {
         "version": INDEX_VERSION, "segments": segments, "count": count, "blob_size": size,
-        "files": index.files, "sources": index.sources, "aggregates": index.aggregates.to_dict(),
+        "files": index.files, "sources": index.sources,
         "tallies": index.tallies.to_dict(), "vocab": {name: v.values for name, v in index.vocab.items()},
     }
     tmp = index.cache_dir / f"manifest.json.{os.getpid()}.tmp"
@@ -130,7 +130,7 @@ def load(index) -> None:
         if len(columns) != manifest["count"] or base != manifest["blob_size"]:
             raise ValueError("segments that do not add up")
         files, sources = manifest["files"], manifest["sources"]
-        aggregates, tallies = Aggregates(manifest["aggregates"]), Tallies(dict(manifest["tallies"]))
+        tallies = Tallies(dict(manifest["tallies"]))
         vocab = {name: Vocabulary(tuple(v) if isinstance(v, list) else v for v in values)
                  for name, values in manifest["vocab"].items()}
     except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
@@ -139,7 +139,7 @@ def load(index) -> None:
         log.info("%s: no usable view index cache (%s); building it.", index.cache_dir, exc)
         index._reset()
         return
-    index.files, index.sources, index.aggregates, index.tallies, index.vocab = files, sources, aggregates, tallies, vocab
+    index.files, index.sources, index.tallies, index.vocab = files, sources, tallies, vocab
     index.columns = columns
     index.text.use_parts(parts)  # their size is the manifest's blob_size, checked above
     index._segments = manifest["segments"]

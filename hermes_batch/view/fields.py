@@ -1,4 +1,4 @@
-"""What the view index takes of one record line: its columns, its search text and its part of the sums.
+"""What the view index takes of one record line: its columns and its search text.
 
 Records are read as parsed JSON, not as record classes: a line of an odd shape (an old version's, a
 hand edit) is still listed, and a value where a number belongs that is none counts as not reported.
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 from .. import hermes_format
-from .aggregates import Aggregates
 
 STATUSES = ("kept", "discarded", "failed")
 KEPT, DISCARDED, FAILED = range(3)
@@ -135,17 +134,3 @@ def fields(status: int, data: dict, rec: dict, vocab: dict) -> tuple:
     tokens = min(0xFFFFFFFF, _count(usage.get("prompt_tokens")) + _count(usage.get("completion_tokens")))
     prompt = _prompt_index(rec.get("prompt_index"))
     return (tools, toolsets, end, filters, error, turns, duration, tokens, key, (ident,) + texts, prompt)
-
-
-def aggregate(agg: Aggregates, status: int, data: dict, rec: dict) -> None:
-    """Add one record to the run-wide sums."""
-    if status == FAILED:
-        agg.add_calls(rec.get("calls"))
-        agg.add_usage(rec.get("usage"))
-        return
-    meta = _dict(rec.get("metadata"))
-    agg.add_finished(rec, kept=status == KEPT)
-    agg.add_calls(meta.get("calls"))
-    agg.add_usage(meta.get("usage"))
-    if status == DISCARDED:
-        agg.add_reasons(data.get("filters"), data.get("reasons"))

@@ -7,8 +7,9 @@ filters and sorts on, each in a compact ``array`` column (about 60 bytes a
 record); strings that repeat (end reasons, tool sets, filters, error kinds)
 are interned.  The prompt and final answer (with a discarded sample's filter reasons, a
 failure's error message), casefolded, go to a search file
-that is scanned with ``mmap.find``.  Run-wide aggregates (tool calls, reasoning
-turns, latencies, discard reasons, providers) are summed in the same pass.
+that is scanned with ``mmap.find``.  The run-wide sums (tokens, cost, tool
+calls, reasoning, latencies) are not summed here: the summary takes them from
+the run folder's own index, as statistics.json does (summary.run_totals).
 
 The record files only ever grow (one whole line per record), so
 :meth:`RunIndex.refresh` reads just the bytes appended since the last pass:
@@ -43,9 +44,9 @@ from ..runfolder import record_kind, record_order
 from . import cache
 from .cache import _Columns
 from . import sampling
-from .aggregates import Aggregates, Tallies, Vocabulary
+from .aggregates import Tallies, Vocabulary
 from .fields import (  # noqa: F401 (the list, the report and the summary take these from here)
-    DISCARDED, FAILED, KEPT, STATUSES, aggregate, answer_of, clip, fields, prompt_of, unwrap, without_system_prompt,
+    DISCARDED, FAILED, KEPT, STATUSES, answer_of, clip, fields, prompt_of, unwrap, without_system_prompt,
 )
 from .search import SearchText
 
@@ -121,6 +122,9 @@ class RunIndex:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.persist = persist
         self._lock = threading.Lock()  # one refresh at a time; readers do not take it
+        # the run folder's own index, read only, for the run-wide sums (summary.py)
+        self.record_index = None
+        self.totals_lock = threading.Lock()
         self._warned = 0
         _remove_orphans(self.cache_dir)
         self._reset()
@@ -137,7 +141,6 @@ class RunIndex:
             self.vocab[name].id(())
         for name in ("end", "error"):
             self.vocab[name].id("")
-        self.aggregates = Aggregates()
         self.tallies = Tallies()
         self.columns = _Columns()
         # bumps when records are added or the index is rebuilt (never back: pages compare it)
@@ -259,12 +262,7 @@ class RunIndex:
             # a record of an unexpected shape: list it anyway
             log.warning("%s: a record at byte %d has an unexpected shape (%s).", self.files[file_id], offset, exc)
             row_fields = (0, 0, 0, 0, 0, 0, 0.0, 0, "", ("", ""), 0)
-        row = self._append(file_id, status, offset, len(line), row_fields)
-        try:  # the sums come last, once the row is in: a value of an odd shape counts as not reported
-            aggregate(self.aggregates, status, data, rec)
-        except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
-            log.warning("%s: a record at byte %d has an unexpected shape (%s).", self.files[file_id], offset, exc)
-        return row
+        return self._append(file_id, status, offset, len(line), row_fields)
 
     def _skip(self, file_id: int, offset: int, why: str) -> int:
         """Count a line that is no record (as ``stats`` and ``export`` skip it); the first few are named in the log."""
