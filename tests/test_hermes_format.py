@@ -6,9 +6,9 @@ import ast
 import json
 from pathlib import Path
 
-from hermes_batch import hermes_format
-from hermes_batch.openai_format import _assistant_message, split_assistant
-from hermes_batch.records import ToolCallRecord, Turn
+from hermes_batch.formats import hermes_format
+from hermes_batch.formats.openai_format import _assistant_message, split_assistant
+from hermes_batch.formats.records import ToolCallRecord, Turn
 from hermes_batch.testing import make_trajectory
 from hermes_batch.view.render import conversation_html
 

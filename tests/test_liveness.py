@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hermes_batch import SandboxBackend
-from hermes_batch.liveness import owner_alive
+from hermes_batch.folder.liveness import owner_alive
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_a_lock_left_by_a_dead_run_on_a_folder_without_flock_is_taken_over(tmp_p
     import json
 
     from hermes_batch.errors import RunFolderError
-    from hermes_batch.lock import LOCK_NAME, RunFolderLock
+    from hermes_batch.folder.lock import LOCK_NAME, RunFolderLock
 
     def no_flock(fd, op):
         raise OSError(errno.ENOLCK, "no locks")

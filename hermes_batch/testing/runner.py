@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import attrs
 
-from .. import hermes_format
+from ..formats import hermes_format
 
 TEST_API_KEY = "sk-test-canary-3f9c1d"
 """The key ``Runner`` passes and the ``model_server`` fixture expects; tests check it never reaches a run folder."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from .. import hermes_format
+from ..formats import hermes_format
 
 STATUSES = ("kept", "discarded", "failed")
 KEPT, DISCARDED, FAILED = range(3)

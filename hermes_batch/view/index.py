@@ -38,9 +38,9 @@ import threading
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Optional
 
-from ..liveness import owner_alive
-from ..records import key_digest
-from ..runfolder import record_kind, record_order
+from ..folder.liveness import owner_alive
+from ..formats.records import key_digest
+from ..folder.runfolder import record_kind, record_order
 from . import cache
 from .cache import _Columns
 from . import sampling

@@ -7,7 +7,7 @@ from typing import Optional
 
 import attrs
 
-from .. import hermes_format
+from ..formats import hermes_format
 from .index import DISCARDED, FAILED, STATUSES, RunIndex, answer_of, prompt_of, unwrap
 
 SORTS = ("arrival", "prompt", "turns", "duration", "tokens")

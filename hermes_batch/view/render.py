@@ -8,7 +8,7 @@ from html import escape
 from importlib import resources
 from typing import Optional
 
-from .. import hermes_format
+from ..formats import hermes_format
 from . import charts
 
 LONG_LINES = 30  # tool output longer than this is folded

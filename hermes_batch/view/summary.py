@@ -7,10 +7,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
-from ..aggregate import Aggregate
-from ..bookkeeping import RunIndex as RecordIndex
+from ..folder.aggregate import Aggregate
+from ..folder.record_index import RunIndex as RecordIndex
 from ..errors import UsageError
-from ..runfolder import RunFolder
+from ..folder.runfolder import RunFolder
 from .index import DISCARDED, FAILED, KEPT, RunIndex
 
 
