@@ -22,7 +22,7 @@ from typing import Optional
 
 from ..errors import RunFolderError
 from .liveness import owner_alive
-from .runfolder import write_error
+from .durable import write_error
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,9 @@ import attrs
 
 from .record_index import INDEX_DIR, BatchState, RunIndex, edges
 from ..formats.records import Trajectory
-from .runfolder import RunFolder, _create_temp, _fsync_dir, atomic_write_text, check_stop, read_records
+from .runfolder import RunFolder, read_records
+from .durable import _create_temp, _fsync_dir, atomic_write_text
+from .offloop import check_stop
 
 if TYPE_CHECKING:  # the writers are the contract's, a layer above the run folder
     from ..contract.interfaces import Writer

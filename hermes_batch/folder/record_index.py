@@ -39,7 +39,9 @@ from ..formats.endpoint_numbers import CALLS_PER_RECORD, MAX_CALL_COST, MAX_CALL
 from ..formats.jsonguard import finite_dumps
 from .journal import JournalTotals, finish_totals, journal_path, scan_journal
 from ..formats.records import Discarded, Failure, Trajectory, Usage, key_digest
-from .runfolder import RunFolder, _fsync_dir, atomic_write_text, check_stop, read_records, record_order
+from .runfolder import RunFolder, read_records, record_order
+from .durable import _fsync_dir, atomic_write_text
+from .offloop import check_stop
 
 log = logging.getLogger(__name__)
 

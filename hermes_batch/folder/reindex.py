@@ -36,7 +36,9 @@ import attrs
 from ..formats import dataset
 from .record_index import RunIndex
 from ..formats.jsonguard import scrub_text
-from .runfolder import RunFolder, _fsync_dir, stoppable, write_error
+from .runfolder import RunFolder
+from .durable import _fsync_dir, write_error
+from .offloop import stoppable
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,8 @@ from ..contract.run_filters import Verdict, iter_discarded, iter_kept, judge
 from ..folder.lock import RunFolderLock
 from ..formats.records import SCHEMA_VERSION
 from ..folder.reindex import _Writers
-from ..folder.runfolder import AppendLog, RunFolder, _fsync_dir, atomic_write_text
+from ..folder.durable import AppendLog, _fsync_dir, atomic_write_text
+from ..folder.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,8 @@ from ..session.processor import now_iso
 from ..formats.records import (
     Checkpoint, Discarded, Metadata, SessionInfo, ToolCallRecord, ToolStat, Trajectory, Turn, content_key,
 )
-from ..folder.runfolder import RunFolder, _fsync_dir, atomic_write_text, write_error
+from ..folder.runfolder import RunFolder
+from ..folder.durable import _fsync_dir, atomic_write_text, write_error
 from ..formats.serialization import to_json_line
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ from .progress import Progress
 from ..formats.records import Discarded, Failure
 from ..formats.redaction import Redactor
 from ..contract.run_context import RunContext
-from ..folder.runfolder import AppendLog, RunFolder
+from ..folder.durable import AppendLog
+from ..folder.runfolder import RunFolder
 from ..formats.serialization import to_json_line
 
 

@@ -13,7 +13,7 @@ from typing import Optional
 import attrs
 import pluggy
 
-from ..folder import record_index, reindex, rowkeys, runfolder
+from ..folder import durable, offloop, record_index, reindex, rowkeys
 from . import cleanup, distributions, limits, notices, run_settings, selection
 from ..formats import endpoint_numbers
 from ..offline import refilter, seed_import
@@ -40,7 +40,9 @@ from .recorder import Recorder
 from ..formats.redaction import Redactor
 from ..formats.records import Checkpoint, SessionInfo
 from ..contract.run_context import RunContext
-from ..folder.runfolder import RunFolder, Stopped, atomic_write_text, run_off_loop, validate_run_name
+from ..folder.runfolder import RunFolder, validate_run_name
+from ..folder.offloop import Stopped, run_off_loop
+from ..folder.durable import atomic_write_text
 from ..folder.statistics import RunInfo, build_statistics, render_statistics, reported_cost
 
 log = logging.getLogger("hermes_batch.run")
@@ -173,7 +175,7 @@ class RunEngine:
         to_run = plan.dataset.valid - self.resume_plan.skipped
         if to_run:
             try:  # before any prompt is leased, and before the preflight: a full disk costs nothing to fix
-                runfolder.check_free_space(self.folder, self._space_needed(to_run))
+                durable.check_free_space(self.folder, self._space_needed(to_run))
             except RunFolderWriteError as exc:
                 return RunResult(exc.exit_code, None, str(exc))
         self.context = RunContext(cfg.run_name, self.folder.dir, plan.seed, cfg.verbose, cfg.log_prefix_chars,
@@ -204,7 +206,7 @@ class RunEngine:
     def _thread_pools(self) -> concurrent.futures.ThreadPoolExecutor:
         # Sandboxes and tools get a pool of their own: a tool stuck for ever (a FIFO) may take all of it, but
         # not the threads the SDKs need (DNS lookups, the openai SDK's platform probe: the default executor)
-        # nor those that write the run folder (runfolder.io_executor).  Threads start only when needed.
+        # nor those that write the run folder (offloop.io_executor).  Threads start only when needed.
         asyncio.get_running_loop().set_default_executor(
             concurrent.futures.ThreadPoolExecutor(self.concurrency + 4, thread_name_prefix="hermes-batch")
         )
@@ -332,7 +334,7 @@ class RunEngine:
         if self.folder.discarded.exists():
             written += self.folder.discarded.stat().st_size
         finished = self.resume_plan.finished
-        per_record = written // finished if finished and written else runfolder.RECORD_BYTES
+        per_record = written // finished if finished and written else durable.RECORD_BYTES
         return min(self.concurrency, to_run) * per_record
 
     def _write_failed(self, error: RunFolderWriteError) -> None:
@@ -365,7 +367,7 @@ class RunEngine:
         size = self.config.batch_size
         self.checkpoints.completed_batches |= rowkeys.batches_finished(keys, plan.left, size)
         if plan.left is not None:  # a batch with a prompt to run again (it failed) is not complete
-            self.checkpoints.not_complete(index // size for index in runfolder.stoppable(plan.left, 1 << 16))
+            self.checkpoints.not_complete(index // size for index in offloop.stoppable(plan.left, 1 << 16))
         return plan
 
     def _reindex(self) -> None:
@@ -436,7 +438,7 @@ class RunEngine:
         try:
             merge_run(self.folder, self.writers, batches=batches)
         except OSError as exc:  # a writer plugin's own write
-            raise runfolder.write_error(self.folder.dir, exc) from exc
+            raise durable.write_error(self.folder.dir, exc) from exc
         stats = build_statistics(
             self.folder,
             totals=(aggregate, finish_times),
@@ -451,7 +453,7 @@ class RunEngine:
                 distributions=tuple(run_settings.distinct(self.settings_history, "distribution")),
             ),
         )
-        runfolder.check_stop()
+        offloop.check_stop()
         stats = self.redactor.data(stats)
         atomic_write_text(self.folder.statistics, finite_dumps(stats, indent=2) + "\n")
         return stats
