@@ -109,7 +109,7 @@ def build_folder(template: Path, out: Path, name: str, prompts: int, batch_size:
     folder.mkdir(parents=True)
     dataset = write_dataset(out / f"{name}.jsonl", prompts)
     done = prompts - round(prompts * left)
-    run_index = record_index.RunIndex(RunFolder(out, name)) if record_index else None
+    run_index = record_index.RecordIndex(RunFolder(out, name)) if record_index else None
     index = None
     ends: list = []  # where each batch ends in trajectories.jsonl
     with open(folder / "trajectories.jsonl", "w") as merged, open(folder / "calls.jsonl", "w") as journal:

@@ -281,6 +281,6 @@ def test_a_refilter_drops_the_indexes_of_the_files_it_rewrote_and_a_resume_count
     assert result.exit_code == 0, result.output
     assert server.request_count == calls
     check_consistent(folder, kept, discarded)  # statistics.json of the resume came from the indexes built again
-    index = record_index.RunIndex(RunFolder(folder.parent, folder.name))
+    index = record_index.RecordIndex(RunFolder(folder.parent, folder.name))
     total, _times, _batches = index.totals()
     assert total.kept.samples == len(kept) and total.discarded == len(discarded)

@@ -361,7 +361,7 @@ def test_a_long_line_is_indexed_in_time_linear_in_its_length(run_copy, monkeypat
 
 
 def test_the_viewer_names_a_prompt_by_the_digest_the_run_folder_index_keeps(run_copy):
-    from hermes_batch.folder.record_index import RunIndex as FolderIndex
+    from hermes_batch.folder.record_index import RecordIndex as FolderIndex
     from hermes_batch.folder.runfolder import RunFolder
 
     record = json.loads(_kept_line(run_copy, "A prompt of a hand-made record.", 98))

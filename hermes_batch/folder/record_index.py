@@ -178,7 +178,7 @@ class BatchState:
     tools: frozenset
 
 
-class RunIndex:
+class RecordIndex:
     """The indexes of one run folder as a session uses them: loaded, brought up to date, added to, saved."""
 
     def __init__(self, folder: RunFolder, read_only: bool = False):

@@ -6,7 +6,7 @@ import asyncio
 import collections
 from typing import Callable
 
-from ..folder.record_index import RunIndex
+from ..folder.record_index import RecordIndex
 from .checkpoint import BatchTracker, Checkpoints
 from ..errors import RunFolderWriteError
 from ..contract.interfaces import PromptJob
@@ -27,7 +27,7 @@ class Recorder:
     from the writing thread, so no model request goes out after it.
     """
 
-    def __init__(self, folder: RunFolder, index: RunIndex, checkpoints: Checkpoints, filters: list, redactor: Redactor,
+    def __init__(self, folder: RunFolder, index: RecordIndex, checkpoints: Checkpoints, filters: list, redactor: Redactor,
                  progress: Progress, hook, context: RunContext,
                  on_batch_complete: Callable[[], None], on_write_failed: Callable[[RunFolderWriteError], None]):
         self.folder, self.index, self.checkpoints = folder, index, checkpoints

@@ -163,7 +163,7 @@ class RunEngine:
         pool = self._thread_pools()
         fresh = not self.folder.has_outputs()
         endpoint_numbers.reset_warning()  # one warning per run for numbers no call can have
-        self.index = record_index.RunIndex(self.folder)
+        self.index = record_index.RecordIndex(self.folder)
         self.resume_plan = rowkeys.match_finished(self.validated.keys, None)
         if cfg.resume:
             try:

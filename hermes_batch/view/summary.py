@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..folder.aggregate import Aggregate
-from ..folder.record_index import RunIndex as RecordIndex
+from ..folder.record_index import RecordIndex
 from ..errors import UsageError
 from ..folder.runfolder import RunFolder
 from .index import DISCARDED, FAILED, KEPT, RunIndex
