@@ -56,7 +56,7 @@ def test_check_schema_finds_broken_schemas():
     assert check_schema([]) == "expected a JSON object, got list"
 
 
-# --- Tool.from_function ------------------------------------------------------------------------
+# --- @hermes_batch.tool ---------------------------------------------------------------------------
 
 
 @hermes_batch.tool
@@ -131,8 +131,8 @@ def test_what_cannot_become_a_tool_is_refused_at_once():
         pass
 
     with pytest.raises(TypeError, match="must be an async function"):
-        Tool.from_function(not_async)
+        hermes_batch.tool(not_async)
     with pytest.raises(TypeError, match=r"untyped_object\(x\): the type <class 'object'> has no JSON Schema"):
-        Tool.from_function(untyped_object)
+        hermes_batch.tool(untyped_object)
     with pytest.raises(TypeError, match="must be named"):
-        Tool.from_function(star)
+        hermes_batch.tool(star)

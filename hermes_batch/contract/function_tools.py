@@ -1,4 +1,4 @@
-"""Tools written as typed, documented ``async`` functions: ``Tool.from_function`` and the ``@hermes_batch.tool`` decorator.
+"""Tools written as typed, documented ``async`` functions: the ``@hermes_batch.tool`` decorator.
 
 The JSON Schema the model sees is built from the signature (type hints, defaults)
 and the docstring (its first paragraph describes the tool; an ``Args:`` section
@@ -174,7 +174,7 @@ def _is_json(value: Any) -> bool:
 
 
 def tool(function: Optional[Callable[..., Any]] = None, *, name: Optional[str] = None, description: Optional[str] = None):
-    """Decorator form of ``Tool.from_function``: ``@hermes_batch.tool`` or ``@hermes_batch.tool(name="...")``."""
+    """A Tool class that awaits ``function``: ``@hermes_batch.tool``, ``@hermes_batch.tool(name="...")`` or ``tool(function)``."""
     if function is None:
         return lambda f: tool_from_function(f, name=name, description=description)
     return tool_from_function(function, name=name, description=description)

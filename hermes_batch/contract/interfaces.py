@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterable, 
 
 import attrs
 
+from ..folder.liveness import owner_alive as _owner_alive
 from ..model.retry import MAX_RETRIES  # retries of one failing model call: the retry policy's, also the option's default
 from ..formats.records import ExecResult, Message, ModelResponse, SandboxSpec, ToolSpec, Trajectory, Usage
 
@@ -246,6 +247,10 @@ class SandboxBackend(abc.ABC):
     # for backends where a sandbox costs more than the wait (a prompt that calls no tool then never opens one)
     open_early: ClassVar[bool] = True
 
+    # Whether the run that left a container, instance or sandbox behind may still run: ``start`` and a
+    # cleanup command remove only what this says is gone (see hermes_batch/folder/liveness.py).
+    owner_alive = staticmethod(_owner_alive)
+
     def __init__(self, config: Any, run: "RunContext"):
         self.config = config
         self.run = run
@@ -389,18 +394,6 @@ class Tool(abc.ABC):
     def spec(cls) -> ToolSpec:
         """What the model is told of the tool; one object per class, so its request JSON is made once a run."""
         return _spec_of(cls)
-
-    @staticmethod
-    def from_function(
-        function: Callable[..., Awaitable[Any]], *, name: Optional[str] = None, description: Optional[str] = None
-    ) -> type["Tool"]:
-        """A Tool class that awaits ``function``, its JSON Schema built from the type hints and docstring.
-
-        See :func:`hermes_batch.contract.function_tools.tool_from_function`; ``@hermes_batch.tool`` is the decorator form.
-        """
-        from .function_tools import tool_from_function
-
-        return tool_from_function(function, name=name, description=description)
 
     @abc.abstractmethod
     async def call(self, arguments: dict, ctx: ToolContext) -> dict:

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, ClassVar, Iterable, Optional
 from .interfaces import Writer
 from ..formats.jsonguard import scrub_text
 from ..formats.records import Trajectory
-from ..folder.runfolder import TEMP_MARK, _fsync_dir
+from ..folder.durable import TEMP_MARK, _fsync_dir
 
 log = logging.getLogger(__name__)
 

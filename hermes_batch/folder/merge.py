@@ -31,9 +31,11 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
 
 import attrs
 
-from .record_index import INDEX_DIR, BatchState, RunIndex, edges
+from .record_index import INDEX_DIR, BatchState, RecordIndex, edges
 from ..formats.records import Trajectory
-from .runfolder import RunFolder, _create_temp, _fsync_dir, atomic_write_text, check_stop, read_records
+from .runfolder import RunFolder, read_records
+from .durable import _create_temp, _fsync_dir, atomic_write_text
+from .offloop import check_stop
 
 if TYPE_CHECKING:  # the writers are the contract's, a layer above the run folder
     from ..contract.interfaces import Writer
@@ -124,11 +126,11 @@ def merge_run(folder: RunFolder, writers: Sequence[Writer], tool_names: Iterable
               batches: Optional[Sequence[BatchState]] = None) -> MergeResult:
     """Bring every writer's output up to date with the run's kept trajectories (see the module docstring).
 
-    ``batches`` is what the run's index says of each batch file (record_index.RunIndex.totals); without it
+    ``batches`` is what the run's index says of each batch file (record_index.RecordIndex.totals); without it
     the index is brought up to date here.
     """
     if batches is None:
-        _total, _times, batches = RunIndex(folder).totals()
+        _total, _times, batches = RecordIndex(folder).totals()
     names = set(tool_names)
     for batch in batches:
         names.update(batch.tools)
