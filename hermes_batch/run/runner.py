@@ -24,6 +24,7 @@ from ..errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     HermesBatchError,
+    PluginError,
     RunFolderError,
     RunFolderWriteError,
 )
@@ -32,6 +33,7 @@ from ..folder.journal import CallJournal, journal_path
 from ..formats.jsonguard import finite_dumps
 from ..folder.lock import RunFolderLock
 from ..folder.merge import merge_run
+from ..contract.plugin_errors import PluginFailures
 from ..contract.plugins import collect, describe_plugins, get_plugin_manager
 from .plan import RunPlan, build_processor, make_plan
 from ..session.processor import quietly
@@ -99,6 +101,7 @@ class RunEngine:
         self.filters = selection.filters(self.registry, plan.filters)
         notices.discarding_everything(cfg, [f.name for f in self.filters])
         self.writers = selection.writers(self.registry, plan.writers)
+        self.plugin_failures = PluginFailures(self.pm, self.registry)
         self.executor = self.registry.get("executors", plan.executor)(plan.executor_config)
 
         self._check_folder()
@@ -272,7 +275,7 @@ class RunEngine:
             return RunResult(fatal.exit_code, None, str(fatal))
         try:
             statistics = await self._finish(interrupted)
-        except RunFolderWriteError as exc:
+        except (RunFolderWriteError, PluginError) as exc:  # PluginError: a writer's own bug
             fatal, statistics = fatal or exc, None
         except (asyncio.CancelledError, Stopped):
             return RunResult(
@@ -382,10 +385,12 @@ class RunEngine:
 
     async def _record_outcome(self, job: PromptJob, outcome) -> None:
         outcome = self.redactor.record(outcome)
+        rejected = () if isinstance(outcome, Failure) else self.plugin_failures.filter(self.filters, outcome, job.row.prompt)
+        if isinstance(rejected, Failure):  # a filter raised: the prompt fails, naming the plugin
+            outcome = self.redactor.record(rejected)
         if isinstance(outcome, Failure):
             kind, record, log_ = "failed", outcome, self.failed_logs["failed"]
         else:
-            rejected = [(f.name, reason) for f in self.filters if (reason := f.check(outcome)) is not None]
             if rejected:
                 record = Discarded(outcome, tuple(n for n, _ in rejected), tuple(r for _, r in rejected))
                 kind, log_ = "discarded", self.failed_logs["discarded"]
@@ -401,7 +406,7 @@ class RunEngine:
         except RunFolderWriteError as exc:
             self._write_failed(exc)
             raise
-        self.pm.hook.prompt_finished(run=self.context, outcome=record)
+        self.plugin_failures.observe(self.pm.hook.prompt_finished, job.row.prompt_index, run=self.context, outcome=record)
 
     def _batch_log(self, batch: int) -> AppendLog:
         log_ = self.batch_logs.get(batch)
@@ -451,7 +456,7 @@ class RunEngine:
         self.index.close()
         aggregate, finish_times, batches = self.index.totals()
         try:
-            merge_run(self.folder, self.writers, batches=batches)
+            merge_run(self.folder, self.writers, batches=batches, who=lambda name: self.plugin_failures.who("writers", name))
         except OSError as exc:  # a writer plugin's own write
             raise runfolder.write_error(self.folder.dir, exc) from exc
         stats = build_statistics(
