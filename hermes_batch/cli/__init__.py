@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import sys
 
 import click
@@ -30,8 +31,22 @@ def plugin_manager(ctx: click.Context | None = None):
         return root.obj
     meta = root.meta
     if _PLUGIN_MANAGER not in meta:
-        meta[_PLUGIN_MANAGER] = get_plugin_manager()
+        meta[_PLUGIN_MANAGER] = get_plugin_manager()  # -p no:NAME is in HERMES_BATCH_DISABLE_PLUGINS (see cli)
     return meta[_PLUGIN_MANAGER]
+
+
+def _disable(ctx: click.Context, _param, values) -> None:
+    """``-p no:NAME``: the plugin NAME is not loaded by this command, nor by the processes it starts."""
+    from ..contract.plugins import DISABLE_ENV, disabled_plugins
+
+    names = []
+    for value in values:
+        prefix, sep, name = value.partition(":")
+        if prefix != "no" or not sep or not name.strip():
+            raise click.BadParameter(f"{value!r}: write -p no:NAME to disable the plugin NAME.", ctx)
+        names.append(name.strip())
+    if names:  # in the environment, so worker processes leave it out too
+        os.environ[DISABLE_ENV] = ",".join(sorted(disabled_plugins(names)))
 
 
 def plugin_commands(group: click.Group, pm) -> dict[str, click.Command]:
@@ -85,6 +100,9 @@ class _Group(click.Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="hermes-batch")
+@click.option("-p", "disable", metavar="no:NAME", multiple=True, expose_value=False, is_eager=True, callback=_disable,
+              help="Do not load the plugin NAME (an entry point's or a distribution's name), as pytest's -p no:NAME; "
+                   "also HERMES_BATCH_DISABLE_PLUGINS=NAME,NAME.")
 def cli():
     """Run a tool-using LLM agent over a dataset of prompts and save the sessions as training data."""
 
