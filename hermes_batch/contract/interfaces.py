@@ -10,6 +10,7 @@ strictly into it.
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 import functools
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterable, Iterator, Optional
 
@@ -335,6 +336,7 @@ class ToolContext:
     command_timeout: float = COMMAND_TIMEOUT
     max_output_chars: int = MAX_OUTPUT_CHARS
     toolsets: Optional["PromptToolsets"] = None  # None outside a run (unit tests of a tool)
+    thread_pool: Optional[concurrent.futures.Executor] = None  # the run's pool for tools' blocking calls; None: the loop's default
 
     def session(self, toolset: str) -> ToolsetSession:
         """This prompt's session of ``toolset`` (created at the first call; see ToolsetSession)."""
