@@ -437,7 +437,8 @@ class Writer(abc.ABC):
 
     ``Config`` receives the options of ``--writer name:options``.  Writers that can
     also write any path (``hermes-batch export``) subclass
-    :class:`hermes_batch.contract.writers.FileWriter`.
+    :class:`hermes_batch.FileWriter`, or :class:`hermes_batch.LibraryWriter` when a
+    library writes the file by path (SQLite, Arrow).
     """
 
     name: ClassVar[str]
