@@ -80,7 +80,7 @@ from .formats.records import (  # noqa: E402
 from .model.retry import error_for_status  # noqa: E402
 from .contract.run_context import RunContext  # noqa: E402
 from .formats.serialization import structure_config, trajectory_from_dict, trajectory_to_dict  # noqa: E402
-from .contract.writers import FileWriter, Sink  # noqa: E402
+from .contract.writers import FileWriter, LibraryWriter, Sink  # noqa: E402
 
 __all__ = [
     # writing a plugin
@@ -112,6 +112,7 @@ __all__ = [
     "RunFilter",
     "Writer",
     "FileWriter",
+    "LibraryWriter",
     "Sink",
     "Executor",
     "PromptJob",

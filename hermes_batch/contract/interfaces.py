@@ -10,6 +10,7 @@ strictly into it.
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 import functools
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterable, Iterator, Optional
 
@@ -364,6 +365,7 @@ class ToolContext:
     command_timeout: float = COMMAND_TIMEOUT
     max_output_chars: int = MAX_OUTPUT_CHARS
     toolsets: Optional["PromptToolsets"] = None  # None outside a run (unit tests of a tool)
+    thread_pool: Optional[concurrent.futures.Executor] = None  # the run's pool for tools' blocking calls; None: the loop's default
 
     def session(self, toolset: str) -> ToolsetSession:
         """This prompt's session of ``toolset`` (created at the first call; see ToolsetSession)."""
@@ -452,7 +454,8 @@ class Writer(abc.ABC):
 
     ``Config`` receives the options of ``--writer name:options``.  Writers that can
     also write any path (``hermes-batch export``) subclass
-    :class:`hermes_batch.contract.writers.FileWriter`.
+    :class:`hermes_batch.FileWriter`, or :class:`hermes_batch.LibraryWriter` when a
+    library writes the file by path (SQLite, Arrow).
     """
 
     name: ClassVar[str]

@@ -10,6 +10,7 @@ from ..folder.record_index import RecordIndex
 from .checkpoint import BatchTracker, Checkpoints
 from ..errors import RunFolderWriteError
 from ..contract.interfaces import PromptJob
+from ..contract.plugin_errors import PluginFailures
 from .progress import Progress
 from ..formats.records import Discarded, Failure
 from ..formats.redaction import Redactor
@@ -28,11 +29,11 @@ class Recorder:
     """
 
     def __init__(self, folder: RunFolder, index: RecordIndex, checkpoints: Checkpoints, filters: list, redactor: Redactor,
-                 progress: Progress, hook, context: RunContext,
+                 progress: Progress, hook, context: RunContext, plugin_failures: PluginFailures,
                  on_batch_complete: Callable[[], None], on_write_failed: Callable[[RunFolderWriteError], None]):
         self.folder, self.index, self.checkpoints = folder, index, checkpoints
         self.filters, self.redactor, self.progress = filters, redactor, progress
-        self.hook, self.context = hook, context
+        self.hook, self.context, self.plugin_failures = hook, context, plugin_failures
         self.on_batch_complete, self.on_write_failed = on_batch_complete, on_write_failed
         self.counts: collections.Counter = collections.Counter()
         self.batch_logs: dict[int, AppendLog] = {}
@@ -56,7 +57,7 @@ class Recorder:
 
     async def _record(self, job: PromptJob, outcome) -> None:
         outcome = self.redactor.record(outcome)
-        kind, record = self._judge(outcome)
+        kind, record = self._judge(outcome, job.row.prompt)
         log_ = self._batch_log(job.batch_num) if kind == "kept" else self.failed_logs[kind]
         index = self.index.touch(kind, job.batch_num)  # before the append: the index covers what the file held
         try:
@@ -68,13 +69,16 @@ class Recorder:
         except RunFolderWriteError as exc:
             self.on_write_failed(exc)
             raise
-        self.hook.prompt_finished(run=self.context, outcome=record)
+        self.plugin_failures.observe(self.hook.prompt_finished, job.row.prompt_index, run=self.context, outcome=record)
 
-    def _judge(self, outcome) -> tuple:
-        """``(kind, record)``: a failure, a sample a filter rejected (Discarded) or a kept one."""
+    def _judge(self, outcome, prompt: str) -> tuple:
+        """``(kind, record)``: a failure (a filter that raised fails its prompt, naming the plugin), a sample a
+        filter rejected (Discarded) or a kept one."""
         if isinstance(outcome, Failure):
             return "failed", outcome
-        rejected = [(f.name, reason) for f in self.filters if (reason := f.check(outcome)) is not None]
+        rejected = self.plugin_failures.filter(self.filters, outcome, prompt)
+        if isinstance(rejected, Failure):
+            return "failed", self.redactor.record(rejected)
         if rejected:
             return "discarded", Discarded(outcome, tuple(n for n, _ in rejected), tuple(r for _, r in rejected))
         return "kept", outcome

@@ -24,6 +24,7 @@ from ..errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     HermesBatchError,
+    PluginError,
     RunFolderError,
     RunFolderWriteError,
 )
@@ -32,6 +33,7 @@ from ..folder.journal import CallJournal, journal_path
 from ..formats.jsonguard import finite_dumps
 from ..folder.lock import RunFolderLock
 from ..folder.merge import merge_run
+from ..contract.plugin_errors import PluginFailures
 from ..contract.plugins import collect, describe_plugins, get_plugin_manager
 from .plan import RunPlan, build_processor, make_plan
 from ..session.processor import quietly
@@ -99,6 +101,7 @@ class RunEngine:
         self.filters = selection.filters(self.registry, plan.filters)
         notices.discarding_everything(cfg, [f.name for f in self.filters])
         self.writers = selection.writers(self.registry, plan.writers)
+        self.plugin_failures = PluginFailures(self.pm, self.registry)
         self.executor = self.registry.get("executors", plan.executor)(plan.executor_config)
 
         self._check_folder()
@@ -263,7 +266,7 @@ class RunEngine:
         self.progress.watch(processor.client.limiter.summary)
         self.recorder = Recorder(
             self.folder, self.index, self.checkpoints, self.filters, self.redactor, self.progress, self.pm.hook,
-            self.context, on_batch_complete=lambda: self._save_checkpoint(interrupted=False),
+            self.context, self.plugin_failures, on_batch_complete=lambda: self._save_checkpoint(interrupted=False),
             on_write_failed=self._write_failed,
         )
         self.pm.hook.run_started(run=self.context)
@@ -297,7 +300,7 @@ class RunEngine:
         """Merge, count and say how the run ended."""
         try:
             statistics = await self._finish(interrupted)
-        except RunFolderWriteError as exc:
+        except (RunFolderWriteError, PluginError) as exc:  # PluginError: a writer's own bug
             fatal, statistics = fatal or exc, None
         except (asyncio.CancelledError, Stopped):
             return RunResult(
@@ -436,7 +439,7 @@ class RunEngine:
         self.index.close()
         aggregate, finish_times, batches = self.index.totals()
         try:
-            merge_run(self.folder, self.writers, batches=batches)
+            merge_run(self.folder, self.writers, batches=batches, who=lambda name: self.plugin_failures.who("writers", name))
         except OSError as exc:  # a writer plugin's own write
             raise durable.write_error(self.folder.dir, exc) from exc
         stats = build_statistics(
