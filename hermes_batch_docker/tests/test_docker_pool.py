@@ -101,7 +101,7 @@ async def test_each_pooled_container_serves_one_prompt_and_the_pool_refills(tmp_
             assert len({s.id for s in sandboxes}) == 6
             for index, sandbox in enumerate(sandboxes):
                 assert (await sandbox.exec("cat /etc/hermes-image", 10)).output.strip() == (IMAGE_A, IMAGE_B)[index % 2]
-            await until_pooled(backend, 4)  # each one taken was replaced
+            assert backend.pooled() == 0  # the prompts beyond the pool got containers made for them, nothing more
             names = {docker_api.inspect_container(s.id)["Name"] for s in sandboxes}
             assert all(f"-p{i}-" in " ".join(names) for i in range(6))  # renamed for the prompt that has it
             # A row with a working folder of its own gets a container made for it, labelled with its prompt.
@@ -111,6 +111,7 @@ async def test_each_pooled_container_serves_one_prompt_and_the_pool_refills(tmp_
             await own.close()
         finally:
             await asyncio.gather(*(s.close() for s in sandboxes))
+        await until_pooled(backend, 4)  # each one released was replaced
         assert len(containers_of(docker_api, run_name)) == 4  # the idle pool
     finally:
         await backend.shutdown()

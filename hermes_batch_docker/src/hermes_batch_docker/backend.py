@@ -68,6 +68,7 @@ class DockerBackend(SandboxBackend):
         self._open: set[DockerSandbox] = set()
         self._background: set[asyncio.Future] = set()  # creations, removals and kills still running in threads
         self._pools: dict[tuple, ContainerPool] = {}  # (image, working folder) -> containers started ahead (-S pool=)
+        self._taken: dict[DockerSandbox, ContainerPool] = {}  # open sandboxes of a pool, replaced when closed
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -255,13 +256,15 @@ class DockerBackend(SandboxBackend):
         name = self._name(spec.prompt_index, spec.run_name)
         env = {str(key): str(value) for key, value in spec.env.items()}
         if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0:
-            taken = await self._container_pool(image, info).take()
+            pool = self._container_pool(image, info)
+            taken = await pool.take()
             if taken is not None:
                 container_id, _pool_name = taken
                 # The name tells which prompt has it; the labels, set at creation, name none (see the README).
                 self.in_background(self.api.rename, container_id, name)
                 sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image, env=env)
                 self._open.add(sandbox)
+                self._taken[sandbox] = pool
                 return sandbox
         labels = self._labels(spec.run_name) | {LABEL_PROMPT: str(spec.prompt_index), LABEL_CONTENT_KEY: spec.content_key}
         loop = asyncio.get_running_loop()
@@ -317,7 +320,7 @@ class DockerBackend(SandboxBackend):
                         raise
 
             pool = self._pools[(image, workdir)] = ContainerPool(self, image, workdir, size, create)
-        pool.fill()
+            pool.fill()
         return pool
 
     def pooled(self) -> int:
@@ -395,6 +398,9 @@ class DockerBackend(SandboxBackend):
         """Kill and remove a sandbox's container (``shutdown`` sweeps what this misses)."""
         self._open.discard(sandbox)
         future = self.in_background(engine.remove_container, self.api, sandbox.id)
+        pool = self._taken.pop(sandbox, None)
+        if pool is not None:
+            pool.release()
         await asyncio.shield(future)
 
     def dead_reason(self, container_id: str) -> Optional[str]:

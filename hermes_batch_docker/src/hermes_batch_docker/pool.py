@@ -7,9 +7,11 @@ started before prompts ask, so a prompt's first command waits only for its
 exec.  A pooled container is a new container from the image like any other:
 it has run nothing but its idle first process, is handed to exactly one
 prompt, and is removed when that prompt ends.  Each container taken is
-replaced at once, so a pool of N containers costs N containers more than the
-run's prompts (removed unused at the end), and N idle containers on the
-engine (their memory is mostly the engine's shim process per container).
+replaced when its prompt ends (not when it is taken: 32 starts beside 32
+prompts' first commands made those commands wait seconds), or at once while
+prompts wait for one; so a pool of N costs N containers more than the run's
+prompts (removed unused at the end) and N idle containers on the engine (their
+memory is mostly the engine's shim process per container).
 """
 
 from __future__ import annotations
@@ -42,15 +44,21 @@ class ContainerPool:
         self.broken: Optional[BaseException] = None  # a creation failed: prompts make their own containers
         self.closed = False
 
-    def fill(self) -> None:
-        """Start creating containers until the ready, the ones being made and the waiting prompts balance."""
+    def fill(self, most: Optional[int] = None) -> None:
+        """Start making what is missing for the waiting prompts and, at most ``most`` of them, for ``size`` ready."""
         if self.closed or self.broken is not None:
             return
-        missing = self.size + len(self._waiters) - len(self._ready) - len(self._creating)
+        missing = len(self._waiters) + self.size - len(self._ready) - len(self._creating)
+        if most is not None:
+            missing = min(missing, max(0, len(self._waiters) - len(self._creating)) + most)
         for _ in range(max(0, missing)):
             task = asyncio.get_running_loop().create_task(self._create_one())
             self._creating.add(task)
             task.add_done_callback(self._creating.discard)
+
+    def release(self) -> None:
+        """A prompt gave back (removed) what it took: start its replacement now that the prompt's work is done."""
+        self.fill(most=1)
 
     @property
     def ready(self) -> int:
@@ -61,12 +69,10 @@ class ContainerPool:
         if self.broken is not None or self.closed:
             return None
         if self._ready:
-            taken = self._ready.popleft()
-            self.fill()
-            return taken
+            return self._ready.popleft()  # replaced when released: its start must not slow the commands
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        self.fill()
+        self.fill(most=0)
         try:
             return await waiter
         except asyncio.CancelledError:

@@ -47,6 +47,7 @@ class SingularityBackend(SandboxBackend):
         self._background: set[asyncio.Future] = set()  # starts cut short, stops, kills still running
         self._uncertain: set[str] = set()  # instances whose start did not end normally
         self._pools: dict[tuple, InstancePool] = {}  # (image, working folder) -> instances started ahead (-S pool=)
+        self._taken: dict[SingularitySandbox, InstancePool] = {}  # open sandboxes of a pool, replaced when closed
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -155,10 +156,12 @@ class SingularityBackend(SandboxBackend):
         workdir = self._workdir(spec.cwd)
         env = {str(key): str(value) for key, value in spec.env.items()}
         if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0:
-            taken = await self._instance_pool(image, path).take()
+            pool = self._instance_pool(image, path)
+            taken = await pool.take()
             if taken is not None:
                 sandbox = SingularitySandbox(self, taken, workdir, spec.prompt_index, env, image)
                 self._open.add(sandbox)
+                self._taken[sandbox] = pool
                 return sandbox
         name = instances.instance_name(spec.run_name, self.run.run_dir, spec.prompt_index, self.session)
         async with self._starting:
@@ -206,7 +209,7 @@ class SingularityBackend(SandboxBackend):
                 self.in_background(self._stop_name(name))
 
             pool = self._pools[(image, workdir)] = InstancePool(image, workdir, size, start, discard)
-        pool.fill()
+            pool.fill()
         return pool
 
     def _workdir(self, cwd: Optional[str]) -> str:
@@ -251,7 +254,11 @@ class SingularityBackend(SandboxBackend):
     async def stop(self, sandbox: SingularitySandbox) -> None:
         """Stop a sandbox's instance, whatever happens to the caller meanwhile."""
         self._open.discard(sandbox)
-        await asyncio.shield(self.in_background(self._stop_name(sandbox.name)))
+        stopping = self.in_background(self._stop_name(sandbox.name))
+        pool = self._taken.pop(sandbox, None)
+        if pool is not None:
+            pool.release()
+        await asyncio.shield(stopping)
 
     async def _stop_name(self, name: str) -> None:
         # --force sends SIGKILL to the instance's first process; its pid namespace dies with it.

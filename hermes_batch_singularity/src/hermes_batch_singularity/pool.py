@@ -6,8 +6,10 @@ that many instances started (with the default working folder made) before
 prompts ask.  A pooled instance is a new instance of the image like any other:
 it has run nothing but the making of its working folder, is handed to exactly
 one prompt, and is stopped when that prompt ends.  Each instance taken is
-replaced at once, so a pool of N costs N instances more than the run's prompts
-(stopped unused at the end) and N idle instances.
+replaced when its prompt ends (not when it is taken, which would slow the
+prompts' first commands), or at once while prompts wait for one; so a pool of N
+costs N instances more than the run's prompts (stopped unused at the end) and N
+idle instances.
 """
 
 from __future__ import annotations
@@ -37,15 +39,21 @@ class InstancePool:
         self.broken: Optional[BaseException] = None  # a start failed: prompts start their own instances
         self.closed = False
 
-    def fill(self) -> None:
-        """Start starting instances until the ready, the ones being made and the waiting prompts balance."""
+    def fill(self, most: Optional[int] = None) -> None:
+        """Start making what is missing for the waiting prompts and, at most ``most`` of them, for ``size`` ready."""
         if self.closed or self.broken is not None:
             return
-        missing = self.size + len(self._waiters) - len(self._ready) - len(self._creating)
+        missing = len(self._waiters) + self.size - len(self._ready) - len(self._creating)
+        if most is not None:
+            missing = min(missing, max(0, len(self._waiters) - len(self._creating)) + most)
         for _ in range(max(0, missing)):
             task = asyncio.get_running_loop().create_task(self._create_one())
             self._creating.add(task)
             task.add_done_callback(self._creating.discard)
+
+    def release(self) -> None:
+        """A prompt gave back (removed) what it took: start its replacement now that the prompt's work is done."""
+        self.fill(most=1)
 
     @property
     def ready(self) -> int:
@@ -56,12 +64,10 @@ class InstancePool:
         if self.broken is not None or self.closed:
             return None
         if self._ready:
-            taken = self._ready.popleft()
-            self.fill()
-            return taken
+            return self._ready.popleft()  # replaced when released: its start must not slow the commands
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        self.fill()
+        self.fill(most=0)
         try:
             return await waiter
         except asyncio.CancelledError:
