@@ -2,14 +2,23 @@
 
 1. Time from asking for a sandbox (``DockerBackend.open``) to the first command's
    output (``echo ready``), median and 95th percentile, with 1 and with 32 prompts
-   asking at once (the image is already on the engine, as after the first prompt).
+   asking at once (the image is already on the engine, as after the first prompt),
+   for each ``-S pool=`` of ``--pools``: with a pool, each round starts once the
+   pool is full again, as in a run, where it fills while the first model calls are
+   in flight.  Also the engine's CPU per sandbox and, with a pool, the memory of an
+   idle started container (its shim's RSS plus its cgroup's memory).
 2. End-to-end wall time of ``hermes-batch run`` over 200 prompts at --num_workers 32
    against the scripted model server at 500 ms per call (3 calls, 2 terminal
-   commands per prompt), with --sandbox docker and with --sandbox local.
+   commands per prompt), with --sandbox local and --sandbox docker (per pool), with
+   the engine's CPU per prompt: dockerd, containerd and the shims (with the runc
+   processes they reap), read from /proc while the run goes on.
 
-Needs a Docker engine and the test image (``scripts/docker.sh`` provides both).
+Needs a Docker engine on this machine and the test image (``scripts/docker.sh`` provides both).
+To compare with other code side by side, run it once more with that code first on
+PYTHONPATH (``--pools 0`` for code without pools), e.g. a ``git worktree`` of main:
 
-    python bench/bench_docker.py [--prompts 200] [--workers 32] [--latency 0.5] [--rounds 3]
+    python bench/bench_docker.py [--prompts 200] [--workers 32] [--latency 0.5] [--rounds 3] [--pools 0,auto]
+    PYTHONPATH=/tmp/base/hermes_batch_docker/src python bench/bench_docker.py --pools 0
 """
 
 from __future__ import annotations
@@ -17,8 +26,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import os
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -31,18 +42,134 @@ from hermes_batch_docker import DockerBackend, DockerConfig
 IMAGE = "hermes-batch-test/busybox-a:1"
 
 
+# By comm (at most 15 characters).  Not runc: each runc is a child of a shim, whose cutime counts it
+# once reaped; read while alive as well, it would be counted twice.
+ENGINE = ("dockerd", "containerd", "containerd-shim")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list, share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(share * (len(ordered) - 1))))]
 
 
-async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_starting) -> list:
+def _cpu_ticks(pid: str) -> int:
+    """utime + stime + cutime + cstime of a process (its reaped children included), in ticks."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(value) for value in fields[11:15])
+
+
+class EngineCPU:
+    """CPU seconds of the engine's processes (``names``, by comm) while it runs, shims that come and go included.
+
+    Processes are read every 50 ms: a shim's last 50 ms before it exits are missed,
+    and a shim's reaped children (runc, and the container's own commands) count.
+    The engine may be shared: other users' work in the same window counts too.
+    """
+
+    def __init__(self, names=ENGINE):
+        self.names = names
+        self._start: dict = {}
+        self._last: dict = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _sample(self) -> dict:
+        seen = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    comm = f.read().strip()
+                if comm.startswith(self.names):
+                    seen[pid] = _cpu_ticks(pid)
+            except OSError:
+                continue
+        return seen
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.05):
+            self._last.update(self._sample())
+
+    def __enter__(self) -> "EngineCPU":
+        self._start = self._sample()
+        self._last = dict(self._start)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._last.update(self._sample())
+
+    @property
+    def seconds(self) -> float:
+        return sum(ticks - self._start.get(pid, 0) for pid, ticks in self._last.items()) / TICKS
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _cgroup_mb(container_id: str) -> float:
+    for path in (f"/sys/fs/cgroup/memory/docker/{container_id}/memory.usage_in_bytes",
+                 f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.current",
+                 f"/sys/fs/cgroup/docker/{container_id}/memory.current"):
+        try:
+            with open(path) as f:
+                return int(f.read()) / 1024**2
+        except OSError:
+            continue
+    return float("nan")
+
+
+def idle_container_mb(api, container_ids: list) -> tuple:
+    """(shim RSS, cgroup memory) per container, in MB, averaged over ``container_ids``."""
+    shims, groups = [], []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if argv and argv[0].endswith(b"containerd-shim-runc-v2") and any(
+                arg.decode() in container_ids for arg in argv
+            ):
+                shims.append(_rss_mb(int(pid)))
+        except OSError:
+            continue
+    groups = [_cgroup_mb(cid) for cid in container_ids]
+    count = max(1, len(container_ids))
+    return sum(shims) / count, sum(groups) / count
+
+
+def pool_option(value: str):
+    return value if value == "auto" else int(value)
+
+
+async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_starting, pool_size) -> tuple:
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=at_once + 4)
     options = {"image": IMAGE} | ({"max_starting": max_starting} if max_starting else {})
+    if pool_size:
+        options["pool"] = pool_size
     backend = DockerBackend(DockerConfig(**options), RunContext(f"bench-docker-{at_once}", tmp / f"run{at_once}", 0, thread_pool=pool))
     await backend.start()
     await backend.prepare_image(IMAGE)
     latencies = []
+    memory = None
+    engine_s = 0.0
+
+    async def pool_full() -> None:
+        if pool_size:
+            target = backend.config.pool_size(backend.concurrency())
+            while backend.pooled() < target:
+                await asyncio.sleep(0.05)
 
     async def one(index: int) -> None:
         started = time.perf_counter()
@@ -56,22 +183,30 @@ async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_start
 
     try:
         for round_ in range(rounds):
-            await asyncio.gather(*(one(round_ * at_once + i) for i in range(at_once)))
+            await pool_full()
+            if memory is None and pool_size:
+                ids = [c["Id"] for c in backend.api.containers(filters={"label": f"org.hermes-batch.session={backend.session}"})]
+                memory = idle_container_mb(backend.api, ids)
+            with EngineCPU() as cpu:  # the round's sandboxes: their exec and removal (their creation with no pool)
+                await asyncio.gather(*(one(round_ * at_once + i) for i in range(at_once)))
+            engine_s += cpu.seconds
     finally:
         await backend.shutdown()
         pool.shutdown()
-    return latencies
+    return latencies, engine_s / len(latencies), memory
 
 
-def run_args(dataset: Path, out: str, url: str, workers: int, sandbox: str) -> list:
+def run_args(dataset: Path, out: str, url: str, workers: int, sandbox: str, pool=0) -> list:
     args = [
-        "run", "--dataset_file", str(dataset), "--batch_size", "50", "--run_name", f"bench-{sandbox}",
+        "run", "--dataset_file", str(dataset), "--batch_size", "50", "--run_name", f"bench-{sandbox}-{pool}",
         "--output_dir", out, "--base_url", url, "--model", "bench-model", "--api_key", "bench",
         "--num_workers", str(workers), "--distribution", "terminal_only", "--sandbox", sandbox,
         "--no-progress", "--seed", "1",
     ]
     if sandbox == "docker":
         args += ["-S", f"image={IMAGE}"]
+    if pool:
+        args += ["-S", f"pool={pool}"]
     return args
 
 
@@ -82,30 +217,40 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.5)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the start-latency measurement")
     parser.add_argument("--max_starting", type=int, default=None, help="-S max_starting (default: the backend's)")
+    parser.add_argument("--pools", default="0,auto", help="-S pool= values to measure, comma-separated (0: no pool)")
     args = parser.parse_args()
+    pools = [pool_option(value) for value in args.pools.split(",")]
     calls_per_prompt = 3
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         print(f"docker sandbox, image {IMAGE}, max_starting {args.max_starting or DockerConfig().max_starting}")
         print("time from open() to the first command's output:")
-        for at_once, rounds in ((1, max(10, 5 * args.rounds)), (32, args.rounds)):
-            values = asyncio.run(first_output_latencies(tmp_path, at_once, rounds, args.max_starting))
-            print(
-                f"  {at_once:>2} at once: median {1000 * statistics.median(values):6.0f} ms, "
-                f"p95 {1000 * percentile(values, 0.95):6.0f} ms  ({len(values)} sandboxes)"
-            )
+        for pool_size in pools:
+            for at_once, rounds in ((1, max(10, 5 * args.rounds)), (32, args.rounds)):
+                values, engine_s, memory = asyncio.run(
+                    first_output_latencies(tmp_path, at_once, rounds, args.max_starting, pool_size)
+                )
+                print(
+                    f"  pool={pool_size!s:<4} {at_once:>2} at once: median {1000 * statistics.median(values):6.0f} ms, "
+                    f"p95 {1000 * percentile(values, 0.95):6.0f} ms  ({len(values)} sandboxes), "
+                    f"engine CPU {1000 * engine_s:4.0f} ms per sandbox in the round"
+                    + (f"; idle pooled container: shim {memory[0]:.1f} MB + cgroup {memory[1]:.1f} MB" if memory else "")
+                )
 
         ideal = ideal_seconds(args.prompts, args.workers, calls_per_prompt, args.latency)
         print(f"\n{args.prompts} prompts, --num_workers {args.workers}, {args.latency * 1000:.0f} ms per model call, "
               f"{calls_per_prompt} calls per prompt (ideal {ideal:.1f} s):")
         with model_server(args.latency, tool_calls=calls_per_prompt - 1) as url:
             dataset = write_prompts(tmp_path / "prompts.jsonl", args.prompts)
-            for sandbox in ("local", "docker"):
-                result = measure_run(run_args(dataset, tmp, url, args.workers, sandbox))
+            for sandbox, pool_size in [("local", 0)] + [("docker", p) for p in pools]:
+                with EngineCPU() as cpu:
+                    result = measure_run(run_args(dataset, tmp, url, args.workers, sandbox, pool_size))
+                label = f"{sandbox} pool={pool_size}" if sandbox == "docker" else sandbox
                 print(
-                    f"  --sandbox {sandbox:<6}  wall {result['wall_s']:6.1f} s  (x{result['wall_s'] / ideal:.2f} of ideal), "
-                    f"CPU of the hermes-batch process tree {result['cpu_s']:.1f} s"
+                    f"  --sandbox {label:<16}  wall {result['wall_s']:6.1f} s  (x{result['wall_s'] / ideal:.2f} of ideal), "
+                    f"CPU of the hermes-batch process tree {result['cpu_s']:.1f} s, "
+                    f"engine CPU {1000 * cpu.seconds / args.prompts:4.0f} ms per prompt"
                 )
 
 

@@ -36,3 +36,15 @@ class TestDockerSandboxContract(SandboxContract):
             return True
         except docker.errors.NotFound:
             return False
+
+
+class TestDockerPooledSandboxContract(TestDockerSandboxContract):
+    """The same contract when every sandbox comes from containers started ahead of need (-S pool=)."""
+
+    @pytest.fixture
+    async def backend(self, tmp_path, run_name, docker_api):
+        config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, pool=2)
+        backend = DockerBackend(config, RunContext(run_name, tmp_path / "run", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()

@@ -32,3 +32,15 @@ class TestSingularitySandboxContract(SandboxContract):
 
     async def sandbox_exists(self, sandbox: SingularitySandbox) -> bool:
         return sandbox.name in instances_of(self.apptainer_bin, sandbox._backend.run.run_name)
+
+
+class TestSingularityPooledSandboxContract(TestSingularitySandboxContract):
+    """The same contract when every sandbox comes from instances started ahead of need (-S pool=)."""
+
+    @pytest.fixture
+    async def backend(self, tmp_path, run_name, images):
+        config = SingularityConfig(image=images.sif_a, cache_dir=str(tmp_path / "cache"), max_output_bytes=10_000, pool=2)
+        backend = SingularityBackend(config, RunContext(run_name, tmp_path / "run", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()

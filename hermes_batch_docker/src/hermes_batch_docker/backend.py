@@ -30,6 +30,7 @@ from .engine import (
     docker,
     engine_errors,
 )
+from .pool import ContainerPool
 from .sandbox import SHELL, DockerSandbox
 
 log = logging.getLogger("hermes_batch.docker")
@@ -66,6 +67,8 @@ class DockerBackend(SandboxBackend):
         self._images: dict[str, asyncio.Future] = {}
         self._open: set[DockerSandbox] = set()
         self._background: set[asyncio.Future] = set()  # creations, removals and kills still running in threads
+        self._pools: dict[tuple, ContainerPool] = {}  # (image, working folder) -> containers started ahead (-S pool=)
+        self._taken: dict[DockerSandbox, ContainerPool] = {}  # open sandboxes of a pool, replaced when closed
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -85,6 +88,10 @@ class DockerBackend(SandboxBackend):
     def _pool_size(self) -> int:
         pool = self.run.thread_pool
         return getattr(pool, "_max_workers", 32) + 16
+
+    def concurrency(self) -> int:
+        """Prompts the run works on at once: the runner's thread pool has 4 threads more than that."""
+        return max(1, getattr(self.run.thread_pool, "_max_workers", 8) - 4)
 
     # --- run lifecycle -------------------------------------------------------------------------
 
@@ -175,6 +182,8 @@ class DockerBackend(SandboxBackend):
         if self.api is None:
             return
         try:
+            for pool in self._pools.values():
+                pool.close()
             await asyncio.gather(*(sandbox.close() for sandbox in list(self._open)), return_exceptions=True)
             while self._background:
                 await asyncio.gather(*list(self._background), return_exceptions=True)
@@ -190,8 +199,14 @@ class DockerBackend(SandboxBackend):
     # --- images ---------------------------------------------------------------------------------
 
     async def prepare_image(self, image: Optional[str]) -> None:
-        """Check the image, pulling it once if missing; every prompt that needs it waits for that one pull."""
-        await self._image(image or self.config.image)
+        """Check the image, pulling it once if missing; every prompt that needs it waits for that one pull.
+
+        With ``-S pool=``, the image's pool starts filling now, while the first model calls are in flight.
+        """
+        name = image or self.config.image
+        info = await self._image(name)
+        if self.config.pool_size(self.concurrency()) > 0:
+            self._container_pool(name, info)
 
     async def _image(self, name: str) -> dict:
         future = self._images.get(name)
@@ -229,24 +244,29 @@ class DockerBackend(SandboxBackend):
     # --- containers --------------------------------------------------------------------------------
 
     async def open(self, spec: SandboxSpec) -> DockerSandbox:
-        """Create and start the prompt's container, at most ``max_starting`` at once."""
+        """The prompt's container: one of the image's pool (``-S pool=``), else created and started now.
+
+        At most ``max_starting`` containers are created and started at once, for the pools and for prompts.
+        """
         if self.api is None:
             raise SandboxError("The docker sandbox backend was not started.")
         image = spec.image or self.config.image
         info = await self._image(image)
         workdir = self._workdir(spec.cwd, info)
-        run_part = _NAME_UNSAFE.sub("-", spec.run_name)[:60]
-        name = f"hermes-batch-{run_part}-p{spec.prompt_index}-{uuid.uuid4().hex[:8]}"
-        labels = {
-            LABEL_RUN: spec.run_name,
-            LABEL_RUN_DIR: _run_dir(self.run),
-            LABEL_PROMPT: str(spec.prompt_index),
-            LABEL_CONTENT_KEY: spec.content_key,
-            LABEL_HOST: socket.gethostname(),
-            LABEL_PID: str(os.getpid()),
-            LABEL_SESSION: self.session,
-        }
+        name = self._name(spec.prompt_index, spec.run_name)
         env = {str(key): str(value) for key, value in spec.env.items()}
+        if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0:
+            pool = self._container_pool(image, info)
+            taken = await pool.take()
+            if taken is not None:
+                container_id, _pool_name = taken
+                # The name tells which prompt has it; the labels, set at creation, name none (see the README).
+                self.in_background(self.api.rename, container_id, name)
+                sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image, env=env)
+                self._open.add(sandbox)
+                self._taken[sandbox] = pool
+                return sandbox
+        labels = self._labels(spec.run_name) | {LABEL_PROMPT: str(spec.prompt_index), LABEL_CONTENT_KEY: spec.content_key}
         loop = asyncio.get_running_loop()
         async with self._starting:
             future = loop.run_in_executor(
@@ -263,6 +283,53 @@ class DockerBackend(SandboxBackend):
         sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image)
         self._open.add(sandbox)
         return sandbox
+
+    def _name(self, prompt_index, run_name: Optional[str] = None) -> str:
+        run_part = _NAME_UNSAFE.sub("-", run_name or self.run.run_name)[:60]
+        return f"hermes-batch-{run_part}-p{prompt_index}-{uuid.uuid4().hex[:8]}"
+
+    def _labels(self, run_name: Optional[str] = None) -> dict:
+        """The labels of every container of this process; the run's leftover sweeps find containers by them."""
+        return {
+            LABEL_RUN: run_name or self.run.run_name,
+            LABEL_RUN_DIR: _run_dir(self.run),
+            LABEL_HOST: socket.gethostname(),
+            LABEL_PID: str(os.getpid()),
+            LABEL_SESSION: self.session,
+        }
+
+    def _container_pool(self, image: str, info: dict) -> ContainerPool:
+        workdir = self._workdir(None, info)
+        pool = self._pools.get((image, workdir))
+        if pool is None:
+            size = self.config.pool_size(self.concurrency())
+
+            async def create() -> tuple:
+                name = self._name("pool")
+                loop = asyncio.get_running_loop()
+                async with self._starting:
+                    future = loop.run_in_executor(
+                        self.run.thread_pool, functools.partial(self._create, name, image, workdir, {}, self._labels())
+                    )
+                    self._background.add(future)
+                    future.add_done_callback(self._background.discard)
+                    try:
+                        return await asyncio.shield(future), name
+                    except asyncio.CancelledError:
+                        future.add_done_callback(self._remove_orphan)
+                        raise
+
+            pool = self._pools[(image, workdir)] = ContainerPool(self, image, workdir, size, create)
+            pool.fill()
+        return pool
+
+    def pooled(self) -> int:
+        """Containers started ahead of need and not yet handed to a prompt, over all images."""
+        return sum(pool.ready for pool in self._pools.values())
+
+    def discard_container(self, container_id: str) -> None:
+        """Remove a container no prompt used (``shutdown`` waits for it)."""
+        self.in_background(engine.remove_container, self.api, container_id)
 
     def _workdir(self, cwd: Optional[str], image_info: dict) -> str:
         if cwd:
@@ -331,6 +398,9 @@ class DockerBackend(SandboxBackend):
         """Kill and remove a sandbox's container (``shutdown`` sweeps what this misses)."""
         self._open.discard(sandbox)
         future = self.in_background(engine.remove_container, self.api, sandbox.id)
+        pool = self._taken.pop(sandbox, None)
+        if pool is not None:
+            pool.release()
         await asyncio.shield(future)
 
     def dead_reason(self, container_id: str) -> Optional[str]:

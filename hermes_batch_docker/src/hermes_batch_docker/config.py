@@ -114,6 +114,19 @@ def _check_workdir(_instance, _attribute, value: Optional[str]) -> None:
         raise ValueError(f"workdir must be an absolute path inside the container, got {value!r}")
 
 
+def _check_pool(_instance, _attribute, value) -> None:
+    if value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"pool must be a number of containers (0 for none) or auto, got {value!r}")
+
+
+def _pool(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return value.strip().lower() if isinstance(value, str) else value
+
+
 def _at_least(minimum, name):
     def check(_instance, _attribute, value) -> None:
         if value is not None and value < minimum:
@@ -138,6 +151,12 @@ class DockerConfig:
     pull: str = attrs.field(default="missing", validator=attrs.validators.in_(("missing", "never")))
     max_starting: int = attrs.field(factory=default_max_starting, validator=_at_least(1, "max_starting"))
     max_output_bytes: int = attrs.field(default=1_000_000, validator=_at_least(1024, "max_output_bytes"))
+    # Containers started ahead of need per image, each still for one prompt only; 0: each made when asked for.
+    pool: Any = attrs.field(default=0, converter=_pool, validator=_check_pool)
+
+    def pool_size(self, concurrency: int) -> int:
+        """Containers kept started ahead of need per image: ``pool``, or with ``auto`` the run's concurrency."""
+        return max(1, concurrency) if self.pool == "auto" else self.pool
 
     @property
     def memory_bytes(self) -> int:

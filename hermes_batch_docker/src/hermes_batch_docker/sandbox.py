@@ -69,7 +69,8 @@ class DockerSandbox(Sandbox):
     """A container of its own; each command is a ``/bin/sh -c`` exec with the container's environment only."""
 
     def __init__(
-        self, backend: "DockerBackend", container_id: str, name: str, workdir: str, prompt_index: int, image: str = ""
+        self, backend: "DockerBackend", container_id: str, name: str, workdir: str, prompt_index: int, image: str = "",
+        env: Optional[dict] = None,
     ):
         self.id = container_id
         self.name = name
@@ -80,6 +81,8 @@ class DockerSandbox(Sandbox):
         self._max_output = backend.config.max_output_bytes
         self._user = backend.config.user or ""  # commands run as -S user= (PID 1 stays root); "" the image's user
         self._closed = False
+        # A pooled container was made before its prompt was known: the prompt's environment goes with each exec.
+        self._exec_env = {"environment": env} if env else {}
 
     @property
     def workdir(self) -> str:
@@ -150,7 +153,8 @@ class DockerSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
         created = await self._call(
-            api.exec_create, self.id, argv, stdout=True, stderr=True, stdin=False, tty=False, user=self._user
+            api.exec_create, self.id, argv, stdout=True, stderr=True, stdin=False, tty=False, user=self._user,
+            **self._exec_env,
         )
         exec_id = created["Id"]
         try:
@@ -228,7 +232,8 @@ class DockerSandbox(Sandbox):
         api = self._backend.api
         try:
             created = api.exec_create(
-                self.id, [SHELL, "-c", KILL_GROUP, "sh", str(pid)], stdout=False, stderr=False, user=self._user
+                self.id, [SHELL, "-c", KILL_GROUP, "sh", str(pid)], stdout=False, stderr=False, user=self._user,
+                **self._exec_env,
             )
             api.exec_start(created["Id"], detach=True)
             if not wait:
@@ -380,7 +385,9 @@ class DockerSandbox(Sandbox):
     def _answers(self) -> bool:
         api = self._backend.api
         try:
-            created = api.exec_create(self.id, [SHELL, "-c", "exit 0"], stdout=True, stderr=True, user=self._user)
+            created = api.exec_create(
+                self.id, [SHELL, "-c", "exit 0"], stdout=True, stderr=True, user=self._user, **self._exec_env
+            )
             api.exec_start(created["Id"])
             return api.exec_inspect(created["Id"]).get("ExitCode") == 0
         except engine_errors():

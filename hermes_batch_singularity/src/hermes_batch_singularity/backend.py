@@ -15,6 +15,7 @@ from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec
 from . import instances, runtime
 from .config import DEFAULT_WORKDIR, SingularityConfig
 from .images import ImageCache
+from .pool import InstancePool
 from .sandbox import SingularitySandbox
 
 log = logging.getLogger("hermes_batch.singularity")
@@ -45,6 +46,8 @@ class SingularityBackend(SandboxBackend):
         self._open: set[SingularitySandbox] = set()
         self._background: set[asyncio.Future] = set()  # starts cut short, stops, kills still running
         self._uncertain: set[str] = set()  # instances whose start did not end normally
+        self._pools: dict[tuple, InstancePool] = {}  # (image, working folder) -> instances started ahead (-S pool=)
+        self._taken: dict[SingularitySandbox, InstancePool] = {}  # open sandboxes of a pool, replaced when closed
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -59,6 +62,14 @@ class SingularityBackend(SandboxBackend):
         future.add_done_callback(self._background.discard)
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
         return future
+
+    def concurrency(self) -> int:
+        """Prompts the run works on at once: the runner's thread pool has 4 threads more than that."""
+        return max(1, getattr(self.run.thread_pool, "_max_workers", 8) - 4)
+
+    def pooled(self) -> int:
+        """Instances started ahead of need and not yet handed to a prompt, over all images."""
+        return sum(pool.ready for pool in self._pools.values())
 
     def exec_prefix(self, pwd: str) -> list:
         """The start of every ``exec`` on an instance: a clean environment, in ``pwd``."""
@@ -107,6 +118,8 @@ class SingularityBackend(SandboxBackend):
         if self.binary is None:
             return
         try:
+            for pool in self._pools.values():
+                pool.close()
             await asyncio.gather(*(sandbox.close() for sandbox in list(self._open)), return_exceptions=True)
             while self._background:
                 await asyncio.gather(*list(self._background), return_exceptions=True)
@@ -118,20 +131,38 @@ class SingularityBackend(SandboxBackend):
     # --- images ---------------------------------------------------------------------------------
 
     async def prepare_image(self, image: Optional[str]) -> None:
-        """Convert the image to a SIF once (cached); every prompt that needs it waits for that one conversion."""
+        """Convert the image to a SIF once (cached); every prompt that needs it waits for that one conversion.
+
+        With ``-S pool=``, the image's pool starts filling now, while the first model calls are in flight.
+        """
         if self.images is None:
             raise SandboxError("The singularity sandbox backend was not started.")
-        await self.images.path(image or self.config.image)
+        name = image or self.config.image
+        path = await self.images.path(name)
+        if self.config.pool_size(self.concurrency()) > 0:
+            self._instance_pool(name, path)
 
     # --- instances ------------------------------------------------------------------------------
 
     async def open(self, spec: SandboxSpec) -> SingularitySandbox:
-        """Start the prompt's instance (at most ``max_starting`` at once) and make its working folder."""
+        """The prompt's instance: one of the image's pool (``-S pool=``), else started now with its working folder.
+
+        At most ``max_starting`` instances are started at once, for the pools and for prompts.
+        """
         if self.images is None:
             raise SandboxError("The singularity sandbox backend was not started.")
         image = spec.image or self.config.image
         path = await self.images.path(image)
         workdir = self._workdir(spec.cwd)
+        env = {str(key): str(value) for key, value in spec.env.items()}
+        if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0:
+            pool = self._instance_pool(image, path)
+            taken = await pool.take()
+            if taken is not None:
+                sandbox = SingularitySandbox(self, taken, workdir, spec.prompt_index, env, image)
+                self._open.add(sandbox)
+                self._taken[sandbox] = pool
+                return sandbox
         name = instances.instance_name(spec.run_name, self.run.run_dir, spec.prompt_index, self.session)
         async with self._starting:
             starting = self.in_background(self._start_instance(name, path, image))
@@ -142,7 +173,6 @@ class SingularityBackend(SandboxBackend):
                 self._uncertain.add(name)
                 starting.add_done_callback(functools.partial(self._stop_if_started, name))
                 raise
-        env = {str(key): str(value) for key, value in spec.env.items()}
         sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image)
         self._open.add(sandbox)
         try:
@@ -151,6 +181,36 @@ class SingularityBackend(SandboxBackend):
             await sandbox.close()
             raise
         return sandbox
+
+    def _instance_pool(self, image: str, path: str) -> InstancePool:
+        workdir = self._workdir(None)
+        pool = self._pools.get((image, workdir))
+        if pool is None:
+            size = self.config.pool_size(self.concurrency())
+
+            async def start() -> str:
+                name = instances.instance_name(self.run.run_name, self.run.run_dir, "pool", self.session)
+                async with self._starting:
+                    starting = self.in_background(self._start_instance(name, path, image))
+                    try:
+                        await asyncio.shield(starting)
+                    except asyncio.CancelledError:
+                        self._uncertain.add(name)
+                        starting.add_done_callback(functools.partial(self._stop_if_started, name))
+                        raise
+                try:
+                    await asyncio.shield(self.in_background(self._make_workdir_of(name, workdir)))
+                except BaseException:
+                    self.in_background(self._stop_name(name))
+                    raise
+                return name
+
+            def discard(name: str) -> None:
+                self.in_background(self._stop_name(name))
+
+            pool = self._pools[(image, workdir)] = InstancePool(image, workdir, size, start, discard)
+            pool.fill()
+        return pool
 
     def _workdir(self, cwd: Optional[str]) -> str:
         if cwd:
@@ -181,17 +241,24 @@ class SingularityBackend(SandboxBackend):
             self.in_background(self._stop_name(name))
 
     async def _make_workdir(self, sandbox: SingularitySandbox) -> None:
-        argv = [*self.exec_prefix("/"), f"instance://{sandbox.name}", "/bin/sh", "-c", MKDIR, "sh", sandbox.workdir]
+        await self._make_workdir_of(sandbox.name, sandbox.workdir)
+
+    async def _make_workdir_of(self, name: str, workdir: str) -> None:
+        argv = [*self.exec_prefix("/"), f"instance://{name}", "/bin/sh", "-c", MKDIR, "sh", workdir]
         done = await runtime.run(argv, env=self.env, timeout=self.config.start_timeout)
         if done.returncode != 0:
             raise SandboxError(
-                f"Could not make the working folder {sandbox.workdir} in the instance {sandbox.name}: {done.reason()}."
+                f"Could not make the working folder {workdir} in the instance {name}: {done.reason()}."
             )
 
     async def stop(self, sandbox: SingularitySandbox) -> None:
         """Stop a sandbox's instance, whatever happens to the caller meanwhile."""
         self._open.discard(sandbox)
-        await asyncio.shield(self.in_background(self._stop_name(sandbox.name)))
+        stopping = self.in_background(self._stop_name(sandbox.name))
+        pool = self._taken.pop(sandbox, None)
+        if pool is not None:
+            pool.release()
+        await asyncio.shield(stopping)
 
     async def _stop_name(self, name: str) -> None:
         # --force sends SIGKILL to the instance's first process; its pid namespace dies with it.

@@ -56,6 +56,19 @@ def _check_binary(_instance, _attribute, value: Optional[str]) -> None:
         raise ValueError("binary must name the apptainer or singularity command, or a path to it")
 
 
+def _check_pool(_instance, _attribute, value) -> None:
+    if value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"pool must be a number of instances (0 for none) or auto, got {value!r}")
+
+
+def _pool(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return value.strip().lower() if isinstance(value, str) else value
+
+
 def _at_least(minimum, name):
     def check(_instance, _attribute, value) -> None:
         if value is not None and value < minimum:
@@ -79,6 +92,12 @@ class SingularityConfig:
     max_output_bytes: int = attrs.field(default=1_000_000, validator=_at_least(1024, "max_output_bytes"))
     start_timeout: float = attrs.field(default=300.0, validator=_at_least(1, "start_timeout"))  # one instance start
     convert_timeout: float = attrs.field(default=3600.0, validator=_at_least(1, "convert_timeout"))  # one image
+    # Instances started ahead of need per image, each still for one prompt only; 0: each started when asked for.
+    pool: Any = attrs.field(default=0, converter=_pool, validator=_check_pool)
+
+    def pool_size(self, concurrency: int) -> int:
+        """Instances kept started ahead of need per image: ``pool``, or with ``auto`` the run's concurrency."""
+        return max(1, concurrency) if self.pool == "auto" else self.pool
 
     @property
     def cache_path(self) -> Path:

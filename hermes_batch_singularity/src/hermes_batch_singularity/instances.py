@@ -5,7 +5,9 @@ An instance has no labels, only a name (at most about 60 characters of
 
     hb-<run, cut to 40>.<run hash 4><folder hash 4>.p<prompt>.<pid>.<session>.<n>
 
-where ``n`` counts the instances of this process (names never repeat in one process).
+where ``n`` counts the instances of this process (names never repeat in one process), and
+``<prompt>`` is ``pool`` for an instance started ahead of need (``-S pool=``), before its
+prompt was known (an instance cannot be renamed).
 
 Apptainer lists instances per user and per machine, so the pid is one of this machine.
 """
@@ -27,7 +29,7 @@ RUN_CHARS = 40
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 _NAME = re.compile(
     r"^hb-(?P<run>.*)\.(?P<run_hash>[0-9a-f]{4})(?P<dir_hash>[0-9a-f]{4})"
-    r"\.p(?P<prompt>\d+)\.(?P<pid>\d+)\.(?P<session>[0-9a-f]{4})\.(?P<seq>[0-9a-z]+)$"
+    r"\.p(?P<prompt>\d+|pool)\.(?P<pid>\d+)\.(?P<session>[0-9a-f]{4})\.(?P<seq>[0-9a-z]+)$"
 )
 
 _SEQUENCE = itertools.count()
@@ -58,7 +60,7 @@ def _base36(number: int) -> str:
             return text
 
 
-def instance_name(run_name: str, run_dir, prompt_index: int, session: str) -> str:
+def instance_name(run_name: str, run_dir, prompt_index, session: str) -> str:
     run_part = _UNSAFE.sub("-", run_name)[:RUN_CHARS]
     return (
         f"{PREFIX}{run_part}.{run_hash(run_name)}{folder_hash(run_dir)}"
@@ -74,7 +76,7 @@ class InstanceName:
     run_part: str
     run_hash: str
     dir_hash: str
-    prompt_index: int
+    prompt_index: Optional[int]  # None: started ahead of need, for a prompt not known then
     pid: int
     session: str
 
@@ -85,7 +87,8 @@ class InstanceName:
         if match is None:
             return None
         return cls(
-            name, match["run"], match["run_hash"], match["dir_hash"], int(match["prompt"]), int(match["pid"]), match["session"]
+            name, match["run"], match["run_hash"], match["dir_hash"],
+            None if match["prompt"] == "pool" else int(match["prompt"]), int(match["pid"]), match["session"],
         )
 
     def of_run(self, run_name: str) -> bool:
