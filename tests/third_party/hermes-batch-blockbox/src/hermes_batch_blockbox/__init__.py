@@ -39,8 +39,8 @@ class CsvWriter(Writer):
 
 
 @hermes_batch.tool
-async def shout(text: str) -> str:
-    """Return ``text`` in capitals.
+def shout(text: str) -> str:
+    """Return ``text`` in capitals (a plain function: the run calls it in its thread pool for tools).
 
     Args:
         text: What to shout.
