@@ -87,9 +87,9 @@ def _fill(template: str, index: int, batch: int, prompt: str, key: str) -> str:
 
 def build_folder(template: Path, out: Path, name: str, prompts: int, batch_size: int, left: float) -> Path:
     """A finished run of ``prompts`` prompts (the last ``left`` share not run yet) in ``out/name``."""
-    from hermes_batch import reindex
-    from hermes_batch.records import Trajectory, content_key
-    from hermes_batch.serialization import from_json
+    from hermes_batch.folder import reindex
+    from hermes_batch.formats.records import Trajectory, content_key
+    from hermes_batch.formats.serialization import from_json
 
     records, calls = _template_records(template)
     lines = [_line_template(r) for r in records]
@@ -97,18 +97,18 @@ def build_folder(template: Path, out: Path, name: str, prompts: int, batch_size:
                           for entry in calls.get(t, ())) for t in range(len(records))]
     structured = [from_json(r, Trajectory) for r in records]
     try:
-        from hermes_batch import bookkeeping, rowkeys
-        from hermes_batch.aggregate import epoch, key_digest
-        from hermes_batch.runfolder import RunFolder
+        from hermes_batch.folder import record_index, rowkeys
+        from hermes_batch.folder.aggregate import epoch, key_digest
+        from hermes_batch.folder.runfolder import RunFolder
     except ImportError:  # a version that scans the records instead of keeping indexes
-        bookkeeping = None
-    epochs = [epoch(r["metadata"]["timestamp"]) for r in records] if bookkeeping else []
+        record_index = None
+    epochs = [epoch(r["metadata"]["timestamp"]) for r in records] if record_index else []
     folder = out / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     dataset = write_dataset(out / f"{name}.jsonl", prompts)
     done = prompts - round(prompts * left)
-    run_index = bookkeeping.RunIndex(RunFolder(out, name)) if bookkeeping else None
+    run_index = record_index.RunIndex(RunFolder(out, name)) if record_index else None
     index = None
     ends: list = []  # where each batch ends in trajectories.jsonl
     with open(folder / "trajectories.jsonl", "w") as merged, open(folder / "calls.jsonl", "w") as journal:
@@ -122,7 +122,7 @@ def build_folder(template: Path, out: Path, name: str, prompts: int, batch_size:
                     _save(run_index, index)
                     ends.append(merged.tell())
                 batch_file = open(folder / f"batch_{batch}.jsonl", "w")
-                index = run_index and bookkeeping.FileIndex(folder / f"batch_{batch}.jsonl", "kept")
+                index = run_index and record_index.FileIndex(folder / f"batch_{batch}.jsonl", "kept")
             t = i % len(records)
             journal.write(call_lines[t].replace('"@@INDEX@@"', str(i)))
             text = prompt_text(i)
@@ -163,7 +163,7 @@ def build_folder(template: Path, out: Path, name: str, prompts: int, batch_size:
 
 def _save_merge_state(run_index, folder: Path, ends: list) -> None:
     """index/merged.json as the merge that wrote trajectories.jsonl would have left it."""
-    from hermes_batch import merge
+    from hermes_batch.folder import merge
 
     _total, _times, batches = run_index.totals()
     names = frozenset().union(*(b.tools for b in batches))

@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from hermes_batch.interfaces import ModelSettings, ToolContext
-from hermes_batch.plugins import collect, get_plugin_manager
-from hermes_batch.run_context import RunContext
-from hermes_batch.toolsets import PromptToolsets, build_runtimes
+from hermes_batch.contract.interfaces import ModelSettings, ToolContext
+from hermes_batch.contract.plugins import collect, get_plugin_manager
+from hermes_batch.contract.run_context import RunContext
+from hermes_batch.contract.toolsets import PromptToolsets, build_runtimes
 from hermes_batch_toolbox.browser_tools import BrowserNavigateTool, BrowserSnapshotTool
 from hermes_batch_toolbox.testing import LocalWebsite
 

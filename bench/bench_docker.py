@@ -24,8 +24,8 @@ from pathlib import Path
 
 from common import ideal_seconds, measure_run, model_server, write_prompts
 
-from hermes_batch.records import SandboxSpec
-from hermes_batch.run_context import RunContext
+from hermes_batch.formats.records import SandboxSpec
+from hermes_batch.contract.run_context import RunContext
 from hermes_batch_docker import DockerBackend, DockerConfig
 
 IMAGE = "hermes-batch-test/busybox-a:1"

@@ -37,8 +37,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hermes_batch_modal" / "tests"))
 
-from hermes_batch.records import SandboxSpec  # noqa: E402
-from hermes_batch.run_context import RunContext  # noqa: E402
+from hermes_batch.formats.records import SandboxSpec  # noqa: E402
+from hermes_batch.contract.run_context import RunContext  # noqa: E402
 from hermes_batch_modal import ModalBackend, ModalConfig  # noqa: E402
 
 IMAGE = "hermes-batch-test/busybox-a:1"

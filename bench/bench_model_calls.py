@@ -56,7 +56,7 @@ async def _minimal(url: str, prompts: int, sessions: int, mode: str) -> None:
     import openai
     from openai.types.chat import ChatCompletion
 
-    from hermes_batch.conversation import DEFAULT_SYSTEM_PROMPT
+    from hermes_batch.formats.conversation import DEFAULT_SYSTEM_PROMPT
     from hermes_batch.default_plugins.terminal_tools import TerminalTool
 
     limits = httpx2.Limits(max_connections=sessions, max_keepalive_connections=sessions)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from common import model_server, write_prompts
 
-from hermes_batch.dataset import iter_rows
+from hermes_batch.formats.dataset import iter_rows
 
 BATCH = 100
 

@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hermes_batch.records import SandboxSpec
-from hermes_batch.run_context import RunContext
+from hermes_batch.formats.records import SandboxSpec
+from hermes_batch.contract.run_context import RunContext
 from hermes_batch_singularity import SingularityBackend, SingularityConfig
 
 IMAGE = "hermes-batch-test/busybox-a:1"

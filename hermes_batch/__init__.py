@@ -31,10 +31,10 @@ from .errors import (  # noqa: E402 (hookimpl and PROJECT_NAME first: the module
     SandboxError,
     UsageError,
 )
-from .dispatch import WorkerLink, WorkerLost, run_on_workers  # noqa: E402
-from .filtering import RunFilter  # noqa: E402
-from .function_tools import tool  # noqa: E402
-from .interfaces import (  # noqa: E402
+from .executors.dispatch import WorkerLink, WorkerLost, run_on_workers  # noqa: E402
+from .contract.run_filters import RunFilter  # noqa: E402
+from .contract.function_tools import tool  # noqa: E402
+from .contract.interfaces import (  # noqa: E402
     Distribution,
     Executor,
     Filter,
@@ -52,10 +52,10 @@ from .interfaces import (  # noqa: E402
     ToolsetSession,
     Writer,
 )
-from .output import BoundedOutput, FirstBytes  # noqa: E402
-from .plugins import PluginManager, get_plugin_manager  # noqa: E402
-from .ratelimit import CallLimiter  # noqa: E402
-from .records import (  # noqa: E402
+from .session.command_output import BoundedOutput, FirstBytes  # noqa: E402
+from .contract.plugins import PluginManager, get_plugin_manager  # noqa: E402
+from .model.ratelimit import CallLimiter  # noqa: E402
+from .formats.records import (  # noqa: E402
     SCHEMA_VERSION,
     CallRecord,
     Discarded,
@@ -74,10 +74,10 @@ from .records import (  # noqa: E402
     Turn,
     Usage,
 )
-from .retry import error_for_status  # noqa: E402
-from .run_context import RunContext  # noqa: E402
-from .serialization import structure_config, trajectory_from_dict, trajectory_to_dict  # noqa: E402
-from .writers import FileWriter, Sink  # noqa: E402
+from .model.retry import error_for_status  # noqa: E402
+from .contract.run_context import RunContext  # noqa: E402
+from .formats.serialization import structure_config, trajectory_from_dict, trajectory_to_dict  # noqa: E402
+from .contract.writers import FileWriter, Sink  # noqa: E402
 
 __all__ = [
     # writing a plugin
@@ -158,11 +158,11 @@ __all__ = [
 
 # The run engine loads the model SDKs: imported at first use, so that a plugin's
 # ``import hermes_batch`` stays light.
-_LAZY = {"RunPlan": "plan", "build_processor": "plan", "PromptWorker": "worker", "WorkerSetup": "worker"}
+_LAZY = {"RunPlan": "run.plan", "build_processor": "run.plan", "PromptWorker": "executors.worker", "WorkerSetup": "executors.worker"}
 
 if TYPE_CHECKING:
-    from .plan import RunPlan, build_processor
-    from .worker import PromptWorker, WorkerSetup
+    from .run.plan import RunPlan, build_processor
+    from .executors.worker import PromptWorker, WorkerSetup
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from hermes_batch.testing import TEST_API_KEY as API_KEY, write_dataset
 
 from hermes_batch.cli import cli
-from hermes_batch.config import HTTP_BACKENDS, resolve_api_key
+from hermes_batch.run.config import HTTP_BACKENDS, resolve_api_key
 from hermes_batch.default_plugins.anthropic_client import (
     AnthropicClient,
     from_wire,
@@ -29,10 +29,10 @@ from hermes_batch.default_plugins.anthropic_client import (
     to_wire,
 )
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
-from hermes_batch.interfaces import ModelSettings
-from hermes_batch.plugins import collect, get_plugin_manager
-from hermes_batch.records import Message, ToolCall, Usage
-from hermes_batch.selection import model_client_class
+from hermes_batch.contract.interfaces import ModelSettings
+from hermes_batch.contract.plugins import collect, get_plugin_manager
+from hermes_batch.formats.records import Message, ToolCall, Usage
+from hermes_batch.run.selection import model_client_class
 from hermes_batch.testing import ErrorRule, Reply, RoutedScript, ScriptedModelServer, ToolLoopScript
 
 PROMPT = "Inspect the sandbox twice"

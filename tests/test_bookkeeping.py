@@ -1,4 +1,4 @@
-"""The run's indexes (bookkeeping.py, rowkeys.py) and the merge that does only what changed (merge.py).
+"""The run's indexes (record_index.py, rowkeys.py) and the merge that does only what changed (merge.py).
 
 Runs go through the real CLI against the scripted model server; the
 statistics a session builds from the indexes are compared with the reference
@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from hermes_batch import bookkeeping, rowkeys
-from hermes_batch.bookkeeping import RunIndex
+from hermes_batch.folder import record_index, rowkeys
+from hermes_batch.folder.record_index import RunIndex
 from hermes_batch.default_plugins.jsonl_writer import JsonlWriter
-from hermes_batch.interfaces import Writer
-from hermes_batch.merge import merge_run
-from hermes_batch.records import SessionInfo
-from hermes_batch.runfolder import RunFolder
-from hermes_batch.serialization import from_json
-from hermes_batch.statistics import RunInfo, build_statistics
+from hermes_batch.contract.interfaces import Writer
+from hermes_batch.folder.merge import merge_run
+from hermes_batch.formats.records import SessionInfo
+from hermes_batch.folder.runfolder import RunFolder
+from hermes_batch.formats.serialization import from_json
+from hermes_batch.folder.statistics import RunInfo, build_statistics
 from hermes_batch.testing import Reply, RoutedScript, ToolLoopScript
 
 from hermes_batch.testing import write_dataset
@@ -146,9 +146,9 @@ def test_a_damaged_or_stale_index_is_built_again_and_nothing_finished_runs_again
         text = json.loads(index_file.read_text())
         batch = (folder / "batch_1.jsonl").read_bytes()
         first = batch.index(b"\n") + 1
-        stale = bookkeeping.FileIndex(folder / "batch_1.jsonl", "kept")
+        stale = record_index.FileIndex(folder / "batch_1.jsonl", "kept")
         stale.catch_up(first)
-        stale.edges = bookkeeping.edges(folder / "batch_1.jsonl", first)
+        stale.edges = record_index.edges(folder / "batch_1.jsonl", first)
         index_file.write_text(stale.to_json())
         assert json.loads(index_file.read_text())["covered"] < text["covered"]
     elif damage == "other file":
@@ -176,7 +176,7 @@ def test_an_index_write_cut_off_leaves_the_old_index_and_the_resume_catches_up(t
     class Crash(BaseException):
         pass
 
-    real = bookkeeping.atomic_write_text
+    real = record_index.atomic_write_text
 
     def crash_on_batch_index(path, text):
         if Path(path).name == "batch_1.json":
@@ -185,10 +185,10 @@ def test_an_index_write_cut_off_leaves_the_old_index_and_the_resume_catches_up(t
             raise Crash()
         real(path, text)
 
-    monkeypatch.setattr(bookkeeping, "atomic_write_text", crash_on_batch_index)
+    monkeypatch.setattr(record_index, "atomic_write_text", crash_on_batch_index)
     with pytest.raises(Crash):
         runner.invoke(data, *BASE, "--resume", "--max_samples", "all", server=model_server(FAST))
-    monkeypatch.setattr(bookkeeping, "atomic_write_text", real)
+    monkeypatch.setattr(record_index, "atomic_write_text", real)
     third = model_server(FAST)
     result = runner.invoke(data, *BASE, "--resume", server=third)
     assert result.exit_code == 0, result.output
@@ -296,8 +296,8 @@ def test_a_writer_that_cannot_append_writes_everything_only_when_something_chang
 
 def _copies() -> list[bytes]:
     """Lines of kept records at prompt indexes 0, 5, 10, 6 (batch size 5) with distinct prompts and keys."""
-    from hermes_batch.records import Metadata, ToolStat, Trajectory, Turn, content_key
-    from hermes_batch.serialization import to_json_line
+    from hermes_batch.formats.records import Metadata, ToolStat, Trajectory, Turn, content_key
+    from hermes_batch.formats.serialization import to_json_line
 
     lines = []
     for index in (0, 5, 10, 6):
@@ -314,7 +314,7 @@ def test_the_row_plan_counts_duplicates_and_keeps_the_multiset_at_8_bytes_a_prom
     for index, prompt in enumerate(["a", "b", "a", "a", "c"]):
         keys.add(index, {"prompt": prompt})
     finished = array.array("Q", sorted([keys.digests[0], keys.digests[0], keys.digests[4]]))
-    plan = rowkeys.plan(keys, finished)
+    plan = rowkeys.match_finished(keys, finished)
     assert list(plan.left) == [1, 3]  # the third "a" and "b" still run
     assert (plan.finished, plan.skipped, plan.unmatched) == (3, 3, 0)
     assert finished.itemsize == 8
@@ -345,6 +345,6 @@ def test_a_resume_with_nothing_left_imports_no_model_sdk(tmp_path, runner, model
     _out, err = child.communicate(timeout=120)
     assert child.returncode == 0, err[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
-    assert "hermes_batch.runner" in imported  # the profile is there
+    assert "hermes_batch.run.runner" in imported  # the profile is there
     assert not imported & {"openai", "anthropic"}
     assert server.request_count == 0

@@ -14,13 +14,13 @@ from hermes_batch.default_plugins.file_tools import (
     SearchFilesTool,
     WriteFileTool,
 )
-from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
+from hermes_batch.local_sandbox.backend import LocalSandboxBackend, LocalSandboxConfig
 from hermes_batch.default_plugins.terminal_tools import TerminalTool, truncate_middle
 from hermes_batch.errors import SandboxError
-from hermes_batch.interfaces import ToolContext
-from hermes_batch.plugins import collect, get_plugin_manager
-from hermes_batch.records import SandboxSpec
-from hermes_batch.run_context import RunContext
+from hermes_batch.contract.interfaces import ToolContext
+from hermes_batch.contract.plugins import collect, get_plugin_manager
+from hermes_batch.formats.records import SandboxSpec
+from hermes_batch.contract.run_context import RunContext
 from hermes_batch.testing.sandbox_contract import make_huge_files, peak_rss, peak_rss_reset
 
 

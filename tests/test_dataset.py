@@ -9,7 +9,7 @@ import tracemalloc
 
 import pytest
 
-from hermes_batch.dataset import MAX_PROBLEMS, dataset_error, format_problems, iter_rows, validate_dataset
+from hermes_batch.formats.dataset import MAX_PROBLEMS, dataset_error, format_problems, iter_rows, validate_dataset
 from hermes_batch.errors import DatasetError, UsageError
 
 
@@ -93,7 +93,7 @@ def test_blank_lines_and_bad_rows_do_not_shift_prompt_indices(tmp_path):
 
 
 def test_only_some_rows_are_read_by_index_and_the_others_are_counted_not_decoded(tmp_path, monkeypatch):
-    from hermes_batch import dataset
+    from hermes_batch.formats import dataset
 
     lines = ["", row(prompt="a"), "   ", "not json", row(prompt="b"), row(prompt="c"), "", row(prompt="d"), row(prompt="e")]
     path = write_lines(tmp_path / "d.jsonl", lines)

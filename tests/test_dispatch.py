@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from hermes_batch.dispatch import PREFETCH, Dispatcher, WorkerError, WorkerLink, WorkerLost, split
+from hermes_batch.executors.dispatch import PREFETCH, Dispatcher, WorkerError, WorkerLink, WorkerLost, split
 from hermes_batch.errors import FatalModelError, RunFolderWriteError
-from hermes_batch.interfaces import PromptJobs
+from hermes_batch.contract.interfaces import PromptJobs
 
 
 class SimulatedWorker(WorkerLink):

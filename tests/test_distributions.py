@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hermes_batch.default_plugins import distributions as builtin
-from hermes_batch.distributions import (
+from hermes_batch.run.distributions import (
     distribution_from_percent,
     distributions_as_json,
     format_distributions,
@@ -20,8 +20,8 @@ from hermes_batch.distributions import (
     unavailable_warning,
 )
 from hermes_batch.errors import ConfigError
-from hermes_batch.interfaces import Distribution
-from hermes_batch.plugins import collect, get_plugin_manager
+from hermes_batch.contract.interfaces import Distribution
+from hermes_batch.contract.plugins import collect, get_plugin_manager
 
 SEED_NAMES = (
     "default image_gen research science development safe balanced minimal terminal_only terminal_web "
@@ -58,7 +58,7 @@ def test_a_different_seed_or_key_changes_the_stream():
 
 def test_rng_is_stable_across_processes():
     # Resumed and distributed runs must draw the same toolsets whatever the hash randomisation.
-    code = "from hermes_batch.distributions import rng_for; print(rng_for(42, 'abc').getrandbits(32))"
+    code = "from hermes_batch.run.distributions import rng_for; print(rng_for(42, 'abc').getrandbits(32))"
     outputs = {
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONHASHSEED": seed}, check=True).stdout
         for seed in ("1", "2")

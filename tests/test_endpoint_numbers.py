@@ -17,12 +17,12 @@ import attrs
 import pytest
 
 import hermes_batch
-from hermes_batch import bookkeeping
-from hermes_batch.interfaces import Distribution, Tool, Toolset
-from hermes_batch.journal import CallJournal
-from hermes_batch.records import CallRecord, Usage
-from hermes_batch.runfolder import RunFolder
-from hermes_batch.serialization import to_json_line
+from hermes_batch.folder import record_index
+from hermes_batch.contract.interfaces import Distribution, Tool, Toolset
+from hermes_batch.folder.journal import CallJournal
+from hermes_batch.formats.records import CallRecord, Usage
+from hermes_batch.folder.runfolder import RunFolder
+from hermes_batch.formats.serialization import to_json_line
 from hermes_batch.testing import TEST_API_KEY, ImageReply, ToolLoopScript, write_dataset
 from hermes_batch.testing.records import make_trajectory
 
@@ -248,13 +248,13 @@ def test_a_run_folder_that_already_holds_such_values_resumes_with_them_unknown(r
     checkpoint = folder / "checkpoint.json"
     checkpoint.write_text(re.sub(r'"cost":[0-9.]+', '"cost":Infinity', checkpoint.read_text()))
     # batch_1's index as an older version saved it: the sums of two records of 10**30 tokens and 1e308 dollars
-    old = bookkeeping.FileIndex(folder / "batch_1.jsonl", "kept")
+    old = record_index.FileIndex(folder / "batch_1.jsonl", "kept")
     old.catch_up()
     old.seal()
     old.aggregate.prompt_tokens = 2 * 10**30
     old.aggregate.cost.add(1e308)
     old.aggregate.cost.add(1e308)
-    run_index = bookkeeping.RunIndex(RunFolder(folder.parent, folder.name))
+    run_index = record_index.RunIndex(RunFolder(folder.parent, folder.name))
     run_index.save(old)
     # ... and the journal's totals as an older version saved them from those lines
     run_index.journal_totals()

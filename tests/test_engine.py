@@ -5,9 +5,9 @@ import time
 from pathlib import Path
 
 import hermes_batch
-from hermes_batch.config import RunConfig
-from hermes_batch.plugins import get_plugin_manager
-from hermes_batch.runner import Run
+from hermes_batch.run.config import RunConfig
+from hermes_batch.contract.plugins import get_plugin_manager
+from hermes_batch.run.runner import RunEngine
 from hermes_batch.testing import RoutedScript, ToolLoopScript
 
 from hermes_batch.testing import TEST_API_KEY as API_KEY, write_dataset
@@ -37,7 +37,7 @@ class Observer:
 
 
 def run_api(tmp_path: Path, server, rows, observer=None, **options):
-    """Run through the Python API (Run), the way the CLI does, with an optional extra plugin."""
+    """Run through the Python API (RunEngine), the way the CLI does, with an optional extra plugin."""
     config = RunConfig(
         dataset_file=write_dataset(tmp_path / "prompts.jsonl", rows),
         batch_size=options.pop("batch_size", 10),
@@ -51,7 +51,7 @@ def run_api(tmp_path: Path, server, rows, observer=None, **options):
         **options,
     )
     pm = get_plugin_manager(extra_plugins=[observer] if observer else ())
-    run = Run(config, pm)
+    run = RunEngine(config, pm)
     run.prepare()
     started = time.monotonic()
     result = asyncio.run(run.execute())

@@ -10,7 +10,7 @@ import time
 import datasets
 import pytest
 
-from hermes_batch.export import parse_splits, split_of
+from hermes_batch.offline.export import parse_splits, split_of
 from hermes_batch.testing.openai_finetune import check_line
 from hermes_batch.testing import SHAPES, ShapeScript, answer_for, run_shapes, shape_rows
 from hermes_batch.testing import read_jsonl as lines
@@ -299,9 +299,9 @@ def _has_parquet() -> bool:
 KILLER = r"""
 import os, signal, sys, time
 from pathlib import Path
-from hermes_batch.writers import LineSink
+from hermes_batch.contract.writers import LineSink
 try:
-    import hermes_batch.export_files as export_files
+    import hermes_batch.offline.export_files as export_files
 except ImportError:  # versions before export_files.py: so that this test shows what they did
     export_files = None
 

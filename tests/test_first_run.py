@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hermes_batch import plugins
+from hermes_batch.contract import plugins
 from hermes_batch.cli import cli
 from hermes_batch.testing import TEST_API_KEY, write_dataset
 
@@ -124,7 +124,7 @@ def test_skip_invalid_lists_the_lines_it_skipped(runner, model_server, tmp_path)
 
 
 def test_a_truncated_line_is_reported_where_it_broke(tmp_path):
-    from hermes_batch.dataset import validate_dataset
+    from hermes_batch.formats.dataset import validate_dataset
 
     path = write_dataset(tmp_path / "d.jsonl", ['{"prompt": "fine"}', '{"prompt": "abc", "n": [1, 2', '{"prompt": "x" "y"}'])
     problems = validate_dataset(path).problems

@@ -10,7 +10,8 @@ import click
 import pytest
 
 import hermes_batch
-from hermes_batch import Distribution, Filter, Toolset, Writer, hookspecs
+from hermes_batch import Distribution, Filter, Toolset, Writer
+from hermes_batch.contract import hookspecs
 from hermes_batch.testing import Reply, write_dataset
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

@@ -15,9 +15,9 @@ from hermes_batch.testing import write_dataset
 
 from hermes_batch.testing import Reply
 
-from hermes_batch.config import RunConfig
+from hermes_batch.run.config import RunConfig
 from hermes_batch.errors import ConfigError, UsageError
-from hermes_batch.serialization import parse_key_values, structure_config
+from hermes_batch.formats.serialization import parse_key_values, structure_config
 
 # --- float options ---------------------------------------------------------------------------
 
@@ -118,7 +118,7 @@ BAD_ROWS = [
 
 @pytest.mark.parametrize(("line", "reason"), BAD_ROWS, ids=[r for _, r in BAD_ROWS])
 def test_rows_no_record_could_carry_are_bad_input_with_file_and_line(tmp_path, line, reason):
-    from hermes_batch.dataset import iter_rows, validate_dataset
+    from hermes_batch.formats.dataset import iter_rows, validate_dataset
 
     path = write_dataset(tmp_path / "d.jsonl", [{"prompt": "first"}, line, {"prompt": "last"}])
     report = validate_dataset(path)
@@ -129,7 +129,7 @@ def test_rows_no_record_could_carry_are_bad_input_with_file_and_line(tmp_path, l
 
 
 def test_the_depth_limit_is_exactly_one_hundred_levels_and_ids_may_be_any_integer(tmp_path):
-    from hermes_batch.dataset import iter_rows, validate_dataset
+    from hermes_batch.formats.dataset import iter_rows, validate_dataset
 
     fits = '{"prompt": "x", "deep": ' + nested(99) + ', "id": 18446744073709551616}'  # 1 + 99 levels
     path = write_dataset(tmp_path / "d.jsonl", [fits])
@@ -141,7 +141,7 @@ def test_the_depth_limit_is_exactly_one_hundred_levels_and_ids_may_be_any_intege
 def test_a_line_over_the_size_limit_is_reported_without_being_read_whole(tmp_path):
     import tracemalloc
 
-    from hermes_batch import dataset
+    from hermes_batch.formats import dataset
 
     path = tmp_path / "d.jsonl"
     with open(path, "w") as handle:

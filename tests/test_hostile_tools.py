@@ -14,10 +14,10 @@ import pytest
 
 from hermes_batch.testing import write_dataset
 
-from hermes_batch.default_plugins import local_processes
-from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
+from hermes_batch.local_sandbox import processes as local_processes
+from hermes_batch.local_sandbox.backend import LocalSandboxBackend, LocalSandboxConfig
 from hermes_batch.errors import ConfigError
-from hermes_batch.run_context import RunContext
+from hermes_batch.contract.run_context import RunContext
 from hermes_batch.testing import Reply
 
 
@@ -59,7 +59,7 @@ def test_file_tools_on_a_fifo_end_at_once_and_the_run_exits(model_server, runner
 BLOCKED_FOREVER = textwrap.dedent(
     """
     import asyncio, threading, time
-    from hermes_batch.threads import in_daemon_thread
+    from hermes_batch.session.threads import in_daemon_thread
 
     async def main():
         try:
@@ -83,7 +83,7 @@ def _refuse():
 
 
 async def test_daemon_threads_are_reused_but_a_blocked_one_never_takes_a_call():
-    from hermes_batch.threads import in_daemon_thread
+    from hermes_batch.session.threads import in_daemon_thread
 
     first = await in_daemon_thread(threading.get_ident)
     assert [await in_daemon_thread(threading.get_ident) for _ in range(5)] == [first] * 5  # the idle one, again
@@ -137,7 +137,7 @@ async def test_auto_isolation_falls_back_to_processes(no_namespaces, tmp_path):
     await backend.start()
     try:
         assert not backend.launcher.namespace
-        from hermes_batch.records import SandboxSpec
+        from hermes_batch.formats.records import SandboxSpec
 
         sandbox = await backend.open(SandboxSpec("r", 0, "0123456789abcdef"))
         assert (await sandbox.exec("echo $HERMES_BATCH_SANDBOX", 10)).output.strip() != ""

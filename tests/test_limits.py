@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hermes_batch import limits
+from hermes_batch.run import limits
 from hermes_batch.errors import UsageError
 from hermes_batch.testing import ToolLoopScript
 

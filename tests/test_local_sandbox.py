@@ -18,20 +18,20 @@ from pathlib import Path
 import attrs
 import pytest
 
-from hermes_batch.default_plugins.local_control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
-from hermes_batch.default_plugins import local_processes, namespace_init
-from hermes_batch.default_plugins.local_processes import HELPER_NAME
-from hermes_batch.default_plugins.local_sandbox import (
+from hermes_batch.local_sandbox.control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
+from hermes_batch.local_sandbox import processes as local_processes, namespace_init
+from hermes_batch.local_sandbox.processes import HELPER_NAME
+from hermes_batch.local_sandbox.backend import (
     HELD_BEFORE_CHECK,
     LocalSandbox,
     LocalSandboxBackend,
     LocalSandboxConfig,
 )
-from hermes_batch.default_plugins.owned_processes import Child
+from hermes_batch.local_sandbox.owned_processes import Child
 from hermes_batch.errors import SandboxError
-from hermes_batch.plugins import collect, get_plugin_manager
-from hermes_batch.records import SandboxSpec
-from hermes_batch.run_context import RunContext
+from hermes_batch.contract.plugins import collect, get_plugin_manager
+from hermes_batch.formats.records import SandboxSpec
+from hermes_batch.contract.run_context import RunContext
 from hermes_batch.testing.sandbox_contract import SandboxContract
 
 
@@ -559,9 +559,9 @@ async def test_concurrent_first_commands_share_one_namespace(sandbox):
 RUNNER_THAT_DIES = """
 import asyncio, sys, tempfile
 from pathlib import Path
-from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
-from hermes_batch.records import SandboxSpec
-from hermes_batch.run_context import RunContext
+from hermes_batch.local_sandbox.backend import LocalSandboxBackend, LocalSandboxConfig
+from hermes_batch.formats.records import SandboxSpec
+from hermes_batch.contract.run_context import RunContext
 
 async def main():
     config = LocalSandboxConfig(isolation="namespace", helper=sys.argv[3])
@@ -622,10 +622,10 @@ def _control_roots(run_dir: Path) -> list[Path]:
 PID_REUSE = """
 import asyncio, os, subprocess, sys, time
 from pathlib import Path
-from hermes_batch.default_plugins.local_processes import HELPER, KEEPALIVE
-from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
-from hermes_batch.records import SandboxSpec
-from hermes_batch.run_context import RunContext
+from hermes_batch.local_sandbox.processes import HELPER, KEEPALIVE
+from hermes_batch.local_sandbox.backend import LocalSandboxBackend, LocalSandboxConfig
+from hermes_batch.formats.records import SandboxSpec
+from hermes_batch.contract.run_context import RunContext
 
 folder, isolation, case, helper = sys.argv[1:]
 
@@ -807,7 +807,7 @@ def test_a_control_base_whose_user_folder_is_not_ours_alone_is_not_used(tmp_path
 @pytest.mark.parametrize("check", ["namespace", "helper"])
 def test_a_namespace_check_that_gets_no_answer_gives_up_at_its_deadline(monkeypatch, check):
     # A first process that never says "ready": the worker's start must not wait for it for ever.
-    from hermes_batch.default_plugins import local_processes
+    from hermes_batch.local_sandbox import processes as local_processes
 
     monkeypatch.setattr(local_processes, "READY_TIMEOUT_S", 0.5)
     silent = local_processes.Launcher(True, unshare=("sh", "-c", "sleep 20", "sh"), bash="/bin/sh")
@@ -820,7 +820,7 @@ def test_a_namespace_check_that_gets_no_answer_gives_up_at_its_deadline(monkeypa
 
 
 def test_the_autogroup_niceness_of_a_process_in_pid_1s_session_is_its_own():
-    from hermes_batch.default_plugins.owned_processes import autogroup_niceness
+    from hermes_batch.local_sandbox.owned_processes import autogroup_niceness
 
     assert autogroup_niceness("/autogroup-42 nice 3\n", 5) == 3
     assert autogroup_niceness("", 5) == 5  # the kernel's default group prints nothing

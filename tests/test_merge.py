@@ -5,14 +5,15 @@ import attrs
 import pluggy
 import pytest
 
-from hermes_batch import PROJECT_NAME, hookspecs
+from hermes_batch import PROJECT_NAME
+from hermes_batch.contract import hookspecs
 from hermes_batch.default_plugins import jsonl_writer
 from hermes_batch.default_plugins.jsonl_writer import JsonlWriter
-from hermes_batch.interfaces import Writer
-from hermes_batch.merge import merge_run
-from hermes_batch.records import Discarded, InvalidToolCall, Metadata, ToolCallRecord, ToolStat, Trajectory, Turn, Usage, content_key
-from hermes_batch.runfolder import AppendLog, RunFolder
-from hermes_batch.serialization import to_json_line
+from hermes_batch.contract.interfaces import Writer
+from hermes_batch.folder.merge import merge_run
+from hermes_batch.formats.records import Discarded, InvalidToolCall, Metadata, ToolCallRecord, ToolStat, Trajectory, Turn, Usage, content_key
+from hermes_batch.folder.runfolder import AppendLog, RunFolder
+from hermes_batch.formats.serialization import to_json_line
 
 BATCH_SIZE = 10
 

@@ -17,16 +17,16 @@ import pytest
 
 from hermes_batch.testing import TEST_API_KEY, write_dataset
 
-from hermes_batch import agent
-from hermes_batch.config import HTTP_BACKENDS
-from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend
+from hermes_batch.session import agent
+from hermes_batch.run.config import HTTP_BACKENDS
+from hermes_batch.local_sandbox.backend import LocalSandboxBackend
 from hermes_batch.default_plugins.openai_client import OpenAIClient
 from hermes_batch.errors import ModelEndpointError, RetryableModelError, SandboxError
-from hermes_batch.interfaces import ModelSettings, ToolContext
-from hermes_batch.progress import Progress
-from hermes_batch.ratelimit import CallLimiter
-from hermes_batch.records import Message, ModelResponse, ToolCall, Usage
-from hermes_batch.retry import rate_limit_reset_seconds
+from hermes_batch.contract.interfaces import ModelSettings, ToolContext
+from hermes_batch.run.progress import Progress
+from hermes_batch.model.ratelimit import CallLimiter
+from hermes_batch.formats.records import Message, ModelResponse, ToolCall, Usage
+from hermes_batch.model.retry import rate_limit_reset_seconds
 from hermes_batch.testing import ErrorRule, Reply, RoutedScript, ToolLoopScript
 
 

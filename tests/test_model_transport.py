@@ -28,15 +28,15 @@ import pytest
 from aiohttp import web
 from hermes_batch.testing import write_dataset
 
-from hermes_batch.config import HTTP_BACKENDS, RunConfig
+from hermes_batch.run.config import HTTP_BACKENDS, RunConfig
 from hermes_batch.default_plugins import anthropic_client, openai_client
 from hermes_batch.default_plugins.anthropic_client import AnthropicClient
 from hermes_batch.default_plugins.openai_client import OpenAIClient
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError, UsageError
-from hermes_batch.interfaces import ModelSettings
-from hermes_batch import model_http
-from hermes_batch.model_http import WireCache, json_object
-from hermes_batch.records import Message, ToolCall, ToolSpec, Usage
+from hermes_batch.contract.interfaces import ModelSettings
+from hermes_batch.model import model_http
+from hermes_batch.model.model_http import WireCache, json_object
+from hermes_batch.formats.records import Message, ToolCall, ToolSpec, Usage
 from hermes_batch.testing import ErrorRule, Reply, ScriptedModelServer, ToolLoopScript
 from hermes_batch.testing import TEST_API_KEY
 
@@ -587,7 +587,7 @@ async def test_an_idempotency_key_the_sdk_sets_is_new_for_each_call(backend):
 async def test_an_sdk_without_the_request_building_it_expects_is_sent_through_post(caplog, monkeypatch):
     monkeypatch.delattr(openai._models, "FinalRequestOptions")  # where DirectPost looks; the SDK holds its own
     model_http._warn_post_only.cache_clear()  # said once per process
-    with caplog.at_level("WARNING", logger="hermes_batch.model_http"):
+    with caplog.at_level("WARNING", logger="hermes_batch.model.model_http"):
         [headers] = await _captured_headers("aiohttp")
     assert "go through its post()" in caplog.text
     assert headers["authorization"] == "Bearer sk-captured"
@@ -597,8 +597,8 @@ _MAKE_CLIENTS = """
 import asyncio, sys
 from hermes_batch.default_plugins.{module} import {cls} as Client
 from hermes_batch.errors import RetryableModelError
-from hermes_batch.interfaces import ModelSettings
-from hermes_batch.records import Message
+from hermes_batch.contract.interfaces import ModelSettings
+from hermes_batch.formats.records import Message
 
 async def call(backend):
     client = Client(ModelSettings("m", "http://127.0.0.1:{port}/v1", api_key="k", http_backend=backend))

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from hermes_batch.cli import cli
 from hermes_batch.cli import run as run_cli
-from hermes_batch.config import RunConfig
+from hermes_batch.run.config import RunConfig
 from hermes_batch.errors import UsageError
 
 OPTIONS_DOC = Path(__file__).resolve().parents[1] / "docs" / "options.md"

@@ -86,4 +86,4 @@ def test_each_wheel_holds_only_its_own_package(folder, source_tree, tmp_path):
     assert not [name for name in files if "/tests/" in name or name.endswith("conftest.py")]
     if package == "hermes_batch":
         assert "hermes_batch/testing/sandbox_contract.py" in files  # the plugin author's kit ships with the core
-        assert "hermes_batch/default_plugins/namespace_init.c" in files  # built where it runs
+        assert "hermes_batch/local_sandbox/namespace_init.c" in files  # built where it runs

@@ -11,15 +11,15 @@ import sys
 
 import pytest
 
-from hermes_batch.config import RunConfig
-from hermes_batch.dataset import iter_rows
+from hermes_batch.run.config import RunConfig
+from hermes_batch.formats.dataset import iter_rows
 from hermes_batch.errors import HermesBatchError, UsageError
-from hermes_batch.interfaces import PromptJob
-from hermes_batch.plan import build_processor, make_plan
-from hermes_batch.plugins import get_plugin_manager
-from hermes_batch.run_context import RunContext
-from hermes_batch.runfolder import RunFolder
-from hermes_batch.serialization import to_json_line
+from hermes_batch.contract.interfaces import PromptJob
+from hermes_batch.run.plan import build_processor, make_plan
+from hermes_batch.contract.plugins import get_plugin_manager
+from hermes_batch.contract.run_context import RunContext
+from hermes_batch.folder.runfolder import RunFolder
+from hermes_batch.formats.serialization import to_json_line
 from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, write_dataset
 
 # What a worker in another process does with a pickled plan: rebuild the processor from its own plugins,
@@ -27,7 +27,7 @@ from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, write_dataset
 WORKER = """
 import asyncio, pickle, sys
 from hermes_batch import RunContext, build_processor, get_plugin_manager
-from hermes_batch.serialization import to_json_line
+from hermes_batch.formats.serialization import to_json_line
 
 plan, job, run_dir = pickle.load(sys.stdin.buffer)
 

@@ -4,7 +4,7 @@ import attrs
 import pytest
 
 from hermes_batch.errors import ConfigError, HermesBatchError
-from hermes_batch.plugin_options import build_config, parse_spec, structure_options
+from hermes_batch.contract.plugin_options import build_config, parse_spec, structure_options
 from hermes_batch.testing import ToolLoopScript, write_dataset
 
 

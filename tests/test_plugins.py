@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 import hermes_batch
-from hermes_batch import plugins
+from hermes_batch.contract import plugins
 from hermes_batch.cli import cli
 from hermes_batch.errors import PluginError
-from hermes_batch.interfaces import Filter, Toolset
-from hermes_batch.plugins import PluginLoadWarning, collect, get_plugin_manager
+from hermes_batch.contract.interfaces import Filter, Toolset
+from hermes_batch.contract.plugins import PluginLoadWarning, collect, get_plugin_manager
 
 
 def test_default_plugins_register_the_core_features():
@@ -32,7 +32,7 @@ def test_default_plugins_register_the_core_features():
     owners = registry.tool_owner()
     assert owners["terminal"] == "terminal"
     assert {owners[t] for t in ("read_file", "write_file", "patch", "search_files")} == {"file"}
-    assert registry.kinds["sandboxes"]["local"].plugin == "hermes_batch.default_plugins.local_sandbox"
+    assert registry.kinds["sandboxes"]["local"].plugin == "hermes_batch.local_sandbox.backend"
 
 
 class _Dup:
@@ -55,7 +55,7 @@ def test_two_plugins_registering_one_name_is_an_error_naming_both():
         collect(pm)
     message = str(info.value)
     assert "'no-reasoning'" in message
-    assert "hermes_batch.default_plugins.filters" in message
+    assert "hermes_batch.default_plugins.sample_filters" in message
     assert "'_Dup'" in message
 
 
@@ -167,7 +167,7 @@ def test_an_entry_point_plugin_is_discovered_listed_and_selectable(throwaway_dis
     assert plugins["throwaway"]["distribution"] == "throwaway-plugin"
     assert plugins["throwaway"]["version"] == "1.0"
     assert plugins["throwaway"]["provides"] == {"filters": ["throwaway"]}
-    assert plugins["hermes_batch.default_plugins.local_sandbox"]["provides"] == {"sandboxes": ["local"]}
+    assert plugins["hermes_batch.local_sandbox.backend"]["provides"] == {"sandboxes": ["local"]}
     listed = CliRunner().invoke(cli, ["filters"])
     assert "Keeps everything.  (from throwaway)" in listed.output
 
@@ -190,8 +190,8 @@ def test_listing_commands(command, expected):
 
 
 def test_every_kind_has_its_hook_and_a_listing_or_a_command():
-    from hermes_batch import hookspecs
-    from hermes_batch.plugins import KINDS
+    from hermes_batch.contract import hookspecs
+    from hermes_batch.contract.plugins import KINDS
 
     registration_hooks = {name for name in dir(hookspecs) if name.startswith("register_")}
     assert {kind.hook for kind in KINDS} == registration_hooks
@@ -204,7 +204,7 @@ def test_every_kind_has_its_hook_and_a_listing_or_a_command():
 @pytest.mark.parametrize(
     "hook, obj, message",
     [
-        ("register_sandbox_backends", Filter, "registered <class 'hermes_batch.interfaces.Filter'> as a sandbox backend, "
+        ("register_sandbox_backends", Filter, "registered <class 'hermes_batch.contract.interfaces.Filter'> as a sandbox backend, "
          "but it must be a subclass of hermes_batch.SandboxBackend"),
         ("register_filters", object(), "must be a subclass of hermes_batch.Filter"),
         ("register_toolsets", "terminal", "registered 'terminal' as a toolset, but it must be an instance of hermes_batch.Toolset"),
@@ -274,21 +274,21 @@ def test_a_local_run_imports_no_library_only_other_plugins_use(tmp_path, runner,
 
 @pytest.mark.parametrize("args", [["sandboxes"], ["plugins"], ["--help"], ["distributions"], ["nosuch"]])
 def test_plugins_load_once_per_command(monkeypatch, args):
-    import hermes_batch.plugins
+    import hermes_batch.contract.plugins
 
     built = []
-    real = hermes_batch.plugins.get_plugin_manager
-    monkeypatch.setattr(hermes_batch.plugins, "get_plugin_manager", lambda **kw: built.append(kw) or real(**kw))
+    real = hermes_batch.contract.plugins.get_plugin_manager
+    monkeypatch.setattr(hermes_batch.contract.plugins, "get_plugin_manager", lambda **kw: built.append(kw) or real(**kw))
     CliRunner().invoke(cli, args)
     assert len(built) == 1
 
 
 def test_a_run_loads_plugins_once(monkeypatch, tmp_path):
-    import hermes_batch.plugins
+    import hermes_batch.contract.plugins
 
     built = []
-    real = hermes_batch.plugins.get_plugin_manager
-    monkeypatch.setattr(hermes_batch.plugins, "get_plugin_manager", lambda **kw: built.append(kw) or real(**kw))
+    real = hermes_batch.contract.plugins.get_plugin_manager
+    monkeypatch.setattr(hermes_batch.contract.plugins, "get_plugin_manager", lambda **kw: built.append(kw) or real(**kw))
     (tmp_path / "d.jsonl").write_text('{"prompt": "x"}\n')
     # stops at the preflight (nothing listens on port 9), after the run was prepared
     result = CliRunner().invoke(cli, ["run", "--dataset_file", str(tmp_path / "d.jsonl"), "--batch_size", "1",

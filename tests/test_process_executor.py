@@ -20,10 +20,10 @@ from types import SimpleNamespace
 import attrs
 import pytest
 
-from hermes_batch.dispatch import PREFETCH, WorkerError
-from hermes_batch.forkserver import Forkserver
-from hermes_batch.pipe_worker import PipeLink, frame
-from hermes_batch.records import Usage
+from hermes_batch.executors.dispatch import PREFETCH, WorkerError
+from hermes_batch.executors.forkserver import Forkserver
+from hermes_batch.executors.pipe_worker import PipeLink, frame
+from hermes_batch.formats.records import Usage
 from hermes_batch.testing import RoutedScript, ToolLoopScript, batch_records, steady, write_dataset
 from hermes_batch.testing.fixtures import ended, wait_for
 from hermes_batch.testing.runner import TEST_API_KEY
@@ -31,7 +31,7 @@ from hermes_batch.testing.runner import TEST_API_KEY
 BASE = ("--distribution", "terminal_only", "--seed", "11", "--batch_size", "10")
 CALLS = 3  # ToolLoopScript(tool_calls=2): two tool-calling turns and the final answer
 PROCESSES = ("--executor", "processes", "-E", "workers=2")
-FORKSERVER = "hermes_batch.forkserver"
+FORKSERVER = "hermes_batch.executors.forkserver"
 
 
 def prompts_of(n: int, tag: str = "task") -> list[str]:
@@ -243,7 +243,7 @@ async def test_the_forkserver_kills_and_reports_its_workers_and_a_dead_one_is_on
 
 WORKER_WHOSE_STOP_HANGS = """
 import asyncio, sys
-from hermes_batch import pipe_worker
+from hermes_batch.executors import pipe_worker
 
 class Worker:
     take_api_key = staticmethod(lambda: None)

@@ -6,13 +6,13 @@ import logging
 
 from rich.console import Console
 
-from hermes_batch import progress as progress_module
-from hermes_batch.progress import Progress
+from hermes_batch.run import progress as progress_module
+from hermes_batch.run.progress import Progress
 
 
 async def test_without_a_terminal_progress_is_logged_periodically(monkeypatch, caplog):
     monkeypatch.setattr(progress_module, "LOG_INTERVAL_S", 0.05)
-    caplog.set_level(logging.INFO, logger="hermes_batch.progress")
+    caplog.set_level(logging.INFO, logger="hermes_batch.run.progress")
     progress = Progress(total=4, enabled=False)
     progress.watch(lambda: {"limit": "8", "rate-limited": "2"})
     progress.start()
@@ -22,7 +22,7 @@ async def test_without_a_terminal_progress_is_logged_periodically(monkeypatch, c
     progress.ended("discarded")
     await asyncio.sleep(0.2)
     progress.stop()
-    lines = [r.getMessage() for r in caplog.records if r.name == "hermes_batch.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "hermes_batch.run.progress"]
     assert lines, "no progress line was logged"
     last = lines[-1]
     for part in ("2/4 done", "kept 1", "discarded 1", "failed 0", "in flight 1", "ETA", "limit 8", "rate-limited 2"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hermes_batch.testing import write_dataset
 
 from hermes_batch.default_plugins.openai_client import OpenAIClient, is_openrouter
-from hermes_batch.interfaces import ModelSettings
+from hermes_batch.contract.interfaces import ModelSettings
 from hermes_batch.testing import ToolLoopScript
 
 ROUTING = dict(providers_allowed=("a", "b"), providers_ignored=("c",), providers_order=("b", "a"), provider_sort="price")

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from hermes_batch.conversation import reasoning_counts, to_sharegpt
-from hermes_batch.reasoning import extract_reasoning
-from hermes_batch.records import Message, ToolCall, ToolSpec
-from hermes_batch.schema import validate
+from hermes_batch.formats.conversation import reasoning_counts, to_sharegpt
+from hermes_batch.formats.reasoning import extract_reasoning
+from hermes_batch.formats.records import Message, ToolCall, ToolSpec
+from hermes_batch.formats.schema import validate
 
 
 @pytest.mark.parametrize(

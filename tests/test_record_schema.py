@@ -19,8 +19,8 @@ import pytest
 
 from hermes_batch.testing import write_dataset
 
-from hermes_batch.records import Trajectory, Usage
-from hermes_batch.serialization import from_json, to_json_line
+from hermes_batch.formats.records import Trajectory, Usage
+from hermes_batch.formats.serialization import from_json, to_json_line
 from hermes_batch.testing import Reply
 
 pa_json = pytest.importorskip("pyarrow.json")
@@ -334,7 +334,7 @@ def test_the_documented_record_example_has_the_shape_of_a_real_record(varied_rec
 
 
 def test_records_of_older_versions_resume_and_merge_in_the_new_shape(runner, model_server, tmp_path):
-    from hermes_batch.records import content_key
+    from hermes_batch.formats.records import content_key
 
     runner.server = model_server()
     dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "Old one", "topic": "t"}, {"prompt": "New one"}])

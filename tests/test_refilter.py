@@ -9,11 +9,11 @@ import pytest
 from click.testing import CliRunner
 
 from hermes_batch.cli import cli
-from hermes_batch.records import Trajectory
-from hermes_batch.refilter import AUDIT, STAGING
-from hermes_batch.resume import scan_finished
-from hermes_batch.runfolder import RunFolder
-from hermes_batch.serialization import from_json
+from hermes_batch.formats.records import Trajectory
+from hermes_batch.offline.refilter import AUDIT, STAGING
+from hermes_batch.folder.resume import scan_finished
+from hermes_batch.folder.runfolder import RunFolder
+from hermes_batch.formats.serialization import from_json
 from hermes_batch.testing.fixtures import TEST_API_KEY
 from hermes_batch.testing import SHAPES, ShapeScript, run_shapes, shape_rows
 from hermes_batch.testing import read_jsonl as lines
@@ -173,7 +173,7 @@ def test_stats_rebuilds_when_statistics_json_is_missing(run_dir):
 
 KILLER = r"""
 import os, signal, sys, types
-import hermes_batch.refilter as r
+import hermes_batch.offline.refilter as r
 
 def die(*_a, **_k):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -239,7 +239,7 @@ def test_export_refuses_a_folder_with_an_unfinished_refilter(run_dir):
 
 
 def test_refilter_waits_for_no_run_it_takes_the_run_folders_lock(run_dir):
-    lock_module = pytest.importorskip("hermes_batch.lock", reason="the run-folder lock of issue 7 is not on this branch")
+    lock_module = pytest.importorskip("hermes_batch.folder.lock", reason="the run-folder lock of issue 7 is not on this branch")
     before = snapshot(run_dir)
     lock = lock_module.RunFolderLock(run_dir)
     lock.acquire()
@@ -254,23 +254,23 @@ def test_refilter_waits_for_no_run_it_takes_the_run_folders_lock(run_dir):
 
 def test_a_refilter_drops_the_indexes_of_the_files_it_rewrote_and_a_resume_counts_from_them(
         tmp_path, model_server, monkeypatch):
-    import hermes_batch.merge
-    from hermes_batch import bookkeeping
+    import hermes_batch.folder.merge
+    from hermes_batch.folder import record_index
 
     server = model_server(script=ShapeScript())
     folder = run_shapes(tmp_path, server, shape_rows(SHAPES, 2))
-    index_dir = folder / bookkeeping.INDEX_DIR
+    index_dir = folder / record_index.INDEX_DIR
     indexed = {p.name for p in index_dir.iterdir()}
     assert {"batch_0.json", "discarded.json", "merged.json"} <= indexed  # as the run left them
     seen = []
-    merge_run = hermes_batch.merge.merge_run
+    merge_run = hermes_batch.folder.merge.merge_run
 
     def merge_after_the_switch(run_folder, writers, *args, **kwargs):
         # the files are switched: no index may still describe the records as they were
         seen.append({p.name for p in index_dir.iterdir()})
         return merge_run(run_folder, writers, *args, **kwargs)
 
-    monkeypatch.setattr(hermes_batch.merge, "merge_run", merge_after_the_switch)
+    monkeypatch.setattr(hermes_batch.folder.merge, "merge_run", merge_after_the_switch)
     hb("refilter", folder, *STRICTER)
     [left] = seen
     assert not {name for name in left if name.startswith(("batch_", "discarded", "merged"))}, left
@@ -281,6 +281,6 @@ def test_a_refilter_drops_the_indexes_of_the_files_it_rewrote_and_a_resume_count
     assert result.exit_code == 0, result.output
     assert server.request_count == calls
     check_consistent(folder, kept, discarded)  # statistics.json of the resume came from the indexes built again
-    index = bookkeeping.RunIndex(RunFolder(folder.parent, folder.name))
+    index = record_index.RunIndex(RunFolder(folder.parent, folder.name))
     total, _times, _batches = index.totals()
     assert total.kept.samples == len(kept) and total.discarded == len(discarded)

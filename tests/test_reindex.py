@@ -9,9 +9,9 @@ import pytest
 
 from hermes_batch.testing import write_dataset
 
-from hermes_batch import bookkeeping, reindex
+from hermes_batch.folder import record_index, reindex
 from hermes_batch.errors import RunFolderWriteError
-from hermes_batch.runfolder import RunFolder
+from hermes_batch.folder.runfolder import RunFolder
 from hermes_batch.testing import ToolLoopScript
 
 BATCH = 5
@@ -184,8 +184,8 @@ def test_no_index_of_a_file_a_cut_off_reindex_replaced_is_trusted(runner, model_
     folder, second = cut_off_reindex(runner, server, monkeypatch, prompts(10))
     staged, saved = folder.dir / reindex.STAGING / "batch_1.jsonl", folder.dir / "index" / "batch_1.json"
     index = json.loads(saved.read_text())
-    index["covered"] = bookkeeping.covered_end(staged)
-    index["edges"] = bookkeeping.edges(staged, index["covered"])
+    index["covered"] = record_index.covered_end(staged)
+    index["edges"] = record_index.edges(staged, index["covered"])
     saved.write_text(json.dumps(index))
 
     calls = server.request_count

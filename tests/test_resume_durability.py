@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hermes_batch.default_plugins.local_executor import LocalExecutor
-from hermes_batch.interfaces import NoOptions
+from hermes_batch.contract.interfaces import NoOptions
 from hermes_batch.testing.fixtures import wait_for
 from hermes_batch.testing import Reply, RoutedScript, ToolLoopScript
 
@@ -589,7 +589,7 @@ async def test_an_executor_stops_after_a_prompt_that_lost_its_cancel():
 
 
 async def test_a_worker_stops_after_a_prompt_that_lost_its_cancel():
-    from hermes_batch.worker import PromptWorker
+    from hermes_batch.executors.worker import PromptWorker
 
     worker = PromptWorker.__new__(PromptWorker)  # its consumers alone, around a processor that loses a cancel
     processor, emitted = SwallowsACancel(), []

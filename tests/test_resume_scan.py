@@ -2,10 +2,10 @@ from collections import Counter
 
 import pytest
 
-from hermes_batch.records import Discarded, Failure, Metadata, PromptRow, Trajectory, Turn, content_key
-from hermes_batch.resume import plan_resume, scan_finished
-from hermes_batch.runfolder import AppendLog, RunFolder
-from hermes_batch.serialization import to_json_line
+from hermes_batch.formats.records import Discarded, Failure, Metadata, PromptRow, Trajectory, Turn, content_key
+from hermes_batch.folder.resume import plan_resume, scan_finished
+from hermes_batch.folder.runfolder import AppendLog, RunFolder
+from hermes_batch.formats.serialization import to_json_line
 
 
 def key(prompt: str) -> str:

@@ -7,8 +7,8 @@ import json
 
 import attrs
 
-from hermes_batch.config import RunConfig
-from hermes_batch.run_settings import COMMAND, MEANING, RUN
+from hermes_batch.run.config import RunConfig
+from hermes_batch.run.run_settings import COMMAND, MEANING, RUN
 from hermes_batch.testing import write_dataset
 from hermes_batch.testing.runner import TEST_API_KEY
 

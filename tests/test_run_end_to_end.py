@@ -19,7 +19,7 @@ from hermes_batch.testing import TEST_API_KEY as API_KEY, Runner, write_dataset
 
 from hermes_batch.cli import cli
 from hermes_batch.default_plugins.distributions import SEED_DISTRIBUTIONS
-from hermes_batch.plugins import collect, get_plugin_manager
+from hermes_batch.contract.plugins import collect, get_plugin_manager
 from hermes_batch.testing import Reply, ScriptedModelServer, ToolLoopScript
 
 BUILTIN_DISTRIBUTIONS = (

@@ -26,17 +26,17 @@ from pathlib import Path
 import pytest
 
 import hermes_batch
-from hermes_batch import runfolder
-from hermes_batch.cleanup import is_sandbox_folder
-from hermes_batch.config import RunConfig
+from hermes_batch.folder import runfolder
+from hermes_batch.run.cleanup import is_sandbox_folder
+from hermes_batch.run.config import RunConfig
 from hermes_batch.errors import RunFolderError, RunFolderWriteError
-from hermes_batch.journal import CallJournal
-from hermes_batch.lock import LOCK_NAME, RunFolderLock
-from hermes_batch.plugins import get_plugin_manager
-from hermes_batch.records import Failure, content_key
-from hermes_batch.runfolder import AppendLog, RunFolder, read_records
-from hermes_batch.runner import Run
-from hermes_batch.serialization import to_json_line
+from hermes_batch.folder.journal import CallJournal
+from hermes_batch.folder.lock import LOCK_NAME, RunFolderLock
+from hermes_batch.contract.plugins import get_plugin_manager
+from hermes_batch.formats.records import Failure, content_key
+from hermes_batch.folder.runfolder import AppendLog, RunFolder, read_records
+from hermes_batch.run.runner import RunEngine
+from hermes_batch.formats.serialization import to_json_line
 from hermes_batch.testing import TEST_API_KEY as API_KEY
 from hermes_batch.testing import ToolLoopScript, ended, wait_for, write_dataset
 
@@ -101,7 +101,7 @@ def test_records_are_written_and_the_run_ends_while_tools_hold_every_pool_thread
         distribution="terminal_only", progress=False, num_workers=3, filters=(),
         sandbox_options={"keep": True},  # closing a sandbox would itself need the hogged pool
     )
-    run = Run(config, get_plugin_manager(extra_plugins=[hog]))
+    run = RunEngine(config, get_plugin_manager(extra_plugins=[hog]))
     run.prepare()
     outcome = {}
     ended = threading.Event()
@@ -425,7 +425,7 @@ def test_a_prefill_file_that_cannot_be_used_gets_one_sentence(tmp_path, runner, 
 
 def test_the_prefill_file_is_checked_the_same_through_the_api(tmp_path):
     from hermes_batch.errors import UsageError
-    from hermes_batch.inputfiles import load_prefill
+    from hermes_batch.run.inputfiles import load_prefill
 
     with pytest.raises(UsageError, match="is a folder; pass a file to --prefill_messages_file.$"):
         load_prefill(tmp_path)
@@ -566,9 +566,9 @@ def test_leftovers_of_a_killed_session_are_removed_at_the_next_start_and_nothing
 
 
 async def test_the_local_sandbox_makes_folders_cleanup_recognises_and_renames_kept_ones(tmp_path):
-    from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
-    from hermes_batch.records import SandboxSpec
-    from hermes_batch.run_context import RunContext
+    from hermes_batch.local_sandbox.backend import LocalSandboxBackend, LocalSandboxConfig
+    from hermes_batch.formats.records import SandboxSpec
+    from hermes_batch.contract.run_context import RunContext
 
     backend = LocalSandboxBackend(LocalSandboxConfig(keep=True), RunContext("r", tmp_path, 1))
     await backend.start()
@@ -724,7 +724,7 @@ def test_ctrl_c_during_the_merge_stops_it_at_once_and_leaves_consistent_files(
 
 
 def test_ctrl_c_while_a_resume_reads_the_run_folder_is_heard_at_once(tmp_path, runner, model_server, monkeypatch):
-    from hermes_batch import resume
+    from hermes_batch.folder import resume
 
     data = big_finished_run(runner, tmp_path, 30_000)
     folder = RunFolder(runner.folder().parent, "run")
@@ -734,20 +734,20 @@ def test_ctrl_c_while_a_resume_reads_the_run_folder_is_heard_at_once(tmp_path, r
 
     scanning = threading.Event()
     scan_started = []
-    real_read = Run._read_run_folder
+    real_read = RunEngine._read_run_folder
 
     def read(self):  # the folder built by copying has no index yet: the resume reads every record
         scan_started.append(time.perf_counter())
         scanning.set()
         return real_read(self)
 
-    monkeypatch.setattr(Run, "_read_run_folder", read)
+    monkeypatch.setattr(RunEngine, "_read_run_folder", read)
     config = RunConfig(
         dataset_file=data, batch_size=100_000, run_name="run", output_dir=runner.folder().parent, resume=True,
         base_url=model_server(FAST).base_url, model="scripted-model", api_key=API_KEY, distribution="terminal_only",
         progress=False,
     )
-    run = Run(config, get_plugin_manager())
+    run = RunEngine(config, get_plugin_manager())
     run.prepare()
 
     async def interrupt():
@@ -790,7 +790,7 @@ def test_an_output_folder_that_cannot_be_created_is_one_sentence(tmp_path, runne
 
 def test_a_run_folder_that_cannot_be_repaired_or_read_is_one_sentence(tmp_path, monkeypatch):
     from hermes_batch.errors import UsageError
-    from hermes_batch.inputfiles import read_text_file
+    from hermes_batch.run.inputfiles import read_text_file
 
     torn = tmp_path / "batch_0.jsonl"
     torn.write_bytes(b'{"whole": 1}\n{"torn')

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from hermes_batch import runfolder
+from hermes_batch.folder import runfolder
 from hermes_batch.errors import RunFolderWriteError, UsageError
-from hermes_batch.records import Failure
-from hermes_batch.runfolder import (
+from hermes_batch.formats.records import Failure
+from hermes_batch.folder.runfolder import (
     AppendLog,
     RunFolder,
     atomic_write_lines,
@@ -17,7 +17,7 @@ from hermes_batch.runfolder import (
     read_records,
     validate_run_name,
 )
-from hermes_batch.serialization import to_json_line
+from hermes_batch.formats.serialization import to_json_line
 
 
 def failure(index: int, message: str = "boom") -> Failure:

@@ -11,11 +11,11 @@ import pytest
 from hermes_batch.testing import TEST_API_KEY as API_KEY
 
 import hermes_batch
-from hermes_batch.config import RunConfig
-from hermes_batch.default_plugins.local_sandbox import LocalSandboxBackend
+from hermes_batch.run.config import RunConfig
+from hermes_batch.local_sandbox.backend import LocalSandboxBackend
 from hermes_batch.errors import SandboxError
-from hermes_batch.plugins import get_plugin_manager
-from hermes_batch.runner import Run
+from hermes_batch.contract.plugins import get_plugin_manager
+from hermes_batch.run.runner import RunEngine
 from hermes_batch.testing import ToolLoopScript
 from hermes_batch.testing.fixtures import write_dataset
 
@@ -71,13 +71,13 @@ class Arrivals:
         return self.script(request)
 
 
-def make_run(tmp_path: Path, server, rows, plugin, **options) -> Run:
+def make_run(tmp_path: Path, server, rows, plugin, **options) -> RunEngine:
     config = RunConfig(
         dataset_file=write_dataset(tmp_path / "prompts.jsonl", rows), batch_size=10, run_name="lazy",
         base_url=server.base_url, model="scripted-model", api_key=API_KEY, output_dir=tmp_path / "out",
         distribution="terminal_only", progress=False, sandbox="slow-local", preflight=False, **options,
     )
-    run = Run(config, get_plugin_manager(extra_plugins=[plugin]))
+    run = RunEngine(config, get_plugin_manager(extra_plugins=[plugin]))
     run.prepare()
     return run
 
@@ -145,7 +145,7 @@ def test_a_late_backend_opens_at_the_first_tool_call(tmp_path, model_server):
 
 def test_waiting_for_the_sandbox_is_not_on_the_tool_calls_clock(tmp_path, model_server, monkeypatch):
     # the open takes longer than the tool call may: the call still runs its command once the sandbox is open
-    from hermes_batch import agent
+    from hermes_batch.session import agent
 
     monkeypatch.setattr(agent, "TOOL_GRACE_S", 0.05)
     plugin = SlowOpens(early=False)

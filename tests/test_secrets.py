@@ -22,8 +22,8 @@ from click.testing import CliRunner
 from hermes_batch.testing import write_dataset
 
 from hermes_batch.cli import cli
-from hermes_batch.config import RunConfig
-from hermes_batch.redaction import REDACTED, Redactor, RedactingFilter, display_url, encodings, run_secrets
+from hermes_batch.run.config import RunConfig
+from hermes_batch.formats.redaction import REDACTED, Redactor, RedactingFilter, display_url, encodings, run_secrets
 from hermes_batch.testing import ErrorRule, Reply, RoutedScript, ScriptedModelServer
 
 

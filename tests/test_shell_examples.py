@@ -42,13 +42,14 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from hermes_batch import plugins, selection
+from hermes_batch.contract import plugins
+from hermes_batch.run import selection
 from hermes_batch.cli import cli
 from hermes_batch.cli import run as run_cli
-from hermes_batch.config import model_settings
+from hermes_batch.run.config import model_settings
 from hermes_batch.errors import HermesBatchError
-from hermes_batch.export import parse_splits
-from hermes_batch.toolsets import build_runtimes
+from hermes_batch.offline.export import parse_splits
+from hermes_batch.contract.toolsets import build_runtimes
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),

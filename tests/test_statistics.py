@@ -3,7 +3,7 @@ import json
 import pytest
 from rich.console import Console
 
-from hermes_batch.records import (
+from hermes_batch.formats.records import (
     Discarded,
     Failure,
     Metadata,
@@ -14,10 +14,10 @@ from hermes_batch.records import (
     Usage,
     content_key,
 )
-from hermes_batch.runfolder import AppendLog, RunFolder
-from hermes_batch.serialization import to_json_line
-from hermes_batch.conversation import reasoning_counts
-from hermes_batch.statistics import RunInfo, build_statistics, render_statistics
+from hermes_batch.folder.runfolder import AppendLog, RunFolder
+from hermes_batch.formats.serialization import to_json_line
+from hermes_batch.formats.conversation import reasoning_counts
+from hermes_batch.folder.statistics import RunInfo, build_statistics, render_statistics
 
 DAY1 = "2026-01-01T10:00:00"
 DAY2 = "2026-01-02T10:00:00"

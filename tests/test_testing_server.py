@@ -14,7 +14,7 @@ import anthropic
 import openai
 import pytest
 
-from hermes_batch.records import Usage
+from hermes_batch.formats.records import Usage
 from hermes_batch.testing import ErrorRule, Reply, RoutedScript, ScriptedModelServer, ToolLoopScript, write_dataset
 
 SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}}

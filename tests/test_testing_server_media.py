@@ -8,7 +8,7 @@ import urllib.request
 import openai
 import pytest
 
-from hermes_batch.records import Usage
+from hermes_batch.formats.records import Usage
 from hermes_batch.testing import ImageReply, Reply, RoutedScript
 from hermes_batch.testing.images import data_url_bytes, png_for, png_size, solid_png
 

@@ -6,7 +6,7 @@ import pytest
 
 import hermes_batch
 from hermes_batch import Tool, ToolContext
-from hermes_batch.schema import check_schema, validate
+from hermes_batch.formats.schema import check_schema, validate
 
 RICH = {
     "type": "object",

@@ -12,15 +12,15 @@ import attrs
 import pytest
 
 import hermes_batch
-from hermes_batch.config import RunConfig
+from hermes_batch.run.config import RunConfig
 from hermes_batch.default_plugins.openai_client import OpenAIClient
 from hermes_batch.errors import ConfigError, UsageError
-from hermes_batch.interfaces import Distribution, ModelSettings, Tool, Toolset, ToolsetRuntime, ToolsetSession
-from hermes_batch.plugins import get_plugin_manager
-from hermes_batch.records import Usage
-from hermes_batch.runner import Run
+from hermes_batch.contract.interfaces import Distribution, ModelSettings, Tool, Toolset, ToolsetRuntime, ToolsetSession
+from hermes_batch.contract.plugins import get_plugin_manager
+from hermes_batch.formats.records import Usage
+from hermes_batch.run.runner import RunEngine
 from hermes_batch.testing import Reply, RoutedScript, ToolLoopScript
-from hermes_batch.toolsets import parse_tool_options
+from hermes_batch.contract.toolsets import parse_tool_options
 
 from hermes_batch.testing import TEST_API_KEY as API_KEY, write_dataset
 
@@ -110,7 +110,7 @@ def run_api(tmp_path: Path, server, rows, plugin, *, distribution="notes_and_ter
         base_url=server.base_url, model="scripted-model", api_key=API_KEY, output_dir=tmp_path / "out",
         distribution=distribution, progress=False, **options,
     )
-    run = Run(config, get_plugin_manager(extra_plugins=[plugin]))
+    run = RunEngine(config, get_plugin_manager(extra_plugins=[plugin]))
     run.prepare()
     return run, asyncio.run(run.execute())
 
@@ -226,7 +226,7 @@ async def test_for_model_shares_the_limiter_and_the_endpoint(model_server):
     server = model_server(RoutedScript({}, default=lambda r: Reply(content=r.model, usage=Usage(cost=0.25)), by="model"))
     client = OpenAIClient(ModelSettings(model="main", base_url=server.base_url, api_key=API_KEY))
     other = client.for_model("other")
-    from hermes_batch.records import Message
+    from hermes_batch.formats.records import Message
 
     answer = await other.complete((Message("user", "hi"),), ())
     assert answer.message.content == "other" and other.limiter is client.limiter and client.limiter.cost == 0.25

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hermes_batch
-from hermes_batch.dataset import dataset_error, validate_dataset
-from hermes_batch.distributions import load_distribution_file, unavailable_warning
+from hermes_batch.formats.dataset import dataset_error, validate_dataset
+from hermes_batch.run.distributions import load_distribution_file, unavailable_warning
 from hermes_batch.testing import ToolLoopScript, write_dataset
 
 

@@ -131,8 +131,8 @@ def test_markup_in_a_record_is_shown_as_text_never_run(run_copy, page):
 
 
 def test_overwrite_removes_the_old_report_with_the_other_outputs(run_copy):
-    from hermes_batch.cleanup import remove_outputs
-    from hermes_batch.runfolder import RunFolder
+    from hermes_batch.run.cleanup import remove_outputs
+    from hermes_batch.folder.runfolder import RunFolder
 
     (run_copy / "notes.txt").write_text("mine")
     remove_outputs(RunFolder(run_copy.parent, run_copy.name))
@@ -210,7 +210,7 @@ def test_view_on_a_full_disk_says_so_and_does_not_blame_the_port(demo_run_dir, s
 
 def test_report_that_cannot_be_written_advises_the_report_command_not_a_resume(run_copy, monkeypatch):
     """Without a tmpfs: the report's own file cannot be written (its fsync says the quota is exceeded)."""
-    from hermes_batch import runfolder
+    from hermes_batch.folder import runfolder
 
     def quota(fd):
         raise OSError(errno.EDQUOT, "Disk quota exceeded")

@@ -20,7 +20,7 @@ _PLUGIN_COMMANDS = "hermes_batch.plugin_commands"
 
 def plugin_manager(ctx: click.Context | None = None):
     """The plugin manager of the command being run, built at its first use: plugins load once per command."""
-    from ..plugins import PluginManager, get_plugin_manager
+    from ..contract.plugins import PluginManager, get_plugin_manager
 
     ctx = ctx or click.get_current_context(silent=True)
     if ctx is None:  # called outside a command (the Python API)
@@ -36,7 +36,7 @@ def plugin_manager(ctx: click.Context | None = None):
 
 def plugin_commands(group: click.Group, pm) -> dict[str, click.Command]:
     """The commands plugins register through ``register_commands``; a name ``group`` already has is an error."""
-    from ..plugins import KIND, collect
+    from ..contract.plugins import KIND, collect
 
     commands = {}
     for reg in collect(pm, kinds=(KIND["commands"],)).items("commands"):
@@ -66,7 +66,7 @@ class _Group(click.Group):
         try:
             return super().resolve_command(ctx, args)
         except click.UsageError:
-            from ..plugins import first_party, where_to_get
+            from ..contract.plugins import first_party, where_to_get
 
             if args and first_party("commands", args[0]) is not None:  # a first-party plugin's command group
                 raise click.UsageError(f"No command {args[0]!r}: {where_to_get('commands', args[:1])}; install it.", ctx) from None

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
-from .. import selection
+from ..run import selection
 from ..errors import UsageError
-from ..filtering import INCLUDE
-from ..plugins import collect, get_plugin_manager
-from ..writers import FileWriter
+from ..contract.run_filters import INCLUDE
+from ..contract.plugins import collect, get_plugin_manager
+from ..contract.writers import FileWriter
 
 _RUN_DIR = click.Path(path_type=Path, file_okay=False)
 
@@ -45,9 +45,9 @@ def _logging() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def export_command(run_dirs, format_, output, include, split, filter_, force, as_json):
     """Write the trajectories of one run, or several merged, as training files (splits stable across re-exports)."""
-    from ..export import as_json as result_json
-    from ..export import describe, export, parse_splits
-    from ..folder_info import open_run_folder
+    from ..offline.export import as_json as result_json
+    from ..offline.export import describe, export, parse_splits
+    from ..offline.folder_info import open_run_folder
 
     _logging()
     folders = [open_run_folder(run_dir) for run_dir in run_dirs]
@@ -70,8 +70,8 @@ def export_command(run_dirs, format_, output, include, split, filter_, force, as
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def refilter_command(run_dir, filter_, no_filters, dry_run, as_json):
     """Apply filters again to a run's kept and discarded records, without any model call (audited)."""
-    from ..folder_info import open_run_folder, read_run_json
-    from ..refilter import locked, refilter
+    from ..offline.folder_info import open_run_folder, read_run_json
+    from ..offline.refilter import locked, refilter
 
     _logging()
     if not filter_ and not no_filters:
@@ -123,8 +123,8 @@ def stats_command(run_dir, as_json):
     """Print the statistics of a run folder again (rebuilt from its records when statistics.json is older)."""
     from rich.console import Console
 
-    from ..folder_info import current_statistics, open_run_folder
-    from ..statistics import render_statistics
+    from ..offline.folder_info import current_statistics, open_run_folder
+    from ..folder.statistics import render_statistics
 
     _logging()
     folder = open_run_folder(run_dir)

@@ -8,8 +8,8 @@ from pathlib import Path
 import attrs
 import click
 
-from .. import distributions as dist_module
-from ..plugins import KINDS, Kind, describe_plugins
+from ..run import distributions as dist_module
+from ..contract.plugins import KINDS, Kind, describe_plugins
 
 
 def _registry(distribution_file=None):

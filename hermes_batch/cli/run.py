@@ -11,10 +11,10 @@ import traceback
 import attrs
 import click
 
-from .. import options
-from ..config import RunConfig, require_api_key, resolve_api_key
+from ..run import options
+from ..run.config import RunConfig, require_api_key, resolve_api_key
 from ..errors import EXIT_FAILED_PROMPTS, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, HermesBatchError
-from ..jsonguard import TerminalFormatter
+from ..formats.jsonguard import TerminalFormatter
 from .listing import print_distributions
 
 
@@ -58,7 +58,7 @@ def _setup_logging(verbose: bool) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO if verbose else logging.WARNING)
     root.propagate = False
-    logging.getLogger("hermes_batch.progress").setLevel(logging.INFO)
+    logging.getLogger("hermes_batch.run.progress").setLevel(logging.INFO)
 
 
 @click.command("run", cls=_RunCommand, context_settings={"show_default": True})
@@ -77,7 +77,7 @@ def run_command(**values):
     given = given_options(click.get_current_context()) | ({"filters"} if no_filters else set())
     config = options.from_cli(RunConfig, values, **({"filters": ()} if no_filters else {}))
     if config.resume:
-        from ..run_settings import inherit
+        from ..run.run_settings import inherit
 
         config = inherit(config, given)  # the options not given: as the run was started
         _setup_logging(config.verbose)
@@ -94,12 +94,12 @@ def given_options(ctx: click.Context) -> set:
 
 def execute(config: RunConfig) -> int:
     """Prepare (all checks before any model call), run, print the statistics; return the exit status."""
-    from ..process_guard import protect
-    from ..redaction import redact_logging, run_secrets
-    from ..runner import Run
+    from ..run.process_guard import protect
+    from ..formats.redaction import redact_logging, run_secrets
+    from ..run.runner import RunEngine
     from . import plugin_manager
 
-    run = Run(config, plugin_manager())
+    run = RunEngine(config, plugin_manager())
     protect(run_secrets(config))
     redact_logging(run.redactor)
     try:
@@ -113,7 +113,7 @@ def execute(config: RunConfig) -> int:
 def _execute(run) -> int:
     from rich.console import Console
 
-    from ..runner import render
+    from ..run.runner import render
 
     config = run.config
     run.prepare()

@@ -22,15 +22,15 @@ import click
               help="Skip invalid dataset lines instead of stopping.")
 def import_command(seed_run_dir, dataset_file, batch_size, filter_, no_filters, skip_invalid):
     """Make a run folder of batch_runner.py a hermes-batch run folder, so --resume pays for no finished prompt again."""
-    from .. import selection
-    from ..default_plugins.filters import DEFAULT_FILTERS
+    from ..run import selection
+    from ..default_plugins.sample_filters import DEFAULT_FILTERS
     from ..errors import RunFolderError, UsageError
-    from ..folder_info import rebuild_statistics
-    from ..merge import merge_run
-    from ..plugins import collect
-    from ..refilter import locked
-    from ..runfolder import RunFolder
-    from ..seed_import import SEED_FOLDER, import_run
+    from ..offline.folder_info import rebuild_statistics
+    from ..folder.merge import merge_run
+    from ..contract.plugins import collect
+    from ..offline.refilter import locked
+    from ..folder.runfolder import RunFolder
+    from ..offline.seed_import import SEED_FOLDER, import_run
     from . import plugin_manager
     from .run import _setup_logging
 

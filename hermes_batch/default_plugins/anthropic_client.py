@@ -22,15 +22,15 @@ from urllib.parse import urlsplit
 import attrs
 
 import hermes_batch
-from hermes_batch.endpoint_numbers import token_count
+from hermes_batch.formats.endpoint_numbers import token_count
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
-from hermes_batch.interfaces import ModelClient, ModelSettings
-from hermes_batch.model_http import (
+from hermes_batch.contract.interfaces import ModelClient, ModelSettings
+from hermes_batch.model.model_http import (
     WireCache, http_client, json_array, json_bytes, json_object, poster, transport_error_text,
 )
-from hermes_batch.reasoning import split_inline_reasoning
-from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from hermes_batch.retry import RETRYABLE_STATUS, api_error_text, choose_reset_wait, retry_after_seconds
+from hermes_batch.formats.reasoning import split_inline_reasoning
+from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
+from hermes_batch.model.retry import RETRYABLE_STATUS, api_error_text, choose_reset_wait, retry_after_seconds
 
 if TYPE_CHECKING:
     import anthropic
@@ -145,7 +145,7 @@ class AnthropicClient(ModelClient):
 
     @functools.cached_property
     def _poster(self):
-        # the SDK's auth, base URL and error types; the body ours (see hermes_batch.model_http)
+        # the SDK's auth, base URL and error types; the body ours (see hermes_batch.model.model_http)
         client = self._client  # imports the SDK
         return poster(self._sdk, client, "/v1/messages", self._options, self.settings)
 

@@ -9,7 +9,7 @@ plugin provides them.
 from __future__ import annotations
 
 import hermes_batch
-from hermes_batch.distributions import distribution_from_percent
+from hermes_batch.run.distributions import distribution_from_percent
 
 # name -> (description, {toolset: percent}); order of toolsets breaks sampling ties.
 SEED_DISTRIBUTIONS: dict[str, tuple[str, dict[str, int]]] = {

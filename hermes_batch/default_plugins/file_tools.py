@@ -1,6 +1,6 @@
 """The ``file`` toolset: read, write, patch and search files in the prompt's sandbox.
 
-Every tool acts through the :class:`~hermes_batch.interfaces.Sandbox` interface
+Every tool acts through the :class:`~hermes_batch.contract.interfaces.Sandbox` interface
 only (``read_file``, ``write_file``, ``exec``), so it works in every backend.
 Problems the model can act on (a missing file, a refused path, a bad regex)
 come back as a result with a non-null ``error``; a sandbox that died raises
@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import hermes_batch
 
-from ..interfaces import Tool, ToolContext, Toolset
+from ..contract.interfaces import Tool, ToolContext, Toolset
 
 DEFAULT_READ_LINES = 500
 MAX_SEARCH_MATCHES = 100

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import hermes_batch
-from hermes_batch.serialization import to_json_line
-from hermes_batch.writers import FileWriter, LineSink
+from hermes_batch.formats.serialization import to_json_line
+from hermes_batch.contract.writers import FileWriter, LineSink
 
 
 class JsonlWriter(FileWriter):

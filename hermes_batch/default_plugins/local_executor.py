@@ -6,7 +6,7 @@ import asyncio
 from typing import Awaitable, Callable, Iterator
 
 import hermes_batch
-from hermes_batch.interfaces import Executor, PromptJob, stop_if_cancelled
+from hermes_batch.contract.interfaces import Executor, PromptJob, stop_if_cancelled
 
 
 @hermes_batch.hookimpl

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any, Optional
 from urllib.parse import urlsplit
 
 import hermes_batch
-from hermes_batch.endpoint_numbers import call_cost, token_count
+from hermes_batch.formats.endpoint_numbers import call_cost, token_count
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
-from hermes_batch.interfaces import ModelClient, ModelSettings
-from hermes_batch.model_http import (
+from hermes_batch.contract.interfaces import ModelClient, ModelSettings
+from hermes_batch.model.model_http import (
     WireCache, http_client, json_array, json_bytes, json_fields, json_object, poster, transport_error_text,
 )
-from hermes_batch.reasoning import extract_reasoning
-from hermes_batch.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from hermes_batch.retry import RETRYABLE_STATUS, api_error_text, rate_limit_reset_seconds, retry_after_seconds
+from hermes_batch.formats.reasoning import extract_reasoning
+from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
+from hermes_batch.model.retry import RETRYABLE_STATUS, api_error_text, rate_limit_reset_seconds, retry_after_seconds
 
 if TYPE_CHECKING:
     import openai
@@ -81,7 +81,7 @@ class OpenAIClient(ModelClient):
 
     @functools.cached_property
     def _poster(self):
-        # the SDK's auth, base URL and error types; the body ours (see hermes_batch.model_http)
+        # the SDK's auth, base URL and error types; the body ours (see hermes_batch.model.model_http)
         client = self._client  # imports the SDK
         return poster(self._sdk, client, "/chat/completions", _OPTIONS, self.settings)
 

@@ -8,9 +8,9 @@ from typing import Optional
 import attrs
 
 import hermes_batch
-from hermes_batch.openai_format import Unrepresentable, to_openai
-from hermes_batch.records import Trajectory
-from hermes_batch.writers import FileWriter, LineSink
+from hermes_batch.formats.openai_format import Unrepresentable, to_openai
+from hermes_batch.formats.records import Trajectory
+from hermes_batch.contract.writers import FileWriter, LineSink
 
 
 @attrs.frozen

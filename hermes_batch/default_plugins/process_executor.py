@@ -3,7 +3,7 @@
 One ``hermes-batch run`` process is one event loop, so it uses one core; with
 ``--executor processes`` the run's process becomes the driver (it alone writes
 the run folder) and ``-E workers=N`` worker processes run the prompts.  The
-protocol is in ``hermes_batch.pipe_worker``, the leasing in ``hermes_batch.dispatch``.
+protocol is in ``hermes_batch.executors.pipe_worker``, the leasing in ``hermes_batch.executors.dispatch``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Awaitable, Callable, Iterator, Optional
 import attrs
 
 import hermes_batch
-from hermes_batch.dispatch import run_on_workers, split
-from hermes_batch.interfaces import Executor, PromptJob
+from hermes_batch.executors.dispatch import run_on_workers, split
+from hermes_batch.contract.interfaces import Executor, PromptJob
 
 
 @hermes_batch.hookimpl
@@ -56,7 +56,7 @@ class ProcessExecutor(Executor):
     async def start(self, processor) -> None:
         # Workers are forked warm: the imports are paid once, not per worker, and while the run checks its
         # sandbox engine and sends the preflight request, not after.
-        from hermes_batch.forkserver import Forkserver  # the run engine: loaded when a run starts
+        from hermes_batch.executors.forkserver import Forkserver  # the run engine: loaded when a run starts
 
         if self._forkserver is None:
             self._forkserver = await Forkserver.start(type(processor.client).packages)
@@ -68,7 +68,7 @@ class ProcessExecutor(Executor):
         on_outcome: Callable[[PromptJob, object], Awaitable[None]],
         concurrency: int,
     ) -> None:
-        from hermes_batch.pipe_worker import PipeLink
+        from hermes_batch.executors.pipe_worker import PipeLink
 
         await self.start(processor)
         shares = split(concurrency, self.config.workers or default_workers())

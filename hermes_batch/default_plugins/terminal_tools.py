@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hermes_batch
 
-from ..interfaces import Tool, ToolContext, Toolset
+from ..contract.interfaces import Tool, ToolContext, Toolset
 
 
 def _notice(cut: int) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from hermes_batch.records import Metadata, ToolCallRecord, ToolStat, Trajectory, Turn
+from hermes_batch.formats.records import Metadata, ToolCallRecord, ToolStat, Trajectory, Turn
 
 
 def make_trajectory(**overrides: Any) -> Trajectory:
@@ -57,7 +57,7 @@ def make_filter(spec: str, pm=None):
     ``pm``: a plugin manager (default: the core's plugins and the installed ones).
     """
     from hermes_batch import get_plugin_manager
-    from hermes_batch.selection import plugin
+    from hermes_batch.run.selection import plugin
 
     return plugin((pm or get_plugin_manager()).registry(), "filters", spec, "--filter")
 

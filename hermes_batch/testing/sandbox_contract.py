@@ -2,7 +2,7 @@
 
 A backend's test module subclasses :class:`SandboxContract` in a class whose name
 starts with ``Test``, provides a ``backend`` fixture that yields a started
-:class:`~hermes_batch.interfaces.SandboxBackend` (and shuts it down afterwards),
+:class:`~hermes_batch.contract.interfaces.SandboxBackend` (and shuts it down afterwards),
 and implements :meth:`SandboxContract.sandbox_exists`::
 
     class TestLocalSandboxContract(SandboxContract):
@@ -26,7 +26,7 @@ the sandboxes it opened.  Tests of processes outliving ``close`` look for them
 in this machine's ``/proc`` (:meth:`SandboxContract.processes_with`); a backend
 whose processes run elsewhere overrides it.
 
-What the contract fixes beyond the :class:`~hermes_batch.interfaces.Sandbox`
+What the contract fixes beyond the :class:`~hermes_batch.contract.interfaces.Sandbox`
 docstrings: output is stdout and stderr merged and decoded as UTF-8 with
 replacement characters; a command killed at its timeout has ``timed_out=True``
 and ``exit_code=None``; a command's background processes that hold its output
@@ -56,8 +56,8 @@ from typing import Awaitable, Callable, Optional
 import pytest
 
 from ..errors import SandboxError
-from ..interfaces import Sandbox, SandboxBackend
-from ..records import ExecResult, SandboxSpec, content_key
+from ..contract.interfaces import Sandbox, SandboxBackend
+from ..formats.records import ExecResult, SandboxSpec, content_key
 
 # Variables of the runner that must never reach a sandbox; set for every contract test.
 LEAK_CANARIES = {

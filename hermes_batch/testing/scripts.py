@@ -11,8 +11,8 @@ from typing import Awaitable, Callable, Iterable, Mapping, Optional, Union
 
 import attrs
 
-from ..interfaces import PREFLIGHT_PROMPT
-from ..records import Usage
+from ..contract.interfaces import PREFLIGHT_PROMPT
+from ..formats.records import Usage
 
 REASONING_FORMATS = ("reasoning", "reasoning_details", "reasoning_content", "think_tags", "scratchpad", "none")
 

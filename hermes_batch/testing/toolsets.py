@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from hermes_batch import ModelClient, ModelSettings, RunContext, ToolContext, ToolsetRuntime, Usage, get_plugin_manager
-from hermes_batch.toolsets import PromptToolsets, build_runtimes
+from hermes_batch.contract.toolsets import PromptToolsets, build_runtimes
 
 from .runner import TEST_API_KEY
 

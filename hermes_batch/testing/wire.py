@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any, Callable, Iterable, Optional
 
-from ..records import Usage
+from ..formats.records import Usage
 from .scripts import Reply, ScriptRequest
 
 # (type, code) of the OpenAI error body and type of the Anthropic one, by status.

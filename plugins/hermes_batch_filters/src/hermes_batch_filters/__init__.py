@@ -3,7 +3,7 @@
 Per-record filters (``--filter`` of ``run``, ``export`` and ``refilter``):
 ``max-tool-errors``, ``min-tool-calls``, ``final-answer``, ``repetition``, ``length``.
 Whole-run filter (``export`` and ``refilter`` only): ``near-duplicates``.
-Options follow ``--filter NAME[:OPTIONS]`` (see ``hermes_batch.plugin_options``).
+Options follow ``--filter NAME[:OPTIONS]`` (see ``hermes_batch.contract.plugin_options``).
 """
 
 import hermes_batch

@@ -2,7 +2,7 @@
 
 The run's process is the driver: it alone writes the run folder, and leases
 prompts to the actors as ``--executor processes`` does to its worker processes
-(``hermes_batch.dispatch``).  Each actor runs the prompt processor rebuilt from
+(``hermes_batch.executors.dispatch``).  Each actor runs the prompt processor rebuilt from
 the run's plan, so its sandboxes are created on the node it runs on.
 """
 

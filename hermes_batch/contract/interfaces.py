@@ -1,0 +1,553 @@
+"""Base classes of the objects plugins register.
+
+Registration hooks run once at start-up and are synchronous; the registered
+objects do the per-prompt I/O through ``async`` methods.  Each selectable class
+carries its ``name`` and an attrs ``Config`` class; options given on the command
+line (``-S key=value``, ``-E key=value``, ``-T toolset.key=value``) are structured
+strictly into it.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterable, Iterator, Optional
+
+import attrs
+
+from ..model.retry import MAX_RETRIES  # retries of one failing model call: the retry policy's, also the option's default
+from ..formats.records import ExecResult, Message, ModelResponse, SandboxSpec, ToolSpec, Trajectory, Usage
+
+# Defaults of the run options of the same names (RunConfig), also used where a plugin builds these classes itself.
+COMMAND_TIMEOUT = 180.0  # seconds one tool command may run
+MAX_OUTPUT_CHARS = 20000  # of a tool's output the model sees; the rest is cut with a notice
+REQUEST_TIMEOUT = 600.0  # seconds one model request may take before it counts as failed (and is retried)
+
+if TYPE_CHECKING:
+    from ..model.ratelimit import CallLimiter
+    from .run_context import RunContext
+    from .toolsets import PromptToolsets
+
+
+@attrs.frozen
+class NoOptions:
+    """Config of a plugin object that takes no options."""
+
+
+# --- model clients -----------------------------------------------------------
+
+
+@attrs.frozen
+class ModelSettings:
+    """How to reach and drive the model; built from the command line."""
+
+    model: str
+    base_url: str
+    api_key: Optional[str] = attrs.field(default=None, repr=False)
+    max_tokens: Optional[int] = None
+    reasoning_effort: Optional[str] = None
+    reasoning_disabled: bool = False
+    providers_allowed: tuple = ()
+    providers_ignored: tuple = ()
+    providers_order: tuple = ()
+    provider_sort: Optional[str] = None
+    request_timeout: float = REQUEST_TIMEOUT
+    max_retries: int = MAX_RETRIES
+    max_concurrent_requests: Optional[int] = None  # starting limit of calls in flight; None: no limit until a 429
+    max_requests_per_minute: Optional[float] = None
+    max_tokens_per_minute: Optional[float] = None
+    http_backend: str = "aiohttp"  # transport under the SDKs: "aiohttp", or "httpx" for its proxy and TLS handling
+
+
+# The probe sent by ModelClient.preflight; the scripted test server answers it without calling the script.
+PREFLIGHT_PROMPT = "This is a connectivity check. Reply with the single word: ready."
+PREFLIGHT_MAX_TOKENS = 16
+PREFLIGHT_TIMEOUT_S = 120.0
+PREFLIGHT_RETRIES = 3
+
+
+class ModelClient(abc.ABC):
+    """Sends a conversation to a model and returns its next message."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    # Top-level packages its first request imports (its SDK): worker processes that start warm import them ahead.
+    packages: ClassVar[tuple[str, ...]] = ()
+    _limiter = None
+    journal = None  # the run's CallJournal (calls.jsonl), set by the runner
+
+    def __init__(self, settings: ModelSettings):
+        self.settings = settings
+
+    @classmethod
+    def handles_base_url(cls, base_url: str) -> bool:
+        """True when this client should be picked automatically for ``base_url``."""
+        return False
+
+    @abc.abstractmethod
+    async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
+        """One attempt at a model call, no retries.
+
+        Raises FatalModelError (bad key, unknown model: the run stops),
+        RetryableModelError (429, 5xx, timeouts), ModelOutcome (the model side
+        ended the session: context too long, content filtered) or
+        ModelCallError (any other refusal: the prompt fails).
+        """
+
+    async def complete(
+        self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...], *, calls: Optional[list] = None
+    ) -> ModelResponse:
+        """``send`` through the run's limiter: retries with backoff, adaptive concurrency, per-minute budgets.
+
+        Each attempt is appended to ``calls`` (a CallRecord: provider, latency, status), and to the run's
+        journal when there is one.
+        """
+        if self.journal is not None:
+            return await self.journal.complete(self, messages, tools, calls)
+        return await self.limiter.call(self.send, messages, tools, calls=calls)
+
+    @property
+    def limiter(self) -> "CallLimiter":
+        """The gate every call of this client goes through (see :mod:`hermes_batch.model.ratelimit`)."""
+        if self._limiter is None:
+            from ..model.ratelimit import CallLimiter
+
+            self._limiter = CallLimiter.from_settings(self.settings)
+        return self._limiter
+
+    async def preflight(self) -> None:
+        """One minimal request before any prompt runs, to check the endpoint, the key and the model name.
+
+        Raises FatalModelError for a refused key, an unknown model, or an endpoint
+        that still fails or cannot be reached after a few attempts.  The default
+        sends PREFLIGHT_PROMPT without tools through a copy of this client whose
+        settings ask for at most PREFLIGHT_MAX_TOKENS tokens.
+        """
+        from ..model.ratelimit import check_endpoint
+
+        settings = attrs.evolve(
+            self.settings,
+            max_tokens=PREFLIGHT_MAX_TOKENS,
+            request_timeout=min(self.settings.request_timeout, PREFLIGHT_TIMEOUT_S),
+        )
+        probe = type(self)(settings)
+        try:
+            messages = (Message("user", PREFLIGHT_PROMPT),)
+            await check_endpoint(probe.send, messages, min(settings.max_retries, PREFLIGHT_RETRIES))
+        finally:
+            await probe.aclose()
+
+    def for_model(self, model: str) -> "ModelClient":
+        """A client of the same endpoint and key for ``model``, for tools that consult other models.
+
+        Its calls go through this client's limiter, so they share the run's rate
+        limits and budgets and their reported cost counts against ``--max_cost``.
+        Close it with ``aclose`` when done.
+        """
+        other = type(self)(attrs.evolve(self.settings, model=model))
+        other._limiter = self.limiter
+        other.journal = self.journal  # its requests are the run's requests
+        return other
+
+    async def aclose(self) -> None:
+        """Release connections."""
+
+
+# --- sandboxes ---------------------------------------------------------------
+
+
+class Sandbox(abc.ABC):
+    """The isolated environment of one prompt."""
+
+    @abc.abstractmethod
+    async def exec(self, command: str, timeout: float) -> ExecResult:
+        """Run ``command`` in a non-login shell; kill its whole process tree after ``timeout`` seconds."""
+
+    @abc.abstractmethod
+    async def read_file(self, path: str, max_bytes: Optional[int] = None) -> bytes:
+        """At most ``max_bytes`` bytes from the start of ``path`` (None: all of it).
+
+        Relative paths are relative to the working directory.  Memory must stay
+        bounded by ``max_bytes``, whatever the file's size.  Raises
+        FileNotFoundError when ``path`` does not exist, IsADirectoryError for a
+        folder, and at once, without ever blocking, ``OSError(errno.EINVAL,
+        "<one sentence for the model>")`` for anything but a regular file (FIFO,
+        socket, device).
+        """
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path``, creating parent folders.
+
+        Refuses, at once and without blocking, to write through anything that is
+        not a regular file or a new file (the same EINVAL OSError as ``read_file``).
+        """
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Remove the sandbox and end every process it started; safe to call more than once.
+
+        That includes processes that left the command's process group or session
+        (``setsid``, daemons that fork twice).
+        """
+
+    async def ready(self) -> "Sandbox":
+        """The sandbox once it can run commands; raises SandboxError when it cannot be opened.
+
+        A backend's sandboxes are ready when ``open`` returns them; the one a
+        prompt's tools see is opened beside its first model request, and the
+        agent awaits this before a tool call, off the tool's clock.
+        """
+        return self
+
+    @property
+    def workdir(self) -> str:
+        """The working directory commands start in, as the sandbox sees it."""
+        return "."
+
+    @property
+    def image(self) -> str:
+        """The container image the sandbox actually runs (the row's, or the backend's default), "" for none."""
+        return ""
+
+
+class SandboxBackend(abc.ABC):
+    """Opens one sandbox per prompt. One instance per run."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+    ignores_images: ClassVar[bool] = False  # True: rows' images are not used (the run warns once)
+    # True: a prompt's sandbox starts opening beside its first model request; False: at its first tool call,
+    # for backends where a sandbox costs more than the wait (a prompt that calls no tool then never opens one)
+    open_early: ClassVar[bool] = True
+
+    def __init__(self, config: Any, run: "RunContext"):
+        self.config = config
+        self.run = run
+
+    async def check(self) -> None:
+        """Called once before the model preflight and before the run folder exists.
+
+        Verify that the engine is reachable and the options fit it; raise
+        ConfigError with one sentence otherwise.  Leave nothing behind.
+        """
+
+    async def start(self) -> None:
+        """Called once before any prompt, after ``check``: remove leftovers of a crashed run."""
+
+    async def prepare_image(self, image: Optional[str]) -> None:
+        """Make ``image`` available (pull once); raises SandboxError if it cannot be had."""
+
+    def image_for(self, spec: SandboxSpec) -> str:
+        """The image a sandbox opened for ``spec`` runs, as the prompt's ``metadata.image`` records it.
+
+        The row's image, else the backend's default (its Config's ``image``, the ``-S image=`` option);
+        "" for a backend that runs no image (``ignores_images``).  A sandbox's ``image`` property is the
+        same; override both when the backend chooses its image otherwise.
+        """
+        if self.ignores_images:
+            return ""
+        return spec.image or getattr(self.config, "image", None) or ""
+
+    @abc.abstractmethod
+    async def open(self, spec: SandboxSpec) -> Sandbox:
+        """Open the sandbox of one prompt; raises SandboxError."""
+
+    async def shutdown(self) -> None:
+        """Called once after the last prompt, also on Ctrl-C."""
+
+
+# --- tools -------------------------------------------------------------------
+
+
+class ToolsetSession:
+    """One prompt's state of a toolset, such as its browser context.
+
+    Created (without I/O) at the prompt's first call of one of the toolset's
+    tools, and closed when the prompt ends, also on errors, deadlines and
+    Ctrl-C.  Open expensive resources lazily inside the tools' calls.
+    """
+
+    def __init__(self, runtime: "ToolsetRuntime"):
+        self.runtime = runtime
+
+    @property
+    def config(self) -> Any:
+        """The toolset's structured ``-T`` options."""
+        return self.runtime.config
+
+    async def close(self) -> None:
+        """Release what the prompt held; called once, must not raise."""
+
+
+class ToolsetRuntime:
+    """The run-wide side of a toolset: its ``-T`` options, shared connections, a browser...
+
+    One instance per run and toolset, built before anything is sent to a model.
+    Subclass it when a toolset needs a provider, shared connections or per-prompt
+    state (``Session``); toolsets without one get this base class.
+    """
+
+    Session: ClassVar[type] = ToolsetSession
+
+    def __init__(self, config: Any, model: ModelSettings):
+        self.config = config
+        self.model = model  # the run's endpoint, key and model, for tools that call a model themselves
+        self.run: Optional["RunContext"] = None
+        self.client: Optional[ModelClient] = None
+
+    def unavailable_reason(self) -> Optional[str]:
+        """None when the toolset can run, else one sentence saying what is missing and how to configure it.
+
+        Called once before the run starts, without I/O.  An unavailable toolset
+        is reported once and left out of sampling.
+        """
+        return None
+
+    def files_needed(self) -> int:
+        """Most descriptors the toolset holds in the run's process at once, however many prompts run (0 by default).
+
+        A toolset whose descriptors do not grow with the prompts in flight (a
+        browser's proxies, a pool of connections) says so here; the run counts
+        them, with its per-prompt estimate, against the open-files limit before
+        it starts.  Called once before the run starts, without I/O.
+        """
+        return 0
+
+    async def start(self, run: "RunContext", client: ModelClient) -> None:
+        """Called once before the first prompt (only for available toolsets); ``client`` is the run's model client."""
+        self.run, self.client = run, client
+
+    def session(self) -> ToolsetSession:
+        """A new session for one prompt; no I/O here."""
+        return self.Session(self)
+
+    async def shutdown(self) -> None:
+        """Called once after the last prompt, also on Ctrl-C; must not raise."""
+
+
+@attrs.frozen
+class ToolContext:
+    """What a tool call can use: the prompt's sandbox, the run's settings and the prompt's toolset sessions."""
+
+    sandbox: Sandbox
+    command_timeout: float = COMMAND_TIMEOUT
+    max_output_chars: int = MAX_OUTPUT_CHARS
+    toolsets: Optional["PromptToolsets"] = None  # None outside a run (unit tests of a tool)
+
+    def session(self, toolset: str) -> ToolsetSession:
+        """This prompt's session of ``toolset`` (created at the first call; see ToolsetSession)."""
+        if self.toolsets is None:
+            raise LookupError(f"No toolset sessions in this context, so none for {toolset!r}.")
+        return self.toolsets.session(toolset)
+
+    def report_usage(self, usage: Usage, *, journaled: bool = False) -> None:
+        """Count a model call the tool made (tokens, cost) in the prompt's usage and the run's totals.
+
+        Pass ``journaled=True`` when the call went through a ModelClient of the
+        run (the tool's ``model.client`` or its ``for_model``): the run's call
+        journal already counted it as a request, so only the prompt's usage grows.
+        """
+        if self.toolsets is not None:
+            self.toolsets.report_usage(usage, journaled=journaled)
+
+
+class Tool(abc.ABC):
+    """A function the model can call."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    parameters: ClassVar[dict]
+    runs_commands: ClassVar[bool] = False  # calls ``Sandbox.exec``: the sandbox may then start what commands need as it opens
+
+    @classmethod
+    def spec(cls) -> ToolSpec:
+        """What the model is told of the tool; one object per class, so its request JSON is made once a run."""
+        return _spec_of(cls)
+
+    @staticmethod
+    def from_function(
+        function: Callable[..., Awaitable[Any]], *, name: Optional[str] = None, description: Optional[str] = None
+    ) -> type["Tool"]:
+        """A Tool class that awaits ``function``, its JSON Schema built from the type hints and docstring.
+
+        See :func:`hermes_batch.contract.function_tools.tool_from_function`; ``@hermes_batch.tool`` is the decorator form.
+        """
+        from .function_tools import tool_from_function
+
+        return tool_from_function(function, name=name, description=description)
+
+    @abc.abstractmethod
+    async def call(self, arguments: dict, ctx: ToolContext) -> dict:
+        """Run the tool; the result is JSON.  A failure is reported as a non-null ``error``."""
+
+
+@attrs.frozen
+class Toolset:
+    """A named group of tools that a distribution switches on or off together.
+
+    ``Config`` is the attrs class the ``-T name.key=value`` options are structured
+    into (strictly); ``runtime`` the ToolsetRuntime subclass that holds the
+    toolset's run-wide state and per-prompt sessions.
+    """
+
+    name: str
+    description: str
+    tools: tuple  # of Tool classes
+    Config: type = NoOptions
+    runtime: type = ToolsetRuntime
+
+
+@attrs.frozen
+class Distribution:
+    """Independent inclusion probabilities (0..1) of toolsets."""
+
+    name: str
+    description: str
+    probabilities: tuple  # of (toolset name, probability) pairs
+
+
+# --- filters, writers, executors ----------------------------------------------
+
+
+class Filter(abc.ABC):
+    """Decides whether a finished trajectory is kept.
+
+    ``Config`` receives the options of ``--filter name:options`` (see
+    :mod:`hermes_batch.contract.plugin_options`), structured strictly.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+
+    def __init__(self, config: Any = None):
+        self.config = self.Config() if config is None else config
+
+    @abc.abstractmethod
+    def check(self, trajectory: Trajectory) -> Optional[str]:
+        """None to keep the trajectory, else the reason it is discarded."""
+
+
+class Writer(abc.ABC):
+    """Writes the merged output of a run (kept trajectories in prompt_index order).
+
+    ``Config`` receives the options of ``--writer name:options``.  Writers that can
+    also write any path (``hermes-batch export``) subclass
+    :class:`hermes_batch.contract.writers.FileWriter`.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+
+    def __init__(self, config: Any = None):
+        self.config = self.Config() if config is None else config
+
+    can_append: ClassVar[bool] = False
+    """True when :meth:`append` can add trajectories to the end of ``filename``: a resume then merges only
+    the new batches instead of writing everything again."""
+    filename: ClassVar[Optional[str]] = None  # the main file, in the run folder (required with can_append)
+
+    @abc.abstractmethod
+    def write(self, run_dir, trajectories: Iterable[Trajectory]) -> Optional[str]:
+        """Write the output files into ``run_dir``; return the main file's name."""
+
+    def append(self, path, trajectories: Iterable[Trajectory]) -> None:
+        """Add ``trajectories`` at the end of the file ``path`` durably (flushed and fsynced), writing nothing
+        else: the merge may cut the file back to an earlier size before it calls this."""
+        raise NotImplementedError(f"the {self.name} writer cannot append")
+
+
+@attrs.frozen
+class PromptJob:
+    """One prompt to process, as the executor hands it to a worker."""
+
+    row: Any  # PromptRow
+    batch_num: int
+    toolsets: tuple
+
+
+class PromptJobs(Iterator[PromptJob]):
+    """The jobs of a run, one at a time, as ``Executor.run`` receives them.
+
+    ``halted`` turns true when the run stops handing out jobs before the
+    dataset's end (``--max_cost`` was reached): an executor holding jobs it has
+    not started drops them rather than start them.
+    """
+
+    def __init__(self, jobs: Iterable[PromptJob]):
+        self._jobs = iter(jobs)
+        self.halted = False
+
+    def __next__(self) -> PromptJob:
+        return next(self._jobs)
+
+    def halt(self) -> None:
+        self.halted = True
+
+
+@functools.lru_cache(maxsize=None)
+def _spec_of(tool: type) -> ToolSpec:
+    return ToolSpec(tool.name, tool.description, tool.parameters)
+
+
+def stop_if_cancelled() -> None:
+    """Raise CancelledError when the current task was told to stop, though the prompt it ran ended normally.
+
+    An executor's loop calls it after each prompt: on Python 3.11 ``asyncio.wait_for``
+    (in a sandbox's code, say) loses a cancel that comes as what it waits for ends,
+    and the loop would then take the next prompt, or wait for one for ever, when it
+    should have stopped.
+    """
+    import asyncio
+
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
+
+
+class Executor(abc.ABC):
+    """Runs the prompt jobs of a run and reports each outcome as it ends."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+
+    def __init__(self, config: Any):
+        self.config = config
+
+    async def start(self, processor: Any) -> None:
+        """Start what takes time before prompts can run (worker processes, a cluster's connection).
+
+        Called once as the run starts, beside the sandbox engine's check and the
+        preflight request, before ``run``; raise a HermesBatchError (a UsageError
+        for a cluster that cannot be reached) to stop the run before any prompt
+        runs (the preflight is not sent when the error comes before the engine's
+        check ends).  The default does nothing.
+        """
+
+    async def shutdown(self) -> None:
+        """Stop what ``start`` and ``run`` left running; called once at the end of every run that called
+        ``start``, also after errors and Ctrl-C.  The default does nothing."""
+
+    @abc.abstractmethod
+    async def run(
+        self,
+        jobs: PromptJobs,
+        processor: Any,
+        on_outcome: Callable[[PromptJob, Any], Awaitable[None]],
+        concurrency: int,
+    ) -> None:
+        """Await ``processor.process(job)`` for every job, at most ``concurrency`` at once.
+
+        ``jobs`` is a lazy iterator, a PromptJobs (a million-row dataset is
+        never in memory); take the next job only when a slot is free, or a few
+        ahead to queue them, and drop the queued ones once ``jobs.halted``.
+        Each outcome (a Trajectory or a Failure) is handed to ``on_outcome`` in
+        this process as soon as its prompt ends.  ``processor.plan`` is the
+        run's RunPlan, plain picklable data: an executor that runs prompts in
+        other processes sends it there and rebuilds the processor with
+        ``build_processor``.  Cancelling ``run`` must cancel every prompt in flight.
+        """

@@ -1,0 +1,267 @@
+"""What statistics.json counts over a set of records, as totals that add up across files and sessions.
+
+The statistics of a million-prompt run cannot come from reading every record
+at each session's end.  Each record file keeps an :class:`Aggregate` of its
+records in its index (record_index.py); statistics.json is built from the sum
+of those, which equals one :class:`Aggregate` built by reading every record
+(statistics.py builds it that way when asked, and the tests compare the two).
+Every total here is a count, a set, a minimum or maximum, or an exact sum, so
+the order in which records and files are added never changes the result.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import re
+from collections import Counter, defaultdict
+from fractions import Fraction
+from typing import Iterable, Optional, Union
+
+from ..formats.conversation import reasoning_counts
+from ..formats.endpoint_numbers import TOKEN_FIELDS, stored_usage
+from ..formats.records import CallRecord, Discarded, Failure, Trajectory, Usage
+
+_SCALE = 1074  # every finite double is an integer multiple of 2**-1074
+_USAGE_FIELDS = (*TOKEN_FIELDS, "cost")
+
+
+_HEX_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def key_digest(content_key: str) -> int:
+    """The 64-bit digest of a content key that the indexes store (8 bytes instead of a 32-character string).
+
+    Content keys are already hashes (records.content_key): their first 16 hex digits serve as they are.
+    Anything else a record may hold is hashed.
+    """
+    if _HEX_KEY.fullmatch(content_key):
+        return int(content_key[:16], 16)
+    return int.from_bytes(hashlib.blake2b(content_key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+def epoch(timestamp: str) -> float:
+    """A record's timestamp in seconds since the epoch, NaN when it is not an ISO timestamp."""
+    try:
+        return datetime.datetime.fromisoformat(timestamp).timestamp()
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+class ExactSum:
+    """A sum of floats without rounding, so partial sums added in any order give the same float."""
+
+    def __init__(self, scaled: int = 0, reported: bool = False):
+        self.scaled = scaled  # the sum times 2**1074
+        self.reported = reported  # some value was added: the endpoint reports costs
+
+    def add(self, value: Optional[float]) -> None:
+        if value is None:
+            return
+        self.reported = True
+        numerator, denominator = float(value).as_integer_ratio()
+        self.scaled += numerator << (_SCALE - denominator.bit_length() + 1)
+
+    def merge(self, other: "ExactSum") -> None:
+        self.scaled += other.scaled
+        self.reported = self.reported or other.reported
+
+    @property
+    def value(self) -> Optional[float]:
+        return float(Fraction(self.scaled, 1 << _SCALE)) if self.reported else None
+
+
+class Scope:
+    """Running totals over one set of samples (all finished, or kept only)."""
+
+    _COUNTS = ("samples", "completed", "partial", "model_calls", "invalid_tool_calls", "turns_with", "turns_without",
+               "samples_without_reasoning")
+
+    def __init__(self) -> None:
+        self.samples = self.completed = self.partial = self.model_calls = self.invalid_tool_calls = 0
+        self.turns_with = self.turns_without = self.samples_without_reasoning = 0
+        self.tools: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+        self.partial_by_reason: Counter = Counter()
+
+    def add(self, traj: Trajectory) -> None:
+        self.samples += 1
+        self.completed += traj.completed
+        self.partial += traj.partial
+        if traj.partial:
+            self.partial_by_reason[traj.metadata.end_reason or "unknown"] += 1
+        self.model_calls += traj.api_calls
+        self.invalid_tool_calls += len(traj.metadata.invalid_tool_calls)
+        with_reasoning, without = reasoning_counts(traj.conversations)
+        self.turns_with += with_reasoning
+        self.turns_without += without
+        self.samples_without_reasoning += with_reasoning == 0
+        for name, stat in traj.tool_stats.items():
+            totals = self.tools[name]
+            totals[0] += stat.count
+            totals[1] += stat.success
+            totals[2] += stat.failure
+
+    def merge(self, other: "Scope") -> None:
+        for name in self._COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name, (count, success, failure) in other.tools.items():
+            totals = self.tools[name]
+            totals[0] += count
+            totals[1] += success
+            totals[2] += failure
+        self.partial_by_reason.update(other.partial_by_reason)
+
+    def to_state(self) -> dict:
+        state = {name: getattr(self, name) for name in self._COUNTS}
+        state["tools"] = dict(self.tools)
+        state["partial_by_reason"] = dict(self.partial_by_reason)
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Scope":
+        scope = cls()
+        for name in cls._COUNTS:
+            setattr(scope, name, int(state[name]))
+        for name, totals in state["tools"].items():
+            scope.tools[name] = [int(v) for v in totals]
+        scope.partial_by_reason = Counter(state["partial_by_reason"])
+        return scope
+
+
+class Requests:
+    """Model requests per provider: count, errors, and latencies in whole milliseconds (for exact medians)."""
+
+    def __init__(self) -> None:
+        self.requests: Counter = Counter()
+        self.errors: Counter = Counter()
+        self.latency_ms: dict[str, Counter] = defaultdict(Counter)
+        self.rate_limited: Optional[int] = None  # None: the limiters' counts of the sessions
+        self.unanswered = 0
+
+    def add(self, calls: Iterable[CallRecord]) -> None:
+        for call in calls:
+            provider = call.provider or "unknown"
+            self.requests[provider] += 1
+            if call.status != 200:
+                self.errors[provider] += 1
+            self.latency_ms[provider][int(round(call.latency_s * 1000))] += 1
+
+    def merge(self, other: "Requests") -> None:
+        self.requests.update(other.requests)
+        self.errors.update(other.errors)
+        for provider, histogram in other.latency_ms.items():
+            self.latency_ms[provider].update(histogram)
+
+    def to_state(self) -> dict:
+        return {"requests": dict(self.requests), "errors": dict(self.errors),
+                "latency_ms": {p: {str(ms): n for ms, n in h.items()} for p, h in self.latency_ms.items()}}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Requests":
+        requests = cls()
+        requests.requests = Counter(state["requests"])
+        requests.errors = Counter(state["errors"])
+        for provider, histogram in state["latency_ms"].items():
+            requests.latency_ms[provider] = Counter({int(ms): n for ms, n in histogram.items()})
+        return requests
+
+
+class Aggregate:
+    """The totals statistics.json and the merge need from a set of kept, discarded and failed records."""
+
+    _COUNTS = ("discarded", "usage_reported", "failure_records", "prompt_tokens", "completion_tokens",
+               "reasoning_tokens", "cached_tokens")
+
+    def __init__(self) -> None:
+        self.finished, self.kept = Scope(), Scope()
+        self.discarded = self.usage_reported = self.failure_records = 0
+        self.prompt_tokens = self.completion_tokens = self.reasoning_tokens = self.cached_tokens = 0
+        self.cost = ExactSum()
+        self.by_filter: Counter = Counter()
+        self.tools: set[str] = set()  # tool names in the stats of any finished sample
+        self.merge_tools: set[str] = set()  # in the stats or error counts of any kept sample: every merged line lists them
+        self.requests = Requests()
+        self.first_ts: Optional[str] = None
+        self.last_ts: Optional[str] = None
+        # (content key, timestamp, error kind) of every failure record: few, and needed whole to tell which still fail
+        self.failures: list[tuple[str, str, str]] = []
+
+    def add(self, record: Union[Trajectory, Discarded, Failure]) -> None:
+        """Count one record of the run."""
+        if isinstance(record, Failure):
+            self.failure_records += 1
+            self.requests.add(record.calls)
+            self._add_usage(record.usage)
+            self.failures.append((record.content_key, record.timestamp, record.error_kind))
+            return
+        if isinstance(record, Discarded):
+            traj = record.trajectory
+            self.discarded += 1
+            self.by_filter.update(set(record.filters))
+        else:
+            traj = record
+            self.kept.add(traj)
+            self.merge_tools.update(traj.tool_stats)
+            self.merge_tools.update(traj.tool_error_counts)
+        self.finished.add(traj)
+        self.tools.update(traj.tool_stats)
+        meta = traj.metadata
+        usage = self._add_usage(meta.usage)
+        self.usage_reported += bool(usage.prompt_tokens or usage.completion_tokens)
+        self.requests.add(meta.calls)
+        if meta.timestamp:
+            self.first_ts = meta.timestamp if self.first_ts is None else min(self.first_ts, meta.timestamp)
+            self.last_ts = meta.timestamp if self.last_ts is None else max(self.last_ts, meta.timestamp)
+
+    def _add_usage(self, usage) -> Usage:
+        # counted as the record is written and read back: a value no record can hold is not reported
+        usage = stored_usage({name: getattr(usage, name) for name in _USAGE_FIELDS})
+        self.prompt_tokens += usage.prompt_tokens
+        self.completion_tokens += usage.completion_tokens
+        self.reasoning_tokens += usage.reasoning_tokens
+        self.cached_tokens += usage.cached_tokens
+        self.cost.add(usage.cost)
+        return usage
+
+    def merge(self, other: "Aggregate") -> None:
+        """Add the totals of another set of records."""
+        self.finished.merge(other.finished)
+        self.kept.merge(other.kept)
+        for name in self._COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.cost.merge(other.cost)
+        self.by_filter.update(other.by_filter)
+        self.tools |= other.tools
+        self.merge_tools |= other.merge_tools
+        self.requests.merge(other.requests)
+        for ts in (other.first_ts, other.last_ts):
+            if ts is not None:
+                self.first_ts = ts if self.first_ts is None else min(self.first_ts, ts)
+                self.last_ts = ts if self.last_ts is None else max(self.last_ts, ts)
+        self.failures += other.failures
+
+    def to_state(self) -> dict:
+        state = {name: getattr(self, name) for name in self._COUNTS}
+        state.update(
+            finished=self.finished.to_state(), kept=self.kept.to_state(),
+            cost=[str(self.cost.scaled), self.cost.reported], by_filter=dict(self.by_filter),
+            tools=sorted(self.tools), merge_tools=sorted(self.merge_tools), requests=self.requests.to_state(),
+            first_ts=self.first_ts, last_ts=self.last_ts, failures=self.failures,
+        )
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Aggregate":
+        """The aggregate ``to_state`` saved; raises KeyError, TypeError or ValueError on a damaged one."""
+        agg = cls()
+        for name in cls._COUNTS:
+            setattr(agg, name, int(state[name]))
+        agg.finished, agg.kept = Scope.from_state(state["finished"]), Scope.from_state(state["kept"])
+        scaled, reported = state["cost"]
+        agg.cost = ExactSum(int(scaled), bool(reported))
+        agg.by_filter = Counter(state["by_filter"])
+        agg.tools, agg.merge_tools = set(state["tools"]), set(state["merge_tools"])
+        agg.requests = Requests.from_state(state["requests"])
+        agg.first_ts, agg.last_ts = state["first_ts"], state["last_ts"]
+        agg.failures = [(str(k), str(t), str(e)) for k, t, e in state["failures"]]
+        return agg

@@ -1,0 +1,1 @@
+"""Records and their formats: what a sample is, how it is written, read and checked."""

@@ -1,0 +1,299 @@
+"""The records that flow through a run: frozen attrs classes with no serialization code.
+
+JSON (de)serialization lives in :mod:`hermes_batch.formats.serialization`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Optional
+
+import attrs
+from attrs import field, frozen
+
+SCHEMA_VERSION = 2  # 2: invalid_tool_calls a list, row and tool-call arguments JSON text, no nulls
+
+
+_KEY_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # json.dumps would build one a call
+
+
+def content_key(prompt: str, image: Optional[str], cwd: Optional[str]) -> str:
+    """The identity of a dataset row for resume: a hash of its prompt, image and cwd."""
+    blob = _KEY_ENCODER.encode([prompt, image, cwd])
+    # surrogatepass: a key for any text, identical to plain UTF-8 for every valid string
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+@frozen
+class PromptRow:
+    """One valid line of the dataset."""
+
+    prompt_index: int
+    prompt: str
+    line_number: int
+    image: Optional[str] = None
+    cwd: Optional[str] = None
+    id: Any = None
+    extra: dict = field(factory=dict)  # every other field, copied to metadata.row
+
+    @property
+    def content_key(self) -> str:
+        return content_key(self.prompt, self.image, self.cwd)
+
+
+@frozen
+class ToolCall:
+    """A tool call made by the model; ``arguments`` is None when ``raw_arguments`` is not valid JSON."""
+
+    id: str
+    name: str
+    arguments: Optional[dict]
+    raw_arguments: str = ""
+
+
+@frozen
+class Message:
+    """One chat message in the provider-neutral form the agent loop works with."""
+
+    role: str  # "system", "user", "assistant" or "tool"
+    content: str = ""
+    reasoning: Optional[str] = None
+    tool_calls: tuple = ()  # of ToolCall
+    tool_call_id: Optional[str] = None
+    name: Optional[str] = None  # tool name, for role "tool"
+    provider_data: Any = None  # opaque data a client must get back next turn (e.g. thinking signatures)
+
+
+@frozen
+class Usage:
+    """Token usage and cost of one model call or of many, summed."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
+    cost: Optional[float] = None
+
+    def __add__(self, other: "Usage") -> "Usage":
+        cost = None if self.cost is None and other.cost is None else (self.cost or 0.0) + (other.cost or 0.0)
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+            self.cached_tokens + other.cached_tokens,
+            cost,
+        )
+
+
+@frozen
+class ModelResponse:
+    """What a model client returns for one call."""
+
+    message: Message
+    finish_reason: Optional[str] = None  # "stop", "tool_calls", "length", "content_filter", ...
+    usage: Usage = Usage()
+    provider: Optional[str] = None
+    model: Optional[str] = None
+
+
+@frozen
+class CallRecord:
+    """One model request as sent: who served it, how long it took, its HTTP status (None: no answer)."""
+
+    provider: Optional[str] = None
+    latency_s: float = 0.0
+    status: Optional[int] = None
+
+
+@frozen
+class ToolSpec:
+    """A tool as offered to the model: name, description and JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict
+
+
+@frozen
+class ExecResult:
+    """Result of one command run in a sandbox."""
+
+    output: str
+    exit_code: Optional[int]
+    timed_out: bool = False
+
+
+@frozen
+class SandboxSpec:
+    """What a backend needs to open the sandbox of one prompt."""
+
+    run_name: str
+    prompt_index: int
+    content_key: str
+    image: Optional[str] = None
+    cwd: Optional[str] = None
+    env: dict = field(factory=dict)
+    commands: bool = False  # a tool the prompt is offered runs commands: the backend may get ready for them at open
+
+
+@frozen
+class ToolStat:
+    count: int = 0
+    success: int = 0
+    failure: int = 0
+
+
+@frozen
+class ToolCallRecord:
+    id: str
+    name: str
+    arguments: Any  # the parsed arguments, or the raw string when they were not valid JSON
+
+
+@frozen
+class InvalidToolCall:
+    """A tool call the agent refused: an unknown tool, or arguments that are not valid JSON or miss the schema."""
+
+    id: str
+    name: str
+    reason: str
+
+
+@frozen
+class Turn:
+    """One ShareGPT turn: ``from`` is "system", "human", "gpt" or "tool"."""
+
+    from_: str
+    value: str
+    tool_calls: Optional[tuple[ToolCallRecord, ...]] = None  # on "gpt" turns only
+
+    @property
+    def tool_results(self) -> list[dict]:
+        """The ``{"tool_call_id", "name", "content"}`` results a ``tool`` turn holds ([] for other turns)."""
+        if self.from_ != "tool":
+            return []
+        from .openai_format import tool_results  # it imports this module; one reading of a tool turn
+
+        return tool_results(self)
+
+
+@frozen
+class Metadata:
+    """Everything about a trajectory besides the conversation; extended by later versions."""
+
+    batch_num: int
+    timestamp: str
+    model: str
+    content_key: str
+    # Every field has one JSON type in every record (see serialization.py): absent values are "", 0 or
+    # an empty tuple, never null, because Arrow readers (HuggingFace datasets) fix a column's type
+    # from the first block they read and cannot change it later.
+    schema_version: int = SCHEMA_VERSION
+    id: str = ""  # the row's id, as a string
+    row: dict = field(factory=dict)
+    seed: int = 0
+    sandbox: str = ""
+    image: str = ""
+    cwd: str = ""
+    tools_offered: tuple[str, ...] = ()
+    end_reason: str = ""  # "final_answer", "max_turns", "length", "timeout", ...
+    invalid_tool_calls: tuple[InvalidToolCall, ...] = ()
+    duration_s: float = 0.0
+    usage: Usage = Usage()
+    calls: tuple[CallRecord, ...] = ()  # every request of the session, failed attempts included
+
+
+@frozen
+class Trajectory:
+    """One kept sample: a line of batch_N.jsonl and of the merged trajectories.jsonl."""
+
+    prompt_index: int
+    conversations: tuple[Turn, ...]
+    metadata: Metadata
+    completed: bool
+    partial: bool
+    api_calls: int
+    toolsets_used: tuple[str, ...]
+    tool_stats: dict[str, ToolStat]
+    tool_error_counts: dict[str, int]
+
+    @property
+    def final_answer(self) -> Optional[str]:
+        """The model's answer: its last turn without the ``<think>`` reasoning; None when the session did not
+        end in an answer (``completed`` is false: turns, time or context ran out, or content was filtered)."""
+        if not self.completed:
+            return None
+        from .openai_format import final_answer  # it imports this module; one reading of an assistant turn
+
+        return final_answer(self)
+
+    def with_tools(self, tool_names) -> "Trajectory":
+        """The same trajectory with zeroed stats for every tool in ``tool_names`` it lacks."""
+        stats = {name: self.tool_stats.get(name, ToolStat()) for name in sorted(set(tool_names) | set(self.tool_stats))}
+        errors = {name: self.tool_error_counts.get(name, 0) for name in stats}
+        return attrs.evolve(self, tool_stats=stats, tool_error_counts=errors)
+
+
+@frozen
+class Discarded:
+    """A trajectory the filters rejected, as written to discarded.jsonl."""
+
+    trajectory: Trajectory
+    filters: tuple[str, ...]
+    reasons: tuple[str, ...]  # one per filter
+    schema_version: int = SCHEMA_VERSION
+
+
+@frozen
+class Failure:
+    """A prompt that failed for infrastructure reasons, as written to failed.jsonl."""
+
+    prompt_index: int
+    content_key: str
+    batch_num: int
+    error_class: str
+    error_kind: str
+    message: str
+    timestamp: str
+    prompt: str = ""
+    api_calls: int = 0  # model calls answered before the failure
+    usage: Usage = Usage()  # what those calls used and cost
+    calls: tuple[CallRecord, ...] = ()
+    schema_version: int = SCHEMA_VERSION
+
+
+@frozen
+class SessionInfo:
+    """One invocation of a run (the first run or a resume)."""
+
+    started_at: str
+    duration_s: float = 0.0
+    prompts_run: int = 0
+    invalid_skipped: int = 0
+    seed: Optional[int] = None
+    interrupted: bool = False
+    rate_limited_calls: int = 0  # model calls answered 429, retries included
+    concurrency_start: Optional[int] = None  # the adaptive limit of model calls in flight
+    concurrency_min: Optional[int] = None
+    concurrency_final: Optional[int] = None
+    cost: Optional[float] = None  # reported cost of every call of the session, in-flight prompts included
+    budget_reached: bool = False  # --max_cost stopped the dispatch of new prompts
+
+
+@frozen
+class Checkpoint:
+    """checkpoint.json: what has been finished, saved at each batch's completion."""
+
+    run_name: str
+    batch_size: int
+    completed_batches: tuple[int, ...] = ()  # every prompt finished (kept or discarded), none failed or left
+    prompts_finished: int = 0
+    prompts_failed: int = 0
+    sessions: tuple[SessionInfo, ...] = ()  # one per invocation of the run
+    updated_at: str = ""
+    schema_version: int = SCHEMA_VERSION
+    # A name Hermes Agent's batch_runner.py used, with its meaning.  Its completed_prompts (the list of
+    # finished prompt indices) is not written: prompts_finished counts them, index/ knows them.  Versions
+    # before 0.x wrote completed_prompts as a count; reading ignores it.
+    last_updated: str = ""

@@ -1,0 +1,1 @@
+"""The local sandbox backend: a folder, a process namespace and its owned processes."""

@@ -1,0 +1,561 @@
+"""The ``local`` sandbox backend: one fresh folder per prompt, commands as local subprocesses.
+
+The local sandbox isolates files between prompts (each prompt works in its own
+folder under the run's ``scratch/`` area, and the file API refuses paths that
+leave it, links included), and where the machine allows it runs each prompt's
+commands in a PID and mount namespace of their own (see
+:mod:`~hermes_batch.local_sandbox.processes`).  It is **not a security
+boundary**: commands run as the user who started the run, with that user's
+access to the rest of the machine's files and the network.  Use a container
+backend (``docker``, ``singularity``, ``modal``) for untrusted workloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import os
+import posixpath
+import secrets
+import shutil
+import stat
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Optional
+
+import attrs
+
+import hermes_batch
+
+from ..errors import ConfigError, SandboxError
+from ..contract.interfaces import Sandbox, SandboxBackend
+from ..session.command_output import BoundedOutput
+from ..formats.records import ExecResult, SandboxSpec
+from ..session.threads import in_daemon_thread
+from .control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
+from .files import PromptFolder
+from .processes import (
+    HELPERS,
+    ISOLATIONS,
+    MARKER_VARIABLE,
+    Launcher,
+    Namespace,
+    alone,
+    kill_prompt_processes,
+    launcher,
+    session_members,
+    ticks_since_boot,
+)
+from .owned_processes import Child
+
+log = logging.getLogger(__name__)
+
+# After the kill, only processes that left the process group can still hold the pipe open.
+POST_KILL_DRAIN_S = 0.5
+# The control folders of a namespace's helper: the prompt folder's name and this, in the backend's folder in
+# memory (local_control) and, for what that cannot hold, beside the prompt folder (the spill folder).
+CONTROL_SUFFIX = ".ctl"
+# Threads that make prompt folders: they never block for long, so a few keep up with any rate of prompts.
+FOLDER_THREADS = 4
+# Process mode: a command's shell is held unreaped after it ends (its session may live on in `cmd &`);
+# once this many are held, one scan of /proc releases those whose sessions are empty.
+HELD_BEFORE_CHECK = 8
+
+
+@attrs.frozen
+class LocalSandboxConfig:
+    """Options of the local sandbox (``-S key=value``)."""
+
+    keep: bool = False  # keep each prompt's folder after the prompt, for debugging
+    max_starting: int = 64  # prompts setting up their folder at the same time
+    max_output_bytes: int = 1_000_000  # output kept per command: the first and last halves
+    isolation: str = "auto"  # namespace, process, or auto: namespace where the machine allows it
+    control_dir: str = DEFAULT_BASE  # a memory file system for the helper's scripts and FIFOs; "" for none
+    nice: int = 10  # how much nicer than the run the commands run, so that they never starve its event loop
+    helper: str = "auto"  # a namespace's first process: auto (compiled where it builds and works, else bash), bash
+
+    def __attrs_post_init__(self):
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {self.isolation!r}")
+        if self.helper not in HELPERS:
+            raise ValueError(f"helper must be one of {', '.join(HELPERS)}, got {self.helper!r}")
+        if self.max_starting < 1:
+            raise ValueError("max_starting must be at least 1")
+        if self.max_output_bytes < 1024:
+            raise ValueError("max_output_bytes must be at least 1024")
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"nice must be from 0 to 19, got {self.nice}")
+
+
+class LocalSandboxBackend(SandboxBackend):
+    """Runs each prompt's commands as subprocesses in a fresh folder under the run's scratch area."""
+
+    name = "local"
+    description = (
+        "A fresh folder per prompt under the run folder, commands run as local subprocesses "
+        "(isolates files between prompts; not a security boundary)."
+    )
+    Config = LocalSandboxConfig
+    ignores_images = True
+
+    def __init__(self, config: LocalSandboxConfig, run):
+        super().__init__(config, run)
+        self._starting = asyncio.Semaphore(config.max_starting)
+        self._open: set[LocalSandbox] = set()
+        self.launcher: Optional[Launcher] = None
+        self._control: Optional[ControlRoot] = None  # where the helpers' control folders go, when in memory
+        self._checking = asyncio.Lock()
+
+    async def check(self) -> None:
+        """Find how commands can run here; ConfigError when ``isolation=namespace`` cannot work."""
+        if self.launcher is None:
+            async with self._checking:
+                if self.launcher is None:
+                    await self._check()
+
+    async def _check(self) -> None:
+        try:
+            found = await in_daemon_thread(launcher, self.config.isolation, self.config.helper)
+        except RuntimeError as exc:
+            raise ConfigError(
+                f"-S isolation=namespace cannot work on this machine ({exc}); "
+                "use -S isolation=process, or install util-linux or a C compiler and allow user namespaces."
+            ) from None
+        if found.namespace and found.helper and self.config.control_dir and self._control is None:
+            self._control = await in_daemon_thread(ControlRoot.make, self.config.control_dir,
+                                                   run_key(self.run.scratch_dir))
+            if self._control is None:
+                log.info("The local sandbox keeps its commands' scripts beside the prompt folders: %s cannot "
+                         "hold a private folder.", self.config.control_dir)
+        self.launcher = found
+
+    async def start(self) -> None:
+        await self.check()
+        # Folders of a crashed session are left alone: another worker may share this run folder.
+        self.run.scratch_dir.mkdir(parents=True, exist_ok=True)
+
+    async def open(self, spec: SandboxSpec) -> "LocalSandbox":
+        """Create the prompt's folder (and its ``cwd`` inside it) and return its sandbox."""
+        await self.check()
+        async with self._starting:
+            # On threads of their own: on a journaling file system, with hundreds of prompts at once, these few
+            # system calls held the event loop about 1.5 ms a prompt.  Not the run's pool, which tools stuck
+            # for ever (on FIFOs, say) may take whole.
+            future = asyncio.get_running_loop().run_in_executor(_folder_executor(), self._make_folders, spec)
+            try:
+                root, cwd, tmp, control = await asyncio.shield(future)
+            except asyncio.CancelledError:
+                future.add_done_callback(_remove_made)  # made all the same: nobody will close it
+                raise
+            except OSError as exc:
+                raise SandboxError(f"Could not create the prompt folder under {self.run.scratch_dir}: {exc}") from exc
+        env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "HOME": str(root),
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "TERM": "dumb",
+            "TMPDIR": str(tmp),
+        }
+        env.update({str(k): str(v) for k, v in spec.env.items()})
+        # Started at the first command, or below as the sandbox opens when the prompt's tools run commands: a
+        # prompt that runs none (or only file tools) never pays for it.  Its control folders (the commands'
+        # scripts and output FIFOs) are out of the prompt folder's view.
+        namespace = None
+        if self.launcher.namespace:
+            namespace = Namespace(self.launcher, env, control, str(root) + CONTROL_SUFFIX, self.config.nice)
+        marker = secrets.token_hex(8)
+        if namespace is None:
+            env[MARKER_VARIABLE] = marker  # how close finds the prompt's processes
+        sandbox = LocalSandbox(root, cwd, env, self, PromptFolder(str(root), str(cwd)), namespace, marker)
+        self._open.add(sandbox)
+        if namespace is not None and spec.commands:
+            # Its tools run commands: the namespace starts now, beside the first model request (the sandbox
+            # opens then), not on the first command's clock.  With hundreds of prompts at once that start
+            # waited for the CPU for about half a second.
+            sandbox.start_namespace()
+        return sandbox
+
+    def _make_folders(self, spec: SandboxSpec) -> tuple:
+        """The prompt folder, its ``cwd`` and ``.tmp``, and the path of its control folder (made in memory)."""
+        scratch = self.run.scratch_dir
+        scratch.mkdir(parents=True, exist_ok=True)
+        prefix = f"p{spec.prompt_index}-{spec.content_key[:8]}-"
+        root = Path(os.path.realpath(tempfile.mkdtemp(prefix=prefix, dir=scratch)))
+        try:
+            cwd = _map_inside(root, spec.cwd)
+            cwd.mkdir(parents=True, exist_ok=True)
+            tmp = root / ".tmp"
+            tmp.mkdir()
+            control = str(root) + CONTROL_SUFFIX
+            if self._control is not None:
+                control = self._control.folder(root.name + CONTROL_SUFFIX)
+                os.mkdir(control, 0o700)
+        except BaseException:
+            _remove_tree(root)
+            raise
+        return root, cwd, tmp, control
+
+    async def shutdown(self) -> None:
+        for sandbox in list(self._open):
+            await sandbox.close()
+        try:
+            self.run.scratch_dir.rmdir()  # only when empty: kept folders stay
+        except OSError:
+            pass
+        if self._control is not None:
+            control, self._control = self._control, None
+            await in_daemon_thread(control.remove)
+
+    def _forget(self, sandbox: "LocalSandbox") -> None:
+        self._open.discard(sandbox)
+
+
+def _map_inside(root: Path, cwd: Optional[str]) -> Path:
+    """The folder inside ``root`` that stands for ``cwd``: the prompt folder acts as ``/``."""
+    if not cwd:
+        return root
+    inside = posixpath.normpath(posixpath.join("/", cwd)).lstrip("/")
+    return root / inside if inside else root
+
+
+class _Output(asyncio.Protocol):
+    """Collects a command's output into a BoundedOutput and says when the pipe closed."""
+
+    def __init__(self, limit: int, done: asyncio.Future):
+        self.buffer = BoundedOutput(limit)
+        self.done = done
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer.add(data)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def text(self) -> str:
+        return self.buffer.text()
+
+
+def _remove_tree(path: Path) -> None:
+    try:
+        shutil.rmtree(path)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    # A command may have removed permissions (chmod 000) from folders it made.
+    for dirpath, dirnames, _ in os.walk(path):
+        for name in dirnames:
+            target = os.path.join(dirpath, name)
+            if os.path.islink(target):  # chmod would follow it out of the folder
+                continue
+            try:
+                os.chmod(target, stat.S_IRWXU)
+            except OSError:
+                pass
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists():
+        log.warning("Could not remove every file of the local sandbox folder %s.", path)
+
+
+def _remove_trees(paths: list) -> None:
+    for path in paths:
+        _remove_tree(path)
+
+
+def _seen(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()  # the first command reports it; no "exception never retrieved" when none runs
+
+
+@functools.cache
+def _folder_executor() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(FOLDER_THREADS, thread_name_prefix="hermes-batch-folders")
+
+
+def _remove_made(future: asyncio.Future) -> None:
+    """Remove the folders ``LocalSandboxBackend._make_folders`` made for a prompt whose open was cancelled."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    root, _cwd, _tmp, control = future.result()
+    threading.Thread(target=_remove_trees, args=([root, Path(control)],), daemon=True).start()
+
+
+class LocalSandbox(Sandbox):
+    """One prompt's folder; commands run in it as ``/bin/sh -c`` subprocesses with a clean environment."""
+
+    def __init__(
+        self, root: Path, cwd: Path, env: dict, backend: LocalSandboxBackend, folder: PromptFolder,
+        namespace: Optional[Namespace] = None, marker: str = "",
+    ):
+        self.root = root
+        self.cwd = cwd
+        self.env = env
+        self._backend = backend
+        self._launcher = backend.launcher
+        self._folder = folder
+        self._namespace = namespace
+        self._marker = marker
+        # process mode: close reads only processes started since (a tick of slack: start times are rounded down)
+        self._opened = ticks_since_boot() - 1 if namespace is None else 0
+        self._keep = backend.config.keep
+        self._max_output = backend.config.max_output_bytes
+        # Process mode: leaders of commands whose sessions kept members, held unreaped (so their session
+        # ids cannot pass to other processes) until close has killed those members.
+        self._held: list[Child] = []
+        self._commands = 0  # commands run through the namespace's helper, which numbers them
+        self._spill_made = False  # the spill folder beside the prompt folder, made at its first use
+        self._starting: Optional[asyncio.Task] = None  # the namespace's start, begun at open
+        self._closed = False
+
+    @property
+    def workdir(self) -> str:
+        return str(self.cwd)
+
+    def start_namespace(self) -> None:
+        """Start the prompt's namespace in the background, ahead of its first command."""
+        if self._starting is None and self._namespace is not None and not self._closed:
+            self._starting = asyncio.get_running_loop().create_task(self._namespace.ensure(str(self.cwd)))
+            self._starting.add_done_callback(_seen)
+
+    async def exec(self, command: str, timeout: float) -> ExecResult:
+        """Run ``command`` with ``/bin/sh -c``; at ``timeout`` SIGKILL its whole process group."""
+        self._check_open()
+        namespace = self._namespace
+        if namespace is not None:
+            try:
+                if self._starting is not None:
+                    await asyncio.shield(self._starting)  # its error is the first command's
+                await namespace.ensure(str(self.cwd))
+            except (OSError, RuntimeError) as exc:
+                raise SandboxError(f"Could not start the namespace of the local sandbox {self.root}: {exc}") from exc
+            if not namespace.alive:
+                raise SandboxError(f"The namespace of the local sandbox {self.root} ended; its processes are gone.")
+            if namespace.control is not None:
+                return await self._exec_in_helper(namespace, command, timeout)
+        argv = self._launcher.command_argv(command, str(self.cwd), namespace.init_pid if namespace else None)
+        loop = asyncio.get_running_loop()
+        read_fd, write_fd = os.pipe()
+        try:
+            # The shell leads a new session and process group; ours to signal until _settle reaps it.
+            child = await Child.start(
+                argv, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, cwd=self.cwd, env=self.env,
+                nicer=self._backend.config.nice,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            os.close(read_fd)
+            raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
+        except BaseException:  # cancelled while the command started (Child.start killed it)
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        pipe = os.fdopen(read_fd, "rb", buffering=0)
+        eof = loop.create_future()
+        transport = None
+        timed_out = killed_by_us = False
+        try:
+            transport, output = await loop.connect_read_pipe(lambda: _Output(self._max_output, eof), pipe)
+            _, pending = await asyncio.wait((eof, child.exited), timeout=max(timeout, 0.0))
+            if pending:
+                timed_out = True
+                killed_by_us = not child.exited.done()
+                child.kill_group()
+                await asyncio.wait((eof, child.exited), timeout=POST_KILL_DRAIN_S)
+        finally:
+            if not (eof.done() and child.exited.done()):
+                child.kill_group()  # also reached when the caller cancels us
+            if transport is not None:
+                transport.close()
+            else:
+                pipe.close()
+            code = child.exit_code()
+            self._settle(child)
+        if len(self._held) >= HELD_BEFORE_CHECK:
+            await self._release_alone()
+        if timed_out and killed_by_us:
+            exit_code = None
+        elif code is None:
+            exit_code = None
+        else:
+            exit_code = code if code >= 0 else 128 - code  # the shell convention for signals
+        return ExecResult(output.text(), exit_code, timed_out)
+
+    async def _exec_in_helper(self, namespace: Namespace, command: str, timeout: float) -> ExecResult:
+        """``exec`` through the namespace's helper: the command as a file, its output through a FIFO."""
+        if "\0" in command:
+            raise ValueError("embedded null byte")  # as a command line refuses one: a tool error, as before
+        loop = asyncio.get_running_loop()
+        self._commands += 1
+        ident = str(self._commands)
+        text = os.fsencode(command)
+        spilled = namespace.spill != namespace.control and len(text) > SPILL_BYTES
+        try:
+            try:
+                script, fifo, pipe = self._control_files(namespace.spill if spilled else namespace.control, ident, text)
+            except OSError:
+                if spilled or namespace.spill == namespace.control:
+                    raise
+                spilled = True  # the memory file system is full: the disk may not be
+                script, fifo, pipe = self._control_files(namespace.spill, ident, text)
+        except OSError as exc:
+            raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
+        eof = loop.create_future()
+        transport = None
+        started = ended = None
+        timed_out = killed_by_us = False
+        try:
+            transport, output = await loop.connect_read_pipe(lambda: _Output(self._max_output, eof), pipe)
+            try:
+                started, ended = namespace.submit(ident, spilled)
+            except OSError as exc:
+                raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
+            _, pending = await asyncio.wait((eof, ended), timeout=max(timeout, 0.0))
+            if pending:
+                timed_out = True
+                killed_by_us = not ended.done()
+                await self._kill_in_helper(namespace, started)
+                await asyncio.wait((eof, ended), timeout=POST_KILL_DRAIN_S)
+        finally:
+            if started is not None and not (eof.done() and ended.done()):
+                await asyncio.shield(self._kill_in_helper(namespace, started))  # also when the caller cancels us
+            if transport is not None:
+                transport.close()
+            else:
+                pipe.close()
+            namespace.forget(ident)
+            # A helper that removes them does so once it has opened them (what a failed start leaves goes
+            # with the control folder at close): unlinking them here cost the event loop 0.4 ms a prompt.
+            taken = started is not None and started.done() and started.result() is not None
+            if not (taken and namespace.launcher.removes_command_files):
+                for path in (script, fifo):
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
+        status = ended.result() if ended.done() else None
+        return ExecResult(output.text(), None if killed_by_us else status, timed_out)
+
+    def _control_files(self, folder: str, ident: str, text: bytes) -> tuple:
+        """The command's script and output FIFO in ``folder`` (made if missing), the FIFO open to read."""
+        if folder == self._namespace.spill and not self._spill_made:
+            os.makedirs(folder, 0o700, exist_ok=True)
+            self._spill_made = True
+        script, fifo = os.path.join(folder, ident + ".sh"), os.path.join(folder, ident + ".out")
+        # The prompt's commands can reach these folders: never follow a link one of them put here.
+        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            with open(fd, "wb") as f:
+                f.write(text)
+            os.mkfifo(fifo, 0o600)
+            # opened before the helper opens it to write, so its open never waits for us
+            flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+            pipe = os.fdopen(os.open(fifo, flags), "rb", buffering=0)
+        except OSError:
+            for path in (script, fifo):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            raise
+        return script, fifo, pipe
+
+    @staticmethod
+    async def _kill_in_helper(namespace: Namespace, started: asyncio.Future) -> None:
+        try:
+            async with asyncio.timeout(POST_KILL_DRAIN_S):  # not wait_for: see Namespace.kill
+                pgid = await asyncio.shield(started)
+        except TimeoutError:
+            return
+        if pgid is not None:
+            namespace.kill_group(pgid)
+
+    def _settle(self, child: Child) -> None:
+        """Reap a command's shell; in process mode hold it until its session is known to be empty."""
+        if not child.exited.done():  # killed, still ending
+            child.reap_when_exited()
+        elif self._namespace is None:
+            self._held.append(child)  # `cmd &` may live on: close kills it by session while we hold it
+        else:
+            child.reap()
+
+    async def _release_alone(self) -> None:
+        # One scan of /proc, off the event loop, for every shell held: those whose sessions are empty
+        # need no holding.
+        members = await in_daemon_thread(session_members)
+        for child in [child for child in self._held if alone(child.pid, members)]:
+            if child in self._held:  # another command of this prompt may have released it meanwhile
+                self._held.remove(child)
+                child.reap()
+
+    def _control_folders(self) -> list:
+        namespace = self._namespace
+        if namespace is None or namespace.control is None:
+            return []
+        folders = [Path(namespace.control)] if namespace.control != namespace.spill or self._commands else []
+        return folders + ([Path(namespace.spill)] if self._spill_made and namespace.spill != namespace.control else [])
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("The local sandbox was already closed.")
+
+    async def read_file(self, path: str, max_bytes: Optional[int] = None) -> bytes:
+        """At most ``max_bytes`` bytes of the regular file ``path``; refuses paths outside the prompt folder.
+
+        Runs in a daemon thread: nothing here can block (non-blocking opens of
+        regular files only), and if the file system itself hangs, the abandoned
+        call still lets the process exit.
+        """
+        self._check_open()
+        return await in_daemon_thread(self._folder.read, path, max_bytes, name="hermes-batch-local-file")
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path``, creating parent folders; refuses paths outside the prompt folder."""
+        self._check_open()
+        await in_daemon_thread(self._folder.write, path, data, name="hermes-batch-local-file")
+
+    async def close(self) -> None:
+        """Kill every process the prompt started and remove the folder unless ``keep``."""
+        if self._closed:
+            return
+        self._closed = True
+        self._backend._forget(self)
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()  # what it started so far is killed (Namespace.start, Child.start)
+            await asyncio.wait((self._starting,))
+        if self._namespace is not None:
+            await self._namespace.kill()
+        else:
+            sessions = {child.pid for child in self._held}
+            await in_daemon_thread(kill_prompt_processes, str(self.root), self._marker, sessions, self._opened)
+        for child in self._held:
+            child.reap()  # only now: their sessions' members are dead
+        self._held.clear()
+        self._folder.close()
+        # The helper's control folders hold only FIFOs and scripts, so they go even when the prompt folder is
+        # kept, in the same thread as the prompt folder otherwise.
+        folders = self._control_folders()
+        if self._keep:
+            if folders:
+                await in_daemon_thread(_remove_trees, folders)
+            # renamed, so the next session's start tells it from a folder a killed session left (removed then)
+            kept = self.root.with_name("kept-" + self.root.name)
+            try:
+                os.rename(self.root, kept)
+                self.root = kept
+            except OSError:
+                pass
+            log.info("Kept the local sandbox folder %s.", self.root)
+            return
+        await in_daemon_thread(_remove_trees, [self.root, *folders])
+
+
+@hermes_batch.hookimpl
+def register_sandbox_backends(register):
+    register(LocalSandboxBackend)

@@ -1,0 +1,1 @@
+"""Model calls: retries, the adaptive limiter, the HTTP transport."""

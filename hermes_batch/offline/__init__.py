@@ -1,0 +1,1 @@
+"""Commands over a finished run folder that call no model: export, refilter, stats, import."""

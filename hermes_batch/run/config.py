@@ -1,0 +1,270 @@
+"""The configuration of one run, as given on the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable, Optional
+from urllib.parse import urlsplit
+
+import attrs
+import click
+
+from ..session.agent import MAX_TOOL_CALLS_PER_TURN, MAX_TURNS, AgentSettings
+from ..formats.conversation import DEFAULT_SYSTEM_PROMPT
+from ..errors import UsageError
+from ..contract.interfaces import COMMAND_TIMEOUT, MAX_RETRIES, REQUEST_TIMEOUT, ModelSettings
+from ..formats.jsonguard import has_lone_surrogate
+from ..model.model_http import HTTP_BACKENDS
+from .options import Cli, at_least, one_of, option, positive
+from ..contract.run_context import LOG_PREFIX_CHARS
+from ..formats.serialization import parse_key_values
+
+DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
+DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+PROVIDER_SORTS = ("price", "throughput", "latency")
+
+
+def split_list(value: Optional[str], option: str = "the option") -> tuple:
+    """``"a, b,c"`` or the JSON list ``'["a", "b", "c"]'`` -> ``("a", "b", "c")``; UsageError for other JSON."""
+    if not value:
+        return ()
+    if value.lstrip().startswith(("[", '"')):
+        try:
+            items = json.loads(value)
+        except ValueError:
+            items = None
+        if not isinstance(items, list) or not all(isinstance(item, str) and item.strip() for item in items):
+            raise UsageError(
+                f"{option} takes names separated by commas or a JSON list of names, not {value!r}; "
+                'write a,b or \'["a", "b"]\'.'
+            )
+        return tuple(item.strip() for item in items)
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def _names(option: str) -> Callable[[Optional[str]], tuple]:
+    return lambda value: split_list(value, option)
+
+
+def _key_values(option: str) -> Callable[[tuple], dict]:
+    return lambda items: parse_key_values(items, option)
+
+
+def _tool_options(items: tuple) -> dict:
+    from ..contract.toolsets import parse_tool_options  # toolsets imports the interfaces; config stays light
+
+    return parse_tool_options(items)
+
+
+@attrs.frozen
+class RunConfig:
+    """Every option of ``hermes-batch run``: its default, help and validation.
+
+    ``api_key`` and ``ephemeral_system_prompt`` are never written anywhere.
+
+    The command's click options are made from these fields (``hermes_batch.run.options``),
+    and docs/options.md is checked against them.
+    """
+
+    dataset_file: Path = option(help="JSONL file of prompts.", cli=Cli(type=click.Path(path_type=Path, dir_okay=True)))
+    batch_size: int = option(help="Prompts per batch file and checkpoint unit.", validator=at_least(1))
+    run_name: str = option(help="Name of the run folder and checkpoint identity.")
+    distribution: str = option("default", help="Toolset distribution to sample from.")
+    distribution_file: Optional[Path] = option(
+        None, help="TOML or JSON file of more distributions.",
+        cli=Cli(type=click.Path(path_type=Path, dir_okay=False), eager=True),
+    )
+    model: str = option(DEFAULT_MODEL, help="Model name sent to the endpoint.")
+    base_url: str = option(DEFAULT_BASE_URL, help="API base URL.")
+    api_key: Optional[str] = option(
+        None, repr=False, help="API key.",
+        cli=Cli(default_text="ANTHROPIC_API_KEY for Anthropic, else OPENROUTER_API_KEY or OPENAI_API_KEY"),
+    )
+    max_turns: int = option(MAX_TURNS, help="Most model calls per prompt.", validator=at_least(1))
+    num_workers: int = option(4, help="Prompts processed at the same time.", validator=at_least(1))
+    resume: bool = option(False, help="Continue the run from its outputs.")
+    overwrite: bool = option(False, help="Delete the run folder's outputs and start afresh.")
+    allow_changed_settings: bool = option(
+        False, help="Let --resume change options that change what the data means (model, endpoint, toolsets, "
+        "sandbox, filters, ...); run.json keeps each session's settings.")
+    verbose: bool = option(False, help="Log each prompt's turns and tool calls.")
+    max_samples: Optional[int] = option(None, help="Only the first N prompts of the dataset.", validator=at_least(1))
+    max_tokens: Optional[int] = option(None, help="Most tokens per model response.", validator=at_least(1))
+    providers_allowed: tuple = option(
+        (), help="OpenRouter providers to allow, comma-separated.",
+        cli=Cli(type=str, convert=_names("--providers_allowed")))
+    providers_ignored: tuple = option(
+        (), help="OpenRouter providers to ignore, comma-separated.",
+        cli=Cli(type=str, convert=_names("--providers_ignored")))
+    providers_order: tuple = option(
+        (), help="OpenRouter providers to try in order, comma-separated.",
+        cli=Cli(type=str, convert=_names("--providers_order")))
+    provider_sort: Optional[str] = option(None, help="Sort OpenRouter providers by this.", validator=one_of(PROVIDER_SORTS))
+    reasoning_effort: Optional[str] = option(None, help="Reasoning effort.", validator=one_of(REASONING_EFFORTS))
+    reasoning_disabled: bool = option(False, help="Turn reasoning/thinking off entirely.")
+    ephemeral_system_prompt: Optional[str] = option(None, help="System prompt used while running, never saved.")
+    log_prefix_chars: int = option(
+        LOG_PREFIX_CHARS, help="Characters of tool calls/results shown in logs.", validator=at_least(0))
+    prefill_messages_file: Optional[Path] = option(
+        None, help="JSON list of {role, content} few-shot messages.",
+        cli=Cli(type=click.Path(path_type=Path, dir_okay=False)),
+    )
+    skip_invalid: bool = option(False, help="Skip invalid dataset lines instead of stopping.")
+    sandbox: str = option("local", help="Sandbox backend.")
+    sandbox_options: dict = option(
+        factory=dict, help="Sandbox backend option (repeatable).",
+        cli=Cli(decls=("-S", "--sandbox_option", "--sandbox-option"), multiple=True, metavar="KEY=VALUE",
+                convert=_key_values("-S/--sandbox_option")),
+    )
+    filters: Optional[tuple] = option(
+        None, help="Quality filter, in order (repeatable).",
+        cli=Cli(decls=("--filter",), multiple=True, metavar="NAME", convert=lambda names: tuple(names) or None,
+                default_text="no-reasoning, hallucinated-tools"),
+    )  # None: the default filters; (): none (--no_filters)
+    writers: tuple = option(
+        ("jsonl",), help="Output writer (repeatable).",
+        cli=Cli(decls=("--writer",), multiple=True, metavar="NAME", convert=lambda names: tuple(names) or ("jsonl",),
+                default_text="jsonl"),
+    )
+    model_client: Optional[str] = option(None, help="Model client.", cli=Cli(default_text="chosen from --base_url"))
+    executor: str = option("local", help="Executor.")
+    executor_options: dict = option(
+        factory=dict, help="Executor option (repeatable).",
+        cli=Cli(decls=("-E", "--executor_option", "--executor-option"), multiple=True, metavar="KEY=VALUE",
+                convert=_key_values("-E/--executor_option")),
+    )
+    tool_options: dict = option(
+        factory=dict,
+        help="Toolset option (repeatable), e.g. -T web.provider=searxng; secrets by environment variable name "
+             "only (-T web.api_key_env=BRAVE_API_KEY).",
+        cli=Cli(decls=("-T", "--tool_option", "--tool-option"), multiple=True, metavar="TOOLSET.KEY=VALUE",
+                convert=_tool_options),
+    )  # toolset -> {key: value}
+    seed: Optional[int] = option(
+        None, help="Seed for toolset sampling.", cli=Cli(default_text="random, recorded in run.json"))
+    output_dir: Path = option(
+        Path("data"), help="Parent folder of the run folder.", cli=Cli(type=click.Path(path_type=Path, file_okay=False)))
+    command_timeout: float = option(COMMAND_TIMEOUT, validator=positive, help="Longest a tool command may run, in seconds.")
+    max_retries: int = option(
+        MAX_RETRIES, validator=at_least(0),
+        help="Retries of a failing model call (429, 5xx, timeouts, dropped connections) before its prompt fails.",
+    )
+    progress: Optional[bool] = option(
+        None, help="Live progress display.",
+        cli=Cli(decls=("--progress/--no-progress",), default_text="when stderr is a terminal"),
+    )
+    request_timeout: float = option(
+        REQUEST_TIMEOUT, validator=positive,
+        help="Longest one model request may take, in seconds, before it is retried.",
+    )
+    prompt_timeout: Optional[float] = option(
+        None, validator=positive, cli=Cli(default_text="none"),
+        help="Wall-clock limit of one prompt's whole session, in seconds; a prompt cut by it is saved as partial.",
+    )
+    max_tool_calls_per_turn: int = option(
+        MAX_TOOL_CALLS_PER_TURN, validator=at_least(1),
+        help="Tool calls of one model reply that are run; the rest are answered with an error result.",
+    )
+    max_concurrent_requests: Optional[int] = option(
+        None, validator=at_least(1), cli=Cli(default_text="--num_workers"),
+        help="Model calls in flight at the start; shrinks on 429 and grows back.",
+    )
+    max_requests_per_minute: Optional[float] = option(
+        None, validator=positive, cli=Cli(default_text="none"), help="Budget of model requests per minute.")
+    max_tokens_per_minute: Optional[float] = option(
+        None, validator=positive, cli=Cli(default_text="none"), help="Budget of prompt + completion tokens per minute.")
+    max_cost: Optional[float] = option(
+        None, validator=at_least(0), cli=Cli(default_text="none"),
+        help="Stop starting new prompts once the run's reported cost (USD, across resumes) reaches this.",
+    )
+    preflight: bool = option(
+        True, help="Skip the one minimal request that checks endpoint, key and model before the run.",
+        cli=Cli(decls=("--no_preflight", "--no-preflight"), convert=lambda skip: not skip),
+    )
+    http_backend: str = option(
+        "aiohttp", validator=one_of(HTTP_BACKENDS),
+        help="How model calls are sent: aiohttp, or the SDKs' post() on httpx for a SOCKS proxy "
+        "or a proxy/TLS setup aiohttp does not handle.",
+    )
+
+    def __attrs_post_init__(self):
+        for field in attrs.fields(RunConfig):
+            # bytes that are not UTF-8 in argv arrive as lone surrogates, which no request or file can carry
+            value = getattr(self, field.name)
+            texts = value if isinstance(value, tuple) else (value,)
+            if any(isinstance(text, str) and has_lone_surrogate(text) for text in texts):
+                raise UsageError(f"--{field.name} holds bytes that are not UTF-8 text; pass it as UTF-8.")
+        if self.resume and self.overwrite:
+            raise UsageError("--resume and --overwrite contradict each other; pass one of them.")
+
+    def public(self) -> dict:
+        """The configuration as saved in run.json: no API key, no ephemeral prompt, no credentials in URLs or options."""
+        from ..formats.redaction import display_url, public_options
+
+        never = ("api_key", "ephemeral_system_prompt")
+        data = attrs.asdict(self, filter=lambda a, _v: a.name not in never, recurse=False)
+        data["base_url"] = display_url(self.base_url)
+        return {
+            k: (str(v) if isinstance(v, Path) else public_options(v) if isinstance(v, dict) else v)
+            for k, v in data.items()
+        }
+
+
+def model_settings(config: RunConfig, concurrency: int) -> ModelSettings:
+    """How the run reaches and drives the model; the call limit starts at --max_concurrent_requests or ``concurrency``."""
+    return ModelSettings(
+        model=config.model, base_url=config.base_url, api_key=config.api_key, max_tokens=config.max_tokens,
+        reasoning_effort=config.reasoning_effort, reasoning_disabled=config.reasoning_disabled,
+        providers_allowed=config.providers_allowed, providers_ignored=config.providers_ignored,
+        providers_order=config.providers_order, provider_sort=config.provider_sort, max_retries=config.max_retries,
+        request_timeout=config.request_timeout,
+        max_concurrent_requests=config.max_concurrent_requests or concurrency,
+        max_requests_per_minute=config.max_requests_per_minute, max_tokens_per_minute=config.max_tokens_per_minute,
+        http_backend=config.http_backend,
+    )
+
+
+def agent_settings(config: RunConfig, prefill: tuple) -> AgentSettings:
+    """How the run's sessions go; ``prefill``: the messages of --prefill_messages_file."""
+    return AgentSettings(
+        max_turns=config.max_turns, system_prompt=DEFAULT_SYSTEM_PROMPT,
+        ephemeral_system_prompt=config.ephemeral_system_prompt, prefill=prefill,
+        command_timeout=config.command_timeout, log_prefix_chars=config.log_prefix_chars,
+        prompt_timeout=config.prompt_timeout, max_tool_calls_per_turn=config.max_tool_calls_per_turn,
+    )
+
+
+def resolve_api_key(
+    explicit: Optional[str], base_url: str, environ=os.environ, model_client: Optional[str] = None
+) -> Optional[str]:
+    """``--api_key``, else ANTHROPIC_API_KEY for Anthropic, OPENROUTER_API_KEY for OpenRouter URLs, else OPENAI_API_KEY."""
+    if explicit:
+        return explicit
+    if model_client == "anthropic" or "api.anthropic.com" in base_url:
+        return environ.get("ANTHROPIC_API_KEY") or None
+    if "openrouter.ai" in base_url and environ.get("OPENROUTER_API_KEY"):
+        return environ["OPENROUTER_API_KEY"]
+    return environ.get("OPENAI_API_KEY") or None
+
+
+# Hosted APIs that refuse every request without a key: their host -> the variable the key is read from.
+_KEYED_HOSTS = {"openrouter.ai": "OPENROUTER_API_KEY", "api.openai.com": "OPENAI_API_KEY", "api.anthropic.com": "ANTHROPIC_API_KEY"}
+
+
+def require_api_key(api_key: Optional[str], base_url: str, model_client: Optional[str] = None) -> None:
+    """Raise UsageError at once when ``base_url`` is a hosted API that needs a key and none was found."""
+    if api_key:
+        return
+    try:
+        host = urlsplit(base_url).hostname or ""
+    except ValueError:
+        return
+    variable = next((v for h, v in _KEYED_HOSTS.items() if host == h or host.endswith("." + h)), None)
+    if variable is None:
+        return  # a local or self-hosted endpoint may need no key
+    if model_client == "anthropic":
+        variable = "ANTHROPIC_API_KEY"
+    raise UsageError(f"No API key for {base_url}: set {variable} or pass --api_key.")

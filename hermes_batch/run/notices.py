@@ -1,0 +1,92 @@
+"""What a run says once before its first prompt: options or rows it will not use, lines it skips."""
+
+from __future__ import annotations
+
+import logging
+
+from ..formats import dataset
+from ..default_plugins.openai_client import is_openrouter
+from ..formats.jsonguard import scrub_text
+from ..folder.runfolder import RunFolder, atomic_write_lines
+
+log = logging.getLogger("hermes_batch.run")
+
+SKIPPED_LINES = "skipped_lines.txt"  # every line --skip_invalid skipped, as FILE:LINE: reason
+SKIPPED_SHOWN = 10  # of them in the log
+ROUTING_OPTIONS = ("providers_allowed", "providers_ignored", "providers_order", "provider_sort")
+
+
+def routing_elsewhere(config) -> None:
+    """OpenRouter's provider routing given for another endpoint: it is not sent, say so."""
+    given = [f"--{name}" for name in ROUTING_OPTIONS if getattr(config, name)]
+    if given and not is_openrouter(config.base_url):
+        log.warning(
+            "%s route requests between OpenRouter's providers; %s is not OpenRouter, so they are not sent.",
+            ", ".join(given), config.base_url,
+        )
+
+
+def ignored_images(report, backend_cls, dataset_file) -> None:
+    """Rows name container images but the sandbox backend runs none."""
+    if report.images and backend_cls.ignores_images:
+        shown = ", ".join(report.images[:3]) + (", ..." if len(report.images) > 3 else "")
+        log.warning(
+            "Rows of %s name container images (%s), which the %s sandbox ignores: every prompt runs on this "
+            "machine; pass --sandbox docker (or another container backend) to run each in its image.",
+            dataset_file, shown, backend_cls.name,
+        )
+
+
+def skipped_lines(report, folder: RunFolder, dataset_file, max_samples) -> None:
+    """--skip_invalid: the first skipped lines in the log, every one in skipped_lines.txt of the run folder."""
+    if not report.invalid:
+        return
+    if len(report.problems) == report.invalid:
+        problems = report.problems
+    else:  # the report keeps the first ones only
+        problems = dataset.iter_problems(dataset_file, max_samples=max_samples)
+    path = folder.dir / SKIPPED_LINES
+    # scrubbed: a dataset file name that is not UTF-8 holds lone surrogates, which no UTF-8 file can
+    atomic_write_lines(path, (scrub_text(f"{problem}\n") for problem in problems))
+    shown = report.problems[:SKIPPED_SHOWN]
+    more = f"\n  ... and {report.invalid - len(shown)} more" if report.invalid > len(shown) else ""
+    log.warning(
+        "Skipped %d invalid line(s) of %s (--skip_invalid); all are listed in %s:\n  %s%s",
+        report.invalid, dataset_file, path, "\n  ".join(shown), more,
+    )
+
+
+def discarding_everything(config, filter_names) -> None:
+    """Reasoning turned off while the no-reasoning filter is on: it will discard every sample, say so first."""
+    off = ("--reasoning_disabled" if config.reasoning_disabled
+           else "--reasoning_effort none" if config.reasoning_effort == "none" else None)
+    if off and "no-reasoning" in filter_names:
+        others = [name for name in filter_names if name != "no-reasoning"]
+        keep = " ".join(f"--filter {name}" for name in others) if others else "--no_filters"
+        log.warning(
+            "%s turns reasoning off, so the no-reasoning filter will discard every sample without reasoning in its "
+            "text, which is every sample of most models; pass the filters without it (%s) to keep them.", off, keep,
+        )
+
+
+MOSTLY = 0.5  # a filter that discards more than this share of the finished samples is worth a word
+
+
+def mostly_discarded(statistics: dict, filter_names, run_dir) -> None:
+    """At the end: one filter discarded most of the finished samples (a run can exit 0 having kept nothing)."""
+    finished = statistics["prompts"]["finished"]
+    if not finished:
+        return
+    for name, count in statistics["discarded_by_filter"].items():
+        if count > finished * MOSTLY:
+            hint = ""
+            if name == "no-reasoning":
+                hint = (" the model gave no reasoning (it may not be a reasoning model, or reasoning is off: "
+                        "--reasoning_disabled, --reasoning_effort none);")
+            others = [n for n in filter_names if n != name]
+            keep = " ".join(f"--filter {n}" for n in others) if others else "--no_filters"
+            log.warning(
+                "The %s filter discarded %d of the %d finished samples (%.0f%%, see discarded.jsonl);%s to keep "
+                "them, run `hermes-batch refilter %s %s` (no model call; later resumes keep those filters).",
+                name, count, finished, 100 * count / finished, hint, run_dir, keep,
+            )

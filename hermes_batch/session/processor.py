@@ -1,0 +1,183 @@
+"""What happens to one prompt: sandbox, agent session, trajectory record."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Callable, Mapping, Optional, Union
+
+import attrs
+
+from .agent import AgentSettings, SessionLog, run_session
+from ..formats.conversation import to_sharegpt
+from ..errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeout, RunFolderWriteError
+from ..contract.interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
+from ..folder.journal import current_prompt
+from ..formats.records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
+from ..contract.run_context import RunContext
+from .sandbox_start import OpeningSandbox, SandboxCloser
+from ..contract.toolsets import PromptToolsets
+
+
+log = logging.getLogger("hermes_batch.prompt")
+
+
+async def quietly(awaitable) -> None:
+    """Await a cleanup step; its failure is logged, since it must not hide the outcome being reported."""
+    try:
+        await awaitable
+    except Exception:
+        log.debug("cleanup step failed", exc_info=True)
+
+
+def now_iso() -> str:
+    # milliseconds: statistics tell sessions apart by these, and a resume may start within the same second
+    return datetime.now(timezone.utc).replace(tzinfo=None).isoformat(timespec="milliseconds")
+
+
+@attrs.define
+class PromptProcessor:
+    """Turns a PromptJob into a Trajectory or a Failure; shared by all prompts of a run."""
+
+    run_name: str
+    model: str
+    seed: int
+    client: ModelClient
+    backend: SandboxBackend
+    toolsets: Mapping[str, tuple]  # toolset name -> Tool instances
+    all_tools: tuple  # every tool name known to the run, for the fixed record schema
+    agent: AgentSettings
+    verbose: bool = False
+    runtimes: Mapping = attrs.Factory(dict)  # toolset name -> ToolsetRuntime
+    run: Optional[RunContext] = None  # what the runtimes are started with
+    plan: Optional[object] = None  # the run.plan.RunPlan what it was built from (plan.build_processor), for executors that run prompts elsewhere
+    closer: SandboxCloser = attrs.field(factory=SandboxCloser, init=False)  # sandboxes closed once they are open
+
+    async def start(self) -> None:
+        """Before the first prompt: start the sandbox backend, then the toolset runtimes."""
+        await self.backend.start()
+        for runtime in self.runtimes.values():
+            await runtime.start(self.run, self.client)
+
+    async def aclose(self) -> None:
+        """After the last prompt, also on Ctrl-C: shut the runtimes down, wait for the
+        sandboxes still being opened when their prompts ended to be closed, then shut
+        the backend and the client down."""
+        for runtime in self.runtimes.values():
+            await quietly(runtime.shutdown())
+        await quietly(self.closer.drain())
+        await quietly(self.backend.shutdown())
+        await quietly(self.client.aclose())
+
+    async def process(self, job: PromptJob) -> Union[Trajectory, Failure]:
+        row: PromptRow = job.row
+        current_prompt.set(row.prompt_index)  # for the call journal; each prompt runs in a task of its own
+        started = time.monotonic()
+        state = SessionLog()
+        try:
+            return await self._run(job, row, started, state)
+        except (FatalModelError, RunFolderWriteError):  # the run stops: no prompt can go on
+            raise
+        except PromptFailure as exc:
+            return self._failure(job, exc, type(exc).kind, state)
+        except ModelCallError as exc:
+            return self._failure(job, exc, "model_request", state)
+        except Exception as exc:  # a bug in a plugin fails its prompt, not the run
+            log.debug("[B%d:P%d] unexpected error", job.batch_num, row.prompt_index, exc_info=True)
+            return self._failure(job, exc, "internal", state)
+
+    async def _run(self, job: PromptJob, row: PromptRow, started: float, state: SessionLog) -> Trajectory:
+        tools = {tool.name: tool for name in job.toolsets for tool in self.toolsets[name]}
+        say = self._logger(job) if self.verbose else None
+        await self.backend.prepare_image(row.image)  # shared by every prompt of the image, so not on its clock
+        commands = any(getattr(tool, "runs_commands", False) for tool in tools.values())
+        spec = SandboxSpec(self.run_name, row.prompt_index, row.content_key, row.image, row.cwd, commands=commands)
+        sandbox = OpeningSandbox(self.backend, spec, self.closer, label=f"[B{job.batch_num}:P{row.prompt_index}]")
+        if tools and self.backend.open_early:
+            sandbox.start()  # beside the first model request, which does not need it; a tool call waits for it
+
+        def count_usage(usage, journaled):  # model calls made by tools count in the prompt's usage and the run's
+            state.usage = state.usage + usage
+            if not journaled and self.client.journal is not None:
+                self.client.journal.tool_usage(usage)
+
+        sessions = PromptToolsets({n: self.runtimes[n] for n in job.toolsets if n in self.runtimes}, count_usage)
+        try:
+            # the deadline covers the session and the open of the sandbox; closing is outside, so it always happens
+            async with asyncio.timeout(self.agent.prompt_timeout) as deadline:
+                ctx = ToolContext(
+                    sandbox, command_timeout=self.agent.command_timeout, max_output_chars=self.agent.max_output_chars,
+                    toolsets=sessions,
+                )
+                result = await run_session(self.client, tools, ctx, row.prompt, self.agent, say, state)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            if not state.api_calls:
+                raise PromptTimeout(
+                    f"--prompt_timeout ({self.agent.prompt_timeout:g} s) passed before the model answered once."
+                ) from None
+            log.warning("[B%d:P%d] stopped by --prompt_timeout after %g s; saved as partial.",
+                        job.batch_num, row.prompt_index, self.agent.prompt_timeout)
+            result = state.result(completed=False, end_reason="timeout")
+        finally:
+            try:
+                await sessions.aclose()  # a browser context, say; before the sandbox, and also on errors and Ctrl-C
+            finally:
+                await sandbox.close()  # at once when it is open; one still opening is closed when it is
+        specs = tuple(tool.spec() for tool in tools.values())
+        metadata = Metadata(
+            batch_num=job.batch_num,
+            timestamp=now_iso(),
+            model=self.model,
+            content_key=row.content_key,
+            id="" if row.id is None else str(row.id),
+            row=row.extra,
+            seed=self.seed,
+            sandbox=self.backend.name,
+            image=self.backend.image_for(spec),  # what the sandbox runs or would run, whether or not a tool opened it
+            cwd=row.cwd or "",
+            tools_offered=tuple(tools),
+            end_reason=result.end_reason,
+            invalid_tool_calls=result.invalid_tool_calls,
+            duration_s=round(time.monotonic() - started, 3),
+            usage=result.usage,
+            calls=tuple(state.calls),
+        )
+        trajectory = Trajectory(
+            prompt_index=row.prompt_index,
+            conversations=to_sharegpt(self.agent.system_prompt, specs, row.prompt, result.messages),
+            metadata=metadata,
+            completed=result.completed,
+            partial=result.partial,
+            api_calls=result.api_calls,
+            toolsets_used=tuple(job.toolsets),
+            tool_stats=result.tool_stats,
+            tool_error_counts={name: stat.failure for name, stat in result.tool_stats.items()},
+        )
+        return trajectory.with_tools(self.all_tools)
+
+    def _failure(self, job: PromptJob, exc: BaseException, kind: str, state: SessionLog) -> Failure:
+        row = job.row
+        message = str(exc) or type(exc).__name__
+        log.warning("[B%d:P%d] failed: %s", job.batch_num, row.prompt_index, message)
+        return Failure(
+            prompt_index=row.prompt_index,
+            content_key=row.content_key,
+            batch_num=job.batch_num,
+            error_class=type(exc).__name__,
+            error_kind=kind,
+            message=message,
+            timestamp=now_iso(),
+            prompt=row.prompt,
+            api_calls=state.api_calls,
+            usage=state.usage,
+            calls=tuple(state.calls),
+        )
+
+    @staticmethod
+    def _logger(job: PromptJob) -> Callable[[str], None]:
+        prefix = f"[B{job.batch_num}:P{job.row.prompt_index}]"
+        return lambda text: log.info("%s %s", prefix, text)
