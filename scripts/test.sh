@@ -23,7 +23,7 @@
 #     hermes-batch-apptainer of it, with the capabilities and devices Apptainer needs and /tmp mounted,
 #     whose apptainer command the singularity tests use (scripts/apptainer.sh);
 # then runs pytest twice with the arguments given: every test not marked perf in parallel, then the perf
-# tests one at a time.  Its exit status is the first failing run's.
+# tests one at a time (a -m given narrows both).  Its exit status is the first failing run's.
 # When the tests end (or are interrupted) it stops the engine and removes the container it started, never
 # ones it found running (other test runs may use them), unless HERMES_BATCH_KEEP_SERVICES=1 (to run
 # pytest directly afterwards).  Packages, images and the virtual environment stay.
@@ -119,11 +119,21 @@ command -v openssl >/dev/null 2>&1 || _hb_apt_install openssl
 ensure_apptainer_for_tests
 ensure_chromium
 
+# A -m of the caller narrows both runs: (its expression) and not perf, then (its expression) and perf.
+select=
+args=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -m) select=${2:-}; shift; [ $# -gt 0 ] && shift ;;
+        -m?*) select=${1#-m}; shift ;;
+        *) args+=("$1"); shift ;;
+    esac
+done
 # pytest's status 5 is "no test selected": fine for one of the two runs (arguments may select only one kind)
 status=0
-"$VENV/bin/python" -m pytest -n auto -m "not perf" "$@" 9>&- || status=$?
+"$VENV/bin/python" -m pytest -n auto -m "${select:+($select) and }not perf" ${args[@]+"${args[@]}"} 9>&- || status=$?
 perf=0
-"$VENV/bin/python" -m pytest -n 0 -m perf "$@" 9>&- || perf=$?
+"$VENV/bin/python" -m pytest -n 0 -m "${select:+($select) and }perf" ${args[@]+"${args[@]}"} 9>&- || perf=$?
 if [ "$status" = 5 ] && [ "$perf" != 5 ]; then
     status=$perf
 elif [ "$status" = 0 ] && [ "$perf" != 5 ]; then

@@ -195,6 +195,12 @@ def test_test_sh_all_runs_the_perf_tests_alone_after_the_others(tmp_path):
     assert "docker info" in log  # it made sure of the engine first
 
 
+def test_test_sh_all_narrows_both_runs_by_the_callers_marker_expression(tmp_path):
+    done, log = run_test_sh(tmp_path, {"FOUND_ENGINE": "1"}, args=("--all", "-m", "docker or ray", "-q", "-mslow"))
+    assert done.returncode == 0, done.stderr
+    assert pytest_runs(log) == ["-n auto -m (slow) and not perf -q (fd 9 closed)", "-n 0 -m (slow) and perf -q (fd 9 closed)"]
+
+
 @pytest.mark.parametrize("statuses, status", [
     ("0 0", 0), ("1 0", 1), ("0 1", 1), ("2 1", 2),
     ("5 0", 0), ("0 5", 0), ("5 1", 1), ("5 5", 5),  # 5: the arguments selected no test of that run
