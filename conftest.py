@@ -17,6 +17,8 @@ pytest_plugins = ["hermes_batch.testing.fixtures"]
 
 import os
 
+import pytest
+
 NEEDS = ("docker", "apptainer", "modal", "ray", "browser", "slow", "perf")
 
 # A fixture (asked for by the test or by a fixture it uses) -> what a test that uses it needs.
@@ -106,5 +108,8 @@ def _needs(item) -> set:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        for need in sorted(_needs(item)):
+        needs = _needs(item)
+        for need in sorted(needs):
             item.add_marker(need)
+        if "ray" in needs:  # one Ray cluster for the session: its tests go to one xdist worker (--dist loadgroup)
+            item.add_marker(pytest.mark.xdist_group("ray"))

@@ -104,7 +104,7 @@ export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
 SERVICES='docker or apptainer or modal or ray or browser or slow or perf'
 
 if [ -z "$ALL" ]; then
-    "$VENV/bin/python" -m pytest -n auto -m "not ($SERVICES)" "$@" 9>&-
+    "$VENV/bin/python" -m pytest -n auto --dist loadgroup -m "not ($SERVICES)" "$@" 9>&-
     exit
 fi
 
@@ -131,7 +131,7 @@ while [ $# -gt 0 ]; do
 done
 # pytest's status 5 is "no test selected": fine for one of the two runs (arguments may select only one kind)
 status=0
-"$VENV/bin/python" -m pytest -n auto -m "${select:+($select) and }not perf" ${args[@]+"${args[@]}"} 9>&- || status=$?
+"$VENV/bin/python" -m pytest -n auto --dist loadgroup -m "${select:+($select) and }not perf" ${args[@]+"${args[@]}"} 9>&- || status=$?
 perf=0
 "$VENV/bin/python" -m pytest -n 0 -m "${select:+($select) and }perf" ${args[@]+"${args[@]}"} 9>&- || perf=$?
 if [ "$status" = 5 ] && [ "$perf" != 5 ]; then

@@ -70,3 +70,12 @@ def test_a_test_needs_what_its_fixtures_and_the_table_say():
     assert needs(item("tests/test_model_transport.py", "test_a_gzip_answer_is_capped_once_decompressed[httpx]",
                       ["backend"])) == {"perf"}  # every parametrisation
     assert needs(item("tests/test_model_transport.py", "test_something_else", ["backend"])) == set()
+
+
+def test_the_ray_tests_share_one_worker_and_so_one_cluster():
+    added = []
+    fake = item("plugins/hermes_batch_ray/tests/test_ray_executor.py", "test_x", ["ray_cluster"])
+    fake.add_marker = added.append
+    NEEDS.pytest_collection_modifyitems(None, [fake])
+    groups = [decorator.mark for decorator in added if not isinstance(decorator, str)]
+    assert "ray" in added and [(g.name, g.args) for g in groups] == [("xdist_group", ("ray",))]
