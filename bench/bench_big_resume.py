@@ -98,7 +98,8 @@ def build_folder(template: Path, out: Path, name: str, prompts: int, batch_size:
     structured = [from_json(r, Trajectory) for r in records]
     try:
         from hermes_batch.folder import record_index, rowkeys
-        from hermes_batch.folder.aggregate import epoch, key_digest
+        from hermes_batch.folder.aggregate import epoch
+        from hermes_batch.formats.records import key_digest
         from hermes_batch.folder.runfolder import RunFolder
     except ImportError:  # a version that scans the records instead of keeping indexes
         record_index = None
@@ -108,7 +109,7 @@ def build_folder(template: Path, out: Path, name: str, prompts: int, batch_size:
     folder.mkdir(parents=True)
     dataset = write_dataset(out / f"{name}.jsonl", prompts)
     done = prompts - round(prompts * left)
-    run_index = record_index.RunIndex(RunFolder(out, name)) if record_index else None
+    run_index = record_index.RecordIndex(RunFolder(out, name)) if record_index else None
     index = None
     ends: list = []  # where each batch ends in trajectories.jsonl
     with open(folder / "trajectories.jsonl", "w") as merged, open(folder / "calls.jsonl", "w") as journal:

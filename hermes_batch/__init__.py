@@ -53,6 +53,9 @@ from .contract.interfaces import (  # noqa: E402
     Writer,
 )
 from .session.command_output import BoundedOutput, FirstBytes  # noqa: E402
+from .sandbox_blocks.commands import run_command  # noqa: E402
+from .sandbox_blocks.files import SandboxFolder, require_regular_file  # noqa: E402
+from .sandbox_blocks.processes import ChildProcess  # noqa: E402
 from .contract.plugins import PluginManager, get_plugin_manager  # noqa: E402
 from .model.ratelimit import CallLimiter  # noqa: E402
 from .formats.records import (  # noqa: E402
@@ -77,7 +80,7 @@ from .formats.records import (  # noqa: E402
 from .model.retry import error_for_status  # noqa: E402
 from .contract.run_context import RunContext  # noqa: E402
 from .formats.serialization import structure_config, trajectory_from_dict, trajectory_to_dict  # noqa: E402
-from .contract.writers import FileWriter, Sink  # noqa: E402
+from .contract.writers import FileWriter, LibraryWriter, Sink  # noqa: E402
 
 __all__ = [
     # writing a plugin
@@ -93,6 +96,11 @@ __all__ = [
     "Sandbox",
     "BoundedOutput",
     "FirstBytes",
+    # building blocks for sandbox backends
+    "SandboxFolder",
+    "require_regular_file",
+    "run_command",
+    "ChildProcess",
     "Toolset",
     "ToolsetRuntime",
     "ToolsetSession",
@@ -104,6 +112,7 @@ __all__ = [
     "RunFilter",
     "Writer",
     "FileWriter",
+    "LibraryWriter",
     "Sink",
     "Executor",
     "PromptJob",

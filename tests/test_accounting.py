@@ -21,7 +21,7 @@ from hermes_batch.testing import write_dataset
 from hermes_batch.contract.interfaces import PREFLIGHT_PROMPT
 from hermes_batch.folder.journal import read_journal
 from hermes_batch.formats.records import Usage
-from hermes_batch.folder.runfolder import AppendLog
+from hermes_batch.folder.durable import AppendLog
 from hermes_batch.testing import ToolLoopScript
 from hermes_batch.testing.fixtures import wait_for
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hermes_batch.folder import record_index, rowkeys
-from hermes_batch.folder.record_index import RunIndex
+from hermes_batch.folder.record_index import RecordIndex
 from hermes_batch.default_plugins.jsonl_writer import JsonlWriter
 from hermes_batch.contract.interfaces import Writer
 from hermes_batch.folder.merge import merge_run
@@ -61,7 +61,7 @@ def stats_both_ways(folder: Path) -> tuple[dict, dict]:
                     total_prompts=written["total_prompts"],
                     total_lines=json.loads((folder / "run.json").read_text())["dataset"]["lines"]),
     )
-    index = RunIndex(run_folder)
+    index = RecordIndex(run_folder)
     aggregate, finish_times, _batches = index.totals()
     from_index = build_statistics(run_folder, totals=(aggregate, finish_times), journal=index.journal_totals(),
                                   **kwargs)

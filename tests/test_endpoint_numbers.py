@@ -254,7 +254,7 @@ def test_a_run_folder_that_already_holds_such_values_resumes_with_them_unknown(r
     old.aggregate.prompt_tokens = 2 * 10**30
     old.aggregate.cost.add(1e308)
     old.aggregate.cost.add(1e308)
-    run_index = record_index.RunIndex(RunFolder(folder.parent, folder.name))
+    run_index = record_index.RecordIndex(RunFolder(folder.parent, folder.name))
     run_index.save(old)
     # ... and the journal's totals as an older version saved them from those lines
     run_index.journal_totals()

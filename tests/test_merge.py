@@ -12,7 +12,8 @@ from hermes_batch.default_plugins.jsonl_writer import JsonlWriter
 from hermes_batch.contract.interfaces import Writer
 from hermes_batch.folder.merge import merge_run
 from hermes_batch.formats.records import Discarded, InvalidToolCall, Metadata, ToolCallRecord, ToolStat, Trajectory, Turn, Usage, content_key
-from hermes_batch.folder.runfolder import AppendLog, RunFolder
+from hermes_batch.folder.durable import AppendLog
+from hermes_batch.folder.runfolder import RunFolder
 from hermes_batch.formats.serialization import to_json_line
 
 BATCH_SIZE = 10

@@ -49,14 +49,14 @@ class _Dup:
         register(self.NoReasoning)
 
 
-def test_two_plugins_registering_one_name_is_an_error_naming_both():
-    pm = get_plugin_manager(load_entry_points=False, extra_plugins=[_Dup()])
+def test_two_plugins_registering_one_name_is_an_error_naming_both_when_the_name_is_used():
+    registry = collect(get_plugin_manager(load_entry_points=False, extra_plugins=[_Dup()]))  # loading is fine
     with pytest.raises(PluginError) as info:
-        collect(pm)
+        registry.get("filters", "no-reasoning")
     message = str(info.value)
     assert "'no-reasoning'" in message
     assert "hermes_batch.default_plugins.sample_filters" in message
-    assert "'_Dup'" in message
+    assert "'_Dup'" in message and "_Dup:no-reasoning or hermes-batch:no-reasoning" in message
 
 
 def test_a_tool_in_two_toolsets_is_an_error():

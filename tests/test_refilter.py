@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from hermes_batch.cli import cli
 from hermes_batch.formats.records import Trajectory
 from hermes_batch.offline.refilter import AUDIT, STAGING
-from hermes_batch.folder.resume import scan_finished
+from hermes_batch.folder.statistics import iter_finished
 from hermes_batch.folder.runfolder import RunFolder
 from hermes_batch.formats.serialization import from_json
 from hermes_batch.testing.fixtures import TEST_API_KEY
@@ -229,7 +229,7 @@ def test_a_resume_finishes_a_killed_refilter_and_pays_for_nothing(tmp_path, mode
     assert result.exit_code == 0, result.output
     assert server.request_count == calls
     check_consistent(folder, kept_before - rejects, discarded_before | rejects)
-    assert sum(scan_finished(RunFolder(folder.parent, folder.name)).values()) == len(kept_before | discarded_before)
+    assert sum(1 for _ in iter_finished(RunFolder(folder.parent, folder.name))) == len(kept_before | discarded_before)
 
 
 def test_export_refuses_a_folder_with_an_unfinished_refilter(run_dir):
@@ -281,6 +281,6 @@ def test_a_refilter_drops_the_indexes_of_the_files_it_rewrote_and_a_resume_count
     assert result.exit_code == 0, result.output
     assert server.request_count == calls
     check_consistent(folder, kept, discarded)  # statistics.json of the resume came from the indexes built again
-    index = record_index.RunIndex(RunFolder(folder.parent, folder.name))
+    index = record_index.RecordIndex(RunFolder(folder.parent, folder.name))
     total, _times, _batches = index.totals()
     assert total.kept.samples == len(kept) and total.discarded == len(discarded)

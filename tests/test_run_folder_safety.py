@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import hermes_batch
-from hermes_batch.folder import runfolder
+from hermes_batch.folder import durable
 from hermes_batch.run.cleanup import is_sandbox_folder
 from hermes_batch.run.config import RunConfig
 from hermes_batch.errors import RunFolderError, RunFolderWriteError
@@ -34,7 +34,8 @@ from hermes_batch.folder.journal import CallJournal
 from hermes_batch.folder.lock import LOCK_NAME, RunFolderLock
 from hermes_batch.contract.plugins import get_plugin_manager
 from hermes_batch.formats.records import Failure, content_key
-from hermes_batch.folder.runfolder import AppendLog, RunFolder, read_records
+from hermes_batch.folder.durable import AppendLog
+from hermes_batch.folder.runfolder import RunFolder, read_records
 from hermes_batch.run.runner import RunEngine
 from hermes_batch.formats.serialization import to_json_line
 from hermes_batch.testing import TEST_API_KEY as API_KEY
@@ -61,7 +62,7 @@ def assert_whole_lines(folder: Path) -> None:
 
 
 def temp_files(folder: Path) -> list[str]:
-    return [p.name for p in folder.iterdir() if runfolder.is_temp_file(p.name)]
+    return [p.name for p in folder.iterdir() if durable.is_temp_file(p.name)]
 
 
 def last_line(output: str) -> str:
@@ -142,7 +143,7 @@ def test_a_failed_append_leaves_no_half_record_and_says_what_happened(tmp_path, 
             return real_write(fd, bytes(data[:10]))  # part of the record lands, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(runfolder.os, "write", disk_fills_up)
+    monkeypatch.setattr(durable.os, "write", disk_fills_up)
     with pytest.raises(RunFolderWriteError) as info:
         log.append_sync(to_json_line(Failure(1, "k1", 0, "E", "sandbox", "second", "t")))
     monkeypatch.undo()
@@ -164,10 +165,10 @@ def test_a_failed_atomic_replace_leaves_the_old_file_and_no_temporary_file(tmp_p
     def full(fd):
         raise OSError(errno.EDQUOT, "Disk quota exceeded")
 
-    monkeypatch.setattr(runfolder.os, "fsync", full)
+    monkeypatch.setattr(durable.os, "fsync", full)
     with pytest.raises(RunFolderWriteError, match=r"Disk quota exceeded \(EDQUOT\); .*raise your disk quota"):
-        runfolder.atomic_write_text(path, "new\n")
-    monkeypatch.setattr(runfolder.os, "fsync", real_fsync)
+        durable.atomic_write_text(path, "new\n")
+    monkeypatch.setattr(durable.os, "fsync", real_fsync)
     assert path.read_text() == "old\n"
     assert os.listdir(tmp_path) == ["statistics.json"]
 
@@ -283,7 +284,7 @@ def test_a_failed_append_stops_the_call_journal_at_once(tmp_path, monkeypatch):
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(runfolder.os, "write", full)
+    monkeypatch.setattr(durable.os, "write", full)
     with pytest.raises(RunFolderWriteError):
         log.append_sync(to_json_line(Failure(0, "k0", 0, "E", "sandbox", "first", "t")))
     monkeypatch.undo()
@@ -724,12 +725,12 @@ def test_ctrl_c_during_the_merge_stops_it_at_once_and_leaves_consistent_files(
 
 
 def test_ctrl_c_while_a_resume_reads_the_run_folder_is_heard_at_once(tmp_path, runner, model_server, monkeypatch):
-    from hermes_batch.folder import resume
+    from hermes_batch.folder.statistics import iter_finished
 
     data = big_finished_run(runner, tmp_path, 30_000)
     folder = RunFolder(runner.folder().parent, "run")
     started = time.perf_counter()
-    resume.scan_finished(folder)
+    sum(1 for _ in iter_finished(folder))  # reading every record, as a resume without an index does
     whole_scan = time.perf_counter() - started
 
     scanning = threading.Event()
@@ -803,7 +804,7 @@ def test_a_run_folder_that_cannot_be_repaired_or_read_is_one_sentence(tmp_path, 
 
     monkeypatch.setattr(os, "open", read_only)
     with pytest.raises(RunFolderWriteError, match=r"Read-only file system \(EROFS\); .*remount it writable"):
-        runfolder.repair_torn_tail(torn)
+        durable.repair_torn_tail(torn)
 
     def no_permission(path, flags, *args):
         raise PermissionError(errno.EACCES, "Permission denied")

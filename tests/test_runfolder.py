@@ -9,14 +9,8 @@ import pytest
 from hermes_batch.folder import runfolder
 from hermes_batch.errors import RunFolderWriteError, UsageError
 from hermes_batch.formats.records import Failure
-from hermes_batch.folder.runfolder import (
-    AppendLog,
-    RunFolder,
-    atomic_write_lines,
-    atomic_write_text,
-    read_records,
-    validate_run_name,
-)
+from hermes_batch.folder.durable import AppendLog, atomic_write_lines, atomic_write_text
+from hermes_batch.folder.runfolder import RunFolder, read_records, validate_run_name
 from hermes_batch.formats.serialization import to_json_line
 
 

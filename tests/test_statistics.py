@@ -14,7 +14,8 @@ from hermes_batch.formats.records import (
     Usage,
     content_key,
 )
-from hermes_batch.folder.runfolder import AppendLog, RunFolder
+from hermes_batch.folder.durable import AppendLog
+from hermes_batch.folder.runfolder import RunFolder
 from hermes_batch.formats.serialization import to_json_line
 from hermes_batch.formats.conversation import reasoning_counts
 from hermes_batch.folder.statistics import RunInfo, build_statistics, render_statistics

@@ -1,4 +1,4 @@
-"""Tool arguments: validated by a full JSON Schema implementation, and tools written as typed async functions."""
+"""Tool arguments: validated by a full JSON Schema implementation, and tools written as typed functions."""
 
 from typing import Literal, Optional
 
@@ -56,7 +56,7 @@ def test_check_schema_finds_broken_schemas():
     assert check_schema([]) == "expected a JSON object, got list"
 
 
-# --- Tool.from_function ------------------------------------------------------------------------
+# --- @hermes_batch.tool ---------------------------------------------------------------------------
 
 
 @hermes_batch.tool
@@ -121,8 +121,8 @@ async def test_the_context_parameter_is_hidden_from_the_model_and_other_results_
 
 
 def test_what_cannot_become_a_tool_is_refused_at_once():
-    def not_async(x: str):
-        pass
+    def generator(x: str):
+        yield x
 
     async def untyped_object(x: object):
         pass
@@ -130,9 +130,68 @@ def test_what_cannot_become_a_tool_is_refused_at_once():
     async def star(*args: str):
         pass
 
-    with pytest.raises(TypeError, match="must be an async function"):
-        Tool.from_function(not_async)
+    with pytest.raises(TypeError, match=r"must be a function \(def or async def\)"):
+        hermes_batch.tool(generator)
     with pytest.raises(TypeError, match=r"untyped_object\(x\): the type <class 'object'> has no JSON Schema"):
-        Tool.from_function(untyped_object)
+        hermes_batch.tool(untyped_object)
     with pytest.raises(TypeError, match="must be named"):
-        Tool.from_function(star)
+        hermes_batch.tool(star)
+
+
+async def test_a_plain_function_is_a_tool_run_in_the_thread_pool_it_is_given():
+    import concurrent.futures
+    import threading
+
+    @hermes_batch.tool
+    def add(a: int, b: int = 1) -> int:
+        """Add two numbers."""
+        assert threading.current_thread().name.startswith("given-pool")
+        return a + b
+
+    assert add.spec().parameters["required"] == ["a"] and add.spec().description == "Add two numbers."
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="given-pool") as pool:
+        assert await add().call({"a": 2.0}, ToolContext(sandbox=None, thread_pool=pool)) == {"result": 3, "error": None}
+
+
+def test_in_a_run_a_plain_function_runs_in_the_tool_pool_and_its_exception_is_the_models_tool_error(
+        tmp_path, runner, model_server):
+    import threading
+
+    from hermes_batch import Distribution, Toolset
+    from hermes_batch.testing import Reply, write_dataset
+
+    @hermes_batch.tool
+    def where() -> str:
+        """Name the thread the tool runs in."""
+        return threading.current_thread().name
+
+    @hermes_batch.tool
+    def fail() -> str:
+        """Always raises."""
+        raise ValueError("no such record")
+
+    class Plugin:
+        @hermes_batch.hookimpl
+        def register_toolsets(self, register):
+            register(Toolset("sync", "Plain functions.", (where, fail)))
+
+        @hermes_batch.hookimpl
+        def register_distributions(self, register):
+            register(Distribution("sync-only", "Plain functions only.", (("sync", 1.0),)))
+
+    seen = []
+
+    def script(request):
+        if request.turn == 0:
+            return Reply(tool_calls=[("where", {}), ("fail", {})])
+        seen.extend(request.tool_results)
+        return Reply("Done.")
+
+    runner.plugins = (Plugin(),)
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "go"}])
+    result = runner.invoke(dataset, "--distribution", "sync-only", "--no_filters", server=model_server(script))
+    assert result.exit_code == 0, result.output
+    assert "hermes-batch-tools" in seen[0]
+    assert '"error": "ValueError: no such record"' in seen[1]
+    [kept] = runner.records("trajectories.jsonl")
+    assert kept["tool_error_counts"]["fail"] == 1

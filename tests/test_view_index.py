@@ -10,6 +10,7 @@ import pytest
 
 from hermes_batch.view.index import CACHE_DIR_NAME, RunIndex
 from hermes_batch.view.query import Query, run_query
+from hermes_batch.view.summary import run_totals
 from view_rig import demo_run_dir, read_jsonl, run_copy  # noqa: F401 (fixtures)
 
 
@@ -160,7 +161,7 @@ def _snapshot(index):
     rows = sorted((where(i), cols.status[i], cols.key[i], cols.turns[i], cols.duration[i], cols.tools[i])
                   for i in range(len(cols)))
     found = {word: sorted(map(where, index.search(word))) for word in ("otters", "6 times 7", "walruses", "zebras")}
-    return rows, index.tallies.to_dict(), index.aggregates.to_dict(), index.sources, found
+    return rows, index.tallies.to_dict(), index.sources, found
 
 
 def test_each_save_writes_only_the_rows_added_and_a_load_equals_a_full_pass(run_copy, tmp_path):
@@ -231,7 +232,7 @@ def test_an_old_or_damaged_cache_is_rebuilt(run_copy):
 
 
 def test_samples_spread_over_many_records_as_over_a_list_of_them(run_copy, monkeypatch, tmp_path):
-    from hermes_batch.view import index as index_module
+    from hermes_batch.view import sampling
 
     with open(run_copy / "batch_2.jsonl", "ab") as fh:
         for n in range(40):
@@ -240,7 +241,7 @@ def test_samples_spread_over_many_records_as_over_a_list_of_them(run_copy, monke
     index.refresh()
     listed = {k: index.spread(0, k, 1 << 30) for k in (1, 2, 5, 7)}
     too_long = index.spread(0, 5, 0)
-    monkeypatch.setattr(index_module, "_FEW", 0)  # now found from the counts by blocks
+    monkeypatch.setattr(sampling, "_FEW", 0)  # now found from the counts by blocks
     assert {k: index.spread(0, k, 1 << 30) for k in (1, 2, 5, 7)} == listed
     assert index.spread(0, 5, 0) == too_long == []
     longest = max(index.rows_of(0), key=lambda i: index.columns.length[i])
@@ -285,7 +286,8 @@ def test_lines_that_are_no_record_are_skipped_and_counted_once_and_odd_numbers_c
     # unknown where the record says 1e999 or NaN: no model calls, only the completion tokens, no duration
     assert (index.columns.turns[row], index.columns.tokens[row], index.columns.duration[row]) == (0, completion, 0.0)
     assert list(index.search("numbers overflow")) == [row]
-    assert index.aggregates.cost is None or index.aggregates.cost < 1e6  # the Infinity counted as not reported
+    totals = run_totals(run_copy)
+    assert totals.cost.value is None or totals.cost.value < 1e6  # the Infinity counted as not reported
     # a live viewer refreshes every second: nothing is counted again
     for _ in range(3):
         assert index.refresh() == 0
@@ -356,3 +358,19 @@ def test_a_long_line_is_indexed_in_time_linear_in_its_length(run_copy, monkeypat
     assert index.refresh() == 12
     # linear: well under a second of CPU; copying the line again per chunk is 32 GB of copies, a minute or more
     assert time.process_time() - started < 5
+
+
+def test_the_viewer_names_a_prompt_by_the_digest_the_run_folder_index_keeps(run_copy):
+    from hermes_batch.folder.record_index import RecordIndex as FolderIndex
+    from hermes_batch.folder.runfolder import RunFolder
+
+    record = json.loads(_kept_line(run_copy, "A prompt of a hand-made record.", 98))
+    record["metadata"]["content_key"] = "not a hash"  # no content key the run made: hashed, by the same digest
+    with open(run_copy / "batch_2.jsonl", "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+    index = RunIndex(run_copy)
+    index.refresh()
+    viewer = sorted(index.columns.key[i] for i in range(len(index)) if index.columns.status[i] != 2)
+    folder_index = FolderIndex(RunFolder(run_copy.parent, run_copy.name))
+    folder = sorted(folder_index.finished_digests())
+    assert viewer == folder and len(folder) == 11

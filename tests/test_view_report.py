@@ -243,3 +243,33 @@ def test_view_whose_index_cannot_be_written_says_so_in_one_sentence(run_copy, mo
     assert "Cannot listen" not in result.output
     assert result.output.strip().splitlines()[-1] == (
         f"Error: Indexing {run_copy} failed: No space left on device (ENOSPC); free some space on that disk.")
+
+
+def test_the_report_sums_what_statistics_json_counts(run_copy):
+    """One aggregator: a line that no record class reads is listed by the viewer but counted by neither."""
+    from hermes_batch.folder.runfolder import RunFolder
+    from hermes_batch.folder.statistics import build_statistics
+    from hermes_batch.view.index import RunIndex
+    from hermes_batch.view.summary import summarize
+
+    record = read_jsonl(run_copy / "batch_0.jsonl")[0]
+    record["prompt_index"] = 77
+    record["tool_stats"] = {"terminal": {"count": "many", "success": 0, "failure": 0}}  # no count: not a record
+    with open(run_copy / "batch_0.jsonl", "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+    (run_copy / "statistics.json").unlink()  # the report of a run still going: nothing taken from it
+    saved = {path.name: path.read_bytes() for path in (run_copy / "index").iterdir()}
+    index = RunIndex(run_copy)
+    index.refresh()
+    assert 77 in [index.columns.prompt[i] for i in range(len(index))]
+    summary = summarize(index)
+    stats = build_statistics(RunFolder(run_copy.parent, run_copy.name))
+    finished = stats["finished"]
+    reasoning = finished["reasoning"]
+    assert summary["reasoning"]["finished"] == [reasoning["with_reasoning"], reasoning["without_reasoning"],
+                                                reasoning["samples_without_reasoning"]]
+    assert dict((name, row[0]) for name, row in summary["tools"]) == \
+        {name: usage["count"] for name, usage in finished["tool_usage"].items() if usage["count"]}
+    assert summary["partial"] == finished["partial"]
+    assert summary["tokens"]["completion"] == stats["tokens"]["completion"]
+    assert saved == {path.name: path.read_bytes() for path in (run_copy / "index").iterdir()}  # the run's, untouched

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import sys
 
 import click
 
 from .. import __version__
+from ..contract.plugins import DISABLE_ENV, disabled_plugins
 from ..errors import EXIT_INTERRUPTED, HermesBatchError, PluginError
 from .listing import distributions_command, listing_commands, plugins_command
 from .new_plugin import new_plugin_command
@@ -30,8 +33,42 @@ def plugin_manager(ctx: click.Context | None = None):
         return root.obj
     meta = root.meta
     if _PLUGIN_MANAGER not in meta:
-        meta[_PLUGIN_MANAGER] = get_plugin_manager()
+        meta[_PLUGIN_MANAGER] = get_plugin_manager(disabled=disabled_plugins(meta.get(_DISABLED, ())))
     return meta[_PLUGIN_MANAGER]
+
+
+_DISABLED = "hermes_batch.disabled_plugins"
+
+
+def _disable(ctx: click.Context, _param, values) -> None:
+    """``-p no:NAME``: the plugin NAME is not loaded by this command (see ``workers_leave_out_disabled``)."""
+    names = []
+    for value in values:
+        prefix, sep, name = value.partition(":")
+        if prefix != "no" or not sep or not name.strip():
+            raise click.BadParameter(f"{value!r}: write -p no:NAME to disable the plugin NAME.", ctx)
+        names.append(name.strip())
+    ctx.find_root().meta[_DISABLED] = tuple(names)
+
+
+@contextlib.contextmanager
+def workers_leave_out_disabled():
+    """While a run executes, HERMES_BATCH_DISABLE_PLUGINS also names the -p no:NAME plugins, so the worker
+    processes it starts leave them out too; restored after."""
+    ctx = click.get_current_context(silent=True)
+    names = ctx.find_root().meta.get(_DISABLED, ()) if ctx is not None else ()
+    if not names:
+        yield
+        return
+    before = os.environ.get(DISABLE_ENV)
+    os.environ[DISABLE_ENV] = ",".join(sorted(disabled_plugins(names)))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(DISABLE_ENV, None)
+        else:
+            os.environ[DISABLE_ENV] = before
 
 
 def plugin_commands(group: click.Group, pm) -> dict[str, click.Command]:
@@ -85,6 +122,9 @@ class _Group(click.Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="hermes-batch")
+@click.option("-p", "disable", metavar="no:NAME", multiple=True, expose_value=False, is_eager=True, callback=_disable,
+              help="Do not load the plugin NAME (an entry point's or a distribution's name), as pytest's -p no:NAME; "
+                   "also HERMES_BATCH_DISABLE_PLUGINS=NAME,NAME.")
 def cli():
     """Run a tool-using LLM agent over a dataset of prompts and save the sessions as training data."""
 

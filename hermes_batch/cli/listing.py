@@ -57,7 +57,10 @@ def _listing(kind: Kind) -> click.Command:
         registry = _registry()
         rows = []
         for reg in registry.items(kind.key):
-            row = {"name": reg.name, "plugin": reg.plugin, "description": getattr(reg.obj, "description", "")}
+            # a name two plugins register is listed by its qualified names, which select it
+            name = reg.qualified if reg.name in registry.clashes[kind.key] else reg.name
+            row = {"name": name, "qualified": reg.qualified, "plugin": reg.plugin,
+                   "description": getattr(reg.obj, "description", "")}
             if kind.key == "toolsets":
                 row["tools"] = [t.name for t in reg.obj.tools]
                 row["options"] = [f.name for f in attrs.fields(reg.obj.Config)]

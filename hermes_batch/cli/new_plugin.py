@@ -51,7 +51,7 @@ A [hermes-batch](https://pypi.org/project/hermes-batch/) plugin. It provides:
 - the toolset `{name}` with the tool `{tool}`.
 
 ```bash
-pip install -e '.[test]'
+pip install -e '.[test]'   # with hermes-batch installed from its checkout first (it is on no index yet)
 pytest
 hermes-batch plugins    # lists "{name}"
 ```
@@ -178,4 +178,5 @@ def new_plugin_command(name: str, directory: Path) -> None:
     for path, template in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(template.format(**fields), encoding="utf-8")
-    click.echo(f"Created {root}: cd there, pip install -e '.[test]' and run pytest.")
+    click.echo(f"Created {root}: cd there, pip install -e '.[test]' (hermes-batch installed from its checkout first) "
+               "and run pytest.")

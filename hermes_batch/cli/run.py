@@ -97,13 +97,14 @@ def execute(config: RunConfig) -> int:
     from ..run.process_guard import protect
     from ..formats.redaction import redact_logging, run_secrets
     from ..run.runner import RunEngine
-    from . import plugin_manager
+    from . import plugin_manager, workers_leave_out_disabled
 
     run = RunEngine(config, plugin_manager())
     protect(run_secrets(config))
     redact_logging(run.redactor)
     try:
-        return _execute(run)
+        with workers_leave_out_disabled():
+            return _execute(run)
     except HermesBatchError as exc:
         if run.redactor.found(str(exc)):
             exc.args = (run.redactor.text(str(exc)),) + exc.args[1:]

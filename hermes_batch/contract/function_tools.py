@@ -1,4 +1,8 @@
-"""Tools written as typed, documented ``async`` functions: ``Tool.from_function`` and the ``@hermes_batch.tool`` decorator.
+"""Tools written as typed, documented functions: the ``@hermes_batch.tool`` decorator.
+
+An ``async def`` is awaited on the event loop; a plain ``def`` runs in the run's
+thread pool for tools (sized with ``--num_workers``), so a blocking call holds up
+no other prompt.
 
 The JSON Schema the model sees is built from the signature (type hints, defaults)
 and the docstring (its first paragraph describes the tool; an ``Args:`` section
@@ -7,6 +11,9 @@ describes each argument), as llm's ``Tool.function`` does.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import inspect
 import json
 import re
@@ -20,7 +27,8 @@ _SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", dict
 
 
 class FunctionTool(Tool):
-    """A Tool whose ``call`` awaits a function with the model's arguments as keyword arguments."""
+    """A Tool whose ``call`` calls a function with the model's arguments as keyword arguments: awaits an ``async``
+    one, runs a plain one in the context's thread pool (``ToolContext.thread_pool``)."""
 
     function: ClassVar[Callable[..., Any]]
     context_parameter: ClassVar[Optional[str]] = None  # the parameter that receives the ToolContext
@@ -34,7 +42,12 @@ class FunctionTool(Tool):
         }
         if self.context_parameter:
             kwargs[self.context_parameter] = ctx
-        result = await type(self).function(**kwargs)
+        function = type(self).function
+        if inspect.iscoroutinefunction(function):
+            result = await function(**kwargs)
+        else:
+            call = functools.partial(contextvars.copy_context().run, function, **kwargs)
+            result = await asyncio.get_running_loop().run_in_executor(ctx.thread_pool, call)
         return result if isinstance(result, dict) else {"result": result, "error": None}
 
 
@@ -43,13 +56,18 @@ def tool_from_function(
 ) -> type[FunctionTool]:
     """A Tool class calling ``function``; its JSON Schema comes from the type hints, defaults and docstring.
 
-    ``function`` must be ``async``.  A parameter annotated ``ToolContext``
+    ``function`` is an ``async def``, awaited on the event loop, or a plain
+    ``def``, run in the run's thread pool for tools (its blocking calls hold up
+    no other prompt; the sandbox's methods are ``async``, so a function that uses
+    the sandbox is an ``async def``).  A parameter annotated ``ToolContext``
     receives the prompt's context (sandbox, toolset sessions) and is not shown
     to the model.  A returned dict is the tool's result as it is; any other
-    value is returned as ``{"result": value, "error": None}``.
+    value is returned as ``{"result": value, "error": None}``.  An exception
+    is the model's tool result ``{"error": "ExceptionType: message"}``.
     """
-    if not inspect.iscoroutinefunction(function):
-        raise TypeError(f"{function.__qualname__} must be an async function (async def) to become a tool.")
+    if not callable(function) or inspect.isclass(function) or inspect.isasyncgenfunction(function) \
+            or inspect.isgeneratorfunction(function):
+        raise TypeError(f"{function!r} must be a function (def or async def) to become a tool.")
     doc = inspect.getdoc(function) or ""
     summary, arg_docs = _parse_docstring(doc)
     hints = typing.get_type_hints(function)
@@ -174,7 +192,7 @@ def _is_json(value: Any) -> bool:
 
 
 def tool(function: Optional[Callable[..., Any]] = None, *, name: Optional[str] = None, description: Optional[str] = None):
-    """Decorator form of ``Tool.from_function``: ``@hermes_batch.tool`` or ``@hermes_batch.tool(name="...")``."""
+    """A Tool class that awaits ``function``: ``@hermes_batch.tool``, ``@hermes_batch.tool(name="...")`` or ``tool(function)``."""
     if function is None:
         return lambda f: tool_from_function(f, name=name, description=description)
     return tool_from_function(function, name=name, description=description)

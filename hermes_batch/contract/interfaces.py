@@ -10,11 +10,13 @@ strictly into it.
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 import functools
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterable, Iterator, Optional
 
 import attrs
 
+from ..folder.liveness import owner_alive as _owner_alive
 from ..model.retry import MAX_RETRIES  # retries of one failing model call: the retry policy's, also the option's default
 from ..formats.records import ExecResult, Message, ModelResponse, SandboxSpec, ToolSpec, Trajectory, Usage
 
@@ -157,11 +159,33 @@ class ModelClient(abc.ABC):
 
 
 class Sandbox(abc.ABC):
-    """The isolated environment of one prompt."""
+    """The isolated environment of one prompt.
+
+    One sandbox is one process namespace (or what stands for it): every command
+    of the prompt runs in it, so a later command sees, signals and talks to the
+    processes earlier ones left running.  A process a command starts in the
+    background (``server > log 2>&1 &``) lives on after that command's ``exec``
+    returned, until :meth:`close`, which ends every one of them.  The building
+    blocks ``SandboxFolder``, ``run_command`` and ``ChildProcess`` of
+    ``hermes_batch`` do the hard parts for a backend whose files and processes
+    are on this machine (docs/plugins.md).
+    """
 
     @abc.abstractmethod
     async def exec(self, command: str, timeout: float) -> ExecResult:
-        """Run ``command`` in a non-login shell; kill its whole process tree after ``timeout`` seconds."""
+        """Run ``command`` in a non-login shell (``/bin/sh -c``), stdin empty, in :attr:`workdir`.
+
+        Returns when the command ends, even if a process it left in the
+        background still holds its output open (that output is then no longer
+        read: a background process's output belongs in a file).  ``output`` is
+        stdout and stderr merged, decoded as UTF-8 with replacement characters,
+        bounded (the first and last halves, see ``BoundedOutput``);
+        ``exit_code`` is the shell's status (128 + N for signal N).  At
+        ``timeout`` seconds, or when the caller is cancelled, the command's
+        whole process tree is killed and the result has ``timed_out=True``
+        and ``exit_code=None``; what it left in the background before is not.
+        Raises ``SandboxError`` once the sandbox is closed or cannot run it.
+        """
 
     @abc.abstractmethod
     async def read_file(self, path: str, max_bytes: Optional[int] = None) -> bytes:
@@ -188,7 +212,9 @@ class Sandbox(abc.ABC):
         """Remove the sandbox and end every process it started; safe to call more than once.
 
         That includes processes that left the command's process group or session
-        (``setsid``, daemons that fork twice).
+        (``setsid``, daemons that fork twice) and those its commands left
+        running in the background, which live until now.  After it, ``exec``
+        raises ``SandboxError``.
         """
 
     async def ready(self) -> "Sandbox":
@@ -221,6 +247,10 @@ class SandboxBackend(abc.ABC):
     # True: a prompt's sandbox starts opening beside its first model request; False: at its first tool call,
     # for backends where a sandbox costs more than the wait (a prompt that calls no tool then never opens one)
     open_early: ClassVar[bool] = True
+
+    # Whether the run that left a container, instance or sandbox behind may still run: ``start`` and a
+    # cleanup command remove only what this says is gone (see hermes_batch/folder/liveness.py).
+    owner_alive = staticmethod(_owner_alive)
 
     def __init__(self, config: Any, run: "RunContext"):
         self.config = config
@@ -335,6 +365,7 @@ class ToolContext:
     command_timeout: float = COMMAND_TIMEOUT
     max_output_chars: int = MAX_OUTPUT_CHARS
     toolsets: Optional["PromptToolsets"] = None  # None outside a run (unit tests of a tool)
+    thread_pool: Optional[concurrent.futures.Executor] = None  # the run's pool for tools' blocking calls; None: the loop's default
 
     def session(self, toolset: str) -> ToolsetSession:
         """This prompt's session of ``toolset`` (created at the first call; see ToolsetSession)."""
@@ -365,18 +396,6 @@ class Tool(abc.ABC):
     def spec(cls) -> ToolSpec:
         """What the model is told of the tool; one object per class, so its request JSON is made once a run."""
         return _spec_of(cls)
-
-    @staticmethod
-    def from_function(
-        function: Callable[..., Awaitable[Any]], *, name: Optional[str] = None, description: Optional[str] = None
-    ) -> type["Tool"]:
-        """A Tool class that awaits ``function``, its JSON Schema built from the type hints and docstring.
-
-        See :func:`hermes_batch.contract.function_tools.tool_from_function`; ``@hermes_batch.tool`` is the decorator form.
-        """
-        from .function_tools import tool_from_function
-
-        return tool_from_function(function, name=name, description=description)
 
     @abc.abstractmethod
     async def call(self, arguments: dict, ctx: ToolContext) -> dict:
@@ -435,7 +454,8 @@ class Writer(abc.ABC):
 
     ``Config`` receives the options of ``--writer name:options``.  Writers that can
     also write any path (``hermes-batch export``) subclass
-    :class:`hermes_batch.contract.writers.FileWriter`.
+    :class:`hermes_batch.FileWriter`, or :class:`hermes_batch.LibraryWriter` when a
+    library writes the file by path (SQLite, Arrow).
     """
 
     name: ClassVar[str]

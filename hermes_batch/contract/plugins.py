@@ -5,8 +5,9 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import logging
+import os
 import warnings
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import attrs
 import click
@@ -151,9 +152,27 @@ class PluginManager(pluggy.PluginManager):
         """(distribution name, version) of an entry-point plugin; the core's for the others."""
         return self.distributions.get(plugin_name, ("hermes-batch", __version__))
 
+    def qualifiers(self, plugin_name: str) -> tuple[str, ...]:
+        """The names that qualify what ``plugin_name`` registers (``QUALIFIER:NAME``): the plugin's name (its entry
+        point's, as ``-p no:NAME`` takes it) and its distribution's; ``hermes-batch`` for the core's own plugins."""
+        if plugin_name in DEFAULT_PLUGINS:
+            return (PROJECT_NAME.replace("_", "-"),)
+        dist = self.distributions.get(plugin_name, (None, None))[0]
+        return tuple(dict.fromkeys(q for q in (plugin_name, dist) if q))
+
     def registry(self) -> "Registry":
         """A new Registry filled by every registration hook."""
         return collect(self)
+
+
+DISABLE_ENV = "HERMES_BATCH_DISABLE_PLUGINS"
+"""The environment variable naming plugins (entry-point or distribution names, comma-separated) not to load."""
+
+
+def disabled_plugins(extra: Iterable[str] = ()) -> frozenset:
+    """The plugin names ``HERMES_BATCH_DISABLE_PLUGINS`` lists, with ``extra``."""
+    listed = os.environ.get(DISABLE_ENV, "").replace(",", " ").split()
+    return frozenset(name.strip() for name in (*listed, *extra) if name.strip())
 
 
 def get_plugin_manager(
@@ -161,23 +180,35 @@ def get_plugin_manager(
     load_entry_points: bool = True,
     strict: bool = False,
     extra_plugins: Iterable[Any] = (),
+    disabled: Optional[Iterable[str]] = None,
 ) -> PluginManager:
     """Build a fresh plugin manager: default plugins, entry points, ``extra_plugins``, then ``check_pending``.
 
-    An entry-point plugin that fails to import, or whose hooks do not match the
+    ``load_entry_points=False`` loads the core's own plugins only, not the
+    installed ones (a test then does not depend on what is installed).  An
+    entry-point plugin that fails to import, or whose hooks do not match the
     specs, is skipped with a warning naming its distribution; with
     ``strict=True`` (tests) the error is raised.  ``extra_plugins`` (modules,
     classes or objects with hook implementations) are registered last, as a
-    test registers a throwaway plugin.
+    test registers a throwaway plugin, named by their ``__name__`` (or their
+    class's).  ``disabled`` names plugins not to load (an entry point's name or
+    its distribution's, or an extra plugin's name); None takes them from
+    ``HERMES_BATCH_DISABLE_PLUGINS``.
     """
+    blocked = disabled_plugins() if disabled is None else frozenset(disabled)
     pm = PluginManager()
     for module_name in DEFAULT_PLUGINS:
         pm.register(importlib.import_module(module_name), name=module_name)
     if load_entry_points:
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name in blocked or (ep.dist is not None and ep.dist.name in blocked):
+                pm.set_blocked(ep.name)
+                continue
             _load_entry_point(pm, ep, strict)
     for plugin in extra_plugins:
-        pm.register(plugin, name=getattr(plugin, "__name__", type(plugin).__name__))
+        name = getattr(plugin, "__name__", type(plugin).__name__)
+        if name not in blocked:
+            pm.register(plugin, name=name)
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
@@ -234,13 +265,23 @@ class Registered:
     name: str
     obj: Any
     plugin: str  # name of the plugin that registered it
+    qualified: str = ""  # QUALIFIER:NAME, which names it even when another plugin registers the same name
 
 
 class Registry:
-    """Everything the plugins registered, by kind (see KINDS) and name."""
+    """Everything the plugins registered, by kind (see KINDS) and name.
 
-    def __init__(self) -> None:
+    Two plugins may register the same name: each is then known by its qualified
+    name only (``PLUGIN:NAME``, also ``DISTRIBUTION:NAME``), and asking for the
+    bare name is the error that lists them.  ``kinds[kind]`` maps each name a
+    user can pass (the bare name, or the qualified ones of a clash) to its entry.
+    """
+
+    def __init__(self, qualifiers: Optional[Callable[[str], tuple[str, ...]]] = None) -> None:
         self.kinds: dict[str, dict[str, Registered]] = {kind.key: {} for kind in KINDS}
+        self.qualified: dict[str, dict[str, Registered]] = {kind.key: {} for kind in KINDS}
+        self.clashes: dict[str, dict[str, list[Registered]]] = {kind.key: {} for kind in KINDS}
+        self._qualifiers = qualifiers or (lambda plugin: (plugin,))
 
     def add(self, kind: str, obj: Any, plugin: str) -> None:
         """Register ``obj`` as a ``kind`` (a KINDS key) on behalf of ``plugin``, checking what it is."""
@@ -255,17 +296,48 @@ class Registry:
         name = obj.name
         if not isinstance(name, str) or not name:
             raise PluginError(f"Plugin {plugin!r} registered a {what.singular} without a name; give it a name.")
-        existing = self.kinds[kind].get(name)
-        if existing is not None:
-            raise PluginError(
-                f"Two plugins register the {what.singular} {name!r}: {existing.plugin!r} and {plugin!r}; uninstall one of them."
-            )
+        qualifiers = self._qualifiers(plugin)
+        entry = Registered(name, obj, plugin, f"{qualifiers[0]}:{name}")
+        if any(f"{q}:{name}" in self.qualified[kind] for q in qualifiers):
+            raise PluginError(f"Plugin {plugin!r} registers the {what.singular} {name!r} twice; register it once.")
         if kind == "toolsets":
             _check_tools(obj, plugin)
-        self.kinds[kind][name] = Registered(name, obj, plugin)
+        for q in qualifiers:
+            self.qualified[kind][f"{q}:{name}"] = entry
+        table, clashes = self.kinds[kind], self.clashes[kind]
+        existing = table.get(name)
+        if existing is not None:  # a clash: both are known by their qualified names only
+            del table[name]
+            clashes[name] = [existing]
+            table[existing.qualified] = existing
+        if name in clashes:
+            clashes[name].append(entry)
+            table[entry.qualified] = entry
+        else:
+            table[name] = entry
 
     def get(self, kind: str, name: str) -> Any:
-        return self.kinds[kind][name].obj
+        """The object registered as ``name`` (bare or qualified); KeyError when there is none, PluginError when two
+        plugins register the bare ``name``."""
+        entry = self.kinds[kind].get(name) or self.qualified[kind].get(name)
+        if entry is not None:
+            return entry.obj
+        if name in self.clashes[kind]:
+            raise PluginError(self.clash_message(kind, name))
+        raise KeyError(name)
+
+    def clash_message(self, kind: str, name: str) -> str:
+        what = KIND[kind]
+        entries = sorted(self.clashes[kind][name], key=lambda e: e.qualified)
+        plugins = ", ".join(f"{e.plugin!r}" for e in entries)
+        choices = " or ".join(e.qualified for e in entries)
+        option = what.option or what.plural
+        return (f"The {what.singular} {name!r} is registered by {len(entries)} plugins ({plugins}); name the one you "
+                f"mean ({option} {choices}) or disable the other (hermes-batch -p no:PLUGIN, or {DISABLE_ENV}=PLUGIN).")
+
+    def is_qualifier(self, kind: str, text: str) -> bool:
+        """True when ``text`` qualifies a name of ``kind`` (``text:NAME``) and is not itself such a name."""
+        return text not in self.kinds[kind] and any(key.startswith(text + ":") for key in self.qualified[kind])
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.kinds[kind])
@@ -276,7 +348,10 @@ class Registry:
     def tool_owner(self) -> dict[str, str]:
         """tool name -> toolset name, checking that no tool name is used twice."""
         owners: dict[str, str] = {}
+        clashing = {id(e) for entries in self.clashes["toolsets"].values() for e in entries}
         for reg in self.items("toolsets"):
+            if id(reg) in clashing:  # known by qualified name only; their tools are checked when one is chosen
+                continue
             for tool in reg.obj.tools:
                 if tool.name in owners:
                     raise PluginError(
@@ -305,7 +380,7 @@ def _check_tools(toolset: Toolset, plugin: str) -> None:
 
 def collect(pm: pluggy.PluginManager, kinds: Iterable[Kind] = KINDS) -> Registry:
     """Run the registration hooks of ``kinds``, one plugin at a time, so errors can name the plugin."""
-    registry = Registry()
+    registry = Registry(getattr(pm, "qualifiers", None))
     for kind in kinds:
         for impl in reversed(getattr(pm.hook, kind.hook).get_hookimpls()):  # registration order
 

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, ClassVar, Iterable, Optional
 from .interfaces import Writer
 from ..formats.jsonguard import scrub_text
 from ..formats.records import Trajectory
-from ..folder.runfolder import TEMP_MARK, _fsync_dir
+from ..folder.durable import TEMP_MARK, _fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,92 @@ class FileWriter(Writer):
                 sink.add(trajectory)
         report_skipped(self, sink)
         return self.filename
+
+
+class LibraryWriter(FileWriter):
+    """A writer whose file a library writes by path (SQLite, Arrow, a database file): no file object, no counting.
+
+    The run (or ``export``) calls :meth:`begin` with a temporary path beside
+    the output, :meth:`add` once per trajectory with what ``begin`` returned,
+    then :meth:`end`; the base counts, fsyncs the file and renames it over the
+    output, so a reader never sees half a file.  When anything fails the
+    temporary file is removed (after :meth:`discard`) and the output stays as it
+    was.  Set ``name``, ``filename`` and ``suffix`` as for any FileWriter.
+    """
+
+    @abc.abstractmethod
+    def begin(self, path: Path) -> Any:
+        """Start the output at ``path`` (an empty file the base created; a library may open or replace it) and
+        return what :meth:`add` and :meth:`end` are handed: a connection, the library's writer."""
+
+    @abc.abstractmethod
+    def add(self, handle: Any, trajectory: Trajectory) -> bool:
+        """Write one trajectory; False when the format cannot hold it (counted in ``skipped``; say which in
+        the class's ``skips``)."""
+
+    def end(self, handle: Any) -> None:
+        """Finish the file and close it (commit, write the footer); after it the file must be complete."""
+
+    def discard(self, handle: Any) -> None:
+        """Close what :meth:`begin` opened after an error; the file is removed after it.  Calls
+        ``handle.close()`` when it has one."""
+        close = getattr(handle, "close", None)
+        if callable(close):
+            close()
+
+    def open(self, path: os.PathLike) -> Sink:
+        return _LibrarySink(self, path)
+
+
+class _LibrarySink(Sink):
+    """The Sink of a LibraryWriter: the library writes ``tmp`` by path; this counts and commits."""
+
+    def __init__(self, writer: LibraryWriter, path: os.PathLike):
+        super().__init__(path)
+        self.file.close()  # the name is reserved (created exclusively); the library opens it by path
+        self.writer = writer
+        self._handle = None
+        self._begun = False
+
+    def add(self, trajectory: Trajectory) -> None:
+        if not self._begun:
+            self._begun = True
+            self._handle = self.writer.begin(self.tmp)
+        if self.writer.add(self._handle, trajectory) is False:
+            self.skipped += 1
+        else:
+            self.count += 1
+
+    def finish(self) -> None:
+        if not self._begun:  # no trajectory: the library still writes its empty file (a table, a schema)
+            self._begun = True
+            self._handle = self.writer.begin(self.tmp)
+        handle, self._handle = self._handle, None
+        self.writer.end(handle)
+
+    def seal(self) -> Path:
+        if not self._sealed:
+            try:
+                self.finish()
+                fd = os.open(self.tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except BaseException:
+                self.abort()
+                raise
+            self._sealed = True
+        return self.tmp
+
+    def abort(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None and not self._done:
+            try:
+                self.writer.discard(handle)
+            except Exception:  # the file is being thrown away
+                log.debug("%s: closing the discarded output failed", self.writer.name, exc_info=True)
+        super().abort()
 
 
 def report_skipped(writer: Any, sink: Sink, path: Optional[os.PathLike] = None) -> None:

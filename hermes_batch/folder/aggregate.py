@@ -12,8 +12,6 @@ the order in which records and files are added never changes the result.
 from __future__ import annotations
 
 import datetime
-import hashlib
-import re
 from collections import Counter, defaultdict
 from fractions import Fraction
 from typing import Iterable, Optional, Union
@@ -23,21 +21,9 @@ from ..formats.endpoint_numbers import TOKEN_FIELDS, stored_usage
 from ..formats.records import CallRecord, Discarded, Failure, Trajectory, Usage
 
 _SCALE = 1074  # every finite double is an integer multiple of 2**-1074
+_MAX_REASONS = 2000  # distinct discard reasons counted one by one; the rest are summed as "(other reasons)"
+_REASON_CHARS = 300
 _USAGE_FIELDS = (*TOKEN_FIELDS, "cost")
-
-
-_HEX_KEY = re.compile(r"[0-9a-f]{32}")
-
-
-def key_digest(content_key: str) -> int:
-    """The 64-bit digest of a content key that the indexes store (8 bytes instead of a 32-character string).
-
-    Content keys are already hashes (records.content_key): their first 16 hex digits serve as they are.
-    Anything else a record may hold is hashed.
-    """
-    if _HEX_KEY.fullmatch(content_key):
-        return int(content_key[:16], 16)
-    return int.from_bytes(hashlib.blake2b(content_key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 def epoch(timestamp: str) -> float:
@@ -134,6 +120,7 @@ class Requests:
     def __init__(self) -> None:
         self.requests: Counter = Counter()
         self.errors: Counter = Counter()
+        self.refused: Counter = Counter()  # answered 429: the endpoint's rate limit
         self.latency_ms: dict[str, Counter] = defaultdict(Counter)
         self.rate_limited: Optional[int] = None  # None: the limiters' counts of the sessions
         self.unanswered = 0
@@ -144,16 +131,18 @@ class Requests:
             self.requests[provider] += 1
             if call.status != 200:
                 self.errors[provider] += 1
+                self.refused[provider] += call.status == 429
             self.latency_ms[provider][int(round(call.latency_s * 1000))] += 1
 
     def merge(self, other: "Requests") -> None:
         self.requests.update(other.requests)
         self.errors.update(other.errors)
+        self.refused.update(other.refused)
         for provider, histogram in other.latency_ms.items():
             self.latency_ms[provider].update(histogram)
 
     def to_state(self) -> dict:
-        return {"requests": dict(self.requests), "errors": dict(self.errors),
+        return {"requests": dict(self.requests), "errors": dict(self.errors), "refused": dict(self.refused),
                 "latency_ms": {p: {str(ms): n for ms, n in h.items()} for p, h in self.latency_ms.items()}}
 
     @classmethod
@@ -161,6 +150,7 @@ class Requests:
         requests = cls()
         requests.requests = Counter(state["requests"])
         requests.errors = Counter(state["errors"])
+        requests.refused = Counter(state.get("refused", {}))  # not in an index of an earlier version
         for provider, histogram in state["latency_ms"].items():
             requests.latency_ms[provider] = Counter({int(ms): n for ms, n in histogram.items()})
         return requests
@@ -178,6 +168,7 @@ class Aggregate:
         self.prompt_tokens = self.completion_tokens = self.reasoning_tokens = self.cached_tokens = 0
         self.cost = ExactSum()
         self.by_filter: Counter = Counter()
+        self.reasons: Counter = Counter()  # (filter, reason) of the discarded samples
         self.tools: set[str] = set()  # tool names in the stats of any finished sample
         self.merge_tools: set[str] = set()  # in the stats or error counts of any kept sample: every merged line lists them
         self.requests = Requests()
@@ -198,6 +189,8 @@ class Aggregate:
             traj = record.trajectory
             self.discarded += 1
             self.by_filter.update(set(record.filters))
+            for name, reason in zip(record.filters, record.reasons):
+                self._add_reason((name, reason[:_REASON_CHARS]), 1)
         else:
             traj = record
             self.kept.add(traj)
@@ -223,6 +216,12 @@ class Aggregate:
         self.cost.add(usage.cost)
         return usage
 
+    def _add_reason(self, key: tuple, count: int) -> None:
+        if key in self.reasons or len(self.reasons) < _MAX_REASONS:
+            self.reasons[key] += count
+        else:
+            self.reasons[(key[0], "(other reasons)")] += count
+
     def merge(self, other: "Aggregate") -> None:
         """Add the totals of another set of records."""
         self.finished.merge(other.finished)
@@ -231,6 +230,8 @@ class Aggregate:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.cost.merge(other.cost)
         self.by_filter.update(other.by_filter)
+        for key, count in other.reasons.items():
+            self._add_reason(key, count)
         self.tools |= other.tools
         self.merge_tools |= other.merge_tools
         self.requests.merge(other.requests)
@@ -245,6 +246,7 @@ class Aggregate:
         state.update(
             finished=self.finished.to_state(), kept=self.kept.to_state(),
             cost=[str(self.cost.scaled), self.cost.reported], by_filter=dict(self.by_filter),
+            reasons=[[name, reason, count] for (name, reason), count in self.reasons.items()],
             tools=sorted(self.tools), merge_tools=sorted(self.merge_tools), requests=self.requests.to_state(),
             first_ts=self.first_ts, last_ts=self.last_ts, failures=self.failures,
         )
@@ -260,6 +262,7 @@ class Aggregate:
         scaled, reported = state["cost"]
         agg.cost = ExactSum(int(scaled), bool(reported))
         agg.by_filter = Counter(state["by_filter"])
+        agg.reasons = Counter({(str(n), str(r)): int(c) for n, r, c in state.get("reasons", ())})  # none in older ones
         agg.tools, agg.merge_tools = set(state["tools"]), set(state["merge_tools"])
         agg.requests = Requests.from_state(state["requests"])
         agg.first_ts, agg.last_ts = state["first_ts"], state["last_ts"]

@@ -31,7 +31,7 @@ from ..formats.endpoint_numbers import checked_usage, finite_seconds, stored_cos
 from ..formats.jsonguard import finite_dumps
 from ..formats.records import CallRecord, ModelResponse, Usage
 from ..errors import RunFolderWriteError
-from .runfolder import repair_torn_tail, write_all, write_error
+from .durable import repair_torn_tail, write_all, write_error
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import RunFolderError
-from .runfolder import write_error
+from .liveness import owner_alive
+from .durable import write_error
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class RunFolderLock:
             if exc.errno not in _NO_FLOCK:
                 raise write_error(self.path, exc, started=False) from exc
         holder = _read_holder(fd)
-        if holder and holder.get("host") == socket.gethostname() and _alive(holder.get("pid")):
+        if holder and holder.get("host") == socket.gethostname() and owner_alive(holder.get("pid")):
             raise self._busy(holder)
         if holder:
             log.warning("Taking over the lock of %s left by process %s, which is gone.", self.folder, holder.get("pid"))
@@ -144,14 +145,3 @@ def _read_holder(fd: int) -> Optional[dict]:
         return None
     return data if isinstance(data, dict) else None
 
-
-def _alive(pid) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

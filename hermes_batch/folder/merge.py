@@ -27,13 +27,16 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence
 
 import attrs
 
-from .record_index import INDEX_DIR, BatchState, RunIndex, edges
+from .record_index import INDEX_DIR, BatchState, RecordIndex, edges
 from ..formats.records import Trajectory
-from .runfolder import RunFolder, _create_temp, _fsync_dir, atomic_write_text, check_stop, read_records
+from .runfolder import RunFolder, read_records
+from .durable import _create_temp, _fsync_dir, atomic_write_text
+from .offloop import Stopped, check_stop
+from ..errors import HermesBatchError, PluginError
 
 if TYPE_CHECKING:  # the writers are the contract's, a layer above the run folder
     from ..contract.interfaces import Writer
@@ -121,14 +124,15 @@ def _intact(path: Path, size: int, mark: str) -> bool:
 
 
 def merge_run(folder: RunFolder, writers: Sequence[Writer], tool_names: Iterable[str] = (),
-              batches: Optional[Sequence[BatchState]] = None) -> MergeResult:
+              batches: Optional[Sequence[BatchState]] = None, who: Optional[Callable[[str], str]] = None) -> MergeResult:
     """Bring every writer's output up to date with the run's kept trajectories (see the module docstring).
 
-    ``batches`` is what the run's index says of each batch file (record_index.RunIndex.totals); without it
-    the index is brought up to date here.
+    ``batches`` is what the run's index says of each batch file (record_index.RecordIndex.totals); without it
+    the index is brought up to date here.  A writer's own exception (not an OSError) is a PluginError naming
+    it, ``who(name)`` saying whose it is; the batch files it was writing from are untouched.
     """
     if batches is None:
-        _total, _times, batches = RunIndex(folder).totals()
+        _total, _times, batches = RecordIndex(folder).totals()
     names = set(tool_names)
     for batch in batches:
         names.update(batch.tools)
@@ -142,7 +146,18 @@ def merge_run(folder: RunFolder, writers: Sequence[Writer], tool_names: Iterable
         saved = saved_states.get(writer.name)
         if not _usable(saved, names):
             saved = None  # none, damaged, or of other tool names (a new tool name changes every line)
-        filename, state, counts = _merge_writer(folder, writer, names, current, deleted, saved)
+        try:
+            filename, state, counts = _merge_writer(folder, writer, names, current, deleted, saved)
+        except (OSError, HermesBatchError, Stopped):
+            raise
+        except Exception as exc:  # the writer plugin's own bug
+            whose = who(writer.name) if who else f"the writer {writer.name!r}"
+            log.error("%s raised %s: %s; the traceback follows.", whose, type(exc).__name__, exc, exc_info=exc)
+            raise PluginError(
+                f"{whose[0].upper()}{whose[1:]} raised {type(exc).__name__}: {exc} (the traceback is in the log); "
+                "every finished prompt is saved in the batch files: fix the writer or leave out its --writer, "
+                "and run again with --resume to write the output."
+            ) from exc
         outputs[writer.name] = filename
         if state is not None:
             states[writer.name] = state

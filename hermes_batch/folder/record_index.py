@@ -34,12 +34,14 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 
 import attrs
 
-from .aggregate import Aggregate, ExactSum, epoch, key_digest
+from .aggregate import Aggregate, ExactSum, epoch
 from ..formats.endpoint_numbers import CALLS_PER_RECORD, MAX_CALL_COST, MAX_CALL_TOKENS, stored_cost, stored_usage
 from ..formats.jsonguard import finite_dumps
 from .journal import JournalTotals, finish_totals, journal_path, scan_journal
-from ..formats.records import Discarded, Failure, Trajectory, Usage
-from .runfolder import RunFolder, _fsync_dir, atomic_write_text, check_stop, read_records
+from ..formats.records import Discarded, Failure, Trajectory, Usage, key_digest
+from .runfolder import RunFolder, read_records, record_order
+from .durable import _fsync_dir, atomic_write_text
+from .offloop import check_stop
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +154,9 @@ class FileIndex:
         index = cls(source, kind)
         index.covered, index.edges = int(data["covered"]), str(data["edges"])
         index.aggregate = Aggregate.from_state(data["aggregate"])
-        if not _plausible_usage(index.aggregate):
+        if kind == "discarded" and "reasons" not in data["aggregate"]:
+            index.implausible = True  # saved before the reasons were counted: read again from the records
+        elif not _plausible_usage(index.aggregate):
             # saved by a version that took any number an endpoint sent (10**30 tokens, 1e308 dollars): the
             # records are read again with today's checks, or, where they are gone, the totals are not reported
             index.implausible = True
@@ -174,11 +178,13 @@ class BatchState:
     tools: frozenset
 
 
-class RunIndex:
+class RecordIndex:
     """The indexes of one run folder as a session uses them: loaded, brought up to date, added to, saved."""
 
-    def __init__(self, folder: RunFolder):
+    def __init__(self, folder: RunFolder, read_only: bool = False):
         self.folder = folder
+        self.read_only = read_only  # a reader beside the run (the report, the viewer): index/ stays the run's
+        self._held: dict[str, FileIndex] = {}  # read only: the indexes as last brought up to date, kept in memory
         self.dir = folder.dir / INDEX_DIR
         self.open: dict[str, FileIndex] = {}  # indexes of files this session appends to, by file name
         self.rebuilt = 0  # indexes built again from their records this session
@@ -191,14 +197,13 @@ class RunIndex:
         A batch file deleted once the run was final (its trajectories are in the merged output) is still
         listed while its index is there: its prompts stay finished.
         """
-        batches = dict(self.folder.iter_batch_files())
+        files = self.folder.record_files()
         if self.dir.is_dir():
+            listed = {path.name for path, _kind in files}
             for entry in os.scandir(self.dir):
-                match = _BATCH_INDEX_RE.fullmatch(entry.name)
-                if match and int(match.group(1)) not in batches:
-                    batches[int(match.group(1))] = self.folder.batch_path(int(match.group(1)))
-        paths = [(batches[num], "kept") for num in sorted(batches)]
-        return paths + [(self.folder.discarded, "discarded"), (self.folder.failed, "failed")]
+                if _BATCH_INDEX_RE.fullmatch(entry.name) and entry.name + "l" not in listed:
+                    files.append((self.folder.dir / (entry.name + "l"), "kept"))
+        return sorted(files, key=lambda file: record_order(file[0].name))
 
     def path_of(self, source: Path) -> Path:
         return self.dir / (source.stem + ".json")
@@ -225,9 +230,13 @@ class RunIndex:
         if changed:
             index.seal()
             self.save(index)
+        if self.read_only:  # the next load reads only what is appended meanwhile
+            self._held[source.name] = index
         return index
 
     def _read(self, source: Path, kind: str) -> Optional[FileIndex]:
+        if source.name in self._held:
+            return self._held[source.name]
         try:
             text = self.path_of(source).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):  # missing or unreadable: built again from the records
@@ -238,6 +247,8 @@ class RunIndex:
             return None
 
     def save(self, index: FileIndex) -> None:
+        if self.read_only:
+            return
         if not self.dir.is_dir():
             self.dir.mkdir(exist_ok=True)
             _fsync_dir(self.dir.parent)

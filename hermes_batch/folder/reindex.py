@@ -34,9 +34,11 @@ from typing import Iterator, Optional
 import attrs
 
 from ..formats import dataset
-from .record_index import RunIndex
+from .record_index import RecordIndex
 from ..formats.jsonguard import scrub_text
-from .runfolder import RunFolder, _fsync_dir, stoppable, write_error
+from .runfolder import RunFolder
+from .durable import _fsync_dir, write_error
+from .offloop import stoppable
 
 log = logging.getLogger(__name__)
 
@@ -403,7 +405,7 @@ def _switch(folder: RunFolder, staging: Path) -> None:
     # The indexes of the old files go before the staging does, so a kill here drops them on the next start.
     # They must: a batch file rewritten with the same length and the same first and last 4 KB (records
     # that begin with one long system prompt) passes the index's own check.
-    RunIndex(folder).drop(replaced or ())
+    RecordIndex(folder).drop(replaced or ())
     shutil.rmtree(staging)
 
 

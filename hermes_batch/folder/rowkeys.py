@@ -19,11 +19,11 @@ from typing import Optional
 import attrs
 
 from ..formats import dataset
-from . import reindex, runfolder
-from .aggregate import key_digest
+from . import offloop, reindex
 from .record_index import INDEX_DIR, pack_array, unpack_array
-from ..formats.records import content_key
-from .runfolder import RunFolder, atomic_write_text
+from ..formats.records import content_key, key_digest
+from .runfolder import RunFolder
+from .durable import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -132,11 +132,11 @@ def match_finished(keys: RowKeys, finished: Optional[array.array]) -> ResumeMatc
     unclaimed = set(finished)
     more: dict = {}  # digest -> finished records beyond the first
     if len(unclaimed) != len(finished):
-        for digest in runfolder.stoppable(finished, 1 << 16):
+        for digest in offloop.stoppable(finished, 1 << 16):
             more[digest] = more.get(digest, -1) + 1
         more = {digest: extra for digest, extra in more.items() if extra}
     left = array.array("Q")
-    for digest, index in runfolder.stoppable(zip(keys.digests, keys.indexes), 1 << 16):
+    for digest, index in offloop.stoppable(zip(keys.digests, keys.indexes), 1 << 16):
         if digest not in unclaimed:
             left.append(index)
         elif more.get(digest):

@@ -6,21 +6,29 @@ import bisect
 import datetime
 import math
 from collections import Counter, defaultdict
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import attrs
 from rich.console import Console
 from rich.table import Table
 
-from .aggregate import Aggregate, Requests, Scope, epoch, key_digest
+from .aggregate import Aggregate, Requests, Scope, epoch
 from .journal import JournalTotals, journal_path, read_journal
 from .reindex import count_unmatched
-from ..formats.records import Discarded, Failure, SessionInfo, Usage
-from .resume import iter_finished
+from ..formats.records import Discarded, Failure, SessionInfo, Trajectory, Usage, key_digest
 from .runfolder import RunFolder, read_records
 from ..formats.serialization import record_converter
 
 STATISTICS_SCHEMA_VERSION = 1
+
+
+def iter_finished(folder: RunFolder) -> Iterator[Union[Trajectory, Discarded]]:
+    """Every finished record of the run: kept trajectories of all batch files, then discarded ones."""
+    for _num, path in folder.iter_batch_files():
+        for _line, traj in read_records(path, Trajectory):
+            yield traj
+    for _line, discarded in read_records(folder.discarded, Discarded):
+        yield discarded
 
 
 @attrs.frozen

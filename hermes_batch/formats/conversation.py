@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Iterable, Sequence
 
+from . import hermes_format
 from .records import Message, ToolCallRecord, ToolSpec, Turn
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -14,45 +15,35 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
-def _dumps(value) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
 def system_turn(system_prompt: str, tools: Sequence[ToolSpec]) -> Turn:
     """The saved system turn: the agent's prompt and the tools in the Hermes ``<tools>`` layout."""
     specs = [
         {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
         for t in tools
     ]
-    return Turn("system", f"{system_prompt}\n\n<tools>\n{_dumps(specs)}\n</tools>")
+    return Turn("system", hermes_format.system_text(system_prompt, specs))
 
 
 def assistant_turn(message: Message) -> Turn:
     """A ``gpt`` turn: reasoning in ``<think>``, the text, then each call in ``<tool_call>``."""
-    parts = []
-    if message.reasoning:
-        parts.append(f"<think>\n{message.reasoning}\n</think>")
-    if message.content:
-        parts.append(message.content)
-    records = []
-    for call in message.tool_calls:
-        arguments = call.arguments if call.arguments is not None else call.raw_arguments
-        parts.append(f"<tool_call>\n{_dumps({'name': call.name, 'arguments': arguments})}\n</tool_call>")
-        records.append(ToolCallRecord(call.id, call.name, arguments))
-    return Turn("gpt", "\n".join(parts), tuple(records) if records else None)
+    records = tuple(
+        ToolCallRecord(call.id, call.name, call.arguments if call.arguments is not None else call.raw_arguments)
+        for call in message.tool_calls
+    )
+    text = hermes_format.assistant_text(message.reasoning, message.content, ((r.name, r.arguments) for r in records))
+    return Turn("gpt", text, records or None)
 
 
 def tool_turn(results: Iterable[Message]) -> Turn:
     """All results of one assistant turn as one ``tool`` turn of ``<tool_response>`` blocks."""
-    blocks = []
+    payloads = []
     for msg in results:
         try:
             content = json.loads(msg.content)
         except ValueError:
             content = msg.content
-        payload = {"tool_call_id": msg.tool_call_id, "name": msg.name, "content": content}
-        blocks.append(f"<tool_response>\n{_dumps(payload)}\n</tool_response>")
-    return Turn("tool", "\n".join(blocks))
+        payloads.append({"tool_call_id": msg.tool_call_id, "name": msg.name, "content": content})
+    return Turn("tool", hermes_format.tool_text(payloads))
 
 
 def to_sharegpt(system_prompt: str, tools: Sequence[ToolSpec], prompt: str, messages: Sequence[Message]) -> tuple:
@@ -75,7 +66,7 @@ def to_sharegpt(system_prompt: str, tools: Sequence[ToolSpec], prompt: str, mess
 
 def has_reasoning(turn: Turn) -> bool:
     """True for a ``gpt`` turn that carries reasoning."""
-    return turn.value.startswith("<think>")
+    return hermes_format.has_reasoning(turn.value)
 
 
 def reasoning_counts(conversations: Iterable[Turn]) -> tuple[int, int]:

@@ -16,70 +16,27 @@ calls, so text that merely looks like a call is left alone) off the end.
 from __future__ import annotations
 
 import json
-import re
 from typing import Optional
 
+from . import hermes_format
 from .records import Trajectory, Turn
-
-_TOOLS_OPEN = "\n\n<tools>\n"
-_TOOLS_CLOSE = "\n</tools>"
-_THINK_OPEN = "<think>\n"
-_THINK_CLOSE = "\n</think>"
-# one block per line: the payload is JSON written without raw newlines
-_RESPONSE = re.compile(r"<tool_response>\n(.*)\n</tool_response>")
 
 
 class Unrepresentable(ValueError):
     """The trajectory cannot be written in the format (the reason is the message)."""
 
 
-def _dumps(value) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
 def split_system(turn: Turn) -> tuple[str, list]:
     """(system prompt, tool definitions) of the saved system turn."""
-    value = turn.value
-    start = value.rfind(_TOOLS_OPEN)
-    if start < 0 or not value.endswith(_TOOLS_CLOSE):
-        return value, []
-    try:
-        tools = json.loads(value[start + len(_TOOLS_OPEN) : -len(_TOOLS_CLOSE)])
-    except ValueError:
-        return value, []
-    if not isinstance(tools, list):
-        return value, []
-    return value[:start], tools
-
-
-def _call_block(call) -> str:
-    return f"<tool_call>\n{_dumps({'name': call.name, 'arguments': call.arguments})}\n</tool_call>"
+    return hermes_format.split_system(turn.value)
 
 
 def split_assistant(turn: Turn) -> tuple[Optional[str], str]:
     """(reasoning or None, text) of a ``gpt`` turn, without its ``<tool_call>`` blocks."""
-    value = turn.value
-    reasoning = None
-    if value.startswith(_THINK_OPEN):
-        end = value.find(_THINK_CLOSE)
-        if end >= 0:
-            reasoning = value[len(_THINK_OPEN) : end]
-            value = value[end + len(_THINK_CLOSE) :]
-            value = value[1:] if value.startswith("\n") else value
+    reasoning, text = hermes_format.split_reasoning(turn.value)
     if turn.tool_calls:
-        blocks = "\n".join(_call_block(call) for call in turn.tool_calls)
-        if value.endswith(blocks):
-            value = value[: len(value) - len(blocks)]
-            value = value[:-1] if value.endswith("\n") else value
-    return reasoning, value
-
-
-def final_answer(trajectory: Trajectory) -> str:
-    """The text of the last assistant turn when it calls no tool, else ""."""
-    for turn in reversed(trajectory.conversations):
-        if turn.from_ == "gpt":
-            return "" if turn.tool_calls else split_assistant(turn)[1]
-    return ""
+        text = hermes_format.strip_calls(text, ((call.name, call.arguments) for call in turn.tool_calls))
+    return reasoning, text
 
 
 def _arguments_text(arguments) -> str:
@@ -89,20 +46,7 @@ def _arguments_text(arguments) -> str:
         except ValueError:
             raise Unrepresentable("a tool call's arguments are not valid JSON") from None
         return arguments
-    return _dumps(arguments)
-
-
-def tool_results(turn: Turn) -> list[dict]:
-    """The ``{"tool_call_id", "name", "content"}`` payloads of a ``tool`` turn."""
-    out = []
-    for match in _RESPONSE.finditer(turn.value):
-        try:
-            payload = json.loads(match.group(1))
-        except ValueError:
-            continue
-        if isinstance(payload, dict):
-            out.append(payload)
-    return out
+    return hermes_format.dumps(arguments)
 
 
 def to_openai(trajectory: Trajectory, *, reasoning: str = "keep") -> dict:
@@ -133,7 +77,7 @@ def to_openai(trajectory: Trajectory, *, reasoning: str = "keep") -> dict:
             if len(pending) != len(turn.tool_calls or ()):
                 raise Unrepresentable("two tool calls of one message share an id")
         elif turn.from_ == "tool":
-            for payload in tool_results(turn):
+            for payload in hermes_format.tool_responses(turn.value):
                 call_id = payload.get("tool_call_id")
                 if call_id not in pending:
                     raise Unrepresentable("a tool result answers no open call of the assistant message before it")
@@ -142,7 +86,7 @@ def to_openai(trajectory: Trajectory, *, reasoning: str = "keep") -> dict:
                 messages.append({
                     "role": "tool",
                     "tool_call_id": call_id,
-                    "content": content if isinstance(content, str) else _dumps(content),
+                    "content": content if isinstance(content, str) else hermes_format.dumps(content),
                 })
     if pending:
         raise Unrepresentable("a tool call was never answered")
@@ -154,7 +98,7 @@ def to_openai(trajectory: Trajectory, *, reasoning: str = "keep") -> dict:
 def _assistant_message(turn: Turn, reasoning: str, defined: set) -> dict:
     thought, text = split_assistant(turn)
     if thought and reasoning == "keep":
-        text = f"{_THINK_OPEN}{thought}{_THINK_CLOSE}\n{text}" if text else f"{_THINK_OPEN}{thought}{_THINK_CLOSE}"
+        text = f"{hermes_format.think_block(thought)}\n{text}" if text else hermes_format.think_block(thought)
     message: dict = {"role": "assistant"}
     if text or not turn.tool_calls:
         message["content"] = text

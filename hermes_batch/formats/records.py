@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Optional
 
 import attrs
 from attrs import field, frozen
+
+from . import hermes_format
 
 SCHEMA_VERSION = 2  # 2: invalid_tool_calls a list, row and tool-call arguments JSON text, no nulls
 
@@ -23,6 +26,21 @@ def content_key(prompt: str, image: Optional[str], cwd: Optional[str]) -> str:
     blob = _KEY_ENCODER.encode([prompt, image, cwd])
     # surrogatepass: a key for any text, identical to plain UTF-8 for every valid string
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+_HEX_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def key_digest(content_key: str) -> int:
+    """The 64-bit digest of a content key that the run folder's indexes store (8 bytes, not a 32-character string).
+
+    Content keys are already hashes (:func:`content_key`): their first 16 hex digits serve as they are.
+    Anything else a record may hold is hashed.  The digests in ``index/`` and the row keys on disk are these:
+    never change what a digest means, or a resume of an old run folder matches nothing.
+    """
+    if _HEX_KEY.fullmatch(content_key):
+        return int(content_key[:16], 16)
+    return int.from_bytes(hashlib.blake2b(content_key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 @frozen
@@ -171,11 +189,7 @@ class Turn:
     @property
     def tool_results(self) -> list[dict]:
         """The ``{"tool_call_id", "name", "content"}`` results a ``tool`` turn holds ([] for other turns)."""
-        if self.from_ != "tool":
-            return []
-        from .openai_format import tool_results  # it imports this module; one reading of a tool turn
-
-        return tool_results(self)
+        return hermes_format.tool_responses(self.value) if self.from_ == "tool" else []
 
 
 @frozen
@@ -224,9 +238,10 @@ class Trajectory:
         end in an answer (``completed`` is false: turns, time or context ran out, or content was filtered)."""
         if not self.completed:
             return None
-        from .openai_format import final_answer  # it imports this module; one reading of an assistant turn
-
-        return final_answer(self)
+        for turn in reversed(self.conversations):
+            if turn.from_ == "gpt":
+                return "" if turn.tool_calls else hermes_format.split_reasoning(turn.value)[1]
+        return ""
 
     def with_tools(self, tool_names) -> "Trajectory":
         """The same trajectory with zeroed stats for every tool in ``tool_names`` it lacks."""

@@ -33,11 +33,11 @@ import hermes_batch
 
 from ..errors import ConfigError, SandboxError
 from ..contract.interfaces import Sandbox, SandboxBackend
-from ..session.command_output import BoundedOutput
 from ..formats.records import ExecResult, SandboxSpec
 from ..session.threads import in_daemon_thread
 from .control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
-from .files import PromptFolder
+from ..sandbox_blocks.commands import POST_KILL_DRAIN_S, OutputPipe, run_command, wait_for_command
+from ..sandbox_blocks.files import SandboxFolder
 from .processes import (
     HELPERS,
     ISOLATIONS,
@@ -50,12 +50,10 @@ from .processes import (
     session_members,
     ticks_since_boot,
 )
-from .owned_processes import Child
+from ..sandbox_blocks.processes import ChildProcess
 
 log = logging.getLogger(__name__)
 
-# After the kill, only processes that left the process group can still hold the pipe open.
-POST_KILL_DRAIN_S = 0.5
 # The control folders of a namespace's helper: the prompt folder's name and this, in the backend's folder in
 # memory (local_control) and, for what that cannot hold, beside the prompt folder (the spill folder).
 CONTROL_SUFFIX = ".ctl"
@@ -171,7 +169,7 @@ class LocalSandboxBackend(SandboxBackend):
         marker = secrets.token_hex(8)
         if namespace is None:
             env[MARKER_VARIABLE] = marker  # how close finds the prompt's processes
-        sandbox = LocalSandbox(root, cwd, env, self, PromptFolder(str(root), str(cwd)), namespace, marker)
+        sandbox = LocalSandbox(root, cwd, env, self, SandboxFolder(str(root), str(cwd)), namespace, marker)
         self._open.add(sandbox)
         if namespace is not None and spec.commands:
             # Its tools run commands: the namespace starts now, beside the first model request (the sandbox
@@ -221,24 +219,6 @@ def _map_inside(root: Path, cwd: Optional[str]) -> Path:
         return root
     inside = posixpath.normpath(posixpath.join("/", cwd)).lstrip("/")
     return root / inside if inside else root
-
-
-class _Output(asyncio.Protocol):
-    """Collects a command's output into a BoundedOutput and says when the pipe closed."""
-
-    def __init__(self, limit: int, done: asyncio.Future):
-        self.buffer = BoundedOutput(limit)
-        self.done = done
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer.add(data)
-
-    def connection_lost(self, exc: Optional[Exception]) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
-
-    def text(self) -> str:
-        return self.buffer.text()
 
 
 def _remove_tree(path: Path) -> None:
@@ -291,7 +271,7 @@ class LocalSandbox(Sandbox):
     """One prompt's folder; commands run in it as ``/bin/sh -c`` subprocesses with a clean environment."""
 
     def __init__(
-        self, root: Path, cwd: Path, env: dict, backend: LocalSandboxBackend, folder: PromptFolder,
+        self, root: Path, cwd: Path, env: dict, backend: LocalSandboxBackend, folder: SandboxFolder,
         namespace: Optional[Namespace] = None, marker: str = "",
     ):
         self.root = root
@@ -308,7 +288,7 @@ class LocalSandbox(Sandbox):
         self._max_output = backend.config.max_output_bytes
         # Process mode: leaders of commands whose sessions kept members, held unreaped (so their session
         # ids cannot pass to other processes) until close has killed those members.
-        self._held: list[Child] = []
+        self._held: list[ChildProcess] = []
         self._commands = 0  # commands run through the namespace's helper, which numbers them
         self._spill_made = False  # the spill folder beside the prompt folder, made at its first use
         self._starting: Optional[asyncio.Task] = None  # the namespace's start, begun at open
@@ -340,52 +320,17 @@ class LocalSandbox(Sandbox):
             if namespace.control is not None:
                 return await self._exec_in_helper(namespace, command, timeout)
         argv = self._launcher.command_argv(command, str(self.cwd), namespace.init_pid if namespace else None)
-        loop = asyncio.get_running_loop()
-        read_fd, write_fd = os.pipe()
         try:
             # The shell leads a new session and process group; ours to signal until _settle reaps it.
-            child = await Child.start(
-                argv, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, cwd=self.cwd, env=self.env,
-                nicer=self._backend.config.nice,
+            result = await run_command(
+                argv, timeout, cwd=self.cwd, env=self.env, max_output_bytes=self._max_output,
+                nicer=self._backend.config.nice, settle=self._settle,
             )
         except (OSError, subprocess.SubprocessError) as exc:
-            os.close(read_fd)
             raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
-        except BaseException:  # cancelled while the command started (Child.start killed it)
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)
-        pipe = os.fdopen(read_fd, "rb", buffering=0)
-        eof = loop.create_future()
-        transport = None
-        timed_out = killed_by_us = False
-        try:
-            transport, output = await loop.connect_read_pipe(lambda: _Output(self._max_output, eof), pipe)
-            _, pending = await asyncio.wait((eof, child.exited), timeout=max(timeout, 0.0))
-            if pending:
-                timed_out = True
-                killed_by_us = not child.exited.done()
-                child.kill_group()
-                await asyncio.wait((eof, child.exited), timeout=POST_KILL_DRAIN_S)
-        finally:
-            if not (eof.done() and child.exited.done()):
-                child.kill_group()  # also reached when the caller cancels us
-            if transport is not None:
-                transport.close()
-            else:
-                pipe.close()
-            code = child.exit_code()
-            self._settle(child)
         if len(self._held) >= HELD_BEFORE_CHECK:
             await self._release_alone()
-        if timed_out and killed_by_us:
-            exit_code = None
-        elif code is None:
-            exit_code = None
-        else:
-            exit_code = code if code >= 0 else 128 - code  # the shell convention for signals
-        return ExecResult(output.text(), exit_code, timed_out)
+        return result
 
     async def _exec_in_helper(self, namespace: Namespace, command: str, timeout: float) -> ExecResult:
         """``exec`` through the namespace's helper: the command as a file, its output through a FIFO."""
@@ -411,19 +356,17 @@ class LocalSandbox(Sandbox):
         started = ended = None
         timed_out = killed_by_us = False
         try:
-            transport, output = await loop.connect_read_pipe(lambda: _Output(self._max_output, eof), pipe)
+            transport, output = await loop.connect_read_pipe(lambda: OutputPipe(self._max_output, eof), pipe)
             try:
                 started, ended = namespace.submit(ident, spilled)
             except OSError as exc:
                 raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
-            _, pending = await asyncio.wait((eof, ended), timeout=max(timeout, 0.0))
-            if pending:
-                timed_out = True
-                killed_by_us = not ended.done()
+            if await wait_for_command(ended, eof, timeout):
+                timed_out = killed_by_us = not ended.done()
                 await self._kill_in_helper(namespace, started)
                 await asyncio.wait((eof, ended), timeout=POST_KILL_DRAIN_S)
         finally:
-            if started is not None and not (eof.done() and ended.done()):
+            if started is not None and not ended.done():
                 await asyncio.shield(self._kill_in_helper(namespace, started))  # also when the caller cancels us
             if transport is not None:
                 transport.close()
@@ -476,11 +419,9 @@ class LocalSandbox(Sandbox):
         if pgid is not None:
             namespace.kill_group(pgid)
 
-    def _settle(self, child: Child) -> None:
+    def _settle(self, child: ChildProcess) -> None:
         """Reap a command's shell; in process mode hold it until its session is known to be empty."""
-        if not child.exited.done():  # killed, still ending
-            child.reap_when_exited()
-        elif self._namespace is None:
+        if self._namespace is None:
             self._held.append(child)  # `cmd &` may live on: close kills it by session while we hold it
         else:
             child.reap()
@@ -527,7 +468,7 @@ class LocalSandbox(Sandbox):
         self._closed = True
         self._backend._forget(self)
         if self._starting is not None and not self._starting.done():
-            self._starting.cancel()  # what it started so far is killed (Namespace.start, Child.start)
+            self._starting.cancel()  # what it started so far is killed (Namespace.start, ChildProcess.start)
             await asyncio.wait((self._starting,))
         if self._namespace is not None:
             await self._namespace.kill()

@@ -29,7 +29,7 @@ Two modes, chosen once per process (``-S isolation=``):
     ``namespace`` has no such gap.
 
 No mode ever signals a pid, group or session it merely recorded: see
-:mod:`~hermes_batch.local_sandbox.owned_processes`.
+:mod:`~hermes_batch.sandbox_blocks.processes`.
 
 In both modes commands run with no new privileges (the compiled helper sets it,
 else ``setpriv --no-new-privs`` for the helper, and so every command it starts,
@@ -56,7 +56,7 @@ from typing import Optional
 import attrs
 
 from . import namespace_init
-from .owned_processes import Child, kill_verified, live_pids, pidfd, pidfds_work, stat_fields
+from ..sandbox_blocks.processes import ChildProcess, kill_verified, live_pids, pidfd, pidfds_work, stat_fields
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +378,7 @@ class Namespace:
         self.control = control if launcher.helper else None
         self.spill = (spill or control) if self.control is not None else None
         self.init_pid: Optional[int] = None
-        self._unshare: Optional[Child] = None
+        self._unshare: Optional[ChildProcess] = None
         self._init_fd: Optional[int] = None  # pidfd of the namespace's first process: kills reach only it
         self._starting = asyncio.Lock()
         self._killed = False
@@ -396,7 +396,7 @@ class Namespace:
         loop = asyncio.get_running_loop()
         helper = self.control is not None
         argv = self.launcher.helper_argv(self.control, cwd, self.spill) if helper else self.launcher.init_argv()
-        self._unshare = await Child.start(
+        self._unshare = await ChildProcess.start(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd,
             env=self.env if helper else None, nicer=self.nicer,
         )

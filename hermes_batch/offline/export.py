@@ -22,7 +22,8 @@ import attrs
 from ..errors import UsageError
 from .export_files import TRAIN, locked, other_data_files, prepare, publish, remove_if_empty, target_for
 from ..contract.run_filters import INCLUDE, Entry, iter_entries, judge
-from ..folder.runfolder import RunFolder, write_error
+from ..folder.runfolder import RunFolder
+from ..folder.durable import write_error
 from ..contract.writers import FileWriter, report_skipped
 
 log = logging.getLogger(__name__)

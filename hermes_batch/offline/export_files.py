@@ -40,7 +40,7 @@ from typing import Iterator, Optional, Sequence
 import attrs
 
 from ..errors import RunFolderWriteError, UsageError
-from ..folder.runfolder import TEMP_MARK, _fsync_dir, atomic_write_text, is_temp_file, write_error
+from ..folder.durable import TEMP_MARK, _fsync_dir, atomic_write_text, is_temp_file, write_error
 
 log = logging.getLogger(__name__)
 

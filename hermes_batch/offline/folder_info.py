@@ -16,7 +16,8 @@ from ..errors import RunFolderError, UsageError
 from ..formats.jsonguard import finite_dumps
 from ..formats.records import Checkpoint
 from ..run.run_settings import HISTORY, distinct
-from ..folder.runfolder import RunFolder, atomic_write_text, read_records
+from ..folder.runfolder import RunFolder, read_records
+from ..folder.durable import atomic_write_text
 from ..folder.statistics import RunInfo, build_statistics
 
 

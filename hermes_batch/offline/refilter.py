@@ -34,7 +34,8 @@ from ..contract.run_filters import Verdict, iter_discarded, iter_kept, judge
 from ..folder.lock import RunFolderLock
 from ..formats.records import SCHEMA_VERSION
 from ..folder.reindex import _Writers
-from ..folder.runfolder import AppendLog, RunFolder, _fsync_dir, atomic_write_text
+from ..folder.durable import AppendLog, _fsync_dir, atomic_write_text
+from ..folder.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +256,7 @@ def _append_audit_summary(folder: RunFolder, result: RefilterResult) -> None:
 
 
 def _move_files(folder: RunFolder, staging: Path) -> dict:
-    from ..folder.record_index import RunIndex
+    from ..folder.record_index import RecordIndex
 
     plan_data = json.loads((staging / PLAN).read_text(encoding="utf-8"))
     for name in plan_data["files"]:
@@ -266,7 +267,7 @@ def _move_files(folder: RunFolder, staging: Path) -> dict:
     # The record files were rewritten: their indexes (and the merge's state) are built again from them when next
     # needed.  A rewrite can keep a file's length and both ends (a discarded record's reasons of the same size),
     # which the index's own check would not see.  PLAN.json is still there, so a kill here drops them next time.
-    RunIndex(folder).drop()
+    RecordIndex(folder).drop()
     return plan_data
 
 

@@ -35,7 +35,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -43,7 +42,7 @@ from typing import Any, Optional, Sequence
 import attrs
 
 from .. import __version__
-from ..formats import dataset
+from ..formats import dataset, hermes_format
 from ..run import distributions, selection
 from ..folder import reindex
 from ..errors import RunFolderError, UsageError
@@ -51,7 +50,8 @@ from ..session.processor import now_iso
 from ..formats.records import (
     Checkpoint, Discarded, Metadata, SessionInfo, ToolCallRecord, ToolStat, Trajectory, Turn, content_key,
 )
-from ..folder.runfolder import RunFolder, _fsync_dir, atomic_write_text, write_error
+from ..folder.runfolder import RunFolder
+from ..folder.durable import _fsync_dir, atomic_write_text, write_error
 from ..formats.serialization import to_json_line
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,6 @@ STAGING = ".import"
 _COMPLETE = "COMPLETE"
 SEED_FILES = ("trajectories.jsonl", "checkpoint.json", "statistics.json")
 UNKNOWN = "unknown"
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @attrs.frozen
@@ -93,7 +92,7 @@ def _tool_calls(turn: dict) -> Optional[tuple]:
             arguments = item.get("arguments", function.get("arguments", {}))
             calls.append(ToolCallRecord(str(item.get("id", "")), str(name), arguments))
     elif turn.get("from") == "gpt" and isinstance(turn.get("value"), str):
-        for block in _TOOL_CALL.findall(turn["value"]):
+        for block in hermes_format.call_texts(turn["value"]):
             try:
                 call = json.loads(block)
             except ValueError:

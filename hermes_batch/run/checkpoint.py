@@ -17,7 +17,8 @@ from .plan import RunPlan
 from ..session.processor import now_iso
 from ..formats.records import Checkpoint, SessionInfo
 from ..formats.redaction import Redactor
-from ..folder.runfolder import RunFolder, atomic_write_text, read_records, repair_torn_tail
+from ..folder.runfolder import RunFolder, read_records
+from ..folder.durable import atomic_write_text, repair_torn_tail
 from ..formats.serialization import to_json_line
 
 log = logging.getLogger("hermes_batch.run")

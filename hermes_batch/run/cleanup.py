@@ -20,7 +20,8 @@ from ..folder.record_index import INDEX_DIR, is_index_file
 from ..folder.journal import JOURNAL_NAME
 from .notices import SKIPPED_LINES
 from ..folder.reindex import STAGING, UNMATCHED
-from ..folder.runfolder import RunFolder, is_temp_file, write_error
+from ..folder.runfolder import RunFolder
+from ..folder.durable import is_temp_file, write_error
 from ..view.report import REPORT_NAME
 
 log = logging.getLogger(__name__)

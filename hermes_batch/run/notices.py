@@ -7,7 +7,8 @@ import logging
 from ..formats import dataset
 from ..default_plugins.openai_client import is_openrouter
 from ..formats.jsonguard import scrub_text
-from ..folder.runfolder import RunFolder, atomic_write_lines
+from ..folder.runfolder import RunFolder
+from ..folder.durable import atomic_write_lines
 
 log = logging.getLogger("hermes_batch.run")
 

@@ -13,17 +13,18 @@ from typing import Optional
 import attrs
 import pluggy
 
-from ..folder import record_index, reindex, rowkeys, runfolder
+from ..folder import durable, offloop, record_index, reindex, rowkeys
 from . import cleanup, distributions, limits, notices, run_settings, selection
 from ..formats import endpoint_numbers
 from ..offline import refilter, seed_import
-from .checkpoint import BatchTracker, Checkpoints, load_checkpoint, repair_torn_tails, write_run_json
+from .checkpoint import Checkpoints, load_checkpoint, repair_torn_tails, write_run_json
 from .config import RunConfig
 from ..errors import (
     EXIT_FAILED_PROMPTS,
     EXIT_INTERRUPTED,
     EXIT_OK,
     HermesBatchError,
+    PluginError,
     RunFolderError,
     RunFolderWriteError,
 )
@@ -32,15 +33,18 @@ from ..folder.journal import CallJournal, journal_path
 from ..formats.jsonguard import finite_dumps
 from ..folder.lock import RunFolderLock
 from ..folder.merge import merge_run
+from ..contract.plugin_errors import PluginFailures
 from ..contract.plugins import collect, describe_plugins, get_plugin_manager
 from .plan import RunPlan, build_processor, make_plan
 from ..session.processor import quietly
 from .progress import Progress
+from .recorder import Recorder
 from ..formats.redaction import Redactor
-from ..formats.records import Checkpoint, Discarded, Failure, SessionInfo
+from ..formats.records import Checkpoint, SessionInfo
 from ..contract.run_context import RunContext
-from ..folder.runfolder import AppendLog, RunFolder, Stopped, atomic_write_text, run_off_loop, validate_run_name
-from ..formats.serialization import to_json_line
+from ..folder.runfolder import RunFolder, validate_run_name
+from ..folder.offloop import Stopped, run_off_loop
+from ..folder.durable import atomic_write_text
 from ..folder.statistics import RunInfo, build_statistics, render_statistics, reported_cost
 
 log = logging.getLogger("hermes_batch.run")
@@ -60,13 +64,11 @@ class RunEngine:
     def __init__(self, config: RunConfig, pm: Optional[pluggy.PluginManager] = None):
         self.config = config
         self.pm = pm or get_plugin_manager()
-        self.counts = collections.Counter()
-        self.batch_logs: dict[int, AppendLog] = {}
         self.jobs = PromptJobs(())  # the session's, once it runs; halted when --max_cost stopped it
         self.journal: Optional[CallJournal] = None  # calls.jsonl, opened with the run folder
+        self.recorder: Optional[Recorder] = None  # writes the outcomes, once the prompts run
         self.client = None
         self.previous_cost = 0.0
-        self._recording: set = set()  # outcomes being written
         self.lock: Optional[RunFolderLock] = None
         # Whatever a sandbox read (a key included) is redacted before anything is written.
         self.redactor = Redactor.for_run(config)
@@ -99,6 +101,7 @@ class RunEngine:
         self.filters = selection.filters(self.registry, plan.filters)
         notices.discarding_everything(cfg, [f.name for f in self.filters])
         self.writers = selection.writers(self.registry, plan.writers)
+        self.plugin_failures = PluginFailures(self.pm, self.registry)
         self.executor = self.registry.get("executors", plan.executor)(plan.executor_config)
 
         self._check_folder()
@@ -160,17 +163,10 @@ class RunEngine:
 
     async def _execute(self) -> RunResult:
         cfg, plan = self.config, self.plan
-        loop = asyncio.get_running_loop()
-        # Sandboxes and tools get a pool of their own: a tool stuck for ever (a FIFO) may take all of it, but
-        # not the threads the SDKs need (DNS lookups, the openai SDK's platform probe: the default executor)
-        # nor those that write the run folder (runfolder.io_executor).  Threads start only when needed.
-        pool = concurrent.futures.ThreadPoolExecutor(self.concurrency + 4, thread_name_prefix="hermes-batch-tools")
-        loop.set_default_executor(
-            concurrent.futures.ThreadPoolExecutor(self.concurrency + 4, thread_name_prefix="hermes-batch")
-        )
+        pool = self._thread_pools()
         fresh = not self.folder.has_outputs()
         endpoint_numbers.reset_warning()  # one warning per run for numbers no call can have
-        self.index = record_index.RunIndex(self.folder)
+        self.index = record_index.RecordIndex(self.folder)
         self.resume_plan = rowkeys.match_finished(self.validated.keys, None)
         if cfg.resume:
             try:
@@ -182,53 +178,84 @@ class RunEngine:
         to_run = plan.dataset.valid - self.resume_plan.skipped
         if to_run:
             try:  # before any prompt is leased, and before the preflight: a full disk costs nothing to fix
-                runfolder.check_free_space(self.folder, self._space_needed(to_run))
+                durable.check_free_space(self.folder, self._space_needed(to_run))
             except RunFolderWriteError as exc:
                 return RunResult(exc.exit_code, None, str(exc))
-        self.context = RunContext(cfg.run_name, self.folder.dir, plan.seed, cfg.verbose, cfg.log_prefix_chars, pool)
+        self.context = RunContext(cfg.run_name, self.folder.dir, plan.seed, cfg.verbose, cfg.log_prefix_chars,
+                                  pool)
         processor = build_processor(plan, self.context, self.registry, self.runtimes)
-        client = self.client = processor.client
-        backend = processor.backend
+        self.client = processor.client
         if cfg.resume and cfg.max_cost is not None:
             self.previous_cost = reported_cost(self.folder, self.index.journal_totals())
-        # Before the run folder is touched and any sandbox started: a dead engine or a refused key
-        # costs nothing to fix.  The engine goes first, since the preflight costs a model request.  The
-        # executor starts its workers meanwhile.
+        stopped = await self._start(processor, to_run)
+        if stopped is None:
+            stopped = self._open_folder(processor)
+        if stopped is not None:
+            await self._shut_down(processor)
+            if isinstance(stopped, RunFolderWriteError) and fresh:
+                cleanup.remove_outputs(self.folder, kept=False)
+            if isinstance(stopped, asyncio.CancelledError):
+                return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
+            return RunResult(stopped.exit_code, None, str(stopped))
+        interrupted, fatal = await self._run_prompts(processor, to_run)
+        if fatal is not None and fresh and not self.counts:
+            # Nothing was achieved: leave nothing of this run behind, so the corrected command runs as typed.
+            # Only the files it wrote: the folder may hold the user's own (the lock removes the folder if
+            # this run created it).
+            cleanup.remove_outputs(self.folder, self._writer_files(), kept=False)
+            return RunResult(fatal.exit_code, None, str(fatal))
+        return await self._result(interrupted, fatal, to_run)
+
+    def _thread_pools(self) -> concurrent.futures.ThreadPoolExecutor:
+        # Sandboxes and tools get a pool of their own: a tool stuck for ever (a FIFO) may take all of it, but
+        # not the threads the SDKs need (DNS lookups, the openai SDK's platform probe: the default executor)
+        # nor those that write the run folder (offloop.io_executor).  Threads start only when needed.
+        asyncio.get_running_loop().set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(self.concurrency + 4, thread_name_prefix="hermes-batch")
+        )
+        return concurrent.futures.ThreadPoolExecutor(self.concurrency + 4, thread_name_prefix="hermes-batch-tools")
+
+    async def _start(self, processor, to_run: int) -> Optional[BaseException]:
+        """Check the engine, start the executor's workers and pay the preflight; what stopped it, else None.
+
+        Before the run folder is touched and any sandbox started: a dead engine or a refused key costs
+        nothing to fix.  The engine goes first, since the preflight costs a model request.  The executor
+        starts its workers meanwhile.
+        """
         starting = asyncio.ensure_future(self.executor.start(processor) if to_run else asyncio.sleep(0))
         try:
-            await backend.check()
+            await processor.backend.check()
             if starting.done():
                 starting.result()  # a cluster that cannot be reached says so before the preflight is paid for
-            if to_run and cfg.preflight and not self._over_budget():
-                await client.preflight()
+            if to_run and self.config.preflight and not self._over_budget():
+                await processor.client.preflight()
             await starting
         except (HermesBatchError, asyncio.CancelledError) as exc:
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
-            await quietly(self.executor.shutdown())
-            await quietly(backend.shutdown())
-            await quietly(client.aclose())
-            if isinstance(exc, asyncio.CancelledError):
-                return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
-            return RunResult(exc.exit_code, None, str(exc))
+            return exc
+        return None
+
+    def _open_folder(self, processor) -> Optional[RunFolderWriteError]:
+        """Write run.json, the row keys and the first checkpoint, open the call journal; a failed write, else None."""
+        cfg, plan = self.config, self.plan
         try:
             self.folder.create()
             write_run_json(self.folder, plan, describe_plugins(self.pm), self.redactor, self.settings_history)
             rowkeys.save(self.folder, self.validated, cfg.max_samples)
             self.validated.keys.digests = self.validated.keys.indexes = None  # matched: 16 bytes a row less
-            client.journal = self.journal = CallJournal(journal_path(self.folder.dir), self.checkpoints.session_number)
+            processor.client.journal = self.journal = CallJournal(
+                journal_path(self.folder.dir), self.checkpoints.session_number)
             notices.skipped_lines(plan.dataset, self.folder, cfg.dataset_file, cfg.max_samples)
             # on record from the start, so a session killed before its first batch completes still counts
             self._save_checkpoint(interrupted=False)
         except RunFolderWriteError as exc:
-            await quietly(self.executor.shutdown())
-            await quietly(backend.shutdown())
-            await quietly(client.aclose())
-            if self.journal is not None:
-                self.journal.close()
-            if fresh:
-                cleanup.remove_outputs(self.folder, kept=False)
-            return RunResult(exc.exit_code, None, str(exc))
+            return exc
+        return None
+
+    async def _run_prompts(self, processor, to_run: int) -> tuple[bool, Optional[HermesBatchError]]:
+        """Lease every prompt left to the executor and record the outcomes; (interrupted, fatal error)."""
+        cfg, plan = self.config, self.plan
         # uninstalled toolsets first (one warning naming the plugins), then installed but unconfigured ones
         warning = distributions.unavailable_warning(plan.distribution, self.registry.names("toolsets"))
         if warning:
@@ -236,43 +263,44 @@ class RunEngine:
         for name, reason in plan.unconfigured.items():
             log.warning("Toolset %s is left out of sampling: %s", name, reason)
         self.progress = Progress(total=to_run, enabled=cfg.progress)
-        self.progress.watch(client.limiter.summary)
-        self.failed_logs = {
-            "discarded": AppendLog(self.folder.discarded, on_error=self._write_failed),
-            "failed": AppendLog(self.folder.failed, on_error=self._write_failed),
-        }
-        self.tracker = BatchTracker(self._batch_complete)
+        self.progress.watch(processor.client.limiter.summary)
+        self.recorder = Recorder(
+            self.folder, self.index, self.checkpoints, self.filters, self.redactor, self.progress, self.pm.hook,
+            self.context, self.plugin_failures, on_batch_complete=lambda: self._save_checkpoint(interrupted=False),
+            on_write_failed=self._write_failed,
+        )
         self.pm.hook.run_started(run=self.context)
-        interrupted = False
-        fatal: Optional[HermesBatchError] = None
+        interrupted, fatal = False, None
         try:
             await processor.start()
             self.progress.start()
             rows = rowkeys.rows_left(cfg.dataset_file, cfg.max_samples, self.resume_plan.left)
             self.jobs = PromptJobs(self._jobs(rows))
-            await self.executor.run(self.jobs, processor, self._on_outcome, self.concurrency)
+            await self.executor.run(self.jobs, processor, self.recorder.record, self.concurrency)
         except asyncio.CancelledError:
             interrupted = True
         except HermesBatchError as exc:
             fatal = exc
         finally:
             self.progress.stop()
-            await quietly(self.executor.shutdown())
-            await processor.aclose()  # the runtimes, sandboxes of ended prompts still opening, backend, client
-            if self._recording:  # outcomes being written when Ctrl-C came: they are saved, so they count
-                await asyncio.gather(*self._recording, return_exceptions=True)
-            for log_ in (*self.batch_logs.values(), *self.failed_logs.values()):
-                log_.close()
+            await self._shut_down(processor)
+        return interrupted, fatal
+
+    async def _shut_down(self, processor) -> None:
+        """The one way a session ends, whatever ended it: the executor's workers, then the toolsets' runtimes,
+        sandboxes still opening, the backend and the client, then the records being written and the files."""
+        await quietly(self.executor.shutdown())
+        await processor.aclose()
+        if self.recorder is not None:
+            await self.recorder.close()
+        if self.journal is not None:
             self.journal.close()
-        if fatal is not None and fresh and not self.counts:
-            # Nothing was achieved: leave nothing of this run behind, so the corrected command runs as typed.
-            # Only the files it wrote: the folder may hold the user's own (the lock removes the folder if
-            # this run created it).
-            cleanup.remove_outputs(self.folder, self._writer_files(), kept=False)
-            return RunResult(fatal.exit_code, None, str(fatal))
+
+    async def _result(self, interrupted: bool, fatal: Optional[HermesBatchError], to_run: int) -> RunResult:
+        """Merge, count and say how the run ended."""
         try:
             statistics = await self._finish(interrupted)
-        except RunFolderWriteError as exc:
+        except (RunFolderWriteError, PluginError) as exc:  # PluginError: a writer's own bug
             fatal, statistics = fatal or exc, None
         except (asyncio.CancelledError, Stopped):
             return RunResult(
@@ -288,9 +316,15 @@ class RunEngine:
         status = EXIT_FAILED_PROMPTS if self.counts["failed"] else EXIT_OK
         if self.jobs.halted:
             return RunResult(status, statistics, self._budget_message(to_run))
-        if cfg.max_cost is not None and client.limiter.cost is None and client.limiter.requests:
+        limiter = self.client.limiter
+        if self.config.max_cost is not None and limiter.cost is None and limiter.requests:
             log.warning("The endpoint reported no cost, so --max_cost had no effect.")
         return RunResult(status, statistics)
+
+    @property
+    def counts(self) -> collections.Counter:
+        """Prompts of this session that ended, by kind (kept, discarded, failed)."""
+        return self.recorder.counts if self.recorder is not None else collections.Counter()
 
     def _cost_so_far(self) -> float:
         # the journal counts every request of this session and the model calls tools made on other endpoints
@@ -303,7 +337,7 @@ class RunEngine:
         if self.folder.discarded.exists():
             written += self.folder.discarded.stat().st_size
         finished = self.resume_plan.finished
-        per_record = written // finished if finished and written else runfolder.RECORD_BYTES
+        per_record = written // finished if finished and written else durable.RECORD_BYTES
         return min(self.concurrency, to_run) * per_record
 
     def _write_failed(self, error: RunFolderWriteError) -> None:
@@ -336,7 +370,7 @@ class RunEngine:
         size = self.config.batch_size
         self.checkpoints.completed_batches |= rowkeys.batches_finished(keys, plan.left, size)
         if plan.left is not None:  # a batch with a prompt to run again (it failed) is not complete
-            self.checkpoints.not_complete(index // size for index in runfolder.stoppable(plan.left, 1 << 16))
+            self.checkpoints.not_complete(index // size for index in offloop.stoppable(plan.left, 1 << 16))
         return plan
 
     def _reindex(self) -> None:
@@ -367,56 +401,10 @@ class RunEngine:
             batch = row.prompt_index // size
             rng = distributions.rng_for(self.plan.seed, row.content_key)
             toolsets = distributions.sample_toolsets(self.plan.distribution, available, rng)
-            self.tracker.dispatched(batch)
+            self.recorder.tracker.dispatched(batch)
             self.progress.dispatched()
             yield PromptJob(row, batch, toolsets)
-        self.tracker.end_of_jobs()
-
-    async def _on_outcome(self, job: PromptJob, outcome) -> None:
-        # Shielded: a Ctrl-C that lands while the record is being written must not leave it written
-        # but uncounted; the runner waits for these before it saves the session.
-        recording = asyncio.ensure_future(self._record_outcome(job, outcome))
-        self._recording.add(recording)
-        recording.add_done_callback(self._recording.discard)
-        await asyncio.shield(recording)
-
-    async def _record_outcome(self, job: PromptJob, outcome) -> None:
-        outcome = self.redactor.record(outcome)
-        if isinstance(outcome, Failure):
-            kind, record, log_ = "failed", outcome, self.failed_logs["failed"]
-        else:
-            rejected = [(f.name, reason) for f in self.filters if (reason := f.check(outcome)) is not None]
-            if rejected:
-                record = Discarded(outcome, tuple(n for n, _ in rejected), tuple(r for _, r in rejected))
-                kind, log_ = "discarded", self.failed_logs["discarded"]
-            else:
-                kind, record, log_ = "kept", outcome, self._batch_log(job.batch_num)
-        index = self.index.touch(kind, job.batch_num)  # before the append: the index covers what the file held
-        try:
-            await log_.append(to_json_line(record))
-            index.add(record)
-            self.counts[kind] += 1
-            self.progress.ended(kind)
-            self.tracker.finished(job.batch_num, failed=kind == "failed")  # a completed batch saves its index and the checkpoint
-        except RunFolderWriteError as exc:
-            self._write_failed(exc)
-            raise
-        self.pm.hook.prompt_finished(run=self.context, outcome=record)
-
-    def _batch_log(self, batch: int) -> AppendLog:
-        log_ = self.batch_logs.get(batch)
-        if log_ is None:
-            log_ = self.batch_logs[batch] = AppendLog(self.folder.batch_path(batch), on_error=self._write_failed)
-        return log_
-
-    def _batch_complete(self, batch: int, failed: int) -> None:
-        log_ = self.batch_logs.pop(batch, None)
-        if log_ is not None:
-            log_.close()
-        self.index.close_batch(batch)
-        if not failed:  # as batch_runner.py: a batch is complete when all its prompts finished, none failed
-            self.checkpoints.completed_batches.add(batch)
-        self._save_checkpoint(interrupted=False)
+        self.recorder.tracker.end_of_jobs()
 
     # --- bookkeeping -------------------------------------------------------------------------
 
@@ -451,9 +439,9 @@ class RunEngine:
         self.index.close()
         aggregate, finish_times, batches = self.index.totals()
         try:
-            merge_run(self.folder, self.writers, batches=batches)
+            merge_run(self.folder, self.writers, batches=batches, who=lambda name: self.plugin_failures.who("writers", name))
         except OSError as exc:  # a writer plugin's own write
-            raise runfolder.write_error(self.folder.dir, exc) from exc
+            raise durable.write_error(self.folder.dir, exc) from exc
         stats = build_statistics(
             self.folder,
             totals=(aggregate, finish_times),
@@ -468,7 +456,7 @@ class RunEngine:
                 distributions=tuple(run_settings.distinct(self.settings_history, "distribution")),
             ),
         )
-        runfolder.check_stop()
+        offloop.check_stop()
         stats = self.redactor.data(stats)
         atomic_write_text(self.folder.statistics, finite_dumps(stats, indent=2) + "\n")
         return stats

@@ -47,8 +47,13 @@ def executor(registry: Registry, name: str, options: dict):
 
 def plugin(registry: Registry, kind: str, text: str, option: str):
     """An instance of the filter or writer named by ``NAME[:OPTIONS]`` (see plugin_options), its options structured."""
-    spec = parse_spec(text, option)
-    cls = _pick(registry, kind, spec.name, option)
+    head, sep, rest = text.partition(":")
+    if sep and registry.is_qualifier(kind, head.strip()):  # PLUGIN:NAME[:OPTIONS], one of two plugins' NAME
+        spec = parse_spec(rest, option)
+        cls = _pick(registry, kind, f"{head.strip()}:{spec.name}", option)
+    else:
+        spec = parse_spec(text, option)
+        cls = _pick(registry, kind, spec.name, option)
     return cls(build_config(cls, spec, KIND[kind].singular))
 
 

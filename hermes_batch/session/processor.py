@@ -109,7 +109,7 @@ class PromptProcessor:
             async with asyncio.timeout(self.agent.prompt_timeout) as deadline:
                 ctx = ToolContext(
                     sandbox, command_timeout=self.agent.command_timeout, max_output_chars=self.agent.max_output_chars,
-                    toolsets=sessions,
+                    toolsets=sessions, thread_pool=self.run.thread_pool if self.run is not None else None,
                 )
                 result = await run_session(self.client, tools, ctx, row.prompt, self.agent, say, state)
         except TimeoutError:

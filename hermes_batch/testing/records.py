@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 
+from hermes_batch.formats import hermes_format
 from hermes_batch.formats.records import Metadata, ToolCallRecord, ToolStat, Trajectory, Turn
 
 
@@ -21,14 +22,15 @@ def make_trajectory(**overrides: Any) -> Trajectory:
     answer = overrides.pop("answer", "The answer is 42.")
     reasoning = overrides.pop("reasoning", "The user wants a number.")
     call = ToolCallRecord("call-1", "terminal", {"command": "echo 42"})
-    final = f"<think>\n{reasoning}\n</think>\n{answer}" if reasoning else answer
+    final = hermes_format.assistant_text(reasoning, answer, ())
+    result = {"tool_call_id": "call-1", "name": "terminal", "content": {"output": "42", "exit_code": 0, "error": None}}
     fields: dict[str, Any] = dict(
         prompt_index=0,
         conversations=(
             Turn("system", "You are a helpful assistant."),
             Turn("human", "What is six times seven?"),
-            Turn("gpt", '<think>\nLet me compute.\n</think>\n<tool_call>\n{"name": "terminal", "arguments": {"command": "echo 42"}}\n</tool_call>', (call,)),
-            Turn("tool", '<tool_response>\n{"tool_call_id": "call-1", "name": "terminal", "content": {"output": "42", "exit_code": 0, "error": null}}\n</tool_response>'),
+            Turn("gpt", hermes_format.assistant_text("Let me compute.", "", [(call.name, call.arguments)]), (call,)),
+            Turn("tool", hermes_format.tool_text([result])),
             Turn("gpt", final),
         ),
         metadata=Metadata(

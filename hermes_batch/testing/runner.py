@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 import attrs
 
+from ..formats import hermes_format
+
 TEST_API_KEY = "sk-test-canary-3f9c1d"
 """The key ``Runner`` passes and the ``model_server`` fixture expects; tests check it never reaches a run folder."""
 
@@ -111,7 +113,5 @@ def tool_outputs(trajectory: dict) -> list[str]:
     for turn in trajectory["conversations"]:
         if turn["from"] != "tool":
             continue
-        for block in turn["value"].split("<tool_response>")[1:]:
-            payload = json.loads(block.split("</tool_response>")[0])
-            outputs.append(payload["content"]["output"])
+        outputs.extend(payload["content"]["output"] for payload in hermes_format.tool_responses(turn["value"]))
     return outputs

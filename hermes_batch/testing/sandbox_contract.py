@@ -30,8 +30,10 @@ What the contract fixes beyond the :class:`~hermes_batch.contract.interfaces.San
 docstrings: output is stdout and stderr merged and decoded as UTF-8 with
 replacement characters; a command killed at its timeout has ``timed_out=True``
 and ``exit_code=None``; a command's background processes that hold its output
-open do not keep ``exec`` waiting past the timeout; processes a command leaves
-running in the background (with their output redirected) keep running until
+open do not keep ``exec`` waiting past the timeout (the ``Sandbox`` docstring
+asks more: ``exec`` returns when the command ends; the local backend's tests
+check that); processes a command leaves running in the background (with their
+output redirected) keep running, in the sandbox's one process namespace, until
 the sandbox is closed; ``exec`` on a closed sandbox raises ``SandboxError``.
 
 The hostile classes every backend must also pass: FIFOs, sockets and devices

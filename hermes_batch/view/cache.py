@@ -3,7 +3,7 @@
 A segment (``snap-PID-NS/``) holds some rows' columns (one ``NAME.bin`` of
 each) and their search text (``search.txt``); ``manifest.json`` lists the
 segments in row order with everything else of the index (which bytes of each
-record file it covers, the interned values, the aggregates and tallies).  A
+record file it covers, the interned values and the tallies).  A
 save writes only the rows added since the index was loaded or last saved, so
 a run's end that added a thousand records to a million writes a thousand.
 """
@@ -17,11 +17,11 @@ import os
 import shutil
 import time
 
-from .aggregates import Aggregates, Tallies, Vocabulary
+from .aggregates import Tallies, Vocabulary
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 2  # 2: the cache in segments, with the tallies
+INDEX_VERSION = 3  # 2: the cache in segments, with the tallies; 3: content keys by records.key_digest
 _MAX_SEGMENTS = 64  # a save past this many writes the cache again as one segment
 
 # column name -> array typecode
@@ -63,7 +63,7 @@ def save(index) -> None:  # under the index's lock
     lists them.  A list grown too long, or one whose segments another
     process removed, is written again as one segment.
     """
-    count, size = len(index.columns), index._blob_size
+    count, size = len(index.columns), index.text.size
     segments = list(index._segments)
     if len(segments) >= _MAX_SEGMENTS or not all((index.cache_dir / seg["dir"]).is_dir() for seg in segments):
         segments = []
@@ -73,7 +73,7 @@ def save(index) -> None:  # under the index's lock
         segments.append(_write_segment(index, first_row, count, first_byte, size))
     manifest = {
         "version": INDEX_VERSION, "segments": segments, "count": count, "blob_size": size,
-        "files": index.files, "sources": index.sources, "aggregates": index.aggregates.to_dict(),
+        "files": index.files, "sources": index.sources,
         "tallies": index.tallies.to_dict(), "vocab": {name: v.values for name, v in index.vocab.items()},
     }
     tmp = index.cache_dir / f"manifest.json.{os.getpid()}.tmp"
@@ -94,11 +94,12 @@ def _write_segment(index, first_row: int, count: int, first_byte: int, size: int
         with open(folder / f"{name}.bin", "wb") as fh:
             getattr(index.columns, name)[first_row:count].tofile(fh)
     with open(folder / "search.txt", "wb") as dst:
-        for fh, base, length in [*index._parts, (None, index._work_base, size - index._work_base)]:
+        text = index.text
+        for fh, base, length in [*text.parts, (None, text.base, size - text.base)]:
             if base + length <= first_byte:
                 continue
             skip = max(0, first_byte - base)
-            src = fh if fh is not None else open(index.search_path, "rb")
+            src = fh if fh is not None else open(text.path, "rb")
             try:
                 src.seek(skip)
                 _copy(src, dst, length - skip)
@@ -129,7 +130,7 @@ def load(index) -> None:
         if len(columns) != manifest["count"] or base != manifest["blob_size"]:
             raise ValueError("segments that do not add up")
         files, sources = manifest["files"], manifest["sources"]
-        aggregates, tallies = Aggregates(manifest["aggregates"]), Tallies(dict(manifest["tallies"]))
+        tallies = Tallies(dict(manifest["tallies"]))
         vocab = {name: Vocabulary(tuple(v) if isinstance(v, list) else v for v in values)
                  for name, values in manifest["vocab"].items()}
     except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
@@ -138,10 +139,9 @@ def load(index) -> None:
         log.info("%s: no usable view index cache (%s); building it.", index.cache_dir, exc)
         index._reset()
         return
-    index.files, index.sources, index.aggregates, index.tallies, index.vocab = files, sources, aggregates, tallies, vocab
-    index._blob_size = manifest["blob_size"]
+    index.files, index.sources, index.tallies, index.vocab = files, sources, tallies, vocab
     index.columns = columns
-    index._use_parts(parts)
+    index.text.use_parts(parts)  # their size is the manifest's blob_size, checked above
     index._segments = manifest["segments"]
     index.generation += 1
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import RunFolderWriteError, UsageError
-from ..folder.runfolder import write_error
+from ..folder.durable import write_error
 from .index import CACHE_DIR_NAME
 
 _RUN_FILES = ("run.json", "checkpoint.json", "statistics.json", "discarded.jsonl", "failed.jsonl", "trajectories.jsonl")

@@ -7,6 +7,7 @@ from typing import Optional
 
 import attrs
 
+from ..formats import hermes_format
 from .index import DISCARDED, FAILED, STATUSES, RunIndex, answer_of, prompt_of, unwrap
 
 SORTS = ("arrival", "prompt", "turns", "duration", "tokens")
@@ -148,5 +149,5 @@ def row(index: RunIndex, i: int) -> dict:
         "detail": detail,
         "tools": list(vocab["tools"].values[cols.tools[i]]),
         "preview": preview[:PREVIEW_CHARS],
-        "answer": answer.rsplit("</think>", 1)[-1].strip()[:PREVIEW_CHARS],
+        "answer": hermes_format.split_reasoning(answer)[1].strip()[:PREVIEW_CHARS],
     }

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from html import escape
 from importlib import resources
 from typing import Optional
 
+from ..formats import hermes_format
 from . import charts
 
 LONG_LINES = 30  # tool output longer than this is folded
 LONG_CHARS = 3000
-_THINK_RE = re.compile(r"^<think>\n?(.*?)\n?</think>\n?", re.S)
-_TOOL_CALL_RE = re.compile(r"\n?<tool_call>\n.*?\n</tool_call>", re.S)
-_TOOL_RESPONSE_RE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 
 
 def static_text(name: str) -> str:
@@ -226,7 +223,7 @@ def _block(text: str, cls: str) -> str:
 
 
 def _tool_results(value: str) -> str:
-    blocks = _TOOL_RESPONSE_RE.findall(value)
+    blocks = hermes_format.response_texts(value)
     if not blocks:
         return _block(value, "text")
     out = []
@@ -251,13 +248,12 @@ def _tool_results(value: str) -> str:
 def _assistant(turn: dict) -> str:
     value = str(turn.get("value", ""))
     out = []
-    match = _THINK_RE.match(value)
-    if match:
-        out.append(f'<details class="reasoning"><summary>Reasoning</summary>{_block(match.group(1), "text")}</details>')
-        value = value[match.end():]
+    reasoning, value = hermes_format.split_reasoning(value)
+    if reasoning is not None:
+        out.append(f'<details class="reasoning"><summary>Reasoning</summary>{_block(reasoning, "text")}</details>')
     calls = _records(turn.get("tool_calls"))
     if calls:
-        value = _TOOL_CALL_RE.sub("", value)
+        value = hermes_format.without_call_blocks(value)
     if value.strip():
         out.append(_block(value.strip(), "text"))
     for call in calls:

@@ -6,7 +6,7 @@ import datetime
 from html import escape
 from pathlib import Path
 
-from ..folder.runfolder import atomic_write_text
+from ..folder.durable import atomic_write_text
 from .index import DISCARDED, FAILED, KEPT, STATUSES, RunIndex, prompt_of, unwrap
 from .render import page, record_html, summary_html
 from .summary import summarize

@@ -7,6 +7,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
+from ..folder.aggregate import Aggregate
+from ..folder.record_index import RecordIndex
+from ..errors import UsageError
+from ..folder.runfolder import RunFolder
 from .index import DISCARDED, FAILED, KEPT, RunIndex
 
 
@@ -33,46 +37,64 @@ def expected_shares(probabilities: dict) -> dict:
     return {name: float(p) + (none_came_up if name == top else 0.0) for name, p in probabilities.items()}
 
 
-def summarize(index: RunIndex) -> dict:
-    """Everything the summary and the charts show, computed from the index's tallies and aggregates."""
-    run_dir = index.run_dir
-    stats = _read_json(run_dir / "statistics.json")
-    run = _read_json(run_dir / "run.json") or {}
-    checkpoint = _read_json(run_dir / "checkpoint.json") or {}
-    cols, vocab, agg, tallies = index.columns, index.vocab, index.aggregates, index.tallies_now()
-    # the counts were kept as the rows were added: a summary never walks a million rows
-    counts = dict(enumerate(tallies.status))
-    still_failed = index.still_failed()
-    finished = sum(tallies.status) - counts[FAILED]
+def record_index(run_dir: Path) -> Optional[RecordIndex]:
+    """The run folder's own index (index/), read only: the run keeps it; what was appended since it last
+    saved it is read from the records, and held in memory, so the next call reads only what is new."""
+    try:
+        return RecordIndex(RunFolder(run_dir.parent, run_dir.name), read_only=True)
+    except UsageError:  # a folder renamed to a name no run could have: its records are still listed
+        return None
 
-    end_reasons = Counter()
-    for end_id, c in tallies.end.items():
-        end_reasons[vocab["end"].values[end_id] or "unknown"] += c
-    turns = tallies.turns
-    duration = tallies.duration
 
-    toolset_counts = Counter()
-    for ts_id, c in tallies.toolsets.items():
-        for name in vocab["toolsets"].values[ts_id]:
-            toolset_counts[name] += c
-    probabilities = dict((run.get("distribution") or {}).get("probabilities") or {})
-    available = run.get("toolsets")
-    if isinstance(available, dict) and available:
-        probabilities = {k: v for k, v in probabilities.items() if k in available}
+def run_totals(run_dir: Path) -> Aggregate:
+    """The run's totals as statistics.json counts them."""
+    held = record_index(run_dir)
+    return held.totals()[0] if held is not None else Aggregate()
 
-    by_kind = Counter()
-    for i in still_failed:
-        by_kind[vocab["error"].values[cols.error[i]] or "unknown"] += 1
-    by_filter = Counter()
-    for f_id, c in tallies.filters.items():
-        for name in vocab["filters"].values[f_id]:
-            by_filter[name] += c
 
-    tokens = dict(agg.usage)
-    cost = agg.cost
-    requests = {name: {"requests": r[0], "errors": r[1], "rate_limited": r[2]} for name, r in agg.providers.items()}
-    rate_limited = sum(r[2] for r in agg.providers.values())
-    if stats:  # the call journal counts requests no record holds (prompts cut off by a crash)
+def _sums(agg: Aggregate) -> dict:
+    """The run-wide sums the summary shows, from the one aggregator behind statistics.json."""
+    requests = agg.requests
+    latency: Counter = Counter()
+    for histogram in requests.latency_ms.values():
+        latency.update(histogram)
+    return {
+        "tools": {name: list(totals) for name, totals in agg.finished.tools.items()},
+        "reasoning": {name: [scope.turns_with, scope.turns_without, scope.samples_without_reasoning]
+                      for name, scope in (("finished", agg.finished), ("kept", agg.kept))},
+        "latency_ms": latency,
+        "providers": {p: [requests.requests[p], requests.errors[p], requests.refused[p]] for p in requests.requests},
+        "usage": {"prompt": agg.prompt_tokens, "completion": agg.completion_tokens,
+                  "reasoning": agg.reasoning_tokens, "cached": agg.cached_tokens},
+        "cost": agg.cost.value,
+        "partial": agg.finished.partial,
+        "reasons": agg.reasons,
+    }
+
+
+def _totals(index: RunIndex) -> Aggregate:
+    with index.totals_lock:  # kept with the view's index, so a live viewer reads only what is new
+        if index.record_index is None:
+            index.record_index = record_index(index.run_dir)
+        return index.record_index.totals()[0] if index.record_index is not None else Aggregate()
+
+
+def _by_name(tally: Counter, values: list, names=lambda value: value) -> Counter:
+    """Counts by interned id as counts by name (each value may hold several names, as a set of toolsets)."""
+    out: Counter = Counter()
+    for value_id, count in tally.items():
+        for name in names(values[value_id]):
+            out[name] += count
+    return out
+
+
+def _model_calls(agg: dict, stats: Optional[dict]) -> tuple:
+    """(tokens, cost, requests by provider, rate-limited calls): the call journal's, by statistics.json, when
+    there is one (it counts requests no record holds: prompts cut off by a crash), else the records'."""
+    tokens, cost = agg["usage"], agg["cost"]
+    requests = {name: {"requests": r[0], "errors": r[1], "rate_limited": r[2]} for name, r in agg["providers"].items()}
+    rate_limited = sum(r[2] for r in agg["providers"].values())
+    if stats:
         t = stats.get("tokens") or {}
         tokens = {"prompt": t.get("prompt", 0), "completion": t.get("completion", 0),
                   "reasoning": t.get("reasoning", 0), "cached": t.get("cached", 0)}
@@ -82,6 +104,37 @@ def summarize(index: RunIndex) -> dict:
         for name, row in (model_requests.get("by_provider") or {}).items():
             requests.setdefault(name, {"rate_limited": 0}).update(
                 requests=row.get("requests", 0), errors=row.get("errors", 0), median_latency_s=row.get("median_latency_s"))
+    return tokens, cost, requests, rate_limited
+
+
+def summarize(index: RunIndex) -> dict:
+    """Everything the summary and the charts show: counts from the index's tallies, sums from the run's totals."""
+    run_dir = index.run_dir
+    stats = _read_json(run_dir / "statistics.json")
+    run = _read_json(run_dir / "run.json") or {}
+    checkpoint = _read_json(run_dir / "checkpoint.json") or {}
+    cols, vocab, tallies = index.columns, index.vocab, index.tallies_now()
+    agg = _sums(_totals(index))
+    # the counts were kept as the rows were added: a summary never walks a million rows
+    counts = dict(enumerate(tallies.status))
+    still_failed = index.still_failed()
+    finished = sum(tallies.status) - counts[FAILED]
+
+    end_reasons = _by_name(tallies.end, vocab["end"].values, lambda value: (value or "unknown",))
+    turns = tallies.turns
+    duration = tallies.duration
+
+    toolset_counts = _by_name(tallies.toolsets, vocab["toolsets"].values)
+    probabilities = dict((run.get("distribution") or {}).get("probabilities") or {})
+    available = run.get("toolsets")
+    if isinstance(available, dict) and available:
+        probabilities = {k: v for k, v in probabilities.items() if k in available}
+
+    by_kind = Counter()
+    for i in still_failed:
+        by_kind[vocab["error"].values[cols.error[i]] or "unknown"] += 1
+    by_filter = _by_name(tallies.filters, vocab["filters"].values)
+    tokens, cost, requests, rate_limited = _model_calls(agg, stats)
     sessions = ((stats or {}).get("duration") or {}).get("sessions") or checkpoint.get("sessions") or []
     config = run.get("config") or {}
     return {
@@ -95,7 +148,7 @@ def summarize(index: RunIndex) -> dict:
             "failure_records": counts[FAILED],
             "skipped_invalid": ((stats or {}).get("prompts") or {}).get("skipped_invalid", 0),
         },
-        "partial": agg.partial,
+        "partial": agg["partial"],
         "unreadable": tallies.unreadable,
         "model_calls": tallies.model_calls,
         "tokens": tokens,
@@ -107,15 +160,15 @@ def summarize(index: RunIndex) -> dict:
         "end_reasons": end_reasons.most_common(),
         "turns": dict(turns),
         "duration": dict(duration),
-        "latency_ms": dict(agg.latency_ms),
-        "tools": sorted(((k, v) for k, v in agg.tools.items() if v[0]), key=lambda kv: (-kv[1][0], kv[0])),
-        "reasoning": agg.reasoning,
+        "latency_ms": dict(agg["latency_ms"]),
+        "tools": sorted(((k, v) for k, v in agg["tools"].items() if v[0]), key=lambda kv: (-kv[1][0], kv[0])),
+        "reasoning": agg["reasoning"],
         "toolsets": sorted(toolset_counts.items(), key=lambda kv: (-kv[1], kv[0])),
         "expected": expected_shares(probabilities),
         "finished": finished,
         "failures_by_kind": by_kind.most_common(),
         "discards_by_filter": by_filter.most_common(),
-        "discard_reasons": agg.reasons.most_common(12),
+        "discard_reasons": agg["reasons"].most_common(12),
         "statistics_at": ((stats or {}).get("timestamps") or {}).get("generated_at"),
     }
 

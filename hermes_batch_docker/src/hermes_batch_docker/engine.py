@@ -6,10 +6,9 @@ import functools
 import importlib
 import logging
 import os
-import socket
 from typing import Iterable, Optional
 
-from hermes_batch import ConfigError
+from hermes_batch import ConfigError, SandboxBackend
 
 log = logging.getLogger("hermes_batch.docker")
 
@@ -86,21 +85,8 @@ def owner_alive(labels: dict) -> bool:
     Only a process of this machine can be checked; one of another machine (an
     engine shared by several hosts) is taken to be running.
     """
-    if labels.get(LABEL_HOST) != socket.gethostname():
-        return True
-    try:
-        pid = int(labels.get(LABEL_PID, ""))
-    except ValueError:
-        return False
-    if pid == os.getpid():
-        return labels.get(LABEL_SESSION) in LIVE_SESSIONS
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return SandboxBackend.owner_alive(labels.get(LABEL_PID), labels.get(LABEL_HOST, ""),
+                                      session=labels.get(LABEL_SESSION), live_sessions=LIVE_SESSIONS)
 
 
 def find_containers(client: docker.APIClient, run_name: Optional[str] = None, **labels: str) -> list[dict]:

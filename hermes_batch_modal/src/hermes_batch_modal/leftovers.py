@@ -9,6 +9,8 @@ import socket
 from pathlib import Path
 from typing import Optional
 
+from hermes_batch import SandboxBackend
+
 from ._sdk import modal
 
 
@@ -49,21 +51,8 @@ def owner_alive(tags: dict) -> bool:
 
     Only a process of this machine can be checked; one of another machine is taken to be running.
     """
-    if tags.get(TAG_HOST) != socket.gethostname()[:63]:
-        return True
-    try:
-        pid = int(tags.get(TAG_PID, ""))
-    except ValueError:
-        return False
-    if pid == os.getpid():
-        return tags.get(TAG_SESSION) in LIVE_SESSIONS
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return SandboxBackend.owner_alive(tags.get(TAG_PID), tags.get(TAG_HOST, ""),
+                                      session=tags.get(TAG_SESSION), live_sessions=LIVE_SESSIONS)
 
 
 async def find(client: modal.Client, app_id: str, **tags: str) -> list[tuple[modal.Sandbox, dict]]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 import attrs
+from hermes_batch import SandboxBackend
 
 PREFIX = "hb-"
 RUN_CHARS = 40
@@ -92,15 +93,7 @@ class InstanceName:
 
     def owner_alive(self) -> bool:
         """Whether the hermes-batch process that started the instance may still be running."""
-        if self.pid == os.getpid():
-            return self.session in LIVE_SESSIONS
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return SandboxBackend.owner_alive(self.pid, session=self.session, live_sessions=LIVE_SESSIONS)
 
 
 def ours(listing: list[dict], run_name: Optional[str] = None) -> list[InstanceName]:

@@ -1,7 +1,9 @@
-"""Reading and writing files of a prompt folder without ever leaving it.
+"""Reading and writing files of a sandbox's folder without ever leaving it: :class:`SandboxFolder`.
 
-Paths are resolved one component at a time from a descriptor of the prompt
-folder held for the sandbox's life (``openat`` with ``O_NOFOLLOW`` on every
+A public building block for sandbox backends whose files are a folder of this
+machine (the local backend's prompt folder; a bubblewrap or chroot backend's
+root bind-mounted from the host).  Paths are resolved one component at a time
+from a descriptor of the folder held for the sandbox's life (``openat`` with ``O_NOFOLLOW`` on every
 step): a symbolic link is followed by reading it and walking its target the
 same way, so one that leads out of the folder is refused, and a command that
 swaps a link while a path is being resolved (a race a ``realpath`` check and a
@@ -34,7 +36,7 @@ class _Swapped(Exception):
 
 def outside_error(path: str) -> PermissionError:
     return PermissionError(
-        f"{path!r} is outside this prompt's sandbox folder; the local sandbox only reads and writes files inside it."
+        f"{path!r} is outside this prompt's sandbox folder; the sandbox's file API only reads and writes files inside it."
     )
 
 
@@ -56,11 +58,21 @@ def _parts(path: str) -> list:
     return [part for part in path.split("/") if part not in ("", ".")]
 
 
-class PromptFolder:
-    """A prompt folder reached through a held descriptor; ``cwd`` is where relative paths start."""
+class SandboxFolder:
+    """A sandbox's folder, reached through a descriptor held until :meth:`close`.
 
-    def __init__(self, root: str, cwd: str):
-        self.root = root
+    ``root`` is the folder (an absolute path of this machine), ``cwd`` the folder
+    inside it where relative paths start.  Absolute paths are taken as paths of
+    this machine and must lie under ``root``.  :meth:`read` and :meth:`write`
+    block (call them in a thread, e.g. ``asyncio.to_thread``), never on a FIFO
+    or device: those are refused with ``OSError(EINVAL)``; a path that leads
+    out of ``root``, through ``..`` or a link however swapped, raises
+    ``PermissionError``.
+    """
+
+    def __init__(self, root: str, cwd: Optional[str] = None):
+        self.root = root = os.fspath(root)
+        cwd = root if cwd is None else os.fspath(cwd)
         self.fd = os.open(root, _DIR_FLAGS)
         self.cwd_parts = _parts(os.path.relpath(cwd, root)) if cwd != root else []
 
@@ -147,7 +159,7 @@ class PromptFolder:
 
     # --- the file API ------------------------------------------------------------------
 
-    def read(self, path: str, max_bytes: Optional[int]) -> bytes:
+    def read(self, path: str, max_bytes: Optional[int] = None) -> bytes:
         """At most ``max_bytes`` bytes from the start of the regular file ``path`` (None: all)."""
         fd = self._open_existing(path, os.O_RDONLY)
         try:
@@ -201,7 +213,7 @@ class PromptFolder:
                 info = _lstat(chain[-1], name, path)
                 if info is None:
                     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-                _check_regular(info.st_mode, path)
+                require_regular_file(info.st_mode, path)
                 return _open_checked(chain[-1], name, flags, path)
             except _Swapped:
                 continue
@@ -216,7 +228,7 @@ class PromptFolder:
                 return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o666, dir_fd=parent)
             except FileExistsError:
                 raise _Swapped() from None
-        _check_regular(info.st_mode, path)
+        require_regular_file(info.st_mode, path)
         return _open_checked(parent, name, os.O_WRONLY, path)
 
 
@@ -230,7 +242,9 @@ def _lstat(parent: int, name: str, path: str) -> Optional[os.stat_result]:
     return info
 
 
-def _check_regular(mode: int, path: str) -> None:
+def require_regular_file(mode: int, path: str) -> None:
+    """Raise unless ``mode`` (an ``st_mode``) is a regular file's: ``IsADirectoryError`` for a folder,
+    ``OSError(EINVAL)`` naming the kind for a FIFO, socket or device, whose open or read could block."""
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     if not stat.S_ISREG(mode):
@@ -246,7 +260,7 @@ def _open_checked(parent: int, name: str, flags: int, path: str) -> int:
             raise _Swapped() from exc
         raise
     try:
-        _check_regular(os.fstat(fd).st_mode, path)
+        require_regular_file(os.fstat(fd).st_mode, path)
     except BaseException:
         os.close(fd)
         raise

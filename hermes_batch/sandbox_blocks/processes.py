@@ -6,7 +6,7 @@ hands the number to the next process it starts.  Killing a pid or group that
 was merely recorded earlier can therefore kill an unrelated process.  The local
 sandbox signals only:
 
-- its own children before it reaps them (:class:`Child`).  An unreaped child,
+- its own children before it reaps them (:class:`ChildProcess`).  An unreaped child,
   even a zombie, keeps its pid, and with it the process group and session it
   leads; only processes of that session can be in that group or session.
 - other processes through a pidfd (:func:`kill_verified`), opened before what
@@ -85,7 +85,7 @@ def pidfds_work() -> bool:
     return _pidfds[0]
 
 
-class Child:
+class ChildProcess:
     """A child started in a new session, reaped only by this object, so that it can be signalled safely.
 
     ``exited`` is done once the child ended; its pid, process group and session
@@ -108,7 +108,7 @@ class Child:
             threading.Thread(target=self._wait_in_thread, name="hermes-batch-child", daemon=True).start()
 
     @classmethod
-    async def start(cls, argv: list, *, nicer: int = 0, **popen_args) -> "Child":
+    async def start(cls, argv: list, *, nicer: int = 0, **popen_args) -> "ChildProcess":
         """Start ``argv`` as the leader of a new session (``subprocess.Popen`` arguments); raises OSError.
 
         The fork and exec run on a thread of ours: at hundreds of commands a

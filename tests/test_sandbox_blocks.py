@@ -1,0 +1,170 @@
+"""The public building blocks of sandbox backends, by themselves (the local sandbox is built from them)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+import hermes_batch
+from hermes_batch import ChildProcess, SandboxFolder, require_regular_file, run_command
+
+
+def test_the_blocks_are_public():
+    for name in ("SandboxFolder", "require_regular_file", "run_command", "ChildProcess"):
+        assert name in hermes_batch.__all__
+
+
+# --- SandboxFolder: link-safe paths ------------------------------------------------------------
+
+
+@pytest.fixture
+def folder(tmp_path: Path):
+    root = tmp_path / "box"
+    (root / "work").mkdir(parents=True)
+    (tmp_path / "secret").write_bytes(b"runner's secret")
+    opened = SandboxFolder(str(root), str(root / "work"))
+    yield opened
+    opened.close()
+
+
+def test_folder_writes_and_reads_relative_to_cwd(folder, tmp_path):
+    folder.write("a/b/c.bin", b"\x00\xff" * 10)
+    assert (tmp_path / "box/work/a/b/c.bin").read_bytes() == b"\x00\xff" * 10
+    assert folder.read("a/b/c.bin", 3) == b"\x00\xff\x00"
+    assert folder.read(str(tmp_path / "box/work/a/b/c.bin")) == b"\x00\xff" * 10
+
+
+@pytest.mark.parametrize("path", ["../../secret", "/etc/passwd"])
+def test_folder_refuses_paths_out_of_it(folder, path):
+    with pytest.raises(PermissionError, match="outside this prompt's sandbox folder"):
+        folder.read(path)
+
+
+def test_folder_follows_links_inside_and_refuses_links_out(folder, tmp_path):
+    work = tmp_path / "box/work"
+    (work / "real").write_bytes(b"inside")
+    os.symlink("real", work / "inner")
+    os.symlink(str(tmp_path / "secret"), work / "out")
+    os.symlink("../..", work / "up")
+    assert folder.read("inner") == b"inside"
+    for path in ("out", "up/secret"):
+        with pytest.raises(PermissionError):
+            folder.read(path)
+    with pytest.raises(PermissionError):
+        folder.write("out", b"overwritten")
+    assert (tmp_path / "secret").read_bytes() == b"runner's secret"
+
+
+def test_folder_refuses_fifos_and_devices_without_blocking(folder, tmp_path):
+    os.mkfifo(tmp_path / "box/work/fifo")
+    os.symlink("/dev/zero", tmp_path / "box/work/zero")  # outside anyway; a device made inside needs root
+    started = time.monotonic()
+    for call in (lambda: folder.read("fifo"), lambda: folder.write("fifo", b"x")):
+        with pytest.raises(OSError) as caught:
+            call()
+        assert caught.value.errno == errno.EINVAL and "FIFO" in str(caught.value)
+    assert time.monotonic() - started < 5
+
+
+def test_require_regular_file_names_what_it_refuses(tmp_path):
+    require_regular_file(stat.S_IFREG | 0o644, "f")
+    with pytest.raises(IsADirectoryError):
+        require_regular_file(os.stat(tmp_path).st_mode, str(tmp_path))
+    for mode, kind in ((os.stat("/dev/null").st_mode, "device"), (stat.S_IFIFO, "FIFO"), (stat.S_IFSOCK, "socket")):
+        with pytest.raises(OSError, match=kind) as caught:
+            require_regular_file(mode, "x")
+        assert caught.value.errno == errno.EINVAL
+
+
+# --- run_command: timeout, bounded output, the process group killed ------------------------------
+
+
+async def test_run_command_merges_output_and_reports_the_exit_status(tmp_path):
+    result = await run_command(["/bin/sh", "-c", "echo out; echo err >&2; exit 3"], 10, cwd=str(tmp_path))
+    assert (result.output, result.exit_code, result.timed_out) == ("out\nerr\n", 3, False)
+    killed = await run_command(["/bin/sh", "-c", "kill -9 $$"], 10)
+    assert killed.exit_code == 128 + 9
+
+
+async def test_run_command_kills_the_whole_process_group_at_the_timeout(tmp_path):
+    started = time.monotonic()
+    result = await run_command(["/bin/sh", "-c", "echo before; (sleep 2; touch late) & sleep 30"], 1, cwd=str(tmp_path))
+    assert result.timed_out and result.exit_code is None and result.output == "before\n"
+    assert time.monotonic() - started < 5
+    await asyncio.sleep(2.5)
+    assert not (tmp_path / "late").exists()  # the background job in its group died with it
+
+
+async def test_run_command_returns_when_the_command_ends_though_a_child_holds_its_output(tmp_path):
+    started = time.monotonic()
+    result = await run_command(["/bin/sh", "-c", "(sleep 3; touch lived) & echo started"], 20, cwd=str(tmp_path))
+    assert time.monotonic() - started < 2
+    assert (result.output, result.exit_code, result.timed_out) == ("started\n", 0, False)
+    await asyncio.sleep(3.5)
+    assert (tmp_path / "lived").exists()  # not killed: background processes live on
+
+
+async def test_run_command_bounds_its_output():
+    result = await run_command(["/bin/sh", "-c", "echo FIRST; yes filler | head -c 5000000; echo LAST"], 60,
+                               max_output_bytes=4096)
+    assert result.output.startswith("FIRST\n") and result.output.endswith("LAST\n")
+    assert "bytes of output omitted" in result.output and len(result.output) < 4200
+
+
+async def test_cancelling_run_command_kills_the_command(tmp_path):
+    task = asyncio.ensure_future(run_command(["/bin/sh", "-c", "echo $$ > pid; exec sleep 60"], 60, cwd=str(tmp_path)))
+    for _ in range(200):
+        await asyncio.sleep(0.05)
+        if (tmp_path / "pid").exists() and (tmp_path / "pid").read_text().strip():
+            break
+    pid = int((tmp_path / "pid").read_text())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):
+        if not _alive(pid):
+            break
+        await asyncio.sleep(0.05)
+    assert not _alive(pid)
+
+
+async def test_run_command_can_leave_the_child_unreaped_for_a_later_kill(tmp_path):
+    held = []
+    await run_command(["/bin/sh", "-c", "sleep 60 > /dev/null 2>&1 & echo $! > bg"], 10, cwd=str(tmp_path),
+                      settle=held.append)
+    (child,) = held
+    background = int((tmp_path / "bg").read_text())
+    assert _alive(background)
+    child.kill_group()  # the leader unreaped, its group is still its own: the background job is in it
+    for _ in range(100):
+        if not _alive(background):
+            break
+        await asyncio.sleep(0.05)
+    assert not _alive(background)
+    child.reap()
+    child.kill_group()  # once reaped, a no-op: the number may be someone else's now
+
+
+async def test_child_process_leads_its_own_session():
+    child = await ChildProcess.start(["sleep", "60"])
+    try:
+        assert os.getsid(child.pid) == child.pid and os.getpgid(child.pid) == child.pid
+    finally:
+        child.kill_group()
+        await child.exited
+        child.reap()
+    assert child.returncode == -9
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False

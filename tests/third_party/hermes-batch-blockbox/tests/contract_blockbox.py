@@ -1,0 +1,20 @@
+"""The shared sandbox contract over the blockbox backend."""
+
+import pytest
+
+from hermes_batch import RunContext
+from hermes_batch.testing import SandboxContract
+from hermes_batch_blockbox import BlockboxBackend
+
+
+class TestBlockboxContract(SandboxContract):
+    @pytest.fixture
+    async def backend(self, tmp_path):
+        backend = BlockboxBackend(BlockboxBackend.Config(), RunContext("contract", tmp_path / "run", seed=0))
+        await backend.check()
+        await backend.start()
+        yield backend
+        await backend.shutdown()
+
+    async def sandbox_exists(self, sandbox) -> bool:
+        return sandbox.root.exists()
