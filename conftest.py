@@ -2,7 +2,7 @@
 # test folder of this repository; a plugin's own tests/conftest.py holds only that plugin's fixtures.
 pytest_plugins = ["hermes_batch.testing.fixtures"]
 
-# What each test needs besides Python, as markers (registered in pyproject.toml; README.md#tests):
+# What each test needs besides Python, as markers (registered in pyproject.toml; docs/internals.md#tests):
 # `scripts/test.sh` deselects the tests marked with any of them, `scripts/test.sh --all` runs them all, the
 # `perf` ones one at a time.  This file marks them, so that a test says what it needs by the fixtures it
 # asks for and the tables below are the only other place:
