@@ -22,8 +22,8 @@
 #   - debootstraps the image hermes-batch-test/apptainer:2 and starts the container
 #     hermes-batch-apptainer of it, with the capabilities and devices Apptainer needs and /tmp mounted,
 #     whose apptainer command the singularity tests use (scripts/apptainer.sh);
-# then runs pytest twice with the arguments given: every test not marked perf in parallel, then the perf
-# tests one at a time (a -m given narrows both).  Its exit status is the first failing run's.
+# then runs pytest twice with the arguments given: every test not marked perf, modal or browser in parallel,
+# then those one at a time (a -m given narrows both).  Its exit status is the first failing run's.
 # When the tests end (or are interrupted) it stops the engine and removes the container it started, never
 # ones it found running (other test runs may use them), unless HERMES_BATCH_KEEP_SERVICES=1 (to run
 # pytest directly afterwards).  Packages, images and the virtual environment stay.
@@ -131,9 +131,9 @@ while [ $# -gt 0 ]; do
 done
 # pytest's status 5 is "no test selected": fine for one of the two runs (arguments may select only one kind)
 status=0
-"$VENV/bin/python" -m pytest -n auto --dist loadgroup -m "${select:+($select) and }not perf" ${args[@]+"${args[@]}"} 9>&- || status=$?
+"$VENV/bin/python" -m pytest -n auto --dist loadgroup -m "${select:+($select) and }not (perf or modal or browser)" ${args[@]+"${args[@]}"} 9>&- || status=$?
 perf=0
-"$VENV/bin/python" -m pytest -n 0 -m "${select:+($select) and }perf" ${args[@]+"${args[@]}"} 9>&- || perf=$?
+"$VENV/bin/python" -m pytest -n 0 -m "${select:+($select) and }(perf or modal or browser)" ${args[@]+"${args[@]}"} 9>&- || perf=$?
 if [ "$status" = 5 ] && [ "$perf" != 5 ]; then
     status=$perf
 elif [ "$status" = 0 ] && [ "$perf" != 5 ]; then

@@ -130,7 +130,7 @@ def run_test_sh(tmp_path, env=None, args=("--all", "-q")) -> tuple[subprocess.Co
 def test_test_sh_stops_the_engine_and_container_it_started(tmp_path):
     done, log = run_test_sh(tmp_path, {"FAKE_PYTEST_STATUS": "3"})
     assert done.returncode == 3, done.stderr  # pytest's status
-    assert "dockerd started" in log and "pytest -m pytest -n auto --dist loadgroup -m not perf -q (fd 9 closed)" in log
+    assert "dockerd started" in log and "pytest -m pytest -n auto --dist loadgroup -m not (perf or modal or browser) -q (fd 9 closed)" in log
     [run] = [line for line in log.splitlines() if line.startswith("docker run ")]
     assert "--cap-drop ALL" in run and "--cap-add SYS_ADMIN" in run
     for privilege in ("--privileged", "seccomp=unconfined", "--cap-add ALL", "--restart"):
@@ -191,14 +191,15 @@ def test_test_sh_alone_runs_the_fast_tests_in_parallel_and_starts_nothing(tmp_pa
 def test_test_sh_all_runs_the_perf_tests_alone_after_the_others(tmp_path):
     done, log = run_test_sh(tmp_path, {"FOUND_ENGINE": "1"}, args=("--all", "-x"))
     assert done.returncode == 0, done.stderr
-    assert pytest_runs(log) == ["-n auto --dist loadgroup -m not perf -x (fd 9 closed)", "-n 0 -m perf -x (fd 9 closed)"]
+    assert pytest_runs(log) == ["-n auto --dist loadgroup -m not (perf or modal or browser) -x (fd 9 closed)", "-n 0 -m (perf or modal or browser) -x (fd 9 closed)"]
     assert "docker info" in log  # it made sure of the engine first
 
 
 def test_test_sh_all_narrows_both_runs_by_the_callers_marker_expression(tmp_path):
     done, log = run_test_sh(tmp_path, {"FOUND_ENGINE": "1"}, args=("--all", "-m", "docker or ray", "-q", "-mslow"))
     assert done.returncode == 0, done.stderr
-    assert pytest_runs(log) == ["-n auto --dist loadgroup -m (slow) and not perf -q (fd 9 closed)", "-n 0 -m (slow) and perf -q (fd 9 closed)"]
+    assert pytest_runs(log) == ["-n auto --dist loadgroup -m (slow) and not (perf or modal or browser) -q (fd 9 closed)",
+                                 "-n 0 -m (slow) and (perf or modal or browser) -q (fd 9 closed)"]
 
 
 @pytest.mark.parametrize("statuses, status", [
