@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# Set up everything the test suite needs on a fresh machine, run it, then stop what it started.
-# Usage: scripts/test.sh [pytest arguments]
+# Run the test suite.
 #
-# What it does (each step only when the machine lacks it; README.md and docs/internals.md say the same):
-#   - makes the virtual environment $HERMES_BATCH_VENV (default .venv) and installs this checkout and its
-#     plugins into it, editable, with the test dependencies (pip);
+#   scripts/test.sh [pytest arguments]         the contributor's run: about a minute, no root, no services
+#   scripts/test.sh --all [pytest arguments]   every test, with the services they need (what .ci/run calls)
+#
+# Both make the virtual environment $HERMES_BATCH_VENV (default .venv) and install this checkout and its
+# plugins into it, editable, with the test dependencies (pip, quietly; skipped while the venv holds what the
+# pyproject.toml files ask for, noted in $VENV/.hermes-batch-test-install).
+#
+# Without --all it runs, in parallel (pytest-xdist, one process per core), every test that needs nothing
+# but Python: those marked docker, apptainer, modal, ray, browser, slow or perf (the root conftest.py marks
+# them) are deselected.  It installs no system package and starts nothing.  The arguments go to pytest after
+# its own, so `-m docker`, `-n 0` or a path replace or narrow them.
+#
+# With --all it first sets up what the marked tests need, each step only when the machine lacks it
+# (README.md and docs/internals.md say the same):
 #   - installs system packages with apt-get when missing: docker.io, busybox-static, gcc and libc6-dev,
 #     openssl, debootstrap, chromium (and python3-venv);
 #   - starts a Docker engine (dockerd) and builds the test images hermes-batch-test/busybox-{a,b}:1
@@ -12,7 +22,8 @@
 #   - debootstraps the image hermes-batch-test/apptainer:2 and starts the container
 #     hermes-batch-apptainer of it, with the capabilities and devices Apptainer needs and /tmp mounted,
 #     whose apptainer command the singularity tests use (scripts/apptainer.sh);
-#   - runs pytest with the arguments given.
+# then runs pytest twice with the arguments given: every test not marked perf, modal or browser in parallel,
+# then those one at a time (a -m given narrows both).  Its exit status is the first failing run's.
 # When the tests end (or are interrupted) it stops the engine and removes the container it started, never
 # ones it found running (other test runs may use them), unless HERMES_BATCH_KEEP_SERVICES=1 (to run
 # pytest directly afterwards).  Packages, images and the virtual environment stay.
@@ -52,19 +63,51 @@ trap stop_what_was_started EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+ALL=
+if [ "${1:-}" = --all ]; then
+    ALL=1
+    shift
+fi
+
+# The distributions of this checkout that the tests import, editable, and what the tests need besides.
+PACKAGES=(
+    -e '.[test]'
+    -e plugins/hermes_batch_example
+    -e hermes_batch_docker
+    -e hermes_batch_singularity
+    -e hermes_batch_modal
+    -e plugins/hermes_batch_toolbox
+    -e plugins/hermes_batch_filters
+    -e plugins/hermes_batch_parquet
+    -e plugins/hermes_batch_ray
+    'duckdb>=1.1'
+)
+
+# install_python_packages VENV: pip install PACKAGES into VENV, unless it did so already for the same
+# PACKAGES and pyproject.toml files (an editable install sees the code's changes by itself; a new
+# dependency or entry point is in a pyproject.toml).
+install_python_packages() {
+    local stamp=$1/.hermes-batch-test-install digest
+    digest=$({ printf '%s\n' "${PACKAGES[@]}"; cat pyproject.toml hermes_batch_*/pyproject.toml plugins/*/pyproject.toml; } \
+        | cksum)
+    [ "$(cat "$stamp" 2>/dev/null)" = "$digest" ] && return 0
+    rm -f "$stamp"
+    quietly "$1/bin/pip" install --disable-pip-version-check "${PACKAGES[@]}"
+    echo "$digest" >"$stamp"
+}
+
 VENV=${HERMES_BATCH_VENV:-.venv}
 ensure_venv "$VENV"
-quietly "$VENV/bin/pip" install --disable-pip-version-check \
-    -e '.[test]' \
-    -e plugins/hermes_batch_example \
-    -e hermes_batch_docker \
-    -e hermes_batch_singularity \
-    -e hermes_batch_modal \
-    -e plugins/hermes_batch_toolbox \
-    -e plugins/hermes_batch_filters \
-    -e plugins/hermes_batch_parquet \
-    -e plugins/hermes_batch_ray \
-    'duckdb>=1.1'
+install_python_packages "$VENV"
+export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
+# what needs more than Python (the root conftest.py says which test needs what)
+SERVICES='docker or apptainer or modal or ray or browser or slow or perf'
+
+if [ -z "$ALL" ]; then
+    "$VENV/bin/python" -m pytest -n auto --dist loadgroup -m "not ($SERVICES)" "$@" 9>&-
+    exit
+fi
+
 ensure_docker_for_tests
 # The local sandbox's namespace helper is built with the machine's C compiler (its tests use it).
 if ! command -v cc >/dev/null 2>&1 || [ ! -e /usr/include/stdio.h ]; then
@@ -76,5 +119,24 @@ command -v openssl >/dev/null 2>&1 || _hb_apt_install openssl
 ensure_apptainer_for_tests
 ensure_chromium
 
-export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
-"$VENV/bin/python" -m pytest "$@" 9>&-
+# A -m of the caller narrows both runs: (its expression) and not perf, then (its expression) and perf.
+select=
+args=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -m) select=${2:-}; shift; [ $# -gt 0 ] && shift ;;
+        -m?*) select=${1#-m}; shift ;;
+        *) args+=("$1"); shift ;;
+    esac
+done
+# pytest's status 5 is "no test selected": fine for one of the two runs (arguments may select only one kind)
+status=0
+"$VENV/bin/python" -m pytest -n auto --dist loadgroup -m "${select:+($select) and }not (perf or modal or browser)" ${args[@]+"${args[@]}"} 9>&- || status=$?
+perf=0
+"$VENV/bin/python" -m pytest -n 0 -m "${select:+($select) and }(perf or modal or browser)" ${args[@]+"${args[@]}"} 9>&- || perf=$?
+if [ "$status" = 5 ] && [ "$perf" != 5 ]; then
+    status=$perf
+elif [ "$status" = 0 ] && [ "$perf" != 5 ]; then
+    status=$perf
+fi
+exit "$status"

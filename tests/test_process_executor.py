@@ -108,8 +108,8 @@ def test_the_run_folder_matches_the_local_executors_record_for_record(tmp_path, 
 
 
 def test_workers_are_forked_warm_so_the_model_sdk_is_imported_once_for_all(tmp_path, runner, model_server):
-    # Each worker used to be a fresh interpreter that imported the engine, the plugins and the SDK: about
-    # 2 s of CPU per worker. The forkserver imports them once and forks the workers from itself.
+    # A fresh interpreter per worker would import the engine, the plugins and the SDK again, seconds of CPU
+    # each: the forkserver imports them once and forks the workers from itself.
     server = model_server(ToolLoopScript(tool_calls=1), latency=0.01)
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts_of(12)])
     child = runner.spawn(data, *BASE, "--executor", "processes", "-E", "workers=3", "--num_workers", "6",

@@ -222,7 +222,7 @@ def test_pyarrow_reads_the_run_in_small_blocks_with_one_schema(varied_records):
     schema = arrow_schema(varied_records)
     assert schema == arrow_schema(varied_records, block_size=1 << 24)  # one block: the same types
     meta = schema.field("metadata").type
-    # the fields that used to take their type from the data
+    # the fields whose type could otherwise come from the data
     for name in ("invalid_tool_calls", "row", "id", "image", "cwd", "end_reason"):
         assert str(meta.field(name).type) == "string", name
     assert str(meta.field("usage").type) == (

@@ -753,7 +753,7 @@ def test_ctrl_c_while_a_resume_reads_the_run_folder_is_heard_at_once(tmp_path, r
 
     async def interrupt():
         task = asyncio.create_task(run.execute())
-        while not scanning.is_set():  # on the event loop (before the fix) this loop only ran after the scan
+        while not scanning.is_set():  # a scan on the event loop would keep this loop waiting until it ended
             await asyncio.sleep(0.005)
         task.cancel()
         return await task, time.perf_counter() - scan_started[0]

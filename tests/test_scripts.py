@@ -84,7 +84,10 @@ while :; do sleep 0.1; done
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 [ "$1" = -c ] && exit 0
 echo "pytest $* (fd 9 $( [ -e /proc/$$/fd/9 ] && echo inherited || echo closed))" >> "$STATE/log"
-exit "${FAKE_PYTEST_STATUS:-0}"
+# the Nth pytest run exits with the Nth of FAKE_PYTEST_STATUSES (else FAKE_PYTEST_STATUS)
+statuses=(${FAKE_PYTEST_STATUSES:-})
+runs=$(grep -c '^pytest ' "$STATE/log")
+exit "${statuses[$((runs - 1))]:-${FAKE_PYTEST_STATUS:-0}}"
 """
 
 
@@ -100,14 +103,16 @@ def _no_stand_in_left(tmp_path):
             continue
 
 
-def run_test_sh(tmp_path, env=None, args=("-q",)) -> tuple[subprocess.CompletedProcess, str]:
-    """scripts/test.sh with stand-ins for docker, dockerd, pip and python (nothing real is started or stopped)."""
+def run_test_sh(tmp_path, env=None, args=("--all", "-q")) -> tuple[subprocess.CompletedProcess, str]:
+    """scripts/test.sh with stand-ins for docker, dockerd, apt-get, pip and python (nothing real is started or stopped)."""
     state, bin_dir, venv = tmp_path / "state", tmp_path / "bin", tmp_path / "venv"
     for folder in (state, bin_dir, venv / "bin"):
         folder.mkdir(parents=True, exist_ok=True)
     for path, text in [(bin_dir / "docker", FAKE_DOCKER), (bin_dir / "dockerd", FAKE_DOCKERD),
-                       (bin_dir / "sudo", '#!/bin/sh\nexec "$@"\n'), (bin_dir / "apt-get", "#!/bin/sh\nexit 1\n"),
-                       (venv / "bin" / "python", FAKE_PYTHON), (venv / "bin" / "pip", "#!/bin/sh\nexit 0\n")]:
+                       (bin_dir / "sudo", '#!/bin/sh\nexec "$@"\n'),
+                       (bin_dir / "apt-get", '#!/bin/sh\necho "apt-get $*" >> "$STATE/log"\nexit 1\n'),
+                       (venv / "bin" / "python", FAKE_PYTHON),
+                       (venv / "bin" / "pip", '#!/bin/sh\necho "pip $*" >> "$STATE/log"\nexit 0\n')]:
         path.write_text(text)
         path.chmod(0o755)
     base = {
@@ -125,7 +130,7 @@ def run_test_sh(tmp_path, env=None, args=("-q",)) -> tuple[subprocess.CompletedP
 def test_test_sh_stops_the_engine_and_container_it_started(tmp_path):
     done, log = run_test_sh(tmp_path, {"FAKE_PYTEST_STATUS": "3"})
     assert done.returncode == 3, done.stderr  # pytest's status
-    assert "dockerd started" in log and "pytest -m pytest -q (fd 9 closed)" in log
+    assert "dockerd started" in log and "pytest -m pytest -n auto --dist loadgroup -m not (perf or modal or browser) -q (fd 9 closed)" in log
     [run] = [line for line in log.splitlines() if line.startswith("docker run ")]
     assert "--cap-drop ALL" in run and "--cap-add SYS_ADMIN" in run
     for privilege in ("--privileged", "seccomp=unconfined", "--cap-add ALL", "--restart"):
@@ -164,3 +169,58 @@ def test_test_sh_keeps_what_it_started_when_asked_or_in_use(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "another scripts/test.sh is using what this one started; left running" in done.stderr
     assert "dockerd stopped" not in log
+
+
+# --- scripts/test.sh alone: the fast tests in parallel, nothing installed or started; --all: everything ---------
+
+FAST = "-n auto --dist loadgroup -m not (docker or apptainer or modal or ray or browser or slow or perf)"
+
+
+def pytest_runs(log: str) -> list[str]:
+    return [line.removeprefix("pytest -m pytest ") for line in log.splitlines() if line.startswith("pytest ")]
+
+
+def test_test_sh_alone_runs_the_fast_tests_in_parallel_and_starts_nothing(tmp_path):
+    done, log = run_test_sh(tmp_path, {"FAKE_PYTEST_STATUS": "3"}, args=("-q", "tests/test_x.py"))
+    assert done.returncode == 3, done.stderr  # pytest's status
+    assert pytest_runs(log) == [f"{FAST} -q tests/test_x.py (fd 9 closed)"]  # the caller's arguments come last
+    assert not [line for line in log.splitlines() if line.startswith(("docker", "apt-get"))], log
+    assert done.stderr == ""
+
+
+def test_test_sh_all_runs_the_perf_tests_alone_after_the_others(tmp_path):
+    done, log = run_test_sh(tmp_path, {"FOUND_ENGINE": "1"}, args=("--all", "-x"))
+    assert done.returncode == 0, done.stderr
+    assert pytest_runs(log) == ["-n auto --dist loadgroup -m not (perf or modal or browser) -x (fd 9 closed)", "-n 0 -m (perf or modal or browser) -x (fd 9 closed)"]
+    assert "docker info" in log  # it made sure of the engine first
+
+
+def test_test_sh_all_narrows_both_runs_by_the_callers_marker_expression(tmp_path):
+    done, log = run_test_sh(tmp_path, {"FOUND_ENGINE": "1"}, args=("--all", "-m", "docker or ray", "-q", "-mslow"))
+    assert done.returncode == 0, done.stderr
+    assert pytest_runs(log) == ["-n auto --dist loadgroup -m (slow) and not (perf or modal or browser) -q (fd 9 closed)",
+                                 "-n 0 -m (slow) and (perf or modal or browser) -q (fd 9 closed)"]
+
+
+@pytest.mark.parametrize("statuses, status", [
+    ("0 0", 0), ("1 0", 1), ("0 1", 1), ("2 1", 2),
+    ("5 0", 0), ("0 5", 0), ("5 1", 1), ("5 5", 5),  # 5: the arguments selected no test of that run
+])
+def test_test_sh_all_fails_when_either_run_fails(tmp_path, statuses, status):
+    done, log = run_test_sh(tmp_path, {"FOUND_ENGINE": "1", "FAKE_PYTEST_STATUSES": statuses})
+    assert done.returncode == status, done.stderr
+    assert len(pytest_runs(log)) == 2  # the perf tests run even when the others failed
+
+
+def test_pip_runs_again_only_when_what_it_installs_changed(tmp_path):
+    pip_calls = lambda log: [line for line in log.splitlines() if line.startswith("pip ")]  # noqa: E731
+    _, log = run_test_sh(tmp_path, args=())
+    [first] = pip_calls(log)
+    assert "install --disable-pip-version-check -e .[test]" in first and "-e plugins/hermes_batch_ray" in first
+    _, log = run_test_sh(tmp_path, args=())
+    assert len(pip_calls(log)) == 1, "the second run does not run pip"
+    stamp = tmp_path / "venv" / ".hermes-batch-test-install"
+    stamp.write_text("another set of pyproject.toml files\n")
+    _, log = run_test_sh(tmp_path, args=())
+    assert len(pip_calls(log)) == 2
+    assert stamp.read_text() != "another set of pyproject.toml files\n"

@@ -1,0 +1,81 @@
+"""The markers of what a test needs (the root conftest.py): each registered, each table entry still a test."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def root_conftest():
+    spec = importlib.util.spec_from_file_location("hermes_batch_root_conftest", REPO / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+NEEDS = root_conftest()
+
+
+def pytest_settings() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+
+
+def test_every_need_is_a_registered_marker_and_markers_are_strict():
+    registered = {line.split(":", 1)[0] for line in pytest_settings()["markers"]}
+    assert set(NEEDS.NEEDS) <= registered
+    used = set(NEEDS.NEEDS_OF_FIXTURES.values()) | {need for needs in NEEDS.NEEDS_OF_TESTS.values() for need in needs}
+    assert used <= set(NEEDS.NEEDS), used - set(NEEDS.NEEDS)
+    assert "--strict-markers" in pytest_settings()["addopts"]
+
+
+def defined_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+@pytest.mark.parametrize("key", sorted(NEEDS.NEEDS_OF_TESTS))
+def test_every_test_of_the_table_exists(key):
+    """A renamed or deleted test must leave the table too: an entry that names nothing marks nothing."""
+    path, _, name = key.partition("::")
+    assert (REPO / path).is_file(), f"{path} does not exist: update NEEDS_OF_TESTS in the root conftest.py"
+    if name:
+        assert name in defined_names(REPO / path), f"{key} is not a test: update NEEDS_OF_TESTS in the root conftest.py"
+
+
+@pytest.mark.parametrize("fixture", sorted(NEEDS.NEEDS_OF_FIXTURES))
+def test_every_fixture_of_the_table_exists(fixture):
+    folders = [REPO / "tests", *REPO.glob("plugins/*/tests"), *REPO.glob("hermes_batch_*/tests")]
+    files = [path for folder in folders for path in folder.glob("*.py")]
+    assert any(fixture in defined_names(path) for path in files), f"no fixture {fixture}: update NEEDS_OF_FIXTURES"
+
+
+def item(path: str, name: str, fixtures=()):
+    return SimpleNamespace(path=REPO / path, name=name, originalname=name.split("[")[0], fixturenames=list(fixtures),
+                           config=SimpleNamespace(rootpath=REPO))
+
+
+def test_a_test_needs_what_its_fixtures_and_the_table_say():
+    needs = NEEDS._needs
+    assert needs(item("hermes_batch_docker/tests/test_x.py", "test_a", ["tmp_path", "run_name", "docker_api"])) == {"docker"}
+    assert needs(item("hermes_batch_docker/tests/test_x.py", "test_b", ["tmp_path"])) == set()  # a unit test runs anywhere
+    assert needs(item("tests/test_view_report.py", "test_c", ["page", "browser", "demo_run_dir"])) == {"browser"}
+    assert needs(item("plugins/hermes_batch_toolbox/tests/test_open_files.py", "test_d")) == {"browser", "slow"}
+    assert needs(item("tests/test_model_transport.py", "test_a_gzip_answer_is_capped_once_decompressed[httpx]",
+                      ["backend"])) == {"perf"}  # every parametrisation
+    assert needs(item("tests/test_model_transport.py", "test_something_else", ["backend"])) == set()
+
+
+def test_the_ray_tests_share_one_worker_and_so_one_cluster():
+    added = []
+    fake = item("plugins/hermes_batch_ray/tests/test_ray_executor.py", "test_x", ["ray_cluster"])
+    fake.add_marker = added.append
+    NEEDS.pytest_collection_modifyitems(None, [fake])
+    groups = [decorator.mark for decorator in added if not isinstance(decorator, str)]
+    assert "ray" in added and [(g.name, g.args) for g in groups] == [("xdist_group", ("ray",))]
