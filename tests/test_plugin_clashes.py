@@ -98,3 +98,14 @@ def test_a_plugin_clashing_with_an_installed_one_is_chosen_by_qualified_name():
     assert theirs is registry.get("filters", "filters:min-tool-calls") and theirs is not Mine
     with pytest.raises(PluginError, match="mintools:min-tool-calls"):
         registry.get("filters", "min-tool-calls")
+
+
+def test_the_plugins_a_command_leaves_out_reach_the_workers_environment(monkeypatch):
+    # A Ray actor on another machine has only the environment it is given: the API key and the disabled plugins.
+    from hermes_batch import PromptWorker
+    from hermes_batch.contract.plugins import DISABLE_ENV
+
+    monkeypatch.delenv(DISABLE_ENV, raising=False)
+    assert DISABLE_ENV not in PromptWorker.environment("key")
+    monkeypatch.setenv(DISABLE_ENV, "hermes-batch-filters")
+    assert PromptWorker.environment(None) == {DISABLE_ENV: "hermes-batch-filters"}

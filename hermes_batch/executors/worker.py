@@ -30,7 +30,7 @@ from ..errors import HermesBatchError
 from ..contract.interfaces import stop_if_cancelled
 from ..folder.journal import CallJournal
 from ..run.plan import RunPlan, build_processor
-from ..contract.plugins import collect, get_plugin_manager
+from ..contract.plugins import DISABLE_ENV, collect, get_plugin_manager
 from ..contract.run_context import RunContext
 
 log = logging.getLogger("hermes_batch.executors.worker")
@@ -119,8 +119,13 @@ class PromptWorker:
 
     @staticmethod
     def environment(api_key: Optional[str]) -> dict:
-        """The variables to add to a worker's environment (its process's, or a Ray runtime environment): the API key."""
-        return {API_KEY_VARIABLE: api_key} if api_key else {}
+        """The variables to add to a worker's environment (its process's, or a Ray runtime environment): the API
+        key, and the plugins this command leaves out (``-p no:NAME`` or HERMES_BATCH_DISABLE_PLUGINS), so a worker
+        on another machine leaves them out too."""
+        env = {API_KEY_VARIABLE: api_key} if api_key else {}
+        if os.environ.get(DISABLE_ENV):
+            env[DISABLE_ENV] = os.environ[DISABLE_ENV]
+        return env
 
     @staticmethod
     def take_api_key() -> Optional[str]:
