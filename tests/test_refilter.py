@@ -189,7 +189,8 @@ elif point == "mid-switch":  # one file of several moved in
     def replace(a, b):
         real(a, b)
         die()
-    r.os = types.SimpleNamespace(**{**vars(os), "replace": replace})
+    import hermes_batch.folder.unfinished as u  # moves a committed refilter's files in, for a resume too
+    u.os = types.SimpleNamespace(**{**vars(os), "replace": replace})
 elif point == "before-rebuild":
     r._rebuild = die
 from hermes_batch.cli import main

@@ -36,12 +36,10 @@ from ..formats.records import SCHEMA_VERSION
 from ..folder.reindex import _Writers
 from ..folder.durable import AppendLog, _fsync_dir, atomic_write_text
 from ..folder.runfolder import RunFolder
+from ..folder.unfinished import AUDIT, PLAN, STAGING, _move_files, recover_files  # noqa: F401 (AUDIT, recover_files: this module's names too)
 
 log = logging.getLogger(__name__)
 
-AUDIT = "refilter_audit.jsonl"
-STAGING = ".refilter"
-PLAN = "PLAN.json"
 
 
 @attrs.frozen
@@ -255,22 +253,6 @@ def _append_audit_summary(folder: RunFolder, result: RefilterResult) -> None:
 # --- switching -----------------------------------------------------------------------------------------------
 
 
-def _move_files(folder: RunFolder, staging: Path) -> dict:
-    from ..folder.record_index import RecordIndex
-
-    plan_data = json.loads((staging / PLAN).read_text(encoding="utf-8"))
-    for name in plan_data["files"]:
-        staged = staging / name
-        if staged.exists():  # else an interrupted switch already moved it in
-            os.replace(staged, folder.dir / name)
-    _fsync_dir(folder.dir)
-    # The record files were rewritten: their indexes (and the merge's state) are built again from them when next
-    # needed.  A rewrite can keep a file's length and both ends (a discarded record's reasons of the same size),
-    # which the index's own check would not see.  PLAN.json is still there, so a kill here drops them next time.
-    RecordIndex(folder).drop()
-    return plan_data
-
-
 def _switch(folder: RunFolder, staging: Path, writers: Sequence) -> None:
     plan_data = _move_files(folder, staging)
     _rebuild(folder, writers, plan_data["filters"])
@@ -309,19 +291,6 @@ def finish_pending(folder: RunFolder, writers: Sequence = ()) -> bool:
         return True
     shutil.rmtree(staging)
     return False
-
-
-def recover_files(folder: RunFolder) -> None:
-    """For ``run --resume``: finish moving the files of an interrupted refilter (the run rebuilds the rest)."""
-    staging = folder.dir / STAGING
-    if not staging.is_dir():
-        return
-    if not (staging / PLAN).exists():
-        shutil.rmtree(staging)
-        return
-    _move_files(folder, staging)
-    (staging / PLAN).unlink()
-    shutil.rmtree(staging, ignore_errors=True)
 
 
 def last_refilter(folder: RunFolder) -> Optional[dict]:

@@ -384,19 +384,3 @@ def _switch(folder: RunFolder, staging: Path) -> None:
         shutil.rmtree(staging)
     except OSError as exc:
         raise write_error(exc.filename or folder.dir, exc, doing="Importing") from exc
-
-
-def is_seed_folder(folder: RunFolder) -> bool:
-    """True when ``folder`` holds batch_runner.py's batch files and was never imported (no run.json)."""
-    if folder.run_json.exists():
-        return False
-    first = next(folder.iter_batch_files(), None)
-    if first is None:
-        return False
-    try:
-        with open(first[1], "rb") as handle:
-            record = json.loads(handle.readline())
-    except (OSError, ValueError):
-        return False
-    return (isinstance(record, dict) and isinstance(record.get("conversations"), list)
-            and "content_key" not in (record.get("metadata") or {}))

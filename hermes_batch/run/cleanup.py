@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from ..offline import refilter
+from ..folder import unfinished
 from ..folder.record_index import INDEX_DIR, is_index_file
 from ..folder.journal import JOURNAL_NAME
 from .notices import SKIPPED_LINES
@@ -40,7 +40,7 @@ def is_sandbox_folder(name: str, *, kept: bool = True) -> bool:
 
 # Outputs named outside runfolder.py.  Each must go with the rest: a journal left behind would count the old
 # run's calls in the new run's totals, and unmatched records would come back into it at a later resume.
-_OTHER_OUTPUTS = (JOURNAL_NAME, UNMATCHED, SKIPPED_LINES, REPORT_NAME, refilter.AUDIT)
+_OTHER_OUTPUTS = (JOURNAL_NAME, UNMATCHED, SKIPPED_LINES, REPORT_NAME, unfinished.AUDIT)
 
 
 def output_files(folder: RunFolder, writer_files: Iterable[str] = ()) -> list[Path]:
@@ -56,7 +56,7 @@ def remove_outputs(folder: RunFolder, writer_files: Iterable[str] = (), *, kept:
     removed = 0
     for path in output_files(folder, writer_files) + _temp_files(folder):
         removed += _unlink(path)
-    removed += _remove_staging(folder, STAGING) + _remove_staging(folder, refilter.STAGING)
+    removed += _remove_staging(folder, STAGING) + _remove_staging(folder, unfinished.STAGING)
     removed += _remove_index(folder)
     removed += _remove_sandbox_folders(folder, kept=kept)
     return removed

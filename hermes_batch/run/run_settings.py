@@ -56,7 +56,7 @@ HISTORY = "settings_history"
 
 def read_run_json(folder: RunFolder) -> dict:
     """run.json as a dict ({} when missing or unreadable); a committed refilter's, when one awaits its switch."""
-    from ..offline.refilter import PLAN, STAGING
+    from ..folder.unfinished import PLAN, STAGING
 
     path = folder.run_json
     staged = folder.dir / STAGING / "run.json"

@@ -16,7 +16,7 @@ import pluggy
 from ..folder import durable, offloop, record_index, reindex, rowkeys
 from . import cleanup, distributions, limits, notices, run_settings, selection
 from ..formats import endpoint_numbers
-from ..offline import refilter, seed_import
+from ..folder import unfinished
 from .checkpoint import Checkpoints, load_checkpoint, repair_torn_tails, write_run_json
 from .config import RunConfig
 from ..errors import (
@@ -120,7 +120,7 @@ class RunEngine:
         self.lock = RunFolderLock(self.folder.dir)
         self.lock.acquire()
         try:
-            if cfg.resume and seed_import.is_seed_folder(self.folder):
+            if cfg.resume and unfinished.is_seed_folder(self.folder):
                 # its records have no content key: a resume would find nothing finished and pay for all again
                 raise RunFolderError(
                     f"{self.folder.dir} is a run folder of batch_runner.py; convert it first with "
@@ -360,7 +360,7 @@ class RunEngine:
 
     def _read_run_folder(self) -> rowkeys.ResumeMatch:
         """What a resume starts from, the folder repaired: the rows left, from the indexes and the row keys."""
-        refilter.recover_files(self.folder)  # an interrupted refilter's files, before anything reads them
+        unfinished.recover_files(self.folder)  # an interrupted refilter's files, before anything reads them
         if reindex.recover(self.folder):  # it drops the indexes of the files it rewrote
             self.checkpoints.renumbered()
         repair_torn_tails(self.folder)
