@@ -56,6 +56,7 @@ from .session.command_output import BoundedOutput, FirstBytes  # noqa: E402
 from .sandbox_blocks.commands import run_command  # noqa: E402
 from .sandbox_blocks.files import SandboxFolder, require_regular_file  # noqa: E402
 from .sandbox_blocks.processes import ChildProcess  # noqa: E402
+from .sandbox_blocks.pool import WarmPool  # noqa: E402
 from .contract.plugins import PluginManager, get_plugin_manager  # noqa: E402
 from .model.ratelimit import CallLimiter  # noqa: E402
 from .formats.records import (  # noqa: E402
@@ -101,6 +102,7 @@ __all__ = [
     "require_regular_file",
     "run_command",
     "ChildProcess",
+    "WarmPool",
     "Toolset",
     "ToolsetRuntime",
     "ToolsetSession",

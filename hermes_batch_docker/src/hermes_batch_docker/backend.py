@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 
-from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec
+from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec, WarmPool
 
 from . import engine
 from .config import BASE_CAPABILITIES, DEFAULT_DISK, DEFAULT_WORKDIR, DockerConfig, parse_size
@@ -30,7 +30,6 @@ from .engine import (
     docker,
     engine_errors,
 )
-from .pool import ContainerPool
 from .sandbox import SHELL, DockerSandbox
 
 log = logging.getLogger("hermes_batch.docker")
@@ -67,8 +66,8 @@ class DockerBackend(SandboxBackend):
         self._images: dict[str, asyncio.Future] = {}
         self._open: set[DockerSandbox] = set()
         self._background: set[asyncio.Future] = set()  # creations, removals and kills still running in threads
-        self._pools: dict[tuple, ContainerPool] = {}  # (image, working folder) -> containers started ahead (-S pool=)
-        self._taken: dict[DockerSandbox, ContainerPool] = {}  # open sandboxes of a pool, replaced when closed
+        self._pools: dict[tuple, WarmPool] = {}  # (image, working folder) -> containers started ahead (-S pool=)
+        self._taken: dict[DockerSandbox, WarmPool] = {}  # open sandboxes of a pool, replaced when closed
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -298,7 +297,7 @@ class DockerBackend(SandboxBackend):
             LABEL_SESSION: self.session,
         }
 
-    def _container_pool(self, image: str, info: dict) -> ContainerPool:
+    def _container_pool(self, image: str, info: dict) -> WarmPool:
         workdir = self._workdir(None, info)
         pool = self._pools.get((image, workdir))
         if pool is None:
@@ -319,7 +318,9 @@ class DockerBackend(SandboxBackend):
                         future.add_done_callback(self._remove_orphan)
                         raise
 
-            pool = self._pools[(image, workdir)] = ContainerPool(self, image, workdir, size, create)
+            pool = self._pools[(image, workdir)] = WarmPool(
+                image, workdir, size, create, lambda made: self.discard_container(made[0]), what="container", backend="docker"
+            )
             pool.fill()
         return pool
 

@@ -10,12 +10,11 @@ import posixpath
 import secrets
 from typing import Optional
 
-from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec
+from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec, WarmPool
 
 from . import instances, runtime
 from .config import DEFAULT_WORKDIR, SingularityConfig
 from .images import ImageCache
-from .pool import InstancePool
 from .sandbox import SingularitySandbox
 
 log = logging.getLogger("hermes_batch.singularity")
@@ -46,8 +45,8 @@ class SingularityBackend(SandboxBackend):
         self._open: set[SingularitySandbox] = set()
         self._background: set[asyncio.Future] = set()  # starts cut short, stops, kills still running
         self._uncertain: set[str] = set()  # instances whose start did not end normally
-        self._pools: dict[tuple, InstancePool] = {}  # (image, working folder) -> instances started ahead (-S pool=)
-        self._taken: dict[SingularitySandbox, InstancePool] = {}  # open sandboxes of a pool, replaced when closed
+        self._pools: dict[tuple, WarmPool] = {}  # (image, working folder) -> instances started ahead (-S pool=)
+        self._taken: dict[SingularitySandbox, WarmPool] = {}  # open sandboxes of a pool, replaced when closed
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -182,7 +181,7 @@ class SingularityBackend(SandboxBackend):
             raise
         return sandbox
 
-    def _instance_pool(self, image: str, path: str) -> InstancePool:
+    def _instance_pool(self, image: str, path: str) -> WarmPool:
         workdir = self._workdir(None)
         pool = self._pools.get((image, workdir))
         if pool is None:
@@ -208,7 +207,7 @@ class SingularityBackend(SandboxBackend):
             def discard(name: str) -> None:
                 self.in_background(self._stop_name(name))
 
-            pool = self._pools[(image, workdir)] = InstancePool(image, workdir, size, start, discard)
+            pool = self._pools[(image, workdir)] = WarmPool(image, workdir, size, start, discard, what="instance", backend="singularity")
             pool.fill()
         return pool
 

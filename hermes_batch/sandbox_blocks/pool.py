@@ -1,15 +1,13 @@
-"""Instances started ahead of need (``-S pool=``): each still serves one prompt, then is stopped.
+"""Sandboxes started ahead of need, each still for one prompt: the warm pool container backends share.
 
-Starting an instance costs a second or more of the runtime's work, and when many
-prompts start at once the last waits several seconds.  A pool per image keeps
-that many instances started (with the default working folder made) before
-prompts ask.  A pooled instance is a new instance of the image like any other:
-it has run nothing but the making of its working folder, is handed to exactly
-one prompt, and is stopped when that prompt ends.  Each instance taken is
-replaced when its prompt ends (not when it is taken, which would slow the
-prompts' first commands), or at once while prompts wait for one; so a pool of N
-costs N instances more than the run's prompts (stopped unused at the end) and N
-idle instances.
+Starting a container or an instance is most of a container backend's work per
+prompt, and when many prompts start at once the last waits seconds.  A pool per
+image keeps ``size`` of them started before prompts ask, so a prompt's first
+command waits only for its exec.  A pooled sandbox is new from the image like any
+other: it has run nothing but its idle first process, is handed to exactly one
+prompt and removed when that prompt ends, so a pool of N costs N sandboxes more
+than the run's prompts (discarded unused at the end) and N idle ones meanwhile.
+The Docker and Singularity backends use it for ``-S pool=``.
 """
 
 from __future__ import annotations
@@ -19,24 +17,33 @@ import collections
 import logging
 from typing import Callable, Optional
 
-from hermes_batch import SandboxError
+from ..errors import SandboxError
 
-log = logging.getLogger("hermes_batch.singularity")
+log = logging.getLogger("hermes_batch.sandbox")
 
 
-class InstancePool:
-    """Started instances of one image and working folder, waiting to be handed to prompts."""
+class WarmPool:
+    """Started sandboxes (containers, instances) of one image and working folder, waiting to be handed to prompts.
 
-    def __init__(self, image: str, workdir: str, size: int, create: Callable, discard: Callable):
-        self._discard = discard  # (instance name) -> None: stop an instance no prompt got
+    ``create`` is an async function making one (it returns what ``take`` hands out); ``discard(made)`` removes
+    one no prompt got.  ``what`` names them in messages ("container"), ``backend`` the backend shutting down.
+    Each is handed to exactly one prompt; the backend calls ``release`` when that prompt's sandbox is closed,
+    so its replacement is made then and does not compete with the first commands of the prompts that took one.
+    When a creation fails the pool is ``broken`` and ``take`` returns None: each prompt makes its own.
+    """
+
+    def __init__(self, image: str, workdir: str, size: int, create: Callable, discard: Callable, *,
+                 what: str = "sandbox", backend: str = "sandbox"):
+        self._discard = discard  # (what create made) -> None: remove one no prompt got
+        self.what, self.backend = what, backend
         self.image = image
         self.workdir = workdir
         self.size = size
-        self._create = create  # async () -> instance name
+        self._create = create  # async () -> what take hands out
         self._ready: collections.deque = collections.deque()
-        self._waiters: collections.deque = collections.deque()  # futures of prompts waiting for an instance
+        self._waiters: collections.deque = collections.deque()  # futures of prompts waiting for one
         self._creating: set[asyncio.Task] = set()
-        self.broken: Optional[BaseException] = None  # a start failed: prompts start their own instances
+        self.broken: Optional[BaseException] = None  # a creation failed: prompts make their own
         self.closed = False
 
     def fill(self, most: Optional[int] = None) -> None:
@@ -59,8 +66,8 @@ class InstancePool:
     def ready(self) -> int:
         return len(self._ready)
 
-    async def take(self) -> Optional[str]:
-        """The name of a started instance, or None when the pool cannot start them (start one yourself)."""
+    async def take(self):
+        """What ``create`` made, started, or None when the pool cannot make them (make one yourself)."""
         if self.broken is not None or self.closed:
             return None
         if self._ready:
@@ -85,8 +92,8 @@ class InstancePool:
             return
         except Exception as exc:  # the prompts start their own and report why
             if self.broken is None:
-                log.warning("Could not start an instance ahead of need for the image %s (%s); each prompt "
-                            "starts its own instead.", self.image, exc)
+                log.warning("Could not start a %s ahead of need for the image %s (%s); each prompt "
+                            "starts its own instead.", self.what, self.image, exc)
             self.broken = exc
             while self._waiters:
                 waiter = self._waiters.popleft()
@@ -95,7 +102,7 @@ class InstancePool:
             return
         self._give(made)
 
-    def _give(self, made: tuple) -> None:
+    def _give(self, made) -> None:
         if self.closed:
             self._discard(made)
             return
@@ -107,7 +114,7 @@ class InstancePool:
         self._ready.append(made)
 
     def close(self) -> None:
-        """Stop starting instances and stop the idle ones."""
+        """Stop making them and discard the idle ones (the backend sweeps the taken ones with its sandboxes)."""
         self.closed = True
         for task in list(self._creating):
             task.cancel()
@@ -116,4 +123,4 @@ class InstancePool:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_exception(SandboxError("The singularity sandbox backend is shutting down."))
+                waiter.set_exception(SandboxError(f"The {self.backend} sandbox backend is shutting down."))
