@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,3 +39,24 @@ def shapes_run_dir(shapes_run, tmp_path):
     copy = tmp_path / "out" / "run"
     shutil.copytree(shapes_run, copy)
     return copy
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``tmpfs(size)``: a real tmpfs of ``size`` ("600k") mounted inside tmp_path (we are root), to fill up;
+    unmounted afterwards.  The test is skipped where no tmpfs can be mounted."""
+    mounted = []
+
+    def mount(size: str):
+        where = tmp_path / f"disk{len(mounted) or ''}"
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=False)

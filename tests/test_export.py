@@ -422,18 +422,9 @@ def test_ctrl_c_waits_for_the_switch_of_the_files(run_dir, tmp_path):
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmpfs):
     """A real 400 KiB tmpfs mounted inside tmp_path (we are root); unmounted afterwards."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k,mode=0755", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    return tmpfs("400k")
 
 
 @pytest.mark.parametrize("fmt", ["sharegpt", "openai", "parquet"])

@@ -174,18 +174,9 @@ def test_a_failed_atomic_replace_leaves_the_old_file_and_no_temporary_file(tmp_p
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmpfs):
     """A real 600 KiB tmpfs mounted inside tmp_path (we are root); unmounted afterwards."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k,mode=0755", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    return tmpfs("600k")
 
 
 def test_disk_full_stops_the_run_with_its_own_status_and_resume_finishes(tmp_path, runner, model_server, small_disk):
