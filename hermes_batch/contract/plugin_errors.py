@@ -31,9 +31,17 @@ class PluginFailures:
         self.in_a_row = in_a_row
         self.streaks: dict[str, int] = {}
         self.last: dict[str, tuple[str, BaseException]] = {}
+        self._names: dict[tuple, str] = {}  # who() is asked for each filter and observer of every prompt
 
     def who(self, kind: Optional[str], name: str, plugin: Optional[str] = None) -> str:
         """'the filter 'boom' of the plugin 'myplug' (distribution mydist 1.0)'; ``kind`` a KINDS key or None (a hook)."""
+        key = (kind, name, plugin)
+        found = self._names.get(key)
+        if found is None:
+            found = self._names[key] = self._name(kind, name, plugin)
+        return found
+
+    def _name(self, kind: Optional[str], name: str, plugin: Optional[str]) -> str:
         from .plugins import DEFAULT_PLUGINS, KIND  # imported here: plugins.py is a hub this module need not load
 
         if plugin is None and kind is not None and self.registry is not None:
