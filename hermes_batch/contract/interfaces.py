@@ -487,6 +487,7 @@ class PromptJob:
     row: Any  # PromptRow
     batch_num: int
     toolsets: tuple
+    replay: Optional[dict] = None  # answers of this prompt's cut-off session, by request hash (folder.replay_journal)
 
 
 class PromptJobs(Iterator[PromptJob]):
@@ -500,6 +501,7 @@ class PromptJobs(Iterator[PromptJob]):
     def __init__(self, jobs: Iterable[PromptJob]):
         self._jobs = iter(jobs)
         self.halted = False
+        self.exhausted = False  # set by the runner's jobs once every prompt left was handed out
 
     def __next__(self) -> PromptJob:
         return next(self._jobs)

@@ -216,6 +216,7 @@ class Metadata:
     duration_s: float = 0.0
     usage: Usage = Usage()
     calls: tuple[CallRecord, ...] = ()  # every request of the session, failed attempts included
+    replayed_turns: int = 0  # model answers taken from the replay journal (--resume) or --response_cache, not paid again
 
 
 @frozen

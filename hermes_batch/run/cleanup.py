@@ -18,6 +18,7 @@ from typing import Iterable
 from ..folder import unfinished
 from ..folder.record_index import INDEX_DIR, is_index_file
 from ..folder.journal import JOURNAL_NAME
+from ..folder.replay_journal import REPLAY_JOURNAL_NAME
 from .notices import SKIPPED_LINES
 from ..folder.reindex import STAGING, UNMATCHED
 from ..folder.runfolder import RunFolder
@@ -40,7 +41,7 @@ def is_sandbox_folder(name: str, *, kept: bool = True) -> bool:
 
 # Outputs named outside runfolder.py.  Each must go with the rest: a journal left behind would count the old
 # run's calls in the new run's totals, and unmatched records would come back into it at a later resume.
-_OTHER_OUTPUTS = (JOURNAL_NAME, UNMATCHED, SKIPPED_LINES, REPORT_NAME, unfinished.AUDIT)
+_OTHER_OUTPUTS = (JOURNAL_NAME, REPLAY_JOURNAL_NAME, UNMATCHED, SKIPPED_LINES, REPORT_NAME, unfinished.AUDIT)
 
 
 def output_files(folder: RunFolder, writer_files: Iterable[str] = ()) -> list[Path]:

@@ -46,7 +46,7 @@ RUN = frozenset({
     "providers_ignored", "providers_order", "provider_sort", "log_prefix_chars", "skip_invalid", "writers",
     "executor", "executor_options", "command_timeout", "max_retries", "progress", "request_timeout",
     "prompt_timeout", "max_concurrent_requests", "max_requests_per_minute", "max_tokens_per_minute", "max_cost",
-    "preflight", "http_backend",
+    "preflight", "http_backend", "response_cache",
 })
 COMMAND = frozenset({"run_name", "output_dir", "resume", "overwrite", "allow_changed_settings", "api_key"})
 NEVER_SAVED = frozenset({"api_key", "ephemeral_system_prompt"})  # run.json keeps a digest of the prompt only

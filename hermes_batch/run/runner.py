@@ -30,6 +30,7 @@ from ..errors import (
 )
 from ..contract.interfaces import PromptJob, PromptJobs
 from ..folder.journal import CallJournal, journal_path
+from ..folder.replay_journal import ResponseJournal, replay_journal_path
 from ..formats.jsonguard import finite_dumps
 from ..folder.lock import RunFolderLock
 from ..folder.merge import merge_run
@@ -37,6 +38,8 @@ from ..contract.plugin_errors import PluginFailures
 from ..contract.plugins import collect, describe_plugins, get_plugin_manager
 from .plan import RunPlan, build_processor, make_plan
 from ..session.processor import quietly
+from ..session.replay import Replayer
+from ..folder.response_cache import open_cache
 from .progress import Progress
 from .recorder import Recorder
 from ..formats.redaction import Redactor
@@ -66,6 +69,8 @@ class RunEngine:
         self.pm = pm or get_plugin_manager()
         self.jobs = PromptJobs(())  # the session's, once it runs; halted when --max_cost stopped it
         self.journal: Optional[CallJournal] = None  # calls.jsonl, opened with the run folder
+        self.responses: Optional[ResponseJournal] = None  # responses.jsonl (replay on --resume), opened with it
+        self.all_recorded = False  # every prompt of the run has its record: responses.jsonl goes
         self.recorder: Optional[Recorder] = None  # writes the outcomes, once the prompts run
         self.client = None
         self.previous_cost = 0.0
@@ -246,6 +251,10 @@ class RunEngine:
             self.validated.keys.digests = self.validated.keys.indexes = None  # matched: 16 bytes a row less
             processor.client.journal = self.journal = CallJournal(
                 journal_path(self.folder.dir), self.checkpoints.session_number)
+            self.responses = ResponseJournal(replay_journal_path(self.folder.dir))
+            processor.replayer = Replayer(self.responses, processor.client, open_cache(cfg.response_cache))
+            if self.responses.cut_off:
+                log.info("%d prompt(s) cut off before replay their recorded model answers.", self.responses.cut_off)
             notices.skipped_lines(plan.dataset, self.folder, cfg.dataset_file, cfg.max_samples)
             # on record from the start, so a session killed before its first batch completes still counts
             self._save_checkpoint(interrupted=False)
@@ -276,7 +285,8 @@ class RunEngine:
             self.progress.start()
             rows = rowkeys.rows_left(cfg.dataset_file, cfg.max_samples, self.resume_plan.left)
             self.jobs = PromptJobs(self._jobs(rows))
-            await self.executor.run(self.jobs, processor, self.recorder.record, self.concurrency)
+            await self.executor.run(self.jobs, processor, self._record, self.concurrency)
+            self.all_recorded = self.jobs.exhausted and not self.jobs.halted
         except asyncio.CancelledError:
             interrupted = True
         except HermesBatchError as exc:
@@ -295,6 +305,14 @@ class RunEngine:
             await self.recorder.close()
         if self.journal is not None:
             self.journal.close()
+        if self.responses is not None:
+            self.responses.close(finished=self.all_recorded)
+        if processor.replayer is not None and processor.replayer.cache is not None:
+            processor.replayer.cache.close()
+
+    async def _record(self, job: PromptJob, outcome) -> None:
+        await self.recorder.record(job, outcome)
+        self.responses.end(job.row.content_key)  # its answers are in its record now
 
     async def _result(self, interrupted: bool, fatal: Optional[HermesBatchError], to_run: int) -> RunResult:
         """Merge, count and say how the run ended."""
@@ -394,6 +412,8 @@ class RunEngine:
         for row in rows:
             if self.journal is not None and self.journal.stopped is not None:
                 break  # a write failed: the run stops, and no prompt is leased that it could not save
+            if self.responses.stopped is not None:
+                break
             if self._over_budget():
                 self.jobs.halt()
                 log.warning("The cost budget --max_cost %g is reached; no new prompt is started.", self.config.max_cost)
@@ -403,7 +423,9 @@ class RunEngine:
             toolsets = distributions.sample_toolsets(self.plan.distribution, available, rng)
             self.recorder.tracker.dispatched(batch)
             self.progress.dispatched()
-            yield PromptJob(row, batch, toolsets)
+            replay = self.responses.recorded(row.content_key) if self.responses.cut_off else None
+            yield PromptJob(row, batch, toolsets, replay)
+        self.jobs.exhausted = True
         self.recorder.tracker.end_of_jobs()
 
     # --- bookkeeping -------------------------------------------------------------------------

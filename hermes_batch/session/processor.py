@@ -54,6 +54,7 @@ class PromptProcessor:
     run: Optional[RunContext] = None  # what the runtimes are started with
     plan: Optional[object] = None  # the run.plan.RunPlan what it was built from (plan.build_processor), for executors that run prompts elsewhere
     closer: SandboxCloser = attrs.field(factory=SandboxCloser, init=False)  # sandboxes closed once they are open
+    replayer: Optional[object] = None  # session.replay.Replayer: answers journaled, replayed on --resume (set by the runner)
 
     async def start(self) -> None:
         """Before the first prompt: start the sandbox backend, then the toolset runtimes."""
@@ -76,6 +77,8 @@ class PromptProcessor:
         current_prompt.set(row.prompt_index)  # for the call journal; each prompt runs in a task of its own
         started = time.monotonic()
         state = SessionLog()
+        if self.replayer is not None:
+            state.replay = self.replayer.session(row.content_key, job.replay)
         try:
             return await self._run(job, row, started, state)
         except (FatalModelError, RunFolderWriteError):  # the run stops: no prompt can go on
@@ -145,6 +148,7 @@ class PromptProcessor:
             duration_s=round(time.monotonic() - started, 3),
             usage=result.usage,
             calls=tuple(state.calls),
+            replayed_turns=state.replayed_turns,
         )
         trajectory = Trajectory(
             prompt_index=row.prompt_index,

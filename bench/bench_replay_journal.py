@@ -1,0 +1,144 @@
+"""The replay journal (responses.jsonl): what a kill costs on resume, and what the journal costs per call.
+
+1. Requests paid again on --resume: 200 prompts of 10 turns (nine tool calls,
+   each a real command in a local sandbox) at 64 sessions, killed (SIGKILL) at a
+   random moment; the run folder is copied, and one copy resumes with its
+   responses.jsonl (this version), the other without it (what versions before
+   the journal did: a cut-off prompt starts again from its first turn).
+2. The journal alone, in this process: its size with N sessions in flight, the
+   time a lookup takes, and the CPU per call of hashing the request, encoding the
+   answer and writing it (plus the end of each session and the compactions).
+
+    python bench/bench_replay_journal.py [--prompts 200] [--workers 64] [--latency 0.2] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import model_server, write_prompts
+
+TURNS = 10
+
+
+def run_args(dataset, out, url, workers, *extra):
+    return [sys.executable, "-m", "hermes_batch", "run", "--dataset_file", str(dataset), "--batch_size", "50",
+            "--run_name", "bench", "--output_dir", str(out), "--base_url", url, "--model", "bench-model",
+            "--api_key", "bench", "--num_workers", str(workers), "--distribution", "terminal_only",
+            "--no-progress", "--seed", "1", "--max_turns", str(TURNS), *extra]
+
+
+def answered(folder: Path) -> int:
+    from hermes_batch.folder.journal import read_journal
+
+    totals = read_journal(folder / "calls.jsonl")
+    return totals.done - totals.errors
+
+
+def resume_cost(args) -> None:
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory() as tmp, model_server(args.latency, tool_calls=TURNS - 1) as url:
+        tmp = Path(tmp)
+        dataset = write_prompts(tmp / "prompts.jsonl", args.prompts)
+        ideal = -(-args.prompts // args.workers) * TURNS * args.latency
+        kill_at = rng.uniform(0.2, 0.8) * ideal
+        proc = subprocess.Popen(run_args(dataset, tmp / "a", url, args.workers), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        time.sleep(kill_at)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        shutil.copytree(tmp / "a", tmp / "b", symlinks=True)
+        journal = tmp / "b" / "bench" / "responses.jsonl"
+        size = journal.stat().st_size if journal.exists() else 0
+        if journal.exists():
+            journal.unlink()  # b resumes as a version without the journal would
+        paid_before_kill = answered(tmp / "a" / "bench")
+        for name in ("a", "b"):
+            subprocess.run(run_args(dataset, tmp / name, url, args.workers, "--resume"), check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        need = args.prompts * TURNS
+        after, before = answered(tmp / "a" / "bench") - need, answered(tmp / "b" / "bench") - need
+    print(f"{args.prompts} prompts x {TURNS} turns, {args.workers} sessions, latency {args.latency}s, "
+          f"killed after {kill_at:.1f} s (seed {args.seed}): {paid_before_kill} answers paid before the kill, "
+          f"responses.jsonl {size / 1024:.0f} kB")
+    print(f"requests paid again on --resume: without the journal {before}, with it {after}")
+
+
+def journal_cost(args) -> None:
+    from hermes_batch.folder.replay_journal import ResponseJournal
+    from hermes_batch.contract.interfaces import ModelSettings
+    from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
+    from hermes_batch.session.replay import Replayer
+
+    class Client:
+        name = "openai"
+        settings = ModelSettings("bench-model", "http://127.0.0.1/v1")
+
+    tools = (ToolSpec("terminal", "Run a command. " * 40, {"type": "object", "properties": {"command": {"type": "string"}}}),)
+    system = Message("system", "You are a helpful agent. " * 100)
+    sessions, per = args.sessions, TURNS
+    with tempfile.TemporaryDirectory() as tmp:
+        journal = ResponseJournal(Path(tmp) / "responses.jsonl")
+        replayer = Replayer(journal, Client())
+        live = []
+        peak = 0
+        started = time.process_time()
+        calls = 0
+        for n in range(args.calls // per):
+            replay = replayer.session(f"key{n:08d}")
+            messages = [system, Message("user", f"Benchmark task number {n}: run a command.")]
+            for turn in range(per):
+                assert replay.lookup(tuple(messages), tools) is None
+                call = ToolCall(f"call_{turn}", "terminal", {"command": f"echo {turn}"}, f'{{"command": "echo {turn}"}}')
+                reply = Message("assistant", "Let me look at this. " * 20, reasoning="Thinking. " * 30,
+                                tool_calls=(call,))
+                replay.record(ModelResponse(reply, "tool_calls", Usage(1500, 300, 100, 0, 0.002), "p", "bench-model"))
+                messages += [reply, Message("tool", '{"output": "' + "x" * 200 + '", "exit_code": 0}',
+                                            tool_call_id=call.id, name="terminal")]
+                calls += 1
+            live.append(f"key{n:08d}")
+            if len(live) > sessions:
+                journal.end(live.pop(0))
+            peak = max(peak, journal.size)
+        cpu = time.process_time() - started
+        journal.close()
+        reread = ResponseJournal(Path(tmp) / "responses.jsonl")
+        recorded = reread.recorded(live[-1])
+        replay = replayer.session(live[-1], dict(recorded))
+        messages = [system, Message("user", f"Benchmark task number {int(live[-1][3:])}: run a command.")]
+        started = time.perf_counter()
+        hit = replay.lookup(tuple(messages), tools)
+        lookup = time.perf_counter() - started
+        assert hit is not None
+        reread.close()
+    print(f"journal alone: {calls} calls, {sessions} sessions in flight: {1e6 * cpu / calls:.0f} us CPU per call "
+          f"(hash, encode, write, end, compaction); file at most {peak / 1024 / 1024:.1f} MB "
+          f"({peak / (sessions * per) / 1024:.1f} kB per answer in flight); a lookup {1e6 * lookup:.0f} us")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--sessions", type=int, default=256, help="sessions in flight for the journal alone")
+    parser.add_argument("--calls", type=int, default=50000, help="calls for the journal alone")
+    parser.add_argument("--skip_resume", action="store_true")
+    args = parser.parse_args()
+    journal_cost(args)
+    if not args.skip_resume:
+        resume_cost(args)
+
+
+if __name__ == "__main__":
+    main()

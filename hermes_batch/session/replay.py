@@ -1,0 +1,103 @@
+"""Replay of recorded model answers: what the agent loop asks before each model call.
+
+The answers come from the run folder's replay journal (responses.jsonl, see
+:mod:`hermes_batch.folder.replay_journal`) for a prompt whose session was cut off,
+then from ``--response_cache`` when it is given.  A request is found by the hash of
+its canonical form (:class:`RequestHasher`); the first request of a session that
+is not found sends the session live for good.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Callable, Optional
+
+from ..folder.replay_journal import canonical_json, decode_response, message_form
+from ..formats.records import ModelResponse
+from ..model.model_http import WireCache
+
+# The settings that change what a request's body says (not how it travels: timeouts, retries, budgets).
+BODY_SETTINGS = ("model", "base_url", "max_tokens", "reasoning_effort", "reasoning_disabled",
+                 "providers_allowed", "providers_ignored", "providers_order", "provider_sort")
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+class RequestHasher:
+    """The hash of the canonical request a client sends: the client's kind, its body settings, tools and messages.
+
+    Each message (and tool) is hashed once while it lives (found by identity), so a
+    call hashes what the last turn added and 16 bytes per earlier message.
+    """
+
+    def __init__(self, client):
+        settings = getattr(client, "settings", None)
+        head = [getattr(client, "name", type(client).__qualname__)]
+        head += [getattr(settings, name, None) for name in BODY_SETTINGS]
+        self._head = _digest(canonical_json(head))
+        self._messages = WireCache(lambda message: _digest(canonical_json(message_form(message))))
+        self._tools = WireCache(lambda tool: _digest(canonical_json([tool.name, tool.description, tool.parameters])))
+
+    def digest(self, messages, tools) -> str:
+        """The request's hash, 32 hex digits."""
+        parts = [self._head, *map(self._tools, tools), b"|", *map(self._messages, messages)]
+        return hashlib.blake2b(b"".join(parts), digest_size=16).hexdigest()
+
+
+class SessionReplay:
+    """One session's lookups: ``lookup`` before each model call, ``record`` with a live answer."""
+
+    __slots__ = ("key", "recorded", "hasher", "sink", "cache", "replayed", "_request")
+
+    def __init__(self, key: str, recorded: Optional[dict], hasher: RequestHasher,
+                 sink: Callable[[str, str, ModelResponse], None], cache=None):
+        self.key = key
+        self.recorded = recorded or None  # {hash: answer} of the cut-off session; None once live
+        self.hasher, self.sink, self.cache = hasher, sink, cache
+        self.replayed = 0  # answers used without a call
+        self._request: Optional[str] = None  # the hash of the request looked up last
+
+    def lookup(self, messages, tools) -> Optional[ModelResponse]:
+        """The recorded answer to this request (journal, then cache), or None: send it, then ``record``."""
+        request = self._request = self.hasher.digest(messages, tools)
+        if self.recorded is not None:
+            answer = self.recorded.pop(request, None)
+            if answer is not None:
+                try:
+                    response = decode_response(answer)
+                except ValueError:
+                    response = None
+                if response is not None:
+                    self.replayed += 1
+                    return response
+            self.recorded = None  # the first request that differs: live from here on
+        if self.cache is not None:
+            response = self.cache.get(request)
+            if response is not None:
+                self.sink(self.key, request, response)  # journaled: a resume replays it like a paid answer
+                self.replayed += 1
+                return response
+        return None
+
+    def record(self, response: ModelResponse) -> None:
+        """Keep the live answer to the request looked up last, before the session acts on it."""
+        request, self._request = self._request, None
+        if request is None:
+            return
+        self.sink(self.key, request, response)
+        if self.cache is not None:
+            self.cache.put(request, response)
+
+
+class Replayer:
+    """The run's (or a worker's) maker of SessionReplays: ``journal.write`` receives every live answer."""
+
+    def __init__(self, journal, client, cache=None):
+        self.journal = journal  # a ResponseJournal, or a worker's relay with the same ``write``
+        self.hasher = RequestHasher(client)
+        self.cache = cache
+
+    def session(self, key: str, recorded: Optional[dict] = None) -> SessionReplay:
+        return SessionReplay(key, recorded, self.hasher, self.journal.write, self.cache)
