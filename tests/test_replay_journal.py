@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import threading
+import types
 
 import attrs
 import pytest
@@ -247,3 +248,32 @@ def test_ended_sessions_are_compacted_away_and_a_finished_run_removes_the_file(t
     assert set(again.recorded("k199")) == {"h199"} and again.recorded("k10") is None
     again.close(finished=True)
     assert not path.exists()
+
+
+def test_a_session_hashes_its_requests_as_the_hasher_does_and_tells_every_field_apart():
+    from hermes_batch.contract.interfaces import ModelSettings
+    from hermes_batch.formats.records import ToolSpec
+    from hermes_batch.session.replay import Replayer, RequestHasher
+
+    class Client:
+        name = "openai"
+        settings = ModelSettings("m", "http://127.0.0.1/v1")
+
+    hasher = RequestHasher(Client())
+    tools = (ToolSpec("terminal", "Run.", {"type": "object"}),)
+    replay = Replayer(types.SimpleNamespace(write=lambda *a: None), Client()).session("k")
+    messages = (Message("system", "s"), Message("user", "u"))
+    seen = set()
+    for turn in range(4):
+        digest = replay.digest(messages, tools)
+        assert digest == hasher.digest(messages, tools) and digest not in seen
+        seen.add(digest)
+        messages += (answer(turn).message, Message("tool", f"out {turn}", tool_call_id=f"call_{turn}", name="terminal"))
+    changed = messages[:-1] + (Message("tool", "other", tool_call_id="call_3", name="terminal"),)
+    assert replay.digest(changed, tools) == hasher.digest(changed, tools) != hasher.digest(messages, tools)
+    assert hasher.digest(messages, ()) != hasher.digest(messages, tools)
+
+    class Other(Client):
+        settings = ModelSettings("m", "http://127.0.0.1/v1", max_tokens=10)
+
+    assert RequestHasher(Other()).digest(messages, tools) != hasher.digest(messages, tools)

@@ -57,9 +57,13 @@ REPLAY_JOURNAL_NAME = "responses.jsonl"
 COMPACT_BYTES = 4 * 1024 * 1024
 """The file is compacted once past this size and more than twice the size of its live lines."""
 
+# ASCII: the quickest encoder, and any text (a lone surrogate too) is written as escapes
+_encoder = json.JSONEncoder(separators=(",", ":"), default=repr)
+
+
 def canonical_json(value: Any) -> bytes:
-    """``value`` as compact UTF-8 JSON, what the journal writes and the request hash reads."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr).encode("utf-8", "surrogatepass")
+    """``value`` as compact ASCII JSON, what the journal writes and the request hash reads."""
+    return _encoder.encode(value).encode("ascii")
 
 
 _dumps = canonical_json
@@ -143,7 +147,7 @@ class ResponseJournal:
         kept = [line for key_lines in lines.values() for line in key_lines]
         if sum(map(len, kept)) != len(data):  # ended sessions' lines: dropped before anything is appended
             try:
-                atomic_write_lines(self.path, (line.decode("utf-8", "surrogatepass") for line in kept))
+                atomic_write_lines(self.path, (line.decode("utf-8", "replace") for line in kept))
             except RunFolderWriteError:
                 raise
         offset = 0
@@ -223,7 +227,7 @@ class ResponseJournal:
                      for offset, length in spans]
         finally:
             os.close(old)
-        atomic_write_lines(self.path, (line.decode("utf-8", "surrogatepass") for _, line in lines))
+        atomic_write_lines(self.path, (line.decode("utf-8", "replace") for _, line in lines))
         os.close(self._fd)
         self._spans, offset = {}, 0
         for key, line in lines:

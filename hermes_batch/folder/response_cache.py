@@ -63,7 +63,7 @@ class ResponseCache:
         return response
 
     def put(self, request: str, response: ModelResponse) -> None:
-        answer = canonical_json(encode_response(response)).decode("utf-8", "surrogatepass")
+        answer = canonical_json(encode_response(response)).decode("ascii")
         try:
             self._db.execute("INSERT OR IGNORE INTO answers VALUES (?, ?)", (request, answer))
         except sqlite3.Error as exc:  # a full disk: the run goes on, paying for what it cannot keep

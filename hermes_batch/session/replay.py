@@ -42,14 +42,24 @@ class RequestHasher:
 
     def digest(self, messages, tools) -> str:
         """The request's hash, 32 hex digits."""
-        parts = [self._head, *map(self._tools, tools), b"|", *map(self._messages, messages)]
-        return hashlib.blake2b(b"".join(parts), digest_size=16).hexdigest()
+        state = self.start(tools)
+        state.update(b"".join(map(self._messages, messages)))
+        return state.hexdigest()
+
+    def start(self, tools):
+        """The hash state of a request with ``tools`` before its messages (``update`` it with ``message``)."""
+        return hashlib.blake2b(b"".join([self._head, *map(self._tools, tools), b"|"]), digest_size=16)
+
+    def message(self, message) -> bytes:
+        """What one message adds to a request's hash."""
+        return self._messages(message)
 
 
 class SessionReplay:
     """One session's lookups: ``lookup`` before each model call, ``record`` with a live answer."""
 
-    __slots__ = ("key", "recorded", "hasher", "sink", "cache", "replayed", "_request")
+    __slots__ = ("key", "recorded", "hasher", "sink", "cache", "replayed", "_request", "_state", "_count", "_last",
+                 "_tools")
 
     def __init__(self, key: str, recorded: Optional[dict], hasher: RequestHasher,
                  sink: Callable[[str, str, ModelResponse], None], cache=None):
@@ -58,10 +68,24 @@ class SessionReplay:
         self.hasher, self.sink, self.cache = hasher, sink, cache
         self.replayed = 0  # answers used without a call
         self._request: Optional[str] = None  # the hash of the request looked up last
+        # The hash of the conversation so far, carried on: a request is the last one and what the turn added.
+        self._state, self._count, self._last, self._tools = None, 0, None, None
+
+    def digest(self, messages, tools) -> str:
+        """``hasher.digest(messages, tools)``, hashing only the messages added since the last request."""
+        count = self._count
+        if (self._state is None or count == 0 or tools is not self._tools or len(messages) < count
+                or messages[count - 1] is not self._last):
+            self._state, count = self.hasher.start(tools), 0
+        state = self._state
+        for message in messages[count:]:
+            state.update(self.hasher.message(message))
+        self._count, self._last, self._tools = len(messages), messages[-1] if messages else None, tools
+        return state.copy().hexdigest()
 
     def lookup(self, messages, tools) -> Optional[ModelResponse]:
         """The recorded answer to this request (journal, then cache), or None: send it, then ``record``."""
-        request = self._request = self.hasher.digest(messages, tools)
+        request = self._request = self.digest(messages, tools)
         if self.recorded is not None:
             answer = self.recorded.pop(request, None)
             if answer is not None:
