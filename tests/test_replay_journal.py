@@ -210,6 +210,9 @@ def test_response_cache_answers_a_second_run_folder(tmp_path, runner, model_serv
         [t["value"] for t in first[prompts[0]]["conversations"]]
     stats = json.loads((runner.folder("second") / "statistics.json").read_text())
     assert stats["model_requests"]["requests"] == 0
+    assert json.loads((runner.folder("second") / "run.json").read_text())["config"]["response_cache"] == cache[1]
+    result = runner.invoke(data, *BASE, "--resume", server=server, run_name="second")  # the option from run.json
+    assert result.exit_code == 0, result.output
     # without the option the cache is not asked
     result = runner.invoke(data, *BASE, server=server, run_name="third")
     assert result.exit_code == 0, result.output
