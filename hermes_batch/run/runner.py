@@ -38,7 +38,7 @@ from ..contract.plugin_errors import PluginFailures
 from ..contract.plugins import collect, describe_plugins, get_plugin_manager
 from .plan import RunPlan, build_processor, make_plan
 from ..session.processor import quietly
-from ..session.replay import Replayer
+from ..session.replay import Replayer, replay_key
 from ..folder.response_cache import open_cache
 from .progress import Progress
 from .recorder import Recorder
@@ -312,7 +312,7 @@ class RunEngine:
 
     async def _record(self, job: PromptJob, outcome) -> None:
         await self.recorder.record(job, outcome)
-        self.responses.end(job.row.content_key)  # its answers are in its record now
+        self.responses.end(replay_key(job))  # its answers are in its record now
 
     async def _result(self, interrupted: bool, fatal: Optional[HermesBatchError], to_run: int) -> RunResult:
         """Merge, count and say how the run ended."""
@@ -423,8 +423,10 @@ class RunEngine:
             toolsets = distributions.sample_toolsets(self.plan.distribution, available, rng)
             self.recorder.tracker.dispatched(batch)
             self.progress.dispatched()
-            replay = self.responses.recorded(row.content_key) if self.responses.cut_off else None
-            yield PromptJob(row, batch, toolsets, replay)
+            job = PromptJob(row, batch, toolsets)
+            if self.responses.cut_off:  # a resume: the answers its cut-off session got go with it
+                job = attrs.evolve(job, replay=self.responses.recorded(replay_key(job)))
+            yield job
         self.jobs.exhausted = True
         self.recorder.tracker.end_of_jobs()
 

@@ -11,6 +11,7 @@ from typing import Callable, Mapping, Optional, Union
 import attrs
 
 from .agent import AgentSettings, SessionLog, run_session
+from .replay import replay_key
 from ..formats.conversation import to_sharegpt
 from ..errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeout, RunFolderWriteError
 from ..contract.interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
@@ -78,7 +79,7 @@ class PromptProcessor:
         started = time.monotonic()
         state = SessionLog()
         if self.replayer is not None:
-            state.replay = self.replayer.session(row.content_key, job.replay)
+            state.replay = self.replayer.session(replay_key(job), job.replay)
         try:
             return await self._run(job, row, started, state)
         except (FatalModelError, RunFolderWriteError):  # the run stops: no prompt can go on

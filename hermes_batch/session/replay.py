@@ -115,6 +115,15 @@ class SessionReplay:
             self.cache.put(request, response)
 
 
+def replay_key(job) -> str:
+    """The key a prompt's answers are kept under in the replay journal: one per session that may be in flight.
+
+    The content key (a resume finds a prompt by content); a prompt that runs several sessions at once
+    (samples) must give each its own key.
+    """
+    return job.row.content_key
+
+
 class Replayer:
     """The run's (or a worker's) maker of SessionReplays: ``journal.write`` receives every live answer."""
 
