@@ -53,3 +53,196 @@ def test_the_command_verifier_rewards_what_the_session_left_in_the_sandbox(runne
     assert [r[0]["reason"] for r in results] == ["exit status 1", "exit status 0"]
     assert meta[0]["content_key"] != meta[1]["content_key"]
     assert all(r[0]["error"] == "" and r[0]["duration_s"] > 0 for r in results)
+
+
+def test_stop_on_success_stops_a_row_at_its_first_passing_sample(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("1", "2", "42", "42"))
+    prompts = [{"prompt": "Write 42 to answer.txt", "tests": TESTS},
+               {"prompt": "Write 42, never", "tests": "false"}]
+    dataset = write_dataset(tmp_path / "d.jsonl", prompts)
+    result = runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "5", "--stop_on_success",
+                           "--batch_size", "1")
+    assert result.exit_code == 0, result.output
+    by_row = {}
+    for record in kept(runner):
+        by_row.setdefault(record["prompt_index"], []).append(record["metadata"])
+    assert [m["passed"] for m in by_row[0]] == [False, False, True]  # the third passed: no fourth or fifth
+    assert [m["sample_index"] for m in by_row[0]] == [0, 1, 2]
+    assert len(by_row[1]) == 5 and not any(m["passed"] for m in by_row[1])  # never passes: all five
+    assert runner.server.sessions_for(prompts[0]["prompt"]) == 3
+    checkpoint = json.loads((runner.folder() / "checkpoint.json").read_text())
+    assert checkpoint["completed_batches"] == [0, 1] and checkpoint["prompts_finished"] == 8
+
+
+def test_samples_each_get_a_sandbox_and_a_toolset_sample_of_their_own(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": "test ! -e seen && touch seen"}])
+    result = runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "3")
+    assert result.exit_code == 0, result.output
+    meta = [r["metadata"] for r in kept(runner)]
+    assert [m["passed"] for m in meta] == [True, True, True]  # no sample saw another's file
+    assert len({m["content_key"] for m in meta}) == 3
+
+
+def test_max_samples_counts_samples(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    rows = [{"prompt": f"Write 42 #{i}", "tests": TESTS} for i in range(3)]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    result = runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "2", "--max_samples", "3")
+    assert result.exit_code == 0, result.output
+    assert [(r["prompt_index"], r["metadata"]["sample_index"]) for r in kept(runner)] == [(0, 0), (0, 1), (1, 0)]
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["prompts_finished"] == 3 if "prompts_finished" in stats else True
+
+
+class Hangs(hermes_batch.Verifier):
+    name = "hangs"
+
+    @attrs.frozen
+    class Config:
+        timeout: float = 0.5
+
+    async def verify(self, ctx):
+        await asyncio.sleep(3600)
+
+
+class Crashes(hermes_batch.Verifier):
+    name = "crashes"
+
+    async def verify(self, ctx):
+        raise RuntimeError("the verifier's own bug")
+
+
+class Half(hermes_batch.Verifier):
+    name = "half"
+
+    async def verify(self, ctx):
+        return hermes_batch.Verdict(0.5, "half way", "some output")
+
+
+class VerifierPlugin:
+    @hermes_batch.hookimpl
+    def register_verifiers(self, register):
+        register(Hangs)
+        register(Crashes)
+        register(Half)
+
+
+def test_a_hanging_verifier_is_cut_off_and_a_crashing_one_gives_an_error_not_a_reward(runner, model_server, tmp_path):
+    import time
+
+    runner.plugins = (VerifierPlugin(),)
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": f"Write 42 #{i}", "tests": TESTS} for i in range(2)])
+    started = time.monotonic()
+    result = runner.invoke(dataset, "--verifier", "command", "--verifier", "hangs", "--verifier", "crashes")
+    assert result.exit_code == 0, result.output  # the run goes on
+    assert time.monotonic() - started < 60
+    records = kept(runner)
+    assert len(records) == 2
+    for record in records:
+        meta = record["metadata"]
+        command, hangs, crashes = json.loads(meta["verifiers"])
+        assert command["reward"] == 1.0 and command["error"] == ""
+        assert hangs["error"] == "timed out after 0.5 s" and hangs["reward"] == 0.0
+        assert 0.4 < hangs["duration_s"] < 5
+        assert crashes["error"] == "RuntimeError: the verifier's own bug" and crashes["reward"] == 0.0
+        assert (meta["verified"], meta["passed"], meta["reward"]) == (False, False, 0.0)
+
+
+def test_the_reward_is_the_lowest_and_min_reward_says_what_passes(runner, model_server, tmp_path):
+    runner.plugins = (VerifierPlugin(),)
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": TESTS}])
+    result = runner.invoke(dataset, "--verifier", "command", "--verifier", "half", run_name="strict")
+    assert result.exit_code == 0, result.output
+    meta = kept(runner, "strict")[0]["metadata"]
+    assert (meta["reward"], meta["verified"], meta["passed"]) == (0.5, True, False)
+    assert json.loads(meta["verifiers"])[1] == {"name": "half", "reward": 0.5, "reason": "half way", "error": "",
+                                                "output": "some output", "duration_s": pytest.approx(0, abs=0.5)}
+    result = runner.invoke(dataset, "--verifier", "command", "--verifier", "half", "--min_reward", "0.5",
+                           run_name="lenient")
+    assert kept(runner, "lenient")[0]["metadata"]["passed"] is True
+
+
+def test_the_command_verifier_takes_a_reward_file_for_partial_credit(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    tests = 'echo 0.25 > "$HERMES_REWARD_FILE"; exit 1'
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": tests}])
+    result = runner.invoke(dataset, "--verifier", "command")
+    assert result.exit_code == 0, result.output
+    meta = kept(runner)[0]["metadata"]
+    assert (meta["reward"], meta["verified"], meta["passed"]) == (0.25, True, False)
+    assert json.loads(meta["verifiers"])[0]["reason"].startswith("reward file")
+
+
+def test_a_reward_file_the_agent_left_does_not_count(runner, model_server, tmp_path):
+    runner.server = model_server(solves_with("echo 1.0 > .hermes_batch_reward"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Cheat", "tests": "exit 1"}])
+    result = runner.invoke(dataset, "--verifier", "command")
+    assert result.exit_code == 0, result.output
+    meta = kept(runner)[0]["metadata"]
+    assert (meta["reward"], meta["passed"]) == (0.0, False)
+
+
+def solves_with(command: str):
+    def script(request):
+        if request.turn == 0:
+            return Reply(reasoning="Working.", tool_calls=[("terminal", {"command": command})])
+        return Reply(content=f"Ran: {request.tool_results[-1][:200]}", reasoning="Done.")
+
+    return script
+
+
+def test_the_row_s_test_files_reach_the_sandbox_only_after_the_session(runner, model_server, tmp_path):
+    runner.server = model_server(solves_with("ls hidden_test.sh; printf 42 > answer.txt"))
+    row = {"prompt": "Do it", "tests": "sh hidden_test.sh",
+           "test_files": {"hidden_test.sh": TESTS + "\n", "data/expected.txt": "42"}}
+    dataset = write_dataset(tmp_path / "d.jsonl", [row])
+    result = runner.invoke(dataset, "--verifier", "command")
+    assert result.exit_code == 0, result.output
+    record = kept(runner)[0]
+    assert "No such file" in record["conversations"][3]["value"]  # the agent did not see it
+    assert record["metadata"]["passed"] is True
+
+
+def test_the_command_verifier_s_own_time_limit_and_bounded_output(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    rows = [{"prompt": "Slow", "tests": "sleep 30"}, {"prompt": "Loud", "tests": "yes loud | head -c 100000"}]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    result = runner.invoke(dataset, "--verifier", "command:timeout=1,max_output_chars=500")
+    assert result.exit_code == 0, result.output
+    slow, loud = (json.loads(r["metadata"]["verifiers"])[0] for r in kept(runner))
+    assert slow["error"] in ("timed out after 1 s", "TimeoutError: the command ran past its 1 s (command:timeout=...)")
+    assert slow["reward"] == 0.0 and slow["duration_s"] < 5
+    assert loud["reward"] == 1.0 and len(loud["output"]) < 600 and "characters cut" in loud["output"]
+
+
+def test_command_run_option_and_a_row_without_tests(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "No tests"}])
+    result = runner.invoke(dataset, "--verifier", "command", run_name="none")
+    meta = kept(runner, "none")[0]["metadata"]
+    assert "no command" in json.loads(meta["verifiers"])[0]["error"] and meta["verified"] is False
+    result = runner.invoke(dataset, "--verifier", f"command:run={TESTS}", run_name="given")
+    assert result.exit_code == 0, result.output
+    assert kept(runner, "given")[0]["metadata"]["passed"] is True
+
+
+def test_bad_verifier_options_stop_the_run_before_any_model_call(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "x"}])
+    result = runner.invoke(dataset, "--verifier", "comand")
+    assert result.exit_code != 0 and "did you mean --verifier command?" in result.output
+    result = runner.invoke(dataset, "--verifier", "command:timout=3")
+    assert result.exit_code != 0 and "did you mean command:timeout=...?" in result.output
+    result = runner.invoke(dataset, "--stop_on_success", "--samples_per_prompt", "2")
+    assert result.exit_code != 0 and "--stop_on_success needs a verifier" in result.output
+    assert runner.server.request_count == 0
+
+
+def test_the_verifiers_command_lists_them(runner):
+    result = runner.cli("verifiers")
+    assert result.exit_code == 0, result.output
+    for name in ("command", "answer", "judge"):
+        assert name in result.output
