@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 
 import attrs
 import pytest
@@ -246,3 +247,123 @@ def test_the_verifiers_command_lists_them(runner):
     assert result.exit_code == 0, result.output
     for name in ("command", "answer", "judge"):
         assert name in result.output
+
+
+# --- answer ------------------------------------------------------------------------------------------------
+
+
+def answer_verdict(spec: str, answer: str, expected, completed: bool = True):
+    from hermes_batch.contract.interfaces import VerifierContext
+    from hermes_batch.formats.records import PromptRow
+    from hermes_batch.run.selection import verifiers
+    from hermes_batch.testing.records import make_trajectory
+
+    registry = hermes_batch.get_plugin_manager(load_entry_points=False).registry()
+    (verifier,) = verifiers(registry, (spec,))
+    row = PromptRow(0, "q", 1, extra={} if expected is None else {"answer": expected})
+    ctx = VerifierContext(None, row, make_trajectory(answer=answer, completed=completed), None, lambda *a, **k: None)
+    return asyncio.run(verifier.verify(ctx))
+
+
+@pytest.mark.parametrize("spec, answer, expected, reward", [
+    ("answer", "The capital is Paris.\n\n**Paris.**", "paris", 1.0),
+    ("answer", "I think it is Lyon.", "Paris", 0.0),
+    ("answer", "So x = 42.", 42, 1.0),
+    ("answer", "So x = 1,000.", "1000", 1.0),
+    ("answer", "Thus \\boxed{3.14159}, approximately.", 3.1416, 0.0),
+    ("answer:tolerance=0.001", "Thus \\boxed{3.14159}, approximately.", 3.1416, 1.0),
+    ("answer", "no digits here", 7, 0.0),
+    ("answer:mode=regex", "The order id is AB-1234.", r"AB-\d{4}", 1.0),
+    ("answer:mode=regex", "The order id is AB-12.", r"AB-\d{4}", 0.0),
+    ("answer:mode=exact", "42", "42.0", 0.0),
+])
+def test_the_answer_verifier_compares_the_final_answer(spec, answer, expected, reward):
+    assert answer_verdict(spec, answer, expected).reward == reward
+
+
+def test_the_answer_verifier_without_an_answer():
+    assert answer_verdict("answer", "x", "x", completed=False).reward == 0.0  # no final answer: fails
+    with pytest.raises(ValueError, match="no `answer` field"):  # the row's fault: an error, not a reward
+        answer_verdict("answer", "x", None)
+
+
+# --- judge -------------------------------------------------------------------------------------------------
+
+
+def test_the_judge_grades_through_the_run_s_client_and_counts_its_calls(runner, model_server, tmp_path):
+    def judge(request):
+        assert "## Rubric\nSay hello politely." in request.messages[-1]["content"]
+        return Reply(content="Polite and correct.\nSCORE: 0.75")
+
+    def route(prompt):
+        return judge if prompt.startswith("## Task") else solves("42")
+
+    runner.server = model_server(RoutedScript(route))
+    rows = [{"prompt": "Say hello", "rubric": "Say hello politely."}, {"prompt": "No rubric"}]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    result = runner.invoke(dataset, "--verifier", "judge", "--min_reward", "0.7")
+    assert result.exit_code == 0, result.output
+    graded, unrubricked = (r["metadata"] for r in kept(runner))
+    assert (graded["reward"], graded["passed"]) == (0.75, True)
+    assert json.loads(graded["verifiers"])[0]["reason"] == "Polite and correct. SCORE: 0.75"
+    assert len(graded["calls"]) == 3  # two turns of the session and the judge's call
+    assert "no rubric" in json.loads(unrubricked["verifiers"])[0]["error"]
+    judged = [r for r in runner.server.requests if r.prompt.startswith("## Task")]
+    assert len(judged) == 1
+    journal = [json.loads(line) for line in (runner.folder() / "calls.jsonl").read_text().splitlines()]
+    assert sum(1 for e in journal if e.get("event") == "done") == 5  # 2 + 2 session calls, 1 judge call
+    session_tokens = sum(r["metadata"]["usage"]["prompt_tokens"] for r in kept(runner))
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert graded["usage"]["prompt_tokens"] > unrubricked["usage"]["prompt_tokens"]
+    assert session_tokens > 0 and stats
+
+
+# --- resume --------------------------------------------------------------------------------------------------
+
+
+def test_a_resume_runs_only_the_samples_not_finished(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    rows = [{"prompt": f"Write 42 #{i}", "tests": TESTS} for i in range(2)]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    assert runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "2").exit_code == 0
+    before = {row["prompt"]: runner.server.sessions_for(row["prompt"]) for row in rows}
+    assert before == {rows[0]["prompt"]: 2, rows[1]["prompt"]: 2}
+    result = runner.invoke(dataset, "--resume", "--samples_per_prompt", "3")
+    assert result.exit_code == 0, result.output
+    assert {row["prompt"]: runner.server.sessions_for(row["prompt"]) for row in rows} == {
+        rows[0]["prompt"]: 3, rows[1]["prompt"]: 3}  # one more sample each, none paid twice
+    assert [(r["prompt_index"], r["metadata"]["sample_index"]) for r in kept(runner)] == [
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert runner.invoke(dataset, "--resume", "--samples_per_prompt", "3").exit_code == 0
+    assert runner.server.sessions_for(rows[0]["prompt"]) == 3
+
+
+def test_a_resume_under_stop_on_success_skips_rows_that_passed(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("1", "42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": TESTS}])
+    args = ("--verifier", "command", "--stop_on_success")
+    assert runner.invoke(dataset, *args, "--samples_per_prompt", "2").exit_code == 0
+    assert [r["metadata"]["passed"] for r in kept(runner)] == [False, True]
+    assert runner.invoke(dataset, "--resume", *args, "--samples_per_prompt", "6").exit_code == 0
+    assert runner.server.sessions_for("Write 42") == 2 and len(kept(runner)) == 2
+
+
+def test_a_run_folder_from_before_samples_resumes_as_before(runner, model_server, tmp_path):
+    """Sample 0's key is the row's content key: records without sample_index count as sample 0."""
+    from hermes_batch.formats.records import content_key
+
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Old"}, {"prompt": "New"}])
+    assert runner.invoke(dataset, "--max_samples", "1").exit_code == 0
+    record = runner.records("trajectories.jsonl")[0]
+    assert record["metadata"]["content_key"] == content_key("Old", None, None)
+    for name in ("sample_index", "reward", "verified", "passed", "verifiers"):  # as an older version wrote it
+        del record["metadata"][name]
+    (runner.folder() / "batch_0.jsonl").write_text(json.dumps(record) + "\n")
+    shutil.rmtree(runner.folder() / "index", ignore_errors=True)  # rebuilt from the records, as for an old folder
+    result = runner.invoke(dataset, "--resume", "--max_samples", "2")
+    assert result.exit_code == 0, result.output
+    assert runner.server.sessions_for("Old") == 1 and runner.server.sessions_for("New") == 1
+    result = runner.invoke(dataset, "--resume", "--max_samples", "4", "--samples_per_prompt", "2")
+    assert result.exit_code == 0, result.output
+    assert runner.server.sessions_for("Old") == 2 and runner.server.sessions_for("New") == 2  # sample 1 of each
