@@ -367,3 +367,45 @@ def test_a_run_folder_from_before_samples_resumes_as_before(runner, model_server
     result = runner.invoke(dataset, "--resume", "--max_samples", "4", "--samples_per_prompt", "2")
     assert result.exit_code == 0, result.output
     assert runner.server.sessions_for("Old") == 2 and runner.server.sessions_for("New") == 2  # sample 1 of each
+
+
+def test_a_sample_killed_during_its_verification_runs_again_whole_and_nothing_finished_is_paid_twice(
+        runner, model_server, tmp_path, procs):
+    """SIGKILL between a session's end and its verification: the sample's record is written only once it is
+    verified, so the resume runs that sample again, session and all (docs/verification.md says so); the
+    samples recorded before are not run again."""
+    import os
+    import signal
+
+    from hermes_batch.testing import wait_for
+
+    def script(request):  # the third session leaves a file that makes its tests hang
+        command = "touch slow" if request.sample == 2 else "true"
+        return solves_with(command)(request)
+
+    runner.server = model_server(script)
+    prompt = "Kill me while verifying"
+    tests = "if [ -f slow ]; then sleep 120; fi; true"
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": prompt, "tests": tests}])
+    proc = runner.spawn(dataset, "--verifier", "command", "--samples_per_prompt", "4", "--num_workers", "1",
+                        start_new_session=True)
+    procs.append(proc)
+    batch = runner.folder() / "batch_0.jsonl"
+
+    def verifying_the_third():
+        lines = batch.read_text().count("\n") if batch.exists() else 0
+        return lines == 2 and runner.server.calls_for(prompt) == 6  # two samples recorded, the third's session over
+
+    wait_for(verifying_the_third, 120, "the third sample's verification", proc)
+    import time
+
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    assert runner.server.sessions_for(prompt) == 3
+    result = runner.invoke(dataset, "--resume")
+    assert result.exit_code == 0, result.output
+    assert [r["metadata"]["sample_index"] for r in kept(runner)] == [0, 1, 2, 3]
+    assert all(r["metadata"]["passed"] for r in kept(runner))
+    assert runner.server.sessions_for(prompt) == 5  # samples 0 and 1 were not run again; sample 2 was, whole
+    assert runner.server.calls_for(prompt) == 10
