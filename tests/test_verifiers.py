@@ -268,6 +268,7 @@ def answer_verdict(spec: str, answer: str, expected, completed: bool = True):
 @pytest.mark.parametrize("spec, answer, expected, reward", [
     ("answer", "The capital is Paris.\n\n**Paris.**", "paris", 1.0),
     ("answer", "I think it is Lyon.", "Paris", 0.0),
+    ("answer", "Let me see.\nThe final answer is: Paris", "Paris", 1.0),
     ("answer", "So x = 42.", 42, 1.0),
     ("answer", "So x = 1,000.", "1000", 1.0),
     ("answer", "Thus \\boxed{3.14159}, approximately.", 3.1416, 0.0),

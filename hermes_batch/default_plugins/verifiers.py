@@ -96,10 +96,15 @@ _NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
+_LEAD_IN = re.compile(r"^(?:so,? |thus,? |therefore,? )?(?:the )?(?:final )?answer(?: is)?\s*[:=]?\s*")
+
+
 def normalise(text: str) -> str:
-    """Lower case, inner spaces collapsed, surrounding quotes, `$`, `**` and a final period dropped."""
+    """Lower case, inner spaces collapsed, a lead-in ("the final answer is:") and surrounding quotes, `$`, `**`
+    and a final period dropped."""
     text = " ".join(str(text).split()).lower()
-    text = text.strip().strip("*").strip().strip("`\"'$").strip()
+    text = text.strip().strip("*").strip()
+    text = _LEAD_IN.sub("", text).strip().strip("*").strip().strip("`\"'$").strip()
     return text[:-1].rstrip() if text.endswith(".") else text
 
 
