@@ -410,3 +410,19 @@ def test_a_sample_killed_during_its_verification_runs_again_whole_and_nothing_fi
     assert all(r["metadata"]["passed"] for r in kept(runner))
     assert runner.server.sessions_for(prompt) == 5  # samples 0 and 1 were not run again; sample 2 was, whole
     assert runner.server.calls_for(prompt) == 10
+
+
+def test_samples_follow_their_row_when_the_dataset_changes(runner, model_server, tmp_path):
+    """A resume over an edited dataset renumbers every sample of a row with the row, none set aside."""
+    runner.server = model_server(by_sample("42"))
+    rows = [{"prompt": "Row A", "tests": TESTS}, {"prompt": "Row B", "tests": TESTS}]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    assert runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "2").exit_code == 0
+    write_dataset(dataset, [{"prompt": "Row new", "tests": TESTS}, *rows])
+    result = runner.invoke(dataset, "--resume")
+    assert result.exit_code == 0, result.output
+    assert not (runner.folder() / "unmatched.jsonl").exists() or not runner.records("unmatched.jsonl")
+    placed = [(r["conversations"][1]["value"], r["prompt_index"], r["metadata"]["sample_index"]) for r in kept(runner)]
+    assert placed == [("Row new", 0, 0), ("Row new", 0, 1), ("Row A", 1, 0), ("Row A", 1, 1),
+                      ("Row B", 2, 0), ("Row B", 2, 1)]
+    assert [runner.server.sessions_for(p) for p in ("Row new", "Row A", "Row B")] == [2, 2, 2]

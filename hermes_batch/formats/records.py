@@ -313,6 +313,7 @@ class Failure:
     usage: Usage = Usage()  # what those calls used and cost
     calls: tuple[CallRecord, ...] = ()
     schema_version: int = SCHEMA_VERSION
+    sample_index: int = 0  # which of the row's samples failed (--samples_per_prompt)
 
 
 @frozen

@@ -188,6 +188,7 @@ class PromptProcessor:
             api_calls=state.api_calls,
             usage=state.usage,
             calls=tuple(state.calls),
+            sample_index=job.sample_index,
         )
 
     @staticmethod
