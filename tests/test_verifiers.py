@@ -426,3 +426,42 @@ def test_samples_follow_their_row_when_the_dataset_changes(runner, model_server,
     assert placed == [("Row new", 0, 0), ("Row new", 0, 1), ("Row A", 1, 0), ("Row A", 1, 1),
                       ("Row B", 2, 0), ("Row B", 2, 1)]
     assert [runner.server.sessions_for(p) for p in ("Row new", "Row A", "Row B")] == [2, 2, 2]
+
+
+def test_the_verifier_written_in_the_docs_works(runner, model_server, tmp_path):
+    import re
+    import types
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "verification.md").read_text()
+    block = re.search(r"```python\n(.*?)```", doc.split("## Writing a verifier", 1)[1], re.S).group(1)
+    plugin = types.ModuleType("docs_verifier")
+    exec(compile(block, "docs/verification.md", "exec"), plugin.__dict__)
+    runner.plugins = (plugin,)
+    runner.server = model_server(solves_with("touch made.txt"))
+    rows = [{"prompt": "Make it", "expect_file": "made.txt"}, {"prompt": "Make another", "expect_file": "other.txt"}]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    result = runner.invoke(dataset, "--verifier", "file-exists")
+    assert result.exit_code == 0, result.output
+    assert [r["metadata"]["passed"] for r in kept(runner)] == [True, False]
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["side-by-side", "stop_on_success"])
+def test_max_cost_counts_samples_and_a_resume_runs_the_rest(runner, model_server, tmp_path, stop):
+    from hermes_batch import Usage
+
+    def costly(request):
+        reply = solves("41")(request)  # never passes
+        return attrs.evolve(reply, usage=Usage(prompt_tokens=10, completion_tokens=5, cost=0.01))
+
+    runner.server = model_server(costly)
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Costly", "tests": TESTS}])
+    args = ["--verifier", "command", "--samples_per_prompt", "6", "--num_workers", "1"] + (["--stop_on_success"] if stop else [])
+    result = runner.invoke(dataset, *args, "--max_cost", "0.05")
+    assert result.exit_code == 0, result.output
+    assert "budget" in result.output
+    assert len(kept(runner)) == 3  # 0.02 a sample: the third reaches 0.05, no fourth is started
+    result = runner.invoke(dataset, "--resume", *args, "--max_cost", "1")
+    assert result.exit_code == 0, result.output
+    assert [r["metadata"]["sample_index"] for r in kept(runner)] == [0, 1, 2, 3, 4, 5]
+    assert runner.server.sessions_for("Costly") == 6
