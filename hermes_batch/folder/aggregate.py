@@ -12,6 +12,7 @@ the order in which records and files are added never changes the result.
 from __future__ import annotations
 
 import datetime
+import math
 from collections import Counter, defaultdict
 from fractions import Fraction
 from typing import Iterable, Optional, Union
@@ -114,6 +115,85 @@ class Scope:
         return scope
 
 
+REWARD_BUCKETS = 10  # of the reward histogram over [0, 1]; rewards below 0 and above 1 have a bucket each
+
+
+def reward_bucket(reward: float) -> str:
+    """The histogram bucket of a reward: ``"<0"``, ``"0.0"`` (0 <= r < 0.1) ... ``"0.9"`` (0.9 <= r <= 1), ``">1"``."""
+    if reward < 0:
+        return "<0"
+    if reward > 1:
+        return ">1"
+    return f"{min(REWARD_BUCKETS - 1, int(reward * REWARD_BUCKETS)) / REWARD_BUCKETS:.1f}"
+
+
+class Rewards:
+    """What the verifiers said of the samples: reward totals, and per row (and per toolset and row) how many
+    samples were scored and how many passed, which pass@k needs (a row's samples may lie in several files).
+
+    Only samples a verifier ran on are counted, so a run without verifiers keeps nothing here.
+    """
+
+    def __init__(self) -> None:
+        self.scored = self.verified = self.passed = 0  # samples a verifier ran on; of them, with a reward; passing
+        self.reward_sum = ExactSum()  # of the verified samples' rewards
+        self.buckets: Counter = Counter()  # reward_bucket -> verified samples
+        self.rows: dict[int, list[int]] = {}  # prompt_index -> [samples scored, samples passed]
+        self.toolset_rows: dict[tuple[str, int], list[int]] = {}  # (toolsets, prompt_index) -> the same
+
+    def add(self, traj: Trajectory) -> None:
+        meta = traj.metadata
+        if not meta.verifiers:
+            return
+        self.scored += 1
+        self.verified += meta.verified
+        self.passed += meta.passed
+        if meta.verified and math.isfinite(meta.reward):
+            self.reward_sum.add(meta.reward)
+            self.buckets[reward_bucket(meta.reward)] += 1
+        for table, key in ((self.rows, traj.prompt_index),
+                           (self.toolset_rows, ("+".join(traj.toolsets_used), traj.prompt_index))):
+            counts = table.get(key)
+            if counts is None:
+                table[key] = [1, int(meta.passed)]
+            else:
+                counts[0] += 1
+                counts[1] += meta.passed
+
+    def merge(self, other: "Rewards") -> None:
+        self.scored += other.scored
+        self.verified += other.verified
+        self.passed += other.passed
+        self.reward_sum.merge(other.reward_sum)
+        self.buckets.update(other.buckets)
+        for mine, theirs in ((self.rows, other.rows), (self.toolset_rows, other.toolset_rows)):
+            for key, (n, c) in theirs.items():
+                counts = mine.setdefault(key, [0, 0])
+                counts[0] += n
+                counts[1] += c
+
+    def to_state(self) -> dict:
+        return {
+            "scored": self.scored, "verified": self.verified, "passed": self.passed,
+            "reward_sum": [str(self.reward_sum.scaled), self.reward_sum.reported], "buckets": dict(self.buckets),
+            "rows": [[index, n, c] for index, (n, c) in self.rows.items()],
+            "toolset_rows": [[toolsets, index, n, c] for (toolsets, index), (n, c) in self.toolset_rows.items()],
+        }
+
+    @classmethod
+    def from_state(cls, state: Optional[dict]) -> "Rewards":
+        rewards = cls()
+        if not state:  # an index saved before rewards were counted: its records had none
+            return rewards
+        rewards.scored, rewards.verified, rewards.passed = (int(state[k]) for k in ("scored", "verified", "passed"))
+        scaled, reported = state["reward_sum"]
+        rewards.reward_sum = ExactSum(int(scaled), bool(reported))
+        rewards.buckets = Counter({str(k): int(v) for k, v in state["buckets"].items()})
+        rewards.rows = {int(i): [int(n), int(c)] for i, n, c in state["rows"]}
+        rewards.toolset_rows = {(str(t), int(i)): [int(n), int(c)] for t, i, n, c in state["toolset_rows"]}
+        return rewards
+
+
 class Requests:
     """Model requests per provider: count, errors, and latencies in whole milliseconds (for exact medians)."""
 
@@ -172,6 +252,7 @@ class Aggregate:
         self.tools: set[str] = set()  # tool names in the stats of any finished sample
         self.merge_tools: set[str] = set()  # in the stats or error counts of any kept sample: every merged line lists them
         self.requests = Requests()
+        self.rewards = Rewards()  # of every finished sample, kept or discarded
         self.first_ts: Optional[str] = None
         self.last_ts: Optional[str] = None
         # (content key, timestamp, error kind) of every failure record: few, and needed whole to tell which still fail
@@ -197,6 +278,7 @@ class Aggregate:
             self.merge_tools.update(traj.tool_stats)
             self.merge_tools.update(traj.tool_error_counts)
         self.finished.add(traj)
+        self.rewards.add(traj)
         self.tools.update(traj.tool_stats)
         meta = traj.metadata
         usage = self._add_usage(meta.usage)
@@ -235,6 +317,7 @@ class Aggregate:
         self.tools |= other.tools
         self.merge_tools |= other.merge_tools
         self.requests.merge(other.requests)
+        self.rewards.merge(other.rewards)
         for ts in (other.first_ts, other.last_ts):
             if ts is not None:
                 self.first_ts = ts if self.first_ts is None else min(self.first_ts, ts)
@@ -248,7 +331,7 @@ class Aggregate:
             cost=[str(self.cost.scaled), self.cost.reported], by_filter=dict(self.by_filter),
             reasons=[[name, reason, count] for (name, reason), count in self.reasons.items()],
             tools=sorted(self.tools), merge_tools=sorted(self.merge_tools), requests=self.requests.to_state(),
-            first_ts=self.first_ts, last_ts=self.last_ts, failures=self.failures,
+            rewards=self.rewards.to_state(), first_ts=self.first_ts, last_ts=self.last_ts, failures=self.failures,
         )
         return state
 
@@ -265,6 +348,7 @@ class Aggregate:
         agg.reasons = Counter({(str(n), str(r)): int(c) for n, r, c in state.get("reasons", ())})  # none in older ones
         agg.tools, agg.merge_tools = set(state["tools"]), set(state["merge_tools"])
         agg.requests = Requests.from_state(state["requests"])
+        agg.rewards = Rewards.from_state(state.get("rewards"))
         agg.first_ts, agg.last_ts = state["first_ts"], state["last_ts"]
         agg.failures = [(str(k), str(t), str(e)) for k, t, e in state["failures"]]
         return agg
