@@ -193,6 +193,22 @@ class Turn:
 
 
 @frozen
+class VerifierResult:
+    """What one verifier said about a sample: its reward and reason, or the error that kept it from giving one."""
+
+    name: str
+    reward: float = 0.0  # 0.0 when ``error`` is set: a verifier that crashed or timed out gives no reward
+    reason: str = ""
+    error: str = ""  # "" when the verifier returned a reward
+    output: str = ""  # what it ran printed (bounded), for the command verifier
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+@frozen
 class Metadata:
     """Everything about a trajectory besides the conversation; extended by later versions."""
 
@@ -216,6 +232,12 @@ class Metadata:
     duration_s: float = 0.0
     usage: Usage = Usage()
     calls: tuple[CallRecord, ...] = ()  # every request of the session, failed attempts included
+    # Samples and verification (--samples_per_prompt, --verifier); records written before them read as these defaults.
+    sample_index: int = 0  # which of the row's samples this is, 0-based
+    reward: float = 0.0  # the minimum of the verifiers' rewards; 0.0 when not verified
+    verified: bool = False  # every verifier returned a reward (False when none ran or one failed)
+    passed: bool = False  # verified and reward >= --min_reward
+    verifiers: tuple[VerifierResult, ...] = ()  # one per --verifier, in the order given
 
 
 @frozen
