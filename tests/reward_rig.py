@@ -8,20 +8,28 @@ import pytest
 
 from hermes_batch.folder.durable import AppendLog
 from hermes_batch.folder.runfolder import RunFolder
+from hermes_batch.formats import hermes_format
 from hermes_batch.formats.records import Discarded, Trajectory, Turn, content_key
+from hermes_batch.formats.row_identity import _sample_key
 from hermes_batch.formats.serialization import from_json, to_json_line
 from hermes_batch.testing import make_trajectory
+
+TERMINAL = {"type": "function", "function": {"name": "terminal", "description": "Run a command.",
+                                              "parameters": {"type": "object", "properties": {}}}}
 
 
 def sample(index: int, prompt: str, sample_index: int, reward=None, *, passed=None, error="", toolsets=("terminal",),
            system="You are a helpful assistant.", answer=None) -> Trajectory:
     """A sample of row ``index`` as the 31 record shape has it: ``reward`` None means no verifier ran."""
-    meta = {"content_key": content_key(prompt, None, None), "sample_index": sample_index, "batch_num": index // 10,
+    row = content_key(prompt, None, None)
+    # as the run keys them: the row's key for sample 0, a key of its own for each other sample
+    meta = {"content_key": _sample_key(row, sample_index) if sample_index else row, "sample_index": sample_index,
+            "batch_num": index // 10,
             "id": f"row-{index}"}
     traj = make_trajectory(prompt_index=index, toolsets_used=tuple(toolsets),
                            answer=answer or f"answer {index}.{sample_index}")
     convs = list(traj.conversations)
-    convs[0], convs[1] = Turn("system", system), Turn("human", prompt)
+    convs[0], convs[1] = Turn("system", hermes_format.system_text(system, [TERMINAL])), Turn("human", prompt)
     data = json.loads(to_json_line(traj))
     data["conversations"] = [{"from": t.from_, "value": t.value} for t in convs[:2]] + data["conversations"][2:]
     data["metadata"].update(meta)
@@ -30,8 +38,8 @@ def sample(index: int, prompt: str, sample_index: int, reward=None, *, passed=No
         data["metadata"].update(
             reward=0.0 if error else float(reward), verified=verified,
             passed=verified and (reward >= 1.0 if passed is None else passed),
-            verifiers=[{"name": "command", "reward": 0.0 if error else float(reward), "reason": "tests ran",
-                        "error": error, "output": "", "duration_s": 0.5}],
+            verifiers=json.dumps([{"name": "command", "reward": 0.0 if error else float(reward), "reason": "tests ran",
+                                   "error": error, "output": "", "duration_s": 0.5}]),  # JSON text, as records hold it
         )
     return from_json(data, Trajectory)
 

@@ -24,6 +24,7 @@ import attrs
 import hermes_batch
 from hermes_batch.contract.writers import FileWriter, Sink
 from hermes_batch.formats.records import Trajectory
+from hermes_batch.formats.row_identity import row_key
 
 ROLES = {"system": "system", "human": "user", "gpt": "assistant", "tool": "tool"}
 
@@ -53,7 +54,9 @@ def _dumps(line: dict) -> str:
 
 
 class GroupSink(Sink):
-    """A JSON Lines sink that sees a row's samples together: ``encode_group`` turns them into lines."""
+    """A JSON Lines sink that sees a row's samples together: ``encode_group(row key, samples, notes)`` turns them
+    into lines.  A row is its ``prompt_index`` and its content key (row_identity.py: each sample's record holds a
+    key of its own)."""
 
     def __init__(self, path, encode_group):
         super().__init__(path)
@@ -63,7 +66,7 @@ class GroupSink(Sink):
         self._samples: list[Trajectory] = []
 
     def add(self, trajectory: Trajectory) -> None:
-        row = (trajectory.prompt_index, trajectory.metadata.content_key)
+        row = (trajectory.prompt_index, row_key(trajectory))
         if row != self._row:
             self._flush()
             self._row = row
@@ -76,7 +79,7 @@ class GroupSink(Sink):
         # the order records are read in depends on which file holds them (kept or discarded): sort it away,
         # so the same run gives the same lines after a refilter
         samples.sort(key=lambda t: (t.metadata.sample_index, t.metadata.timestamp))
-        for line in self.encode_group(samples, self.notes):
+        for line in self.encode_group(self._row[1], samples, self.notes):
             try:
                 data = line.encode("utf-8")
             except UnicodeEncodeError:
@@ -123,7 +126,7 @@ class DpoWriter(FileWriter):
     def open(self, path) -> GroupSink:
         return GroupSink(path, self.encode_group)
 
-    def encode_group(self, samples: Sequence[Trajectory], notes: dict) -> list[str]:
+    def encode_group(self, key: str, samples: Sequence[Trajectory], notes: dict) -> list[str]:
         by_prompt: dict[str, list] = {}
         for traj in samples:
             prompt, completion = split_prompt(messages(traj))
@@ -136,14 +139,14 @@ class DpoWriter(FileWriter):
             _note(notes, "rows with no passing sample" if not passing else "rows with no failing sample")
             return []
         first = samples[0]
-        rng = random.Random(f"{self.config.seed}\0{first.metadata.content_key}\0{first.prompt_index}")
+        rng = random.Random(f"{self.config.seed}\0{key}\0{first.prompt_index}")
         lines: list[str] = []
         budget = self.config.pairs_per_row or len(samples)
-        keys = list(by_prompt)
-        rng.shuffle(keys)
-        for key in keys:
-            chosen = [s for s in by_prompt[key] if s[0].metadata.passed]
-            rejected = [s for s in by_prompt[key] if s[0].metadata.verified and not s[0].metadata.passed]
+        prompts = list(by_prompt)
+        rng.shuffle(prompts)
+        for prompt_key in prompts:
+            chosen = [s for s in by_prompt[prompt_key] if s[0].metadata.passed]
+            rejected = [s for s in by_prompt[prompt_key] if s[0].metadata.verified and not s[0].metadata.passed]
             rng.shuffle(chosen)
             rng.shuffle(rejected)
             for (good, prompt, good_completion), (bad, _prompt, bad_completion) in zip(chosen, rejected):
@@ -158,7 +161,7 @@ class DpoWriter(FileWriter):
                     "chosen_sample_index": good.metadata.sample_index,
                     "rejected_sample_index": bad.metadata.sample_index,
                     "prompt_index": first.prompt_index,
-                    "content_key": first.metadata.content_key,
+                    "content_key": key,
                     "id": first.metadata.id,
                 }))
         if not lines:
@@ -179,13 +182,13 @@ class RolloutsWriter(FileWriter):
     def open(self, path) -> GroupSink:
         return GroupSink(path, self.encode_group)
 
-    def encode_group(self, samples: Sequence[Trajectory], notes: dict) -> list[str]:
+    def encode_group(self, key: str, samples: Sequence[Trajectory], notes: dict) -> list[str]:
         first = samples[0]
         rewards = [float(t.metadata.reward) for t in samples]
         return [_dumps({
             "prompt": prompt_text(first),
             "prompt_index": first.prompt_index,
-            "content_key": first.metadata.content_key,
+            "content_key": key,
             "id": first.metadata.id,
             "samples": [
                 {

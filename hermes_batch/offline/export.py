@@ -23,6 +23,7 @@ from ..errors import UsageError
 from .export_files import TRAIN, locked, other_data_files, prepare, publish, remove_if_empty, target_for
 from ..contract.run_filters import INCLUDE, Entry, iter_entries, judge
 from ..folder.runfolder import RunFolder
+from ..formats.row_identity import row_key
 from ..folder.durable import write_error
 from ..contract.writers import FileWriter, report_skipped
 
@@ -179,7 +180,7 @@ def _export(folders, writer, target, include, splits, filters, force) -> ExportR
             if entry.where in rejected:
                 continue
             traj = entry.trajectory
-            split = split_of(traj.metadata.content_key, splits)
+            split = split_of(row_key(traj), splits)  # a row's samples (--samples_per_prompt) in one split
             _write(final[split], sinks[split].add, traj.with_tools(names))
         written = {target.names[split]: _write(final[split], sink.seal) for split, sink in sinks.items()}
     except BaseException:

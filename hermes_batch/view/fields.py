@@ -112,9 +112,21 @@ def _reward(value) -> float:
     return reward if -1e30 < reward < 1e30 else 0.0  # NaN fails too; a float32 column holds it
 
 
+def verifiers_of(meta: dict) -> list:
+    """The verifiers' results of a record's metadata: JSON text in records (a list in hand-made ones)."""
+    value = meta.get("verifiers")
+    if isinstance(value, str) and value not in ("", "[]"):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            return []
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
 def verdict_of(meta: dict) -> int:
     """The index of a sample's verdict in VERDICTS, from its metadata."""
-    if not meta.get("verifiers"):
+    verifiers = meta.get("verifiers")
+    if not verifiers or verifiers == "[]":
         return 0
     if meta.get("verified") is not True:
         return 1

@@ -10,6 +10,7 @@ from typing import Optional
 
 from ..formats import hermes_format
 from . import charts
+from .fields import verifiers_of
 
 LONG_LINES = 30  # tool output longer than this is folded
 LONG_CHARS = 3000
@@ -331,7 +332,7 @@ def _meta_rows(status: str, record: dict) -> list[tuple[str, str]]:
     usage = _dict(meta.get("usage"))
     providers = sorted({str(c.get("provider") or "unknown") for c in _records(meta.get("calls"))})
     verified = []
-    if _records(meta.get("verifiers")):
+    if verifiers_of(meta):
         verdict = "passed" if meta.get("passed") is True else "failed" if meta.get("verified") is True else "unverified"
         verified = [("reward", f"{meta.get('reward')} ({verdict})"), ("sample", meta.get("sample_index"))]
     return verified + [
@@ -357,7 +358,7 @@ def record_html(status: str, data: dict, link: Optional[str] = None) -> str:
     if status == "discarded":
         notes = "".join(f'<div class="why"><b>{escape(str(f))}</b>: {escape(str(r))}</div>'
                         for f, r in zip(data.get("filters") or (), data.get("reasons") or ()))
-    for v in _records(_dict(record.get("metadata")).get("verifiers")):
+    for v in verifiers_of(_dict(record.get("metadata"))):
         said = v.get("error") or v.get("reason") or ""
         notes += (f'<div class="why verifier"><b>verifier {escape(str(v.get("name", "")))}: '
                   f'{escape(str(v.get("reward", "")))}</b> {escape(str(said))}</div>')

@@ -17,10 +17,6 @@ USAGE = pa.struct([
     ("cached_tokens", pa.int64()), ("cost", pa.float64()), ("cost_reported", pa.bool_()),
 ])
 CALL = pa.struct([("provider", pa.string()), ("latency_s", pa.float64()), ("status", pa.int64())])
-VERIFIER = pa.struct([
-    ("name", pa.string()), ("reward", pa.float64()), ("reason", pa.string()), ("error", pa.string()),
-    ("output", pa.string()), ("duration_s", pa.float64()),
-])
 METADATA = pa.struct([
     ("batch_num", pa.int64()), ("timestamp", pa.string()), ("model", pa.string()), ("content_key", pa.string()),
     ("schema_version", pa.int64()), ("id", pa.string()), ("row", pa.string()), ("seed", pa.int64()),
@@ -29,7 +25,7 @@ METADATA = pa.struct([
     ("usage", USAGE), ("calls", pa.list_(CALL)),
     # --verifier (0, 0.0, false and [] without one)
     ("sample_index", pa.int64()), ("reward", pa.float64()), ("verified", pa.bool_()), ("passed", pa.bool_()),
-    ("verifiers", pa.list_(VERIFIER)),
+    ("verifiers", pa.string()),  # JSON text, as in the JSONL
 ])
 TOOL_STAT = pa.struct([
     ("name", pa.string()), ("count", pa.int64()), ("success", pa.int64()), ("failure", pa.int64()), ("errors", pa.int64()),
@@ -52,7 +48,7 @@ SCHEMA = pa.schema(
 """The Arrow schema of every Parquet file hermes-batch writes."""
 
 
-_VERIFY_FIELDS = (("sample_index", 0), ("reward", 0.0), ("verified", False), ("passed", False), ("verifiers", []))
+_VERIFY_FIELDS = (("sample_index", 0), ("reward", 0.0), ("verified", False), ("passed", False), ("verifiers", "[]"))
 
 
 def to_row(trajectory: Trajectory) -> dict:
