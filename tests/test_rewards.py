@@ -2,6 +2,7 @@
 and the exports made of a row's samples (dpo pairs, rollouts), from run folders of hand-written records."""
 
 import itertools
+from collections import Counter
 import json
 import random
 
@@ -34,7 +35,7 @@ def brute_force_pass_at_k(outcomes, k):
 def test_pass_at_k_matches_a_brute_force_count():
     rng = random.Random(31)
     outcomes = [[rng.random() < 0.3 for _ in range(8)] for _ in range(40)]
-    result = _row_rewards([[len(row), sum(row)] for row in outcomes])
+    result = _row_rewards(Counter((len(row), sum(row)) for row in outcomes))
     for k in range(1, 9):
         assert result["pass_at_k"][str(k)] == pytest.approx(brute_force_pass_at_k(outcomes, k), abs=1e-6)
         assert result["pass_at_k_rows"][str(k)] == 40
@@ -44,11 +45,11 @@ def test_pass_at_k_matches_a_brute_force_count():
 
 def test_rows_with_fewer_samples_count_as_passed_within_k_only_when_they_passed():
     # --stop_on_success: a row that passed at its first sample stopped there; one that never passed ran all 4
-    result = _row_rewards([[1, 1], [4, 0], [3, 1]])
+    result = _row_rewards(Counter([(1, 1), (4, 0), (3, 1)]))
     assert result["pass_at_k"]["1"] == pytest.approx((1 + 0 + 1 / 3) / 3, abs=1e-6)
     assert result["pass_at_k"]["4"] == pytest.approx(2 / 3, abs=1e-6)  # the 1- and 3-sample rows passed within 4
     assert result["pass_at_k_rows"]["4"] == 3
-    assert _row_rewards([[2, 0], [4, 1]])["pass_at_k_rows"]["4"] == 1  # a 2-sample row without a pass says nothing of 4
+    assert _row_rewards(Counter([(2, 0), (4, 1)]))["pass_at_k_rows"]["4"] == 1  # a 2-sample row without a pass says nothing of 4
 
 
 # --- statistics --------------------------------------------------------------------------------------------------
@@ -87,8 +88,8 @@ def test_reward_totals_add_up_in_any_order(rewarded):
     merged = Aggregate()
     for part in parts:
         merged.merge(Aggregate.from_state(json.loads(json.dumps(part.to_state()))))
-    assert merged.rewards.to_state()["rows"] and sorted(merged.rewards.to_state()["rows"]) == \
-        sorted(whole.rewards.to_state()["rows"])
+    assert merged.rewards.rows and merged.rewards.rows == whole.rewards.rows
+    assert merged.rewards.toolset_rows == whole.rewards.toolset_rows
     assert merged.rewards.to_state()["buckets"] == whole.rewards.to_state()["buckets"]
     assert merged.rewards.reward_sum.value == whole.rewards.reward_sum.value
 

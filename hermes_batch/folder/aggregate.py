@@ -11,8 +11,11 @@ the order in which records and files are added never changes the result.
 
 from __future__ import annotations
 
+import array
+import base64
 import datetime
 import math
+import sys
 from collections import Counter, defaultdict
 from fractions import Fraction
 from typing import Iterable, Optional, Union
@@ -138,8 +141,9 @@ class Rewards:
         self.scored = self.verified = self.passed = 0  # samples a verifier ran on; of them, with a reward; passing
         self.reward_sum = ExactSum()  # of the verified samples' rewards
         self.buckets: Counter = Counter()  # reward_bucket -> verified samples
-        self.rows: dict[int, list[int]] = {}  # prompt_index -> [samples scored, samples passed]
-        self.toolset_rows: dict[tuple[str, int], list[int]] = {}  # (toolsets, prompt_index) -> the same
+        # per row: samples scored << 32 | samples passed (one int, not a list: a million rows are a million entries)
+        self.rows: dict[int, int] = {}  # prompt_index -> counts
+        self.toolset_rows: dict[str, dict[int, int]] = {}  # toolsets ("terminal+file") -> prompt_index -> counts
 
     def add(self, traj: Trajectory) -> None:
         meta = traj.metadata
@@ -151,14 +155,11 @@ class Rewards:
         if meta.verified and math.isfinite(meta.reward):
             self.reward_sum.add(meta.reward)
             self.buckets[reward_bucket(meta.reward)] += 1
-        for table, key in ((self.rows, traj.prompt_index),
-                           (self.toolset_rows, ("+".join(traj.toolsets_used), traj.prompt_index))):
-            counts = table.get(key)
-            if counts is None:
-                table[key] = [1, int(meta.passed)]
-            else:
-                counts[0] += 1
-                counts[1] += meta.passed
+        counts = (1 << 32) | int(meta.passed)
+        index = traj.prompt_index
+        self.rows[index] = self.rows.get(index, 0) + counts
+        rows = self.toolset_rows.setdefault("+".join(traj.toolsets_used), {})
+        rows[index] = rows.get(index, 0) + counts
 
     def merge(self, other: "Rewards") -> None:
         self.scored += other.scored
@@ -166,18 +167,21 @@ class Rewards:
         self.passed += other.passed
         self.reward_sum.merge(other.reward_sum)
         self.buckets.update(other.buckets)
-        for mine, theirs in ((self.rows, other.rows), (self.toolset_rows, other.toolset_rows)):
-            for key, (n, c) in theirs.items():
-                counts = mine.setdefault(key, [0, 0])
-                counts[0] += n
-                counts[1] += c
+        _add_rows(self.rows, other.rows)
+        for toolsets, rows in other.toolset_rows.items():
+            _add_rows(self.toolset_rows.setdefault(toolsets, {}), rows)
+
+    @staticmethod
+    def shapes(rows: dict) -> Counter:
+        """How many rows of ``rows`` (``self.rows`` or one of ``toolset_rows``) had each ``(samples, passed)``."""
+        return Counter({(value >> 32, value & 0xFFFFFFFF): count for value, count in Counter(rows.values()).items()})
 
     def to_state(self) -> dict:
         return {
             "scored": self.scored, "verified": self.verified, "passed": self.passed,
             "reward_sum": [str(self.reward_sum.scaled), self.reward_sum.reported], "buckets": dict(self.buckets),
-            "rows": [[index, n, c] for index, (n, c) in self.rows.items()],
-            "toolset_rows": [[toolsets, index, n, c] for (toolsets, index), (n, c) in self.toolset_rows.items()],
+            "rows": _pack_rows(self.rows),
+            "toolset_rows": {toolsets: _pack_rows(rows) for toolsets, rows in self.toolset_rows.items()},
         }
 
     @classmethod
@@ -189,9 +193,41 @@ class Rewards:
         scaled, reported = state["reward_sum"]
         rewards.reward_sum = ExactSum(int(scaled), bool(reported))
         rewards.buckets = Counter({str(k): int(v) for k, v in state["buckets"].items()})
-        rewards.rows = {int(i): [int(n), int(c)] for i, n, c in state["rows"]}
-        rewards.toolset_rows = {(str(t), int(i)): [int(n), int(c)] for t, i, n, c in state["toolset_rows"]}
+        rewards.rows = _unpack_rows(state["rows"])
+        rewards.toolset_rows = {str(t): _unpack_rows(rows) for t, rows in state["toolset_rows"].items()}
         return rewards
+
+
+def _pack(values: array.array) -> str:
+    if sys.byteorder != "little":
+        values = array.array(values.typecode, values)
+        values.byteswap()
+    return base64.b64encode(values.tobytes()).decode("ascii")
+
+
+def _unpack(typecode: str, text: str) -> array.array:
+    values = array.array(typecode)
+    values.frombytes(base64.b64decode(text.encode("ascii"), validate=True))
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values
+
+
+def _pack_rows(rows: dict) -> list:
+    """Per-row counts as two base64 arrays (prompt indices, counts): a million rows save and load in a blink."""
+    return [_pack(array.array("q", rows.keys())), _pack(array.array("Q", rows.values()))]
+
+
+def _unpack_rows(state: list) -> dict:
+    indices, counts = _unpack("q", state[0]), _unpack("Q", state[1])
+    if len(indices) != len(counts):
+        raise ValueError("the rows' arrays differ in length")
+    return dict(zip(indices, counts))
+
+
+def _add_rows(mine: dict, theirs: dict) -> None:
+    for index, counts in theirs.items():
+        mine[index] = mine.get(index, 0) + counts
 
 
 class Requests:

@@ -106,14 +106,13 @@ def _ks(most: int) -> list[int]:
     return sorted({2**i for i in range(most.bit_length()) if 2**i <= most} | {most})
 
 
-def _row_rewards(rows: Iterable[Sequence[int]]) -> dict:
-    """pass@k and the rows that never passed, from ``[samples, passed]`` of each row.
+def _row_rewards(shapes: Counter) -> dict:
+    """pass@k and the rows that never passed, from how many rows had each ``(samples, passed)``.
 
     pass@k averages each row's estimate over the rows with at least k samples, and counts as 1 a row with fewer
     samples that passed (under --stop_on_success a row stops at its first pass: it passed within k); a row with
     fewer than k samples and no pass says nothing of k, so it is left out (``pass_at_k_rows`` counts the rows used).
     """
-    shapes = Counter((n, c) for n, c in rows)
     total = sum(shapes.values())
     never = sum(count for (_n, c), count in shapes.items() if c == 0)
     at_k, used = {}, {}
@@ -149,9 +148,7 @@ def rewards_section(rewards: Rewards) -> Optional[dict]:
         if rewards.buckets.get(outside):
             buckets[outside] = rewards.buckets[outside]
     total = rewards.reward_sum.value
-    by_toolsets: dict[str, list] = defaultdict(list)
-    for (toolsets, _index), counts in rewards.toolset_rows.items():
-        by_toolsets[toolsets].append(counts)
+    by_toolsets = {name: rewards.shapes(rows) for name, rows in rewards.toolset_rows.items()}
     return {
         "samples_scored": rewards.scored,  # a verifier ran on them
         "samples_verified": rewards.verified,  # every verifier gave a reward
@@ -160,12 +157,13 @@ def rewards_section(rewards: Rewards) -> Optional[dict]:
         "share_samples_passed": _ratio(rewards.passed, rewards.scored),
         "reward_mean": None if total is None or not rewards.verified else round(total / rewards.verified, 6),
         "reward_histogram": buckets,
-        **_row_rewards(rewards.rows.values()),
+        **_row_rewards(rewards.shapes(rewards.rows)),
         "by_toolsets": {
             name or "(none)": {
-                "samples": sum(n for n, _c in rows), "passed": sum(c for _n, c in rows), **_row_rewards(rows),
+                "samples": sum(n * count for (n, _c), count in shapes.items()),
+                "passed": sum(c * count for (_n, c), count in shapes.items()), **_row_rewards(shapes),
             }
-            for name, rows in sorted(by_toolsets.items())
+            for name, shapes in sorted(by_toolsets.items())
         },
     }
 
