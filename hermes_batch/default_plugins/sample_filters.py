@@ -11,8 +11,6 @@ from hermes_batch.formats.conversation import reasoning_counts
 from hermes_batch.contract.interfaces import Filter
 from hermes_batch.formats.records import Trajectory
 
-DEFAULT_FILTERS = ("no-reasoning", "hallucinated-tools")
-
 
 @hermes_batch.hookimpl
 def register_filters(register):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..default_plugins.sample_filters import DEFAULT_FILTERS
 from ..errors import UsageError
 from ..contract.run_filters import refuse_run_filters
 from ..contract.interfaces import Distribution
 from ..contract.plugin_options import build_config, parse_spec, structure_options
 from ..contract.plugins import KIND, Registry, unknown_name
+
+# The quality filters a run applies when --filter is not given (the default plugin sample_filters registers them).
+DEFAULT_FILTERS = ("no-reasoning", "hallucinated-tools")
 
 
 def _pick(registry: Registry, kind: str, name: str, option: Optional[str] = None):
