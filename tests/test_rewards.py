@@ -263,3 +263,46 @@ def test_a_rows_samples_keep_together_in_one_split_though_each_has_a_key_of_its_
     groups = lines(tmp_path / "groups" / "train.jsonl") + lines(tmp_path / "groups" / "validation.jsonl")
     assert sorted(len(g["samples"]) for g in groups) == [2, 3, 4, 4]
     assert {g["content_key"] for g in groups} == {content_key(f"task {i}", None, None) for i in ROWS}
+
+
+# --- through a real run -------------------------------------------------------------------------------------------
+
+
+def _has_verifiers() -> bool:  # issue 31 items 1 and 2 (engineer "verify"), merged separately
+    from hermes_batch.contract.plugins import KIND
+
+    return "verifiers" in KIND
+
+
+@pytest.mark.skipif(not _has_verifiers(), reason="needs --verifier (issue 31 items 1, 2) merged")
+def test_a_run_with_a_verifier_keeps_what_passed_and_its_statistics_pairs_and_groups_follow(tmp_path, model_server):
+    from hermes_batch.testing import Reply, RoutedScript, run_shapes
+
+    # every row: samples 0 and 2 answer right, 1 and 3 wrong
+    right = lambda request: Reply(content="The answer is 4", reasoning="2 + 2.")  # noqa: E731
+    wrong = lambda request: Reply(content="The answer is 5", reasoning="2 + 3?")  # noqa: E731
+    server = model_server(RoutedScript(lambda sample: right if sample % 2 == 0 else wrong, by="sample"))
+    rows = [{"prompt": f"What is 2 + 2? (task {n})", "answer": 4} for n in range(3)]
+    folder = run_shapes(tmp_path, server, rows, extra=["--verifier", "answer", "--samples_per_prompt", "4",
+                                                       "--filter", "verified"])
+    kept = lines(folder / "batch_0.jsonl")
+    assert len(kept) == 6 and all(r["metadata"]["passed"] and r["metadata"]["sample_index"] % 2 == 0 for r in kept)
+    assert len(lines(folder / "discarded.jsonl")) == 6
+    stats = json.loads((folder / "statistics.json").read_text())
+    rewards = stats["rewards"]
+    assert rewards["samples_passed"] == 6 and rewards["rows"] == 3 and rewards["rows_never_passed"] == 0
+    assert rewards["pass_at_k"]["1"] == 0.5 and rewards["pass_at_k"]["2"] == pytest.approx(5 / 6, abs=1e-6)
+    assert "pass@4" in hb("stats", folder).output
+
+    hb("export", folder, "--format", "dpo", "--output", tmp_path / "dpo.jsonl")
+    pairs = lines(tmp_path / "dpo.jsonl")
+    assert len(pairs) == 3 and len({p["prompt_index"] for p in pairs}) == 3
+    for pair in pairs:
+        assert pair["chosen"][-1]["content"].endswith("The answer is 4")
+        assert pair["rejected"][-1]["content"].endswith("The answer is 5")
+        assert pair["prompt"][-1]["content"] == rows[pair["prompt_index"]]["prompt"]
+    hb("export", folder, "--format", "rollouts", "--output", tmp_path / "rollouts.jsonl")
+    groups = lines(tmp_path / "rollouts.jsonl")
+    assert [g["rewards"] for g in groups] == [[1.0, 0.0, 1.0, 0.0]] * 3
+    hb("refilter", folder, "--filter", "verified:0.0")
+    assert len(lines(folder / "batch_0.jsonl")) == 12
