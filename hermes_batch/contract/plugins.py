@@ -33,6 +33,7 @@ DEFAULT_PLUGINS = (
     "hermes_batch.default_plugins.verifiers",
     "hermes_batch.default_plugins.jsonl_writer",
     "hermes_batch.default_plugins.openai_writer",
+    "hermes_batch.default_plugins.group_writers",
     "hermes_batch.default_plugins.local_executor",
     "hermes_batch.default_plugins.process_executor",
     "hermes_batch.default_plugins.report",
