@@ -101,6 +101,8 @@ def _structure_verifier(data: Any, _type=None) -> VerifierResult:
 
 def _unstructure_verifiers(results: tuple) -> str:
     # JSON text, as invalid_tool_calls: "[]" (no verifier ran) and a list of objects are then one Arrow type
+    if not results:
+        return "[]"
     return _json_text([_unstructure_verifier(result) for result in results])
 
 

@@ -75,6 +75,11 @@ def filters(registry: Registry, names: Optional[tuple], whole_run: bool = False)
     return selected
 
 
+def verifiers(registry: Registry, names: tuple) -> tuple:
+    """Instances of the verifiers of ``--verifier NAME[:OPTIONS]``, in order."""
+    return tuple(plugin(registry, "verifiers", n, "--verifier") for n in names)
+
+
 def writers(registry: Registry, names: tuple) -> tuple:
     return tuple(plugin(registry, "writers", n, "--writer") for n in names)
 

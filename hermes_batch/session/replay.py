@@ -58,12 +58,13 @@ class RequestHasher:
 class SessionReplay:
     """One session's lookups: ``lookup`` before each model call, ``record`` with a live answer."""
 
-    __slots__ = ("key", "recorded", "hasher", "sink", "cache", "replayed", "_request", "_state", "_count", "_last",
-                 "_tools")
+    __slots__ = ("key", "recorded", "hasher", "sink", "cache", "sample", "replayed", "_request", "_state", "_count",
+                 "_last", "_tools")
 
     def __init__(self, key: str, recorded: Optional[dict], hasher: RequestHasher,
-                 sink: Callable[[str, str, ModelResponse], None], cache=None):
+                 sink: Callable[[str, str, ModelResponse], None], cache=None, sample: int = 0):
         self.key = key
+        self.sample = sample  # --samples_per_prompt: each sample has answers of its own in the cache
         self.recorded = recorded or None  # {hash: answer} of the cut-off session; None once live
         self.hasher, self.sink, self.cache = hasher, sink, cache
         self.replayed = 0  # answers used without a call
@@ -98,7 +99,7 @@ class SessionReplay:
                     return response
             self.recorded = None  # the first request that differs: live from here on
         if self.cache is not None:
-            response = self.cache.get(request)
+            response = self.cache.get(self._cache_key(request))
             if response is not None:
                 self.sink(self.key, request, response)  # journaled: a resume replays it like a paid answer
                 self.replayed += 1
@@ -112,16 +113,16 @@ class SessionReplay:
             return
         self.sink(self.key, request, response)
         if self.cache is not None:
-            self.cache.put(request, response)
+            self.cache.put(self._cache_key(request), response)
+
+    def _cache_key(self, request: str) -> str:
+        return f"{request}/{self.sample}" if self.sample else request
 
 
 def replay_key(job) -> str:
-    """The key a prompt's answers are kept under in the replay journal: one per session that may be in flight.
-
-    The content key (a resume finds a prompt by content); a prompt that runs several sessions at once
-    (samples) must give each its own key.
-    """
-    return job.row.content_key
+    """The key a prompt's answers are kept under in the replay journal: its sample's content key (a resume
+    finds a sample by it), so the samples of a row in flight at once keep their answers apart."""
+    return job.content_key
 
 
 class Replayer:
@@ -132,5 +133,5 @@ class Replayer:
         self.hasher = RequestHasher(client)
         self.cache = cache
 
-    def session(self, key: str, recorded: Optional[dict] = None) -> SessionReplay:
-        return SessionReplay(key, recorded, self.hasher, self.journal.write, self.cache)
+    def session(self, key: str, recorded: Optional[dict] = None, sample: int = 0) -> SessionReplay:
+        return SessionReplay(key, recorded, self.hasher, self.journal.write, self.cache, sample)
