@@ -268,13 +268,6 @@ def test_a_rows_samples_keep_together_in_one_split_though_each_has_a_key_of_its_
 # --- through a real run -------------------------------------------------------------------------------------------
 
 
-def _has_verifiers() -> bool:  # issue 31 items 1 and 2 (engineer "verify"), merged separately
-    from hermes_batch.contract.plugins import KIND
-
-    return "verifiers" in KIND
-
-
-@pytest.mark.skipif(not _has_verifiers(), reason="needs --verifier (issue 31 items 1, 2) merged")
 def test_a_run_with_a_verifier_keeps_what_passed_and_its_statistics_pairs_and_groups_follow(tmp_path, model_server):
     from hermes_batch.testing import Reply, RoutedScript, run_shapes
 
