@@ -144,6 +144,10 @@ class LocalSandboxBackend(SandboxBackend):
             self.boundary = Boundary.of(self.config, self.run.run_dir, control)
             self._options = self.boundary.options()
         self.isolation = found.level
+        self.isolation_details = {
+            "network": self.config.network if found.boundary else "host",
+            "missing": missing(found.level, self.config.network),
+        }
         self.launcher = found
 
     async def _check_boundary(self, found: Launcher) -> None:
