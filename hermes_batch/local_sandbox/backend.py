@@ -146,7 +146,7 @@ class LocalSandboxBackend(SandboxBackend):
         self.isolation = found.level
         self.isolation_details = {
             "network": self.config.network if found.boundary else "host",
-            "missing": missing(found.level, self.config.network),
+            "missing": missing(found.level),
         }
         self.launcher = found
 
@@ -163,10 +163,11 @@ class LocalSandboxBackend(SandboxBackend):
                 "-S network=none cannot work on this machine (the local sandbox cannot give its namespaces a network "
                 f"of their own{': ' + found.reason if found.reason else ''}); use -S network=host or a container backend."
             )
-        gaps = missing(found.level, config.network)
-        if gaps:
-            log.warning("The local sandbox runs commands without %s: %s; -S isolation=namespace insists on them.",
-                        "; without ".join(gaps), found.reason or "namespaces cannot work here")
+        gaps = missing(found.level)
+        if gaps:  # a warning unless asked for (isolation=process)
+            log.log(logging.WARNING if config.isolation == "auto" else logging.INFO,
+                    "The local sandbox runs commands without %s: %s; -S isolation=namespace insists on them.",
+                    "; without ".join(gaps), found.reason or "namespaces cannot work here")
 
     async def start(self) -> None:
         await self.check()

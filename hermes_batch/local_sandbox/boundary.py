@@ -151,7 +151,7 @@ class Boundary:
         return uid, uid
 
 
-def missing(level: str, network: str) -> list:
+def missing(level: str) -> list:
     """What a sandbox of ``level`` does not protect, as the start of the run says it."""
     gaps = []
     if level != "namespace":
