@@ -259,3 +259,27 @@ def test_the_run_records_its_isolation_in_run_json_and_each_record(tmp_path):
     assert recorded["network"] == "host" and isinstance(recorded["missing"], list)
     assert (recorded["missing"] == []) == (recorded["isolation"] == "namespace")
     assert [r["metadata"]["isolation"] for r in runner.records("trajectories.jsonl")] == [recorded["isolation"]] * 2
+
+
+async def test_a_folder_exposed_around_the_run_folder_still_hides_the_run_folder(tmp_path):
+    # -S expose of a parent of the run folder: what is hidden inside it stays hidden.
+    if namespace_init.compiler() is None:
+        pytest.skip("no C compiler here")
+    (tmp_path / "shared.txt").write_text("shared\n")
+    tmp_path.chmod(0o755)  # pytest's folders are root's alone: the prompt's user could not pass through
+    backend = make_backend(tmp_path, expose=str(tmp_path))
+    await backend.start()
+    try:
+        if not backend.launcher.boundary:
+            pytest.skip("no namespaces here")
+        first, second = await backend.open(spec(0)), await backend.open(spec(1))
+        await first.write_file("secret.txt", b"FIRST-SECRET")
+        (tmp_path / "run" / "run-marker.txt").write_text("RUN-SECRET")
+        seen = await second.exec(f"cat {tmp_path}/shared.txt; cat {first.workdir}/secret.txt {tmp_path}/run/run-marker.txt "
+                                 f"2>/dev/null; ls {tmp_path}/run/scratch", 30)
+        await first.close()
+        await second.close()
+    finally:
+        await backend.shutdown()
+    assert seen.output.startswith("shared\n") and "SECRET" not in seen.output, seen
+    assert Path(first.workdir).name not in seen.output

@@ -207,7 +207,10 @@ static void become(int spilled, const char *id, const sigset_t *mask) {
         fprintf(stderr, "hermes-batch: the command could not drop its privileges: %s\n", strerror(errno));
         _exit(126);
     }
-    if (chdir(cwd) < 0) _exit(126); /* as the command's user, whose folder it is */
+    if (chdir(cwd) < 0) { /* as the command's user, whose folder it is */
+        fprintf(stderr, "hermes-batch: the command cannot enter its folder %s: %s\n", cwd, strerror(errno));
+        _exit(126);
+    }
     execl("/bin/sh", "sh", "-c", text, (char *)NULL);
     fprintf(stderr, "/bin/sh: %s\n", strerror(errno));
     _exit(127);
@@ -366,37 +369,52 @@ static void memory_folder(const char *path, const char *options, unsigned long f
     if (mount("tmpfs", path, "tmpfs", flags | MS_NOSUID | MS_NODEV, options) < 0) view_fail("mounting a folder on", path);
 }
 
+struct place {
+    const char *path;
+    int exposed; /* the index of an -e path, else -1: an -h folder */
+};
+
 static int shorter(const void *a, const void *b) {
-    size_t x = strlen(*(const char *const *)a), y = strlen(*(const char *const *)b);
+    size_t x = strlen(((const struct place *)a)->path), y = strlen(((const struct place *)b)->path);
     return x < y ? -1 : x > y;
 }
 
-/* Everything read-only but `root`, the private /tmp and /dev/shm, and -e PATH:rw; -h folders empty. */
+/* Everything read-only but `root`, the private /tmp and /dev/shm, and -e PATH:rw; -h folders empty.  The -h and
+ * -e places are mounted shortest first, so a place inside another is mounted on it: a folder exposed inside a
+ * hidden one is seen, a folder hidden inside an exposed one is not; the prompt's folder goes on last. */
 static void build_view(const char *root, const char *tmp_options) {
     struct stat seen;
+    struct place places[2 * MAX_PATHS];
+    int count = 0, mounted[2 * MAX_PATHS] = {0};
     int root_tree = clone_tree(root); /* taken before anything hides it */
-    for (int i = 0; i < exposed_count; i++) exposed_fd[i] = clone_tree(exposed[i]);
+    for (int i = 0; i < exposed_count; i++) {
+        exposed_fd[i] = clone_tree(exposed[i]);
+        places[count++] = (struct place){exposed[i], i};
+    }
+    for (int i = 0; i < hidden_count; i++) places[count++] = (struct place){hidden[i], -1};
+    qsort(places, count, sizeof places[0], shorter);
     set_attributes("/", AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID);
     memory_folder("/tmp", tmp_options, 0);
     if (stat("/dev/shm", &seen) == 0 && S_ISDIR(seen.st_mode)) memory_folder("/dev/shm", tmp_options, 0);
-    qsort(hidden, hidden_count, sizeof hidden[0], shorter); /* a folder inside a hidden one is made in it */
-    int mounted[MAX_PATHS] = {0};
-    for (int i = 0; i < hidden_count; i++) {
-        if (stat(hidden[i], &seen) < 0) {
-            if (errno == ENOENT) continue;
-            view_fail("reading", hidden[i]);
+    for (int i = 0; i < count; i++) {
+        int e = places[i].exposed;
+        if (e >= 0) {
+            attach(exposed_fd[e], exposed[e]);
+            set_attributes(exposed[e], AT_RECURSIVE,
+                           MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (exposed_rw[e] ? 0 : MOUNT_ATTR_RDONLY));
+            continue;
+        }
+        if (stat(places[i].path, &seen) < 0) {
+            if (errno == ENOENT) continue; /* not there, or inside a folder hidden already */
+            view_fail("reading", places[i].path);
         }
         if (!S_ISDIR(seen.st_mode)) continue;
-        memory_folder(hidden[i], "size=65536,mode=0755", MS_NOEXEC);
+        memory_folder(places[i].path, "size=65536,mode=0755", MS_NOEXEC);
         mounted[i] = 1;
     }
     attach(root_tree, root);
-    for (int i = 0; i < exposed_count; i++) {
-        attach(exposed_fd[i], exposed[i]);
-        set_attributes(exposed[i], AT_RECURSIVE, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (exposed_rw[i] ? 0 : MOUNT_ATTR_RDONLY));
-    }
-    for (int i = 0; i < hidden_count; i++) {
-        if (mounted[i]) set_attributes(hidden[i], 0, MOUNT_ATTR_RDONLY);
+    for (int i = 0; i < count; i++) {
+        if (mounted[i]) set_attributes(places[i].path, 0, MOUNT_ATTR_RDONLY);
     }
 }
 
