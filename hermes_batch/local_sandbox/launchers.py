@@ -289,14 +289,7 @@ def _helper_works(candidate: Launcher, boundary: bool = False, options: tuple = 
         with open(os.path.join(control, "1.sh"), "w") as f:
             f.write("tr '\\0' ' ' < /proc/1/cmdline")
         os.mkfifo(os.path.join(control, "1.out"))
-        cwd = control
-        if boundary:
-            cwd = os.path.join(control, "work")  # the command's folder, its user's
-            os.mkdir(cwd)
-            options = ("-r", cwd, "-t", "1048576", *options)
-            if os.geteuid() == 0:
-                os.chown(cwd, CHECK_UID, CHECK_UID)
-                options += ("-i", f"{CHECK_UID}:{CHECK_UID}")
+        cwd, options = _check_view(control, options) if boundary else (control, options)
         try:
             helper = subprocess.Popen(
                 candidate.helper_argv(control, cwd, control, options), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -327,6 +320,18 @@ def _helper_works(candidate: Launcher, boundary: bool = False, options: tuple = 
                 pass
             for stream in (helper.stdin, helper.stdout):
                 stream.close()
+
+
+def _check_view(control: str, options: tuple) -> tuple:
+    """(folder, options) of a check of the compiled helper's boundary: a folder of the command's own, in a view of
+    its own, as root as CHECK_UID."""
+    cwd = os.path.join(control, "work")
+    os.mkdir(cwd)
+    options = ("-r", cwd, "-t", "1048576", *options)
+    if os.geteuid() == 0:
+        os.chown(cwd, CHECK_UID, CHECK_UID)
+        options += ("-i", f"{CHECK_UID}:{CHECK_UID}")
+    return cwd, options
 
 
 def _wait_readable(fd: int, deadline: float) -> None:
