@@ -244,6 +244,10 @@ class SandboxBackend(abc.ABC):
     description: ClassVar[str] = ""
     Config: ClassVar[type] = NoOptions
     ignores_images: ClassVar[bool] = False  # True: rows' images are not used (the run warns once)
+    # What separates a prompt's commands from the machine, recorded in run.json and each record's metadata
+    # ("container" for a container backend; the local one sets it at check: namespace, pid-namespace or process).
+    isolation: str = ""
+    isolation_details: dict = {}  # what run.json records besides (the local backend: its network, missing protections)
     # True: a prompt's sandbox starts opening beside its first model request; False: at its first tool call,
     # for backends where a sandbox costs more than the wait (a prompt that calls no tool then never opens one)
     open_early: ClassVar[bool] = True

@@ -248,7 +248,9 @@ class RunEngine:
         cfg, plan = self.config, self.plan
         try:
             self.folder.create()
-            write_run_json(self.folder, plan, describe_plugins(self.pm), self.redactor, self.settings_history)
+            backend = processor.backend
+            write_run_json(self.folder, plan, describe_plugins(self.pm), self.redactor, self.settings_history,
+                           {"name": backend.name, "isolation": backend.isolation, **backend.isolation_details})
             rowkeys.save(self.folder, self.validated, cfg.max_rows)
             self.validated.keys.digests = self.validated.keys.indexes = None  # matched: 16 bytes a row less
             processor.client.journal = self.journal = CallJournal(
