@@ -221,6 +221,9 @@ class Batcher:
                 return
             raise
         self._in_flight.pop(batch_id, None)
+        if outcome == "failed" and not results:  # the provider refused the batch as a whole (its validation)
+            error = ModelCallError(f"The endpoint refused the batch {batch_id} as a whole (it failed validation).")
+            results = {request.custom_id: error for request in batch}
         if outcome == "expired":
             self.counts.expired += 1
         elif outcome == "cancelled":

@@ -90,6 +90,13 @@ class BatchEndpoints:
         self.created = 0  # batches created
         self.cancelled = 0  # cancel calls
 
+    async def aclose(self) -> None:
+        """Stop processing the batches still in progress (the server is stopping)."""
+        tasks = [b.task for b in self._batches.values() if b.task is not None and not b.task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def add_routes(self, router: web.UrlDispatcher) -> None:
         router.add_post("/v1/files", self._upload)
         router.add_get("/v1/files/{id}/content", self._file_content)

@@ -215,6 +215,7 @@ class ScriptedModelServer:
         """Stop listening; hanging requests are released."""
         if self._runner is not None:
             self._stopping.set()
+            await self.batches.aclose()
             await self._runner.cleanup()
             self._runner = None
 
