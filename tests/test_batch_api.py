@@ -194,7 +194,7 @@ def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, clien
     assert stats["batch_api"]["requests"] == 600 and stats["batch_api"]["batches"] == len(server.batches.batch_sizes)
     assert stats["batch_api"]["requests_per_batch"] > 1 and stats["batch_api"]["wait_s"] > 0
     sync_stats = json.loads((runner.folder("sync") / "statistics.json").read_text())
-    assert stats["totals"]["model_calls"] == sync_stats["totals"]["model_calls"]
+    assert stats["model_requests"]["requests"] == sync_stats["model_requests"]["requests"] == 600
     assert "batch_api" not in sync_stats
 
 
