@@ -311,3 +311,55 @@ def test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again(t
         # each turn's command ran once in the resumed session's sandbox, in order
         tag = outputs[0].split("-")[0]
         assert completed and outputs == [f"{tag}-0\n", f"{tag}-0\n{tag}-1\n"]
+
+
+# --- the Batcher alone -----------------------------------------------------------------------------------------
+
+
+class FakeBatches:
+    """A BatchAPI in memory: each batch ends at its first poll, every request answered with its own body."""
+
+    def __init__(self):
+        self.submitted: list = []  # the request bodies of each batch, in order
+        self._requests: dict = {}  # batch id -> [(custom_id, body), ...]
+
+    async def check(self):
+        pass
+
+    def body(self, messages, tools) -> bytes:
+        return messages[-1].content.encode()
+
+    async def submit(self, requests):
+        self.submitted.append([body for _id, body in requests])
+        batch_id = f"b{len(self.submitted)}"
+        self._requests[batch_id] = requests
+        return batch_id
+
+    async def poll(self, batch_id):
+        return "completed"
+
+    async def results(self, batch_id):
+        from hermes_batch.formats.records import Message, ModelResponse
+
+        return {custom_id: ModelResponse(message=Message("assistant", body.decode()))
+                for custom_id, body in self._requests[batch_id]}
+
+    async def aclose(self):
+        pass
+
+
+async def test_a_batch_goes_out_when_full_or_after_the_wait():
+    from hermes_batch.formats.records import Message
+    from hermes_batch.model.batching import Batcher, BatchOptions
+
+    api = FakeBatches()
+    batcher = Batcher(api, BatchOptions(max_requests=2, max_wait=0.5, poll_interval=0.01))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    answers = await asyncio.gather(*(batcher.send((Message("user", f"q{i}"),), ()) for i in range(5)))
+    assert [a.message.content for a in answers] == [f"q{i}" for i in range(5)]
+    assert api.submitted == [[b"q0", b"q1"], [b"q2", b"q3"], [b"q4"]]  # two full ones at once, the rest after the wait
+    assert loop.time() - started >= 0.5
+    assert batcher.counts.batches == 3 and batcher.counts.largest == 2
+    assert "0 in flight, 3 submitted, 0 request(s) queued" in batcher.summary()["batches"]
+    await batcher.aclose()
