@@ -213,6 +213,26 @@ def test_an_expired_batch_sends_its_requests_again(tmp_path):
     assert len(runner.records("trajectories.jsonl")) == 6
 
 
+def test_the_cost_a_batch_reports_is_counted(tmp_path):
+    """An endpoint that reports each batch request's cost (at its batch price): statistics.json counts it."""
+    import attrs
+    from hermes_batch.formats.records import Usage
+
+    loop = script()
+
+    def priced(request):
+        return attrs.evolve(loop(request), usage=Usage(prompt_tokens=100, completion_tokens=10, cost=0.0005))
+
+    data = dataset(tmp_path, 4)
+    with ScriptedModelServer(priced, api_key=TEST_API_KEY, batches=BatchSettings(delay=0.05)) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "4"))
+        result = runner.invoke(data, *FAST)
+        assert result.exit_code == 0, result.output
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["cost"] == pytest.approx(12 * 0.0005)
+    assert stats["batch_api"]["requests"] == 12
+
+
 @pytest.mark.parametrize("client", sorted(CLIENTS))
 def test_a_request_failing_inside_a_batch_is_retried_in_a_later_one(tmp_path, client):
     data = dataset(tmp_path, 4)
