@@ -127,6 +127,7 @@ async def test_openai_batches_expire_and_cancel():
         assert server.batches.requests_processed == 0  # neither processed a request
 
 
+@pytest.mark.slow
 async def test_anthropic_message_batches_through_the_sdk():
     import anthropic
 
@@ -198,6 +199,7 @@ def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, clien
     assert "batch_api" not in sync_stats
 
 
+@pytest.mark.slow
 def test_an_expired_batch_sends_its_requests_again(tmp_path):
     data = dataset(tmp_path, 6)
     settings = BatchSettings(delay=0.2, expire=lambda number: number == 1)
