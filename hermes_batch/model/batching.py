@@ -143,7 +143,7 @@ class Batcher:
         self._timer: Optional[asyncio.TimerHandle] = None
         self._tasks: set = set()
         self._in_flight: dict = {}  # batch id (or "" while submitting) -> its requests
-        self._earlier: dict = {}  # digest -> future of the outcome of an earlier session's batch
+        self._earlier: dict = {}  # digest -> futures of its outcomes in earlier sessions' batches
         self._serial = 0
         self.fatal: Optional[BaseException] = None
 
@@ -155,13 +155,17 @@ class Batcher:
             raise self.fatal
         body = self.api.body(messages, tools)
         key = digest(body)
-        earlier = self._earlier.pop(key, None)
-        if earlier is not None:
+        held = self._earlier.get(key)  # its places in earlier sessions' batches (more than one: sent again there)
+        while held:
+            earlier = held.pop(0)
+            if not held:
+                del self._earlier[key]
             outcome = await earlier
             if isinstance(outcome, ModelResponse):
                 self.counts.replayed += 1
                 return outcome
-            # not processed, or failed: it goes out again like any request
+            held = self._earlier.get(key)
+        # not in any, not processed, or failed: it goes out like any request
         turn = sum(1 for m in messages if m.role == "assistant")
         request = _Request(body, key, prompt, turn)
         self._enqueue(request)
@@ -295,9 +299,8 @@ class Batcher:
         loop = asyncio.get_running_loop()
         futures = {}
         for custom_id in custom_ids:
-            key = custom_id.partition("-")[0]
-            if key not in self._earlier:
-                self._earlier[key] = futures[custom_id] = loop.create_future()
+            futures[custom_id] = future = loop.create_future()
+            self._earlier.setdefault(custom_id.partition("-")[0], []).append(future)
         task = loop.create_task(self._collect_earlier(batch_id, futures))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
