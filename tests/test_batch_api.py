@@ -284,16 +284,29 @@ def test_batch_api_refuses_the_process_executor(tmp_path):
 
 
 def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path):
+    data = dataset(tmp_path, 4)
+    # the first turn's batch ends at once, the second's never within the test
+    settings = BatchSettings(delay=lambda number: 0.1 if number == 1 else 60)
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=settings) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "4"))
+        started = time.monotonic()
+        result = runner.invoke(data, *FAST, "--batch_api_max_requests", "4", "--prompt_timeout", "4")
+        assert time.monotonic() - started < 30, result.output
+        assert server.batches.batch_sizes == [4, 4] and server.batches.requests_processed == 4
+    ended = runner.records("trajectories.jsonl") + runner.records("discarded.jsonl")
+    assert len(ended) == 4
+    assert {(r["partial"], r["metadata"]["end_reason"]) for r in ended} == {(True, "timeout")}
+
+
+def test_prompt_timeout_before_the_first_answer_fails_the_prompt(tmp_path):
     data = dataset(tmp_path, 2)
     with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(delay=60)) as server:
         runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "2"))
-        started = time.monotonic()
         result = runner.invoke(data, *FAST, "--prompt_timeout", "2")
-        assert time.monotonic() - started < 30
+        assert result.exit_code == 3, result.output
         assert server.batches.requests_processed == 0
-    assert "--prompt_timeout" in result.output or result.exit_code != 0
-    assert len(runner.records("failed.jsonl")) + len(runner.records("trajectories.jsonl")) + len(
-        runner.records("discarded.jsonl")) == 2
+    failed = runner.records("failed.jsonl")
+    assert len(failed) == 2 and all("--prompt_timeout" in json.dumps(r) for r in failed)
 
 
 # --- stopping and resuming -------------------------------------------------------------------------------------
