@@ -332,6 +332,8 @@ def test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again(t
         proc.send_signal(getattr(signal, how))
         _out, err = ended(proc)
         assert proc.returncode == (-signal.SIGKILL if how == "SIGKILL" else 130), err
+        if how == "SIGINT":
+            assert "left in flight at the provider; --resume collects them" in err
         first = server.batches.created
         result = runner.invoke(data, *FAST, "--resume")
         assert result.exit_code == 0, result.output

@@ -333,6 +333,10 @@ class Batcher:
 
     async def aclose(self) -> None:
         """Stop waiting; batches in flight are left to the provider (a ``--resume`` collects them)."""
+        if self._in_flight:
+            requests = sum(len(batch) for batch in self._in_flight.values())
+            log.warning("%d batch(es) of %d request(s) are left in flight at the provider; --resume collects them "
+                        "instead of sending them again.", len(self._in_flight), requests)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
