@@ -3,7 +3,7 @@
 The scripted model server runs in its own process and takes --batch_delay seconds to process each
 batch (and --latency seconds per synchronous call).  Every prompt takes 3 model calls (2 tool calls,
 each a real `echo` in a local sandbox).  The batch run collects every waiting session's request into
-the current batch (--batch_api_max_wait 1 s, polling every 0.5 s).
+the current batch (--batch_api_max_wait --max_wait, 1 s by default; polling every 0.5 s).
 
     python bench/bench_batch_api.py [--prompts 1000] [--workers 1000] [--batch_delay 5] [--latency 0]
 """
@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--batch_delay", type=float, default=5.0, help="seconds the server takes per batch")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds the server takes per synchronous call")
     parser.add_argument("--max_requests", type=int, default=1000, help="--batch_api_max_requests")
+    parser.add_argument("--max_wait", type=float, default=1.0, help="--batch_api_max_wait")
     args = parser.parse_args()
     calls_per_prompt = 3
 
@@ -55,7 +56,7 @@ def main() -> None:
         for name, extra in (
             ("synchronous", []),
             ("batch_api", ["--batch_api", "--batch_api_max_requests", str(args.max_requests),
-                           "--batch_api_max_wait", "1", "--batch_api_poll_interval", "0.5"]),
+                           "--batch_api_max_wait", str(args.max_wait), "--batch_api_poll_interval", "0.5"]),
         ):
             results[name] = measure_run([
                 "run", "--dataset_file", str(dataset), "--batch_size", "100", "--run_name", name,
