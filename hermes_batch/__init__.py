@@ -50,6 +50,9 @@ from .contract.interfaces import (  # noqa: E402
     Toolset,
     ToolsetRuntime,
     ToolsetSession,
+    Verdict,
+    Verifier,
+    VerifierContext,
     Writer,
 )
 from .session.command_output import BoundedOutput, FirstBytes  # noqa: E402
@@ -77,6 +80,7 @@ from .formats.records import (  # noqa: E402
     Trajectory,
     Turn,
     Usage,
+    VerifierResult,
 )
 from .model.retry import error_for_status  # noqa: E402
 from .contract.run_context import RunContext  # noqa: E402
@@ -112,6 +116,9 @@ __all__ = [
     "Distribution",
     "Filter",
     "RunFilter",
+    "Verifier",
+    "Verdict",
+    "VerifierContext",
     "Writer",
     "FileWriter",
     "LibraryWriter",
@@ -147,6 +154,7 @@ __all__ = [
     "ToolStat",
     "Discarded",
     "Failure",
+    "VerifierResult",
     # errors
     "HermesBatchError",
     "UsageError",

@@ -77,6 +77,13 @@ def test_a_throwaway_plugin_exercises_every_hook(tmp_path, runner, model_server)
             (Path(run_dir) / "count.txt").write_text(str(count))
             return "count.txt"
 
+    class Rewards(hermes_batch.Verifier):
+        name = "throwaway-verifier"
+
+        async def verify(self, ctx):
+            calls["register_verifiers"].append(ctx.row.prompt_index)
+            return hermes_batch.Verdict(1.0, "fine")
+
     class Executor(registry.get("executors", "local")):
         name = "throwaway-executor"
 
@@ -115,6 +122,10 @@ def test_a_throwaway_plugin_exercises_every_hook(tmp_path, runner, model_server)
             register(CountingWriter)
 
         @hermes_batch.hookimpl
+        def register_verifiers(self, register):
+            register(Rewards)
+
+        @hermes_batch.hookimpl
         def register_executors(self, register):
             register(Executor)
 
@@ -140,7 +151,7 @@ def test_a_throwaway_plugin_exercises_every_hook(tmp_path, runner, model_server)
     result = runner.invoke(
         dataset, "--model_client", "throwaway-client", "--sandbox", "throwaway-sandbox", "--distribution",
         "throwaway-distribution", "--filter", "throwaway-filter", "--writer", "throwaway-writer", "--executor",
-        "throwaway-executor", "--num_workers", "2", server=server,
+        "throwaway-executor", "--num_workers", "2", "--verifier", "throwaway-verifier", server=server,
     )
     assert result.exit_code == 0, result.output
     assert runner.cli("throwaway").exit_code == 0
@@ -150,6 +161,6 @@ def test_a_throwaway_plugin_exercises_every_hook(tmp_path, runner, model_server)
     assert calls["register_writers"] == [3] and (runner.folder() / "count.txt").read_text() == "3"
     assert calls["register_executors"] == [2] and calls["run_started"] == ["run"] and calls["run_finished"] == [3]
     assert len(calls["register_toolsets"]) == 3 and len(calls["register_model_clients"]) >= 6
-    assert calls["register_commands"] == ["ran"]
+    assert calls["register_commands"] == ["ran"] and sorted(calls["register_verifiers"]) == [0, 1, 2]
     assert [hook for hook, seen in calls.items() if not seen] == []
     assert json.loads((runner.folder() / "run.json").read_text())["model_client"] == "throwaway-client"

@@ -14,7 +14,7 @@ import pytest
 
 from hermes_batch.testing import write_dataset
 
-from hermes_batch.local_sandbox import processes as local_processes
+from hermes_batch.local_sandbox import launchers
 from hermes_batch.local_sandbox.backend import LocalSandboxBackend, LocalSandboxConfig
 from hermes_batch.errors import ConfigError
 from hermes_batch.contract.run_context import RunContext
@@ -119,10 +119,10 @@ def test_the_same_call_in_the_default_executor_would_hang_the_exit():
 @pytest.fixture
 def no_namespaces(monkeypatch):
     """A machine without unshare and nsenter, and without a C compiler for the compiled helper."""
-    real_which = local_processes.shutil.which
-    monkeypatch.setattr(local_processes.shutil, "which", lambda name: None if name in ("unshare", "nsenter") else real_which(name))
-    monkeypatch.setattr(local_processes.namespace_init, "build", lambda: (None, "no C compiler was found"))
-    monkeypatch.setattr(local_processes, "_launchers", {})
+    real_which = launchers.shutil.which
+    monkeypatch.setattr(launchers.shutil, "which", lambda name: None if name in ("unshare", "nsenter") else real_which(name))
+    monkeypatch.setattr(launchers.namespace_init, "build", lambda: (None, "no C compiler was found"))
+    monkeypatch.setattr(launchers, "_launchers", {})
 
 
 async def test_isolation_namespace_where_it_cannot_work_is_a_config_error(no_namespaces, tmp_path):

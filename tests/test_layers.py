@@ -41,3 +41,12 @@ def test_an_upward_import_is_caught(tmp_path):
     result = lint(swapped)
     assert result.returncode == 1
     assert "hermes_batch.view is not allowed to import hermes_batch.folder" in result.stdout
+
+
+def test_every_package_is_a_layer():
+    """A new package of hermes_batch is placed in the layers, or nothing checks what it imports or who imports it."""
+    text = CONFIG.read_text()
+    layers = text.split("[importlinter:contract:layers]", 1)[1].split("layers =", 1)[1].split("ignore_imports", 1)[0]
+    listed = {line.strip() for line in layers.splitlines() if line.strip() and not line.strip().startswith("#")}
+    packages = {f"hermes_batch.{p.parent.name}" for p in (ROOT / "hermes_batch").glob("*/__init__.py")}
+    assert packages - listed == set()

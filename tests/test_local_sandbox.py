@@ -19,8 +19,8 @@ import attrs
 import pytest
 
 from hermes_batch.local_sandbox.control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
-from hermes_batch.local_sandbox import processes as local_processes, namespace_init
-from hermes_batch.local_sandbox.processes import HELPER_NAME
+from hermes_batch.local_sandbox import launchers, namespace_init
+from hermes_batch.local_sandbox.launchers import HELPER_NAME
 from hermes_batch.local_sandbox.backend import (
     HELD_BEFORE_CHECK,
     LocalSandbox,
@@ -506,7 +506,7 @@ async def test_commands_gain_no_privileges_and_root_keeps_only_a_shells_capabili
     assert status["NoNewPrivs"].strip() == "1"
     assert int(status["CapInh"], 16) == int(status["CapAmb"], 16) == 0
     if os.geteuid() == 0:
-        assert int(status["CapBnd"], 16) == int(status["CapEff"], 16) == local_processes.ROOT_CAPABILITY_MASK
+        assert int(status["CapBnd"], 16) == int(status["CapEff"], 16) == launchers.ROOT_CAPABILITY_MASK
         assert not int(status["CapEff"], 16) & (1 << 19 | 1 << 21)  # CAP_SYS_PTRACE, CAP_SYS_ADMIN
 
 
@@ -636,7 +636,7 @@ def _control_roots(run_dir: Path) -> list[Path]:
 PID_REUSE = """
 import asyncio, os, subprocess, sys, time
 from pathlib import Path
-from hermes_batch.local_sandbox.processes import HELPER, KEEPALIVE
+from hermes_batch.local_sandbox.launchers import HELPER, KEEPALIVE
 from hermes_batch.local_sandbox.backend import LocalSandboxBackend, LocalSandboxConfig
 from hermes_batch.formats.records import SandboxSpec
 from hermes_batch.contract.run_context import RunContext
@@ -821,15 +821,14 @@ def test_a_control_base_whose_user_folder_is_not_ours_alone_is_not_used(tmp_path
 @pytest.mark.parametrize("check", ["namespace", "helper"])
 def test_a_namespace_check_that_gets_no_answer_gives_up_at_its_deadline(monkeypatch, check):
     # A first process that never says "ready": the worker's start must not wait for it for ever.
-    from hermes_batch.local_sandbox import processes as local_processes
 
-    monkeypatch.setattr(local_processes, "READY_TIMEOUT_S", 0.5)
-    silent = local_processes.Launcher(True, unshare=("sh", "-c", "sleep 20", "sh"), bash="/bin/sh")
+    monkeypatch.setattr(launchers, "READY_TIMEOUT_S", 0.5)
+    silent = launchers.Launcher(True, unshare=("sh", "-c", "sleep 20", "sh"), bash="/bin/sh")
     started = time.monotonic()
     if check == "namespace":
-        assert "did not answer" in local_processes._try_namespace(silent)
+        assert "did not answer" in launchers._try_namespace(silent)
     else:
-        assert local_processes._helper_works(silent) is False
+        assert launchers._helper_works(silent) is False
     assert time.monotonic() - started < 5
 
 
@@ -894,9 +893,9 @@ def test_without_a_c_compiler_namespaces_start_through_bash(tmp_path, monkeypatc
     monkeypatch.setenv("CC", "/nonexistent/cc")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert namespace_init.build() == (None, "no C compiler was found (cc, gcc or $CC)")
-    monkeypatch.setattr(local_processes, "_launchers", {})
-    with caplog.at_level("INFO", logger=local_processes.__name__):
-        found = local_processes.launcher("auto")
+    monkeypatch.setattr(launchers, "_launchers", {})
+    with caplog.at_level("INFO", logger=launchers.__name__):
+        found = launchers.launcher("auto")
     if found.namespace:
         assert not found.compiled and found.bash
         assert "not their compiled helper: no C compiler was found" in caplog.text
@@ -974,10 +973,10 @@ def _read_to_the_end(fd: int) -> str:
 async def test_with_the_compiled_helper_namespaces_need_no_util_linux(tmp_path, monkeypatch):
     if namespace_init.compiler() is None:
         pytest.skip("no C compiler here")
-    real_which = local_processes.shutil.which
-    monkeypatch.setattr(local_processes.shutil, "which",
+    real_which = launchers.shutil.which
+    monkeypatch.setattr(launchers.shutil, "which",
                         lambda name: None if name in ("unshare", "nsenter", "bash") else real_which(name))
-    monkeypatch.setattr(local_processes, "_launchers", {})
+    monkeypatch.setattr(launchers, "_launchers", {})
     backend = make_backend(tmp_path, isolation="namespace")
     await backend.start()
     try:

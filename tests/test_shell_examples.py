@@ -288,6 +288,7 @@ def check_run(ctx: click.Context) -> Optional[str]:
     selection.executor(registry, config.executor, config.executor_options)
     selection.filters(registry, config.filters)
     selection.writers(registry, config.writers)
+    selection.verifiers(registry, config.verifiers)
     build_runtimes(registry, (), config.tool_options, model_settings(config, 1))
     return None
 

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import attrs
 import click
 
 from ..run import selection
@@ -32,20 +33,23 @@ def _logging() -> None:
 @click.command("export")
 @click.argument("run_dirs", metavar="RUN_DIR [RUN_DIR ...]", nargs=-1, required=True, type=_RUN_DIR)
 @click.option("--format", "format_", required=True, metavar="NAME[:OPTIONS]",
-              help="sharegpt, openai (openai:reasoning=drop) or parquet (hermes-batch-parquet), or any file writer.")
+              help="sharegpt, openai (openai:reasoning=drop), parquet (hermes-batch-parquet), dpo or rollouts "
+                   "(samples of a row together, with --verifier), or any file writer.")
 @click.option("--output", type=click.Path(path_type=Path), default=None,
               help="A file ending in the format's suffix, or a folder of <split> files [default: RUN_DIR/exports/<format>/; "
                    "needed for several runs].")
 @click.option("--force", is_flag=True,
               help="Replace existing files at the output that hermes-batch export did not write.")
-@click.option("--include", type=click.Choice(INCLUDE), default="kept", show_default=True,
-              help="Kept trajectories, discarded ones, or all.")
+@click.option("--include", type=click.Choice(INCLUDE), default=None,
+              help="Kept trajectories, discarded ones, or all [default: kept; all for dpo and rollouts].")
 @click.option("--split", "split", multiple=True, metavar="NAME=SHARE",
               help="A split taking SHARE of the prompts by a hash of their content (repeatable), e.g. validation=0.05; the rest is train.")
 @click.option("--filter", "filter_", multiple=True, metavar="NAME[:OPTIONS]",
               help="Leave out what this filter rejects (repeatable); also whole-run filters such as near-duplicates.")
+@click.option("--seed", type=int, default=None,
+              help="The seed of the formats that choose at random (dpo pairs; same as dpo:seed=N) [default: 0].")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def export_command(run_dirs, format_, output, include, split, filter_, force, as_json):
+def export_command(run_dirs, format_, output, include, split, filter_, force, seed, as_json):
     """Write the trajectories of one run, or several merged, as training files (splits stable across re-exports)."""
     from ..offline.export import as_json as result_json
     from ..offline.export import describe, export, parse_splits
@@ -57,6 +61,10 @@ def export_command(run_dirs, format_, output, include, split, filter_, force, as
     writer = selection.plugin(registry, "writers", format_, "--format")
     if not isinstance(writer, FileWriter):
         raise UsageError(f"The writer {writer.name!r} writes only into a run folder, so it cannot export; choose a file format.")
+    if seed is not None:
+        if not (attrs.has(type(writer.config)) and "seed" in attrs.fields_dict(type(writer.config))):
+            raise UsageError(f"The {writer.name} format chooses nothing at random, so --seed does not apply; leave it out.")
+        writer.config = attrs.evolve(writer.config, seed=seed)
     filters = selection.filters(registry, tuple(filter_), whole_run=True)
     result = export(folders, writer, output=output, include=include, splits=parse_splits(split), filters=filters,
                     force=force)

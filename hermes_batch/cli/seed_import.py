@@ -23,7 +23,6 @@ import click
 def import_command(seed_run_dir, dataset_file, batch_size, filter_, no_filters, skip_invalid):
     """Make a run folder of batch_runner.py a hermes-batch run folder, so --resume pays for no finished prompt again."""
     from ..run import selection
-    from ..default_plugins.sample_filters import DEFAULT_FILTERS
     from ..errors import RunFolderError, UsageError
     from ..offline.folder_info import rebuild_statistics
     from ..folder.merge import merge_run
@@ -48,7 +47,7 @@ def import_command(seed_run_dir, dataset_file, batch_size, filter_, no_filters, 
             "rename the folder, then import it."
         ) from None
     registry = collect(plugin_manager())
-    specs = () if no_filters else (tuple(filter_) or DEFAULT_FILTERS)
+    specs = () if no_filters else (tuple(filter_) or selection.DEFAULT_FILTERS)
     with locked(folder, "hermes-batch import"):
         result = import_run(folder, dataset_file, batch_size, registry, specs, skip_invalid=skip_invalid)
         merge_run(folder, selection.writers(registry, ("jsonl",)))

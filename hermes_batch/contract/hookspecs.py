@@ -26,7 +26,7 @@ from .. import PROJECT_NAME
 if TYPE_CHECKING:
     import click
 
-    from .interfaces import Distribution, Executor, Filter, ModelClient, SandboxBackend, Toolset, Writer
+    from .interfaces import Distribution, Executor, Filter, ModelClient, SandboxBackend, Toolset, Verifier, Writer
     from ..formats.records import Discarded, Failure, Trajectory
     from .run_context import RunContext
 
@@ -93,6 +93,21 @@ def register_filters(register: Callable[[type[Filter]], None]) -> None:
     it, the options structured into its attrs ``Config``.  A filter decides from
     the trajectory record alone; a :class:`hermes_batch.contract.run_filters.RunFilter`
     judges the whole run at once and runs only in ``export`` and ``refilter``.
+    """
+
+
+@hookspec
+def register_verifiers(register: Callable[[type[Verifier]], None]) -> None:
+    """Register verifiers.
+
+    Called once at start-up.  ``register(cls)`` takes a subclass of
+    :class:`hermes_batch.Verifier`; ``--verifier NAME[:OPTIONS]`` selects it,
+    the options structured into its attrs ``Config``.  Each selected verifier's
+    ``verify`` runs after a sample's session ends and before its sandbox
+    closes, with that sandbox, the row and the trajectory, and returns a
+    :class:`hermes_batch.Verdict` (a reward and a reason).  One that raises or
+    outlasts its ``timeout`` gives the sample an error, not a reward; the run
+    goes on.
     """
 
 

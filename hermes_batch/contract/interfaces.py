@@ -454,6 +454,60 @@ class Filter(abc.ABC):
         """None to keep the trajectory, else the reason it is discarded."""
 
 
+@attrs.frozen
+class Verdict:
+    """What a verifier returns: the sample's reward (1.0 passes by default), a short reason, and what it printed."""
+
+    reward: float
+    reason: str = ""
+    output: str = ""  # kept in the record (bounded): the tests' output, say
+
+
+@attrs.frozen
+class VerifierContext:
+    """What a verifier works with: the sample's sandbox (still open), its row and trajectory, the run's model client."""
+
+    sandbox: Sandbox
+    row: Any  # PromptRow: its ``extra`` holds the row's other fields (tests, answer, rubric, test_files...)
+    trajectory: Trajectory
+    client: ModelClient
+    report_usage: Callable[..., None]  # (usage, journaled=False): a model call's usage, counted in the sample's
+    calls: list = attrs.field(factory=list)  # the sample's CallRecords, which calls made here join
+
+    async def complete(self, messages: tuple[Message, ...]) -> ModelResponse:
+        """One model call through the run's client (limiter, retries, journal), its usage counted in the sample's."""
+        response = await self.client.complete(messages, (), calls=self.calls)
+        self.report_usage(response.usage, journaled=True)
+        return response
+
+
+VERIFIER_TIMEOUT = 300.0  # seconds a verifier may take when its Config has no ``timeout``
+
+
+class Verifier(abc.ABC):
+    """Gives a finished sample a reward, after its session and before its sandbox closes.
+
+    ``Config`` receives the options of ``--verifier name:options``; a ``timeout``
+    field (seconds) bounds the verifier, else VERIFIER_TIMEOUT does.  A verifier that
+    raises or runs out of time gives the sample an error, never a reward.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+
+    def __init__(self, config: Any = None):
+        self.config = self.Config() if config is None else config
+
+    @property
+    def timeout(self) -> float:
+        return getattr(self.config, "timeout", None) or VERIFIER_TIMEOUT
+
+    @abc.abstractmethod
+    async def verify(self, ctx: VerifierContext) -> Verdict:
+        """The sample's reward and why."""
+
+
 class Writer(abc.ABC):
     """Writes the merged output of a run (kept trajectories in prompt_index order).
 
@@ -492,6 +546,14 @@ class PromptJob:
     row: Any  # PromptRow
     batch_num: int
     toolsets: tuple
+    sample_index: int = 0  # which of the row's --samples_per_prompt samples
+
+    @property
+    def content_key(self) -> str:
+        """The sample's key: the row's content key for sample 0, a key of its own for each other sample."""
+        from ..formats.records import sample_key
+
+        return sample_key(self.row.content_key, self.sample_index)
 
 
 class PromptJobs(Iterator[PromptJob]):

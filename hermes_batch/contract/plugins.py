@@ -16,7 +16,7 @@ import pluggy
 from .. import PROJECT_NAME, __version__
 from . import hookspecs
 from ..errors import PluginError
-from .interfaces import Distribution, Executor, Filter, ModelClient, SandboxBackend, Tool, Toolset, Writer
+from .interfaces import Distribution, Executor, Filter, ModelClient, SandboxBackend, Tool, Toolset, Verifier, Writer
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,10 @@ DEFAULT_PLUGINS = (
     "hermes_batch.default_plugins.file_tools",
     "hermes_batch.default_plugins.distributions",
     "hermes_batch.default_plugins.sample_filters",
+    "hermes_batch.default_plugins.verifiers",
     "hermes_batch.default_plugins.jsonl_writer",
     "hermes_batch.default_plugins.openai_writer",
+    "hermes_batch.default_plugins.group_writers",
     "hermes_batch.default_plugins.local_executor",
     "hermes_batch.default_plugins.process_executor",
     "hermes_batch.default_plugins.report",
@@ -62,6 +64,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("distributions", "register_distributions", "distribution", "distributions", Distribution,
          instances=True, option="--distribution"),
     Kind("filters", "register_filters", "filter", "quality filters", Filter, option="--filter", listing="filters"),
+    Kind("verifiers", "register_verifiers", "verifier", "verifiers", Verifier, option="--verifier",
+         listing="verifiers"),
     Kind("writers", "register_writers", "writer", "output writers", Writer, option="--writer", listing="writers"),
     Kind("executors", "register_executors", "executor", "executors", Executor, option="--executor", listing="executors"),
     Kind("commands", "register_commands", "command", "commands", click.Command, instances=True),

@@ -7,14 +7,13 @@ import json
 import logging
 import re
 from typing import TYPE_CHECKING, Any, Optional
-from urllib.parse import urlsplit
 
 import hermes_batch
 from hermes_batch.formats.endpoint_numbers import call_cost, token_count
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
 from hermes_batch.contract.interfaces import ModelClient, ModelSettings
 from hermes_batch.model.model_http import (
-    WireCache, http_client, json_array, json_bytes, json_fields, json_object, poster, transport_error_text,
+    WireCache, http_client, is_openrouter, json_array, json_bytes, json_fields, json_object, poster, transport_error_text,
 )
 from hermes_batch.formats.reasoning import extract_reasoning
 from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
@@ -37,15 +36,6 @@ _OPTIONS = {"security": {"bearer_auth": True}}
 @hermes_batch.hookimpl
 def register_model_clients(register):
     register(OpenAIClient)
-
-
-def is_openrouter(base_url: str) -> bool:
-    """True for OpenRouter's API, the one endpoint that understands the ``provider`` routing object."""
-    try:
-        host = urlsplit(base_url).hostname or ""
-    except ValueError:
-        return False
-    return host == "openrouter.ai" or host.endswith(".openrouter.ai")
 
 
 class OpenAIClient(ModelClient):

@@ -16,13 +16,16 @@ from hermes_batch.contract.writers import FileWriter, LineSink
 @attrs.frozen
 class OpenAIOptions:
     reasoning: str = attrs.field(default="keep", validator=attrs.validators.in_(("keep", "drop")))
+    # OpenAI's own fine-tuning refuses any other key on a line: the reward is added only when asked for
+    reward: str = attrs.field(default="drop", validator=attrs.validators.in_(("keep", "drop")))
 
 
 class OpenAIWriter(FileWriter):
     """One ``{"messages", "tools"}`` line per trajectory, as OpenAI's chat fine-tuning format defines it."""
 
     name = "openai"
-    description = "trajectories.openai.jsonl: OpenAI chat fine-tuning lines (openai:reasoning=drop leaves reasoning out)"
+    description = ("trajectories.openai.jsonl: OpenAI chat fine-tuning lines (openai:reasoning=drop leaves reasoning "
+                   "out; openai:reward=keep adds each sample's reward, passed and sample_index)")
     filename = "trajectories.openai.jsonl"
     suffix = ".jsonl"
     Config = OpenAIOptions
@@ -33,6 +36,9 @@ class OpenAIWriter(FileWriter):
             line = to_openai(trajectory, reasoning=self.config.reasoning)
         except Unrepresentable:
             return None
+        if self.config.reward == "keep":
+            meta = trajectory.metadata
+            line.update(reward=float(meta.reward), passed=bool(meta.passed), sample_index=meta.sample_index)
         return json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
 
     def open(self, path) -> LineSink:

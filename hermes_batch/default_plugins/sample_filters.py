@@ -1,4 +1,4 @@
-"""The default quality filters: no-reasoning and hallucinated-tools."""
+"""The default quality filters: no-reasoning, hallucinated-tools, and verified (for runs with --verifier)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,12 @@ from hermes_batch.formats.conversation import reasoning_counts
 from hermes_batch.contract.interfaces import Filter
 from hermes_batch.formats.records import Trajectory
 
-DEFAULT_FILTERS = ("no-reasoning", "hallucinated-tools")
-
 
 @hermes_batch.hookimpl
 def register_filters(register):
     register(NoReasoningFilter)
     register(HallucinatedToolsFilter)
+    register(VerifiedFilter)
 
 
 class NoReasoningFilter(Filter):
@@ -56,3 +55,32 @@ class HallucinatedToolsFilter(Filter):
         if unknown:
             return f"called tools that were not offered: {', '.join(unknown)}"
         return None
+
+
+class VerifiedFilter(Filter):
+    """Keep only samples every verifier scored, at or above a reward (rejection sampling; ``verified:0.5``).
+
+    Without a reward given, a sample is kept when it passed: its ``metadata.passed``, which the run set from its
+    ``--min_reward`` (default 1.0), so ``refilter --filter verified`` judges as the run did.
+    """
+
+    @attrs.frozen
+    class Config:
+        min_reward: Optional[float] = attrs.field(default=None, validator=attrs.validators.optional(
+            attrs.validators.instance_of((int, float))))  # None: the run's --min_reward
+
+    name = "verified"
+    description = ("Keep only samples that passed their verifiers (--verifier): reward at or above the run's "
+                   "--min_reward, or verified:0.5 for another threshold; discards unverified ones too.")
+
+    def check(self, trajectory: Trajectory) -> Optional[str]:
+        meta = trajectory.metadata
+        if not meta.verifiers:
+            return "no verifier ran on it"
+        if not meta.verified:
+            failed = [v.name for v in meta.verifiers if v.error]
+            return f"not verified: the verifier {', '.join(failed) or 'run'} failed"
+        threshold = self.config.min_reward
+        if threshold is None:
+            return None if meta.passed else f"reward {meta.reward:g} is below the run's --min_reward"
+        return None if meta.reward >= threshold else f"reward {meta.reward:g} is below {threshold:g}"

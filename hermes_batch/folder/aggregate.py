@@ -11,7 +11,11 @@ the order in which records and files are added never changes the result.
 
 from __future__ import annotations
 
+import array
+import base64
 import datetime
+import math
+import sys
 from collections import Counter, defaultdict
 from fractions import Fraction
 from typing import Iterable, Optional, Union
@@ -114,6 +118,118 @@ class Scope:
         return scope
 
 
+REWARD_BUCKETS = 10  # of the reward histogram over [0, 1]; rewards below 0 and above 1 have a bucket each
+
+
+def reward_bucket(reward: float) -> str:
+    """The histogram bucket of a reward: ``"<0"``, ``"0.0"`` (0 <= r < 0.1) ... ``"0.9"`` (0.9 <= r <= 1), ``">1"``."""
+    if reward < 0:
+        return "<0"
+    if reward > 1:
+        return ">1"
+    return f"{min(REWARD_BUCKETS - 1, int(reward * REWARD_BUCKETS)) / REWARD_BUCKETS:.1f}"
+
+
+class Rewards:
+    """What the verifiers said of the samples: reward totals, and per row (and per toolset and row) how many
+    samples were scored and how many passed, which pass@k needs (a row's samples may lie in several files).
+
+    Only samples a verifier ran on are counted, so a run without verifiers keeps nothing here.
+    """
+
+    def __init__(self) -> None:
+        self.scored = self.verified = self.passed = 0  # samples a verifier ran on; of them, with a reward; passing
+        self.reward_sum = ExactSum()  # of the verified samples' rewards
+        self.buckets: Counter = Counter()  # reward_bucket -> verified samples
+        # per row: samples scored << 32 | samples passed (one int, not a list: a million rows are a million entries)
+        self.rows: dict[int, int] = {}  # prompt_index -> counts
+        self.toolset_rows: dict[str, dict[int, int]] = {}  # toolsets ("terminal+file") -> prompt_index -> counts
+
+    def add(self, traj: Trajectory) -> None:
+        meta = traj.metadata
+        if not meta.verifiers:
+            return
+        self.scored += 1
+        self.verified += meta.verified
+        self.passed += meta.passed
+        if meta.verified and math.isfinite(meta.reward):
+            self.reward_sum.add(meta.reward)
+            self.buckets[reward_bucket(meta.reward)] += 1
+        counts = (1 << 32) | int(meta.passed)
+        index = traj.prompt_index
+        self.rows[index] = self.rows.get(index, 0) + counts
+        rows = self.toolset_rows.setdefault("+".join(traj.toolsets_used), {})
+        rows[index] = rows.get(index, 0) + counts
+
+    def merge(self, other: "Rewards") -> None:
+        self.scored += other.scored
+        self.verified += other.verified
+        self.passed += other.passed
+        self.reward_sum.merge(other.reward_sum)
+        self.buckets.update(other.buckets)
+        _add_rows(self.rows, other.rows)
+        for toolsets, rows in other.toolset_rows.items():
+            _add_rows(self.toolset_rows.setdefault(toolsets, {}), rows)
+
+    @staticmethod
+    def shapes(rows: dict) -> Counter:
+        """How many rows of ``rows`` (``self.rows`` or one of ``toolset_rows``) had each ``(samples, passed)``."""
+        return Counter({(value >> 32, value & 0xFFFFFFFF): count for value, count in Counter(rows.values()).items()})
+
+    def to_state(self) -> dict:
+        return {
+            "scored": self.scored, "verified": self.verified, "passed": self.passed,
+            "reward_sum": [str(self.reward_sum.scaled), self.reward_sum.reported], "buckets": dict(self.buckets),
+            "rows": _pack_rows(self.rows),
+            "toolset_rows": {toolsets: _pack_rows(rows) for toolsets, rows in self.toolset_rows.items()},
+        }
+
+    @classmethod
+    def from_state(cls, state: Optional[dict]) -> "Rewards":
+        rewards = cls()
+        if not state:  # an index saved before rewards were counted: its records had none
+            return rewards
+        rewards.scored, rewards.verified, rewards.passed = (int(state[k]) for k in ("scored", "verified", "passed"))
+        scaled, reported = state["reward_sum"]
+        rewards.reward_sum = ExactSum(int(scaled), bool(reported))
+        rewards.buckets = Counter({str(k): int(v) for k, v in state["buckets"].items()})
+        rewards.rows = _unpack_rows(state["rows"])
+        rewards.toolset_rows = {str(t): _unpack_rows(rows) for t, rows in state["toolset_rows"].items()}
+        return rewards
+
+
+def _pack(values: array.array) -> str:
+    if sys.byteorder != "little":
+        values = array.array(values.typecode, values)
+        values.byteswap()
+    return base64.b64encode(values.tobytes()).decode("ascii")
+
+
+def _unpack(typecode: str, text: str) -> array.array:
+    values = array.array(typecode)
+    values.frombytes(base64.b64decode(text.encode("ascii"), validate=True))
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values
+
+
+def _pack_rows(rows: dict) -> list:
+    """Per-row counts as two base64 arrays (prompt indices, counts): a million rows save and load in a blink."""
+    return [_pack(array.array("q", rows.keys())), _pack(array.array("Q", rows.values()))]
+
+
+def _unpack_rows(state: list) -> dict:
+    indices, counts = _unpack("q", state[0]), _unpack("Q", state[1])
+    if len(indices) != len(counts):
+        raise ValueError("the rows' arrays differ in length")
+    return dict(zip(indices, counts))
+
+
+def _add_rows(mine: dict, theirs: dict) -> None:
+    for index, counts in theirs.items():
+        mine[index] = mine.get(index, 0) + counts
+
+
 class Requests:
     """Model requests per provider: count, errors, and latencies in whole milliseconds (for exact medians)."""
 
@@ -172,6 +288,7 @@ class Aggregate:
         self.tools: set[str] = set()  # tool names in the stats of any finished sample
         self.merge_tools: set[str] = set()  # in the stats or error counts of any kept sample: every merged line lists them
         self.requests = Requests()
+        self.rewards = Rewards()  # of every finished sample, kept or discarded
         self.first_ts: Optional[str] = None
         self.last_ts: Optional[str] = None
         # (content key, timestamp, error kind) of every failure record: few, and needed whole to tell which still fail
@@ -197,6 +314,7 @@ class Aggregate:
             self.merge_tools.update(traj.tool_stats)
             self.merge_tools.update(traj.tool_error_counts)
         self.finished.add(traj)
+        self.rewards.add(traj)
         self.tools.update(traj.tool_stats)
         meta = traj.metadata
         usage = self._add_usage(meta.usage)
@@ -235,6 +353,7 @@ class Aggregate:
         self.tools |= other.tools
         self.merge_tools |= other.merge_tools
         self.requests.merge(other.requests)
+        self.rewards.merge(other.rewards)
         for ts in (other.first_ts, other.last_ts):
             if ts is not None:
                 self.first_ts = ts if self.first_ts is None else min(self.first_ts, ts)
@@ -248,7 +367,7 @@ class Aggregate:
             cost=[str(self.cost.scaled), self.cost.reported], by_filter=dict(self.by_filter),
             reasons=[[name, reason, count] for (name, reason), count in self.reasons.items()],
             tools=sorted(self.tools), merge_tools=sorted(self.merge_tools), requests=self.requests.to_state(),
-            first_ts=self.first_ts, last_ts=self.last_ts, failures=self.failures,
+            rewards=self.rewards.to_state(), first_ts=self.first_ts, last_ts=self.last_ts, failures=self.failures,
         )
         return state
 
@@ -265,6 +384,7 @@ class Aggregate:
         agg.reasons = Counter({(str(n), str(r)): int(c) for n, r, c in state.get("reasons", ())})  # none in older ones
         agg.tools, agg.merge_tools = set(state["tools"]), set(state["merge_tools"])
         agg.requests = Requests.from_state(state["requests"])
+        agg.rewards = Rewards.from_state(state.get("rewards"))
         agg.first_ts, agg.last_ts = state["first_ts"], state["last_ts"]
         agg.failures = [(str(k), str(t), str(e)) for k, t, e in state["failures"]]
         return agg

@@ -36,6 +36,7 @@ import attrs
 from ..formats import dataset
 from .record_index import RecordIndex
 from ..formats.jsonguard import scrub_text
+from ..formats.records import sample_key
 from .runfolder import RunFolder
 from .durable import _fsync_dir, write_error
 from .offloop import stoppable
@@ -113,6 +114,13 @@ class _Entry:
         if self.kind == "failed":
             return self.data.get("content_key")
         return (self.record.get("metadata") or {}).get("content_key")
+
+    @property
+    def sample(self) -> int:
+        """Which of its row's samples the record is (--samples_per_prompt); 0 for records from before samples."""
+        holder = self.data if self.kind == "failed" else (self.record.get("metadata") or {})
+        value = holder.get("sample_index")
+        return value if type(value) is int and value > 0 else 0
 
     @property
     def index(self) -> int:
@@ -194,10 +202,13 @@ def _plan(folder: RunFolder, rows, batch_size: int) -> tuple[dict, ReindexResult
     finished: dict[str, list] = collections.defaultdict(list)  # key -> [(old index, entry number)]
     failed: dict[str, list] = collections.defaultdict(list)
     where: dict[int, tuple] = {}  # entry number -> (old index, batch file or -1, aside)
+    samples: set = set()  # the sample indexes above 0 the records hold: their keys are the rows' sample keys
     for number, entry in _entries(folder):
         if entry.kind == "unreadable":
             continue
         (failed if entry.kind == "failed" else finished)[entry.key].append((entry.index, number))
+        if entry.sample:
+            samples.add(entry.sample)
         where[number] = (entry.index, entry.batch if entry.kind == "kept" else -1, entry.aside)
     if not where:
         return {}, ReindexResult()  # nothing to renumber: no need to read the dataset
@@ -207,10 +218,15 @@ def _plan(folder: RunFolder, rows, batch_size: int) -> tuple[dict, ReindexResult
     for key in failed:
         wanted[key] = wanted.get(key, 0) + 1
     positions: dict[str, list[int]] = collections.defaultdict(list)
+    samples = sorted(samples)
     for row in rows:
         key = row.content_key
         if len(positions[key]) < wanted.get(key, 0):
             positions[key].append(row.prompt_index)
+        for sample in samples:
+            other = sample_key(key, sample)
+            if len(positions[other]) < wanted.get(other, 0):
+                positions[other].append(row.prompt_index)
 
     assignment: dict[int, Optional[int]] = {}
     for key, entries in finished.items():

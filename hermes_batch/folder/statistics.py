@@ -12,7 +12,7 @@ import attrs
 from rich.console import Console
 from rich.table import Table
 
-from .aggregate import Aggregate, Requests, Scope, epoch
+from .aggregate import REWARD_BUCKETS, Aggregate, Requests, Rewards, Scope, epoch
 from .journal import JournalTotals, journal_path, read_journal
 from .reindex import count_unmatched
 from ..formats.records import Discarded, Failure, SessionInfo, Trajectory, Usage, key_digest
@@ -87,6 +87,83 @@ def _scope_dict(scope: Scope, tool_names: Iterable[str]) -> dict:
             "without_reasoning": scope.turns_without,
             "share_with_reasoning": _ratio(scope.turns_with, turns),
             "samples_without_reasoning": scope.samples_without_reasoning,
+        },
+    }
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that ``k`` of a row's ``n`` samples, ``c`` of them passing, drawn without replacement, hold a
+    pass: ``1 - C(n-c, k) / C(n, k)`` (the unbiased estimator of Chen et al., 2021); needs ``k <= n``."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _ks(most: int) -> list[int]:
+    """The k of pass@k to report for rows of up to ``most`` samples: each up to 10, else powers of two and ``most``."""
+    if most <= 10:
+        return list(range(1, most + 1))
+    return sorted({2**i for i in range(most.bit_length()) if 2**i <= most} | {most})
+
+
+def _row_rewards(shapes: Counter) -> dict:
+    """pass@k and the rows that never passed, from how many rows had each ``(samples, passed)``.
+
+    pass@k averages each row's estimate over the rows with at least k samples, and counts as 1 a row with fewer
+    samples that passed (under --stop_on_success a row stops at its first pass: it passed within k); a row with
+    fewer than k samples and no pass says nothing of k, so it is left out (``pass_at_k_rows`` counts the rows used).
+    """
+    total = sum(shapes.values())
+    never = sum(count for (_n, c), count in shapes.items() if c == 0)
+    at_k, used = {}, {}
+    for k in _ks(max((n for n, _c in shapes), default=0)):
+        value, rows_used = 0.0, 0
+        for (n, c), count in shapes.items():
+            if n >= k:
+                value += pass_at_k(n, c, k) * count
+            elif c > 0:
+                value += count
+            else:
+                continue
+            rows_used += count
+        at_k[str(k)], used[str(k)] = (round(value / rows_used, 6) if rows_used else None), rows_used
+    return {
+        "rows": total,
+        "rows_passed": total - never,
+        "rows_never_passed": never,
+        "share_rows_never_passed": _ratio(never, total),
+        "samples_per_row_max": max((n for n, _c in shapes), default=0),
+        "pass_at_k": at_k,
+        "pass_at_k_rows": used,
+    }
+
+
+def rewards_section(rewards: Rewards) -> Optional[dict]:
+    """The ``rewards`` section of statistics.json; None when no verifier ran on any sample."""
+    if not rewards.scored:
+        return None
+    buckets = {f"{i / REWARD_BUCKETS:.1f}": rewards.buckets.get(f"{i / REWARD_BUCKETS:.1f}", 0)
+               for i in range(REWARD_BUCKETS)}
+    for outside in ("<0", ">1"):
+        if rewards.buckets.get(outside):
+            buckets[outside] = rewards.buckets[outside]
+    total = rewards.reward_sum.value
+    by_toolsets = {name: rewards.shapes(rows) for name, rows in rewards.toolset_rows.items()}
+    return {
+        "samples_scored": rewards.scored,  # a verifier ran on them
+        "samples_verified": rewards.verified,  # every verifier gave a reward
+        "samples_unverified": rewards.scored - rewards.verified,  # a verifier failed: reward 0, never passed
+        "samples_passed": rewards.passed,
+        "share_samples_passed": _ratio(rewards.passed, rewards.scored),
+        "reward_mean": None if total is None or not rewards.verified else round(total / rewards.verified, 6),
+        "reward_histogram": buckets,
+        **_row_rewards(rewards.shapes(rewards.rows)),
+        "by_toolsets": {
+            name or "(none)": {
+                "samples": sum(n * count for (n, _c), count in shapes.items()),
+                "passed": sum(c * count for (_n, c), count in shapes.items()), **_row_rewards(shapes),
+            }
+            for name, shapes in sorted(by_toolsets.items())
         },
     }
 
@@ -297,6 +374,7 @@ def build_statistics(
             "samples_reporting_usage": aggregate.usage_reported,
         },
         "cost": None if usage.cost is None else round(usage.cost, 6),
+        "rewards": rewards_section(aggregate.rewards),
         "model_requests": _requests_dict(requests, sessions),
         "duration": {
             "total_s": duration,
@@ -362,6 +440,9 @@ def render_statistics(stats: dict, console: Console) -> None:
             failures.add_row(kind, str(count))
         console.print(failures)
 
+    if stats.get("rewards"):
+        render_rewards(stats["rewards"], console)
+
     requests = stats.get("model_requests") or {}
     if requests.get("by_provider"):
         providers = Table(title="Model requests by provider")
@@ -402,3 +483,35 @@ def render_statistics(stats: dict, console: Console) -> None:
     for label, value in rows:
         totals.add_row(label, str(value))
     console.print(totals)
+
+
+def _fmt_pass(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def render_rewards(rewards: dict, console: Console) -> None:
+    """The verifiers' tables: pass@k per run and per toolsets, and the reward distribution."""
+    ks = list(rewards["pass_at_k"])
+    passing = Table(title="Verified samples: pass@k (rows of the dataset, all finished samples)")
+    for header in ("Toolsets", "Samples", "Passed", "Rows", "Never passed", *(f"pass@{k}" for k in ks)):
+        passing.add_column(header, justify="left" if header == "Toolsets" else "right")
+    scopes = [("all", {"samples": rewards["samples_scored"], "passed": rewards["samples_passed"], **rewards})]
+    if len(rewards["by_toolsets"]) > 1:
+        scopes += list(rewards["by_toolsets"].items())
+    for label, scope in scopes:
+        passing.add_row(label, str(scope["samples"]), str(scope["passed"]), str(scope["rows"]),
+                        f"{scope['rows_never_passed']} ({_fmt_pass(scope['share_rows_never_passed'])})",
+                        *(_fmt_pass(scope["pass_at_k"].get(k)) for k in ks))
+    console.print(passing)
+    histogram = Table(title="Reward distribution (verified samples)")
+    histogram.add_column("Reward")
+    histogram.add_column("Samples", justify="right")
+    histogram.add_column("", justify="left")
+    most = max(rewards["reward_histogram"].values(), default=0) or 1
+    for bucket, count in rewards["reward_histogram"].items():
+        label = bucket if bucket in ("<0", ">1") else f"{bucket}-{float(bucket) + 0.1:.1f}"
+        histogram.add_row(label, str(count), "#" * round(count / most * 30))
+    mean = rewards["reward_mean"]
+    histogram.caption = (f"mean {'-' if mean is None else f'{mean:.3f}'}; "
+                         f"{rewards['samples_unverified']} sample(s) whose verifier failed (reward 0, not passed)")
+    console.print(histogram)

@@ -28,6 +28,21 @@ def content_key(prompt: str, image: Optional[str], cwd: Optional[str]) -> str:
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+def sample_key(content_key: str, sample_index: int) -> str:
+    """The key of a row's sample ``sample_index`` (--samples_per_prompt): the row's key for sample 0, so run
+    folders written before samples existed resume as they did; a hash of the row key's digest and the index else."""
+    if not sample_index:
+        return content_key
+    return hashlib.sha256(f"{key_digest(content_key):016x}#{sample_index}".encode()).hexdigest()[:32]
+
+
+def sample_digest(row_digest: int, sample_index: int) -> int:
+    """``key_digest(sample_key(key, i))`` from ``key_digest(key)`` alone (what the run folder's indexes keep)."""
+    if not sample_index:
+        return row_digest
+    return int(hashlib.sha256(f"{row_digest:016x}#{sample_index}".encode()).hexdigest()[:16], 16)
+
+
 _HEX_KEY = re.compile(r"[0-9a-f]{32}")
 
 
@@ -193,6 +208,22 @@ class Turn:
 
 
 @frozen
+class VerifierResult:
+    """What one verifier said about a sample: its reward and reason, or the error that kept it from giving one."""
+
+    name: str
+    reward: float = 0.0  # 0.0 when ``error`` is set: a verifier that crashed or timed out gives no reward
+    reason: str = ""
+    error: str = ""  # "" when the verifier returned a reward
+    output: str = ""  # what it ran printed (bounded), for the command verifier
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+@frozen
 class Metadata:
     """Everything about a trajectory besides the conversation; extended by later versions."""
 
@@ -216,6 +247,12 @@ class Metadata:
     duration_s: float = 0.0
     usage: Usage = Usage()
     calls: tuple[CallRecord, ...] = ()  # every request of the session, failed attempts included
+    # Samples and verification (--samples_per_prompt, --verifier); records written before them read as these defaults.
+    sample_index: int = 0  # which of the row's samples this is, 0-based
+    reward: float = 0.0  # the minimum of the verifiers' rewards; 0.0 when not verified
+    verified: bool = False  # every verifier returned a reward (False when none ran or one failed)
+    passed: bool = False  # verified and reward >= --min_reward
+    verifiers: tuple[VerifierResult, ...] = ()  # one per --verifier, in the order given
 
 
 @frozen
@@ -276,6 +313,7 @@ class Failure:
     usage: Usage = Usage()  # what those calls used and cost
     calls: tuple[CallRecord, ...] = ()
     schema_version: int = SCHEMA_VERSION
+    sample_index: int = 0  # which of the row's samples failed (--samples_per_prompt)
 
 
 @frozen

@@ -12,7 +12,8 @@ empty list carries a type, so a later value of another type breaks the load.
 Hence: no nulls (an absent string is ``""``, an absent status ``0``, cost
 ``0.0`` with ``cost_reported`` false), floats always written as floats, and
 the fields whose shape the model, the dataset or the run decides
-(``tool_calls[].arguments``, ``metadata.row``, ``metadata.invalid_tool_calls``)
+(``tool_calls[].arguments``, ``metadata.row``, ``metadata.invalid_tool_calls``,
+``metadata.verifiers``)
 written as JSON text, which is one string type whatever it holds.
 """
 
@@ -29,7 +30,9 @@ from cattrs.v import format_exception
 from ..errors import ConfigError
 from .endpoint_numbers import TOKEN_FIELDS, finite_seconds, stored_cost, stored_usage
 from .jsonguard import MAX_DEPTH, finite_dumps, has_lone_surrogate, scrub_text, value_problem
-from .records import CallRecord, InvalidToolCall, Metadata, SessionInfo, ToolCallRecord, Trajectory, Turn, Usage
+from .records import (
+    CallRecord, InvalidToolCall, Metadata, SessionInfo, ToolCallRecord, Trajectory, Turn, Usage, VerifierResult,
+)
 
 T = TypeVar("T")
 
@@ -73,6 +76,47 @@ def _seconds(value: Any, _type=None) -> float:
 
 def _session_cost(value: Any, _type=None) -> Optional[float]:
     return stored_cost(value, calls=None)
+
+
+def _reward(value: Any, _type=None) -> float:
+    """A reward as written and read: a finite float (1, True or NaN from a plugin or an old file are not)."""
+    if type(value) in (int, float) and math.isfinite(value):
+        return float(value)
+    return 0.0
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _unstructure_verifier(result: VerifierResult) -> dict:
+    return {"name": _text(result.name), "reward": _reward(result.reward), "reason": _text(result.reason),
+            "error": _text(result.error), "output": _text(result.output), "duration_s": finite_seconds(result.duration_s)}
+
+
+def _structure_verifier(data: Any, _type=None) -> VerifierResult:
+    return VerifierResult(_text(data.get("name")), _reward(data.get("reward")), _text(data.get("reason")),
+                          _text(data.get("error")), _text(data.get("output")), finite_seconds(data.get("duration_s")))
+
+
+def _unstructure_verifiers(results: tuple) -> str:
+    # JSON text, as invalid_tool_calls: "[]" (no verifier ran) and a list of objects are then one Arrow type
+    if not results:
+        return "[]"
+    return _json_text([_unstructure_verifier(result) for result in results])
+
+
+def _structure_verifiers(value: Any, _type=None) -> tuple:
+    value = _from_text(value)
+    return tuple(_structure_verifier(item) for item in value if isinstance(item, dict)) if isinstance(value, list) else ()
+
+
+def _sample_index(value: Any, _type=None) -> int:
+    return value if type(value) is int and value >= 0 else 0
+
+
+def _flag(value: Any, _type=None) -> bool:
+    return value is True
 
 
 def _unstructure_tool_call(call: ToolCallRecord) -> dict:
@@ -128,6 +172,8 @@ def _make_record_converter() -> cattrs.Converter:
     conv.register_structure_hook(CallRecord, _structure_call)
     conv.register_unstructure_hook(ToolCallRecord, _unstructure_tool_call)
     conv.register_structure_hook(ToolCallRecord, _structure_tool_call)
+    conv.register_unstructure_hook(VerifierResult, _unstructure_verifier)
+    conv.register_structure_hook(VerifierResult, _structure_verifier)
     # after the hooks above: generated functions bind the hooks registered when they are made
     conv.register_unstructure_hook(
         Turn,
@@ -141,6 +187,10 @@ def _make_record_converter() -> cattrs.Converter:
             row=override(unstruct_hook=_json_text),
             invalid_tool_calls=override(unstruct_hook=_unstructure_invalid_calls),
             duration_s=override(unstruct_hook=finite_seconds),
+            reward=override(unstruct_hook=_reward),
+            verified=override(unstruct_hook=bool),
+            passed=override(unstruct_hook=bool),
+            verifiers=override(unstruct_hook=_unstructure_verifiers),
         ),
     )
     conv.register_structure_hook(
@@ -150,6 +200,11 @@ def _make_record_converter() -> cattrs.Converter:
             row=override(struct_hook=_structure_row),
             invalid_tool_calls=override(struct_hook=_structure_invalid_calls),
             duration_s=override(struct_hook=_seconds),
+            sample_index=override(struct_hook=_sample_index),
+            reward=override(struct_hook=_reward),
+            verified=override(struct_hook=_flag),
+            passed=override(struct_hook=_flag),
+            verifiers=override(struct_hook=_structure_verifiers),
         ),
     )
     # a session's duration and cost, as an older version may have written them (Infinity, NaN)

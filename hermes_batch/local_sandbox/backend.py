@@ -4,7 +4,7 @@ The local sandbox isolates files between prompts (each prompt works in its own
 folder under the run's ``scratch/`` area, and the file API refuses paths that
 leave it, links included), and where the machine allows it runs each prompt's
 commands in a PID and mount namespace of their own (see
-:mod:`~hermes_batch.local_sandbox.processes`).  It is **not a security
+:mod:`~hermes_batch.local_sandbox.launchers`).  It is **not a security
 boundary**: commands run as the user who started the run, with that user's
 access to the rest of the machine's files and the network.  Use a container
 backend (``docker``, ``singularity``, ``modal``) for untrusted workloads.
@@ -38,18 +38,9 @@ from ..session.threads import in_daemon_thread
 from .control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
 from ..sandbox_blocks.commands import POST_KILL_DRAIN_S, OutputPipe, run_command, wait_for_command
 from ..sandbox_blocks.files import SandboxFolder
-from .processes import (
-    HELPERS,
-    ISOLATIONS,
-    MARKER_VARIABLE,
-    Launcher,
-    Namespace,
-    alone,
-    kill_prompt_processes,
-    launcher,
-    session_members,
-    ticks_since_boot,
-)
+from .launchers import HELPERS, ISOLATIONS, Launcher, launcher
+from .namespace import Namespace
+from .sweep import MARKER_VARIABLE, alone, kill_prompt_processes, session_members, ticks_since_boot
 from ..sandbox_blocks.processes import ChildProcess
 
 log = logging.getLogger(__name__)

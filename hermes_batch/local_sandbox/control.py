@@ -1,7 +1,7 @@
 """Where a namespace's helper finds each command and sends its output: a private folder in memory.
 
 Each command of a prompt's namespace is a script and an output FIFO in a
-control folder (see ``local_processes.HELPER``).  On a journaling disk file
+control folder (see ``launchers.HELPER``).  On a journaling disk file
 system, making and removing them held the event loop about 2 ms a command with
 256 prompts at once (the journal's locks, and the GIL other threads took
 meanwhile); on a memory file system it takes microseconds.  So a backend keeps

@@ -3,7 +3,7 @@
  * hermes-batch builds this file with the machine's C compiler the first time a
  * run needs it (see namespace_init.py) and otherwise uses unshare, setpriv and
  * a bash helper, which do the same in three programs.  It speaks the same
- * protocol as that helper (local_processes.HELPER):
+ * protocol as that helper (launchers.HELPER):
  *
  *   hermes-batch-namespace-... [-u] [-k CAPS] [-m MAX] CONTROL CWD SPILL
  *

@@ -1,7 +1,7 @@
 """The compiled first process of a local sandbox's namespace: ``namespace_init.c``, built once per machine.
 
 It does in one small program what ``unshare``, ``setpriv`` and the bash
-helper do in three (see :mod:`~hermes_batch.local_sandbox.processes`),
+helper do in three (see :mod:`~hermes_batch.local_sandbox.launchers`),
 and starts each command with one fork of itself instead of two of bash: about
 a third of the CPU a prompt's sandbox costs with the programs.  It is built
 with the machine's C compiler (``$CC``, else ``cc`` or ``gcc``), statically

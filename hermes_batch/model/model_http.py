@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import sys
+import urllib.parse
 import urllib.request
 import weakref
 from typing import Any, Callable, Generic, Optional, TypeVar
@@ -298,6 +299,15 @@ async def _read_capped(response) -> bytes:
             raise AnswerTooLarge()
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def is_openrouter(base_url: str) -> bool:
+    """True for OpenRouter's API, the one endpoint that understands the ``provider`` routing object."""
+    try:
+        host = urllib.parse.urlsplit(base_url).hostname or ""
+    except ValueError:
+        return False
+    return host == "openrouter.ai" or host.endswith(".openrouter.ai")
 
 
 def environment_proxy(url: str) -> Optional[str]:

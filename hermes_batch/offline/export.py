@@ -23,6 +23,7 @@ from ..errors import UsageError
 from .export_files import TRAIN, locked, other_data_files, prepare, publish, remove_if_empty, target_for
 from ..contract.run_filters import INCLUDE, Entry, iter_entries, judge
 from ..folder.runfolder import RunFolder
+from ..formats.row_identity import row_key
 from ..folder.durable import write_error
 from ..contract.writers import FileWriter, report_skipped
 
@@ -76,6 +77,8 @@ class ExportResult:
     skipped: int  # records the format cannot hold
     repaired: int = 0  # records written with U+FFFD for text that is not Unicode
     removed: tuple = ()  # files of the previous export here that the new set lacks, removed
+    unit: str = "trajectories"  # what a line of the format is (dpo: pairs, rollouts: rows)
+    notes: dict = attrs.Factory(dict)  # what the format counts besides its lines (rows that gave no pair)
 
 
 _TOOL_STATS = re.compile(rb'"tool_stats"\s*:\s*\{')
@@ -110,15 +113,19 @@ def _tool_names(folder: RunFolder, include: str) -> set:
     return names
 
 
-def export(folders, writer: FileWriter, *, output: Optional[Path] = None, include: str = "kept",
+def export(folders, writer: FileWriter, *, output: Optional[Path] = None, include: Optional[str] = None,
            splits: Optional[dict] = None, filters: Sequence = (), force: bool = False) -> ExportResult:
     """Write the records ``include`` selects that pass ``filters``, one file per split, replacing the export's
     previous files there (export_files.py says which it owns and how they are switched).
+
+    ``include`` defaults to the writer's ``include`` (``all`` for the formats made of a row's samples together,
+    dpo and rollouts, whose failing samples a ``verified`` filter may have discarded), else ``kept``.
 
     ``folders`` is one RunFolder or several, merged into one dataset: run by run, each in prompt_index order,
     every line listing the tools of all of them.  Whole-run filters (near-duplicates) compare across runs.
     """
     folders = [folders] if isinstance(folders, RunFolder) else list(folders)
+    include = include or getattr(writer, "include", "kept")
     if include not in INCLUDE:
         raise UsageError(f"--include {include!r} is not one of {', '.join(INCLUDE)}; choose one of them.")
     from .refilter import pending
@@ -173,7 +180,7 @@ def _export(folders, writer, target, include, splits, filters, force) -> ExportR
             if entry.where in rejected:
                 continue
             traj = entry.trajectory
-            split = split_of(traj.metadata.content_key, splits)
+            split = split_of(row_key(traj), splits)  # a row's samples (--samples_per_prompt) in one split
             _write(final[split], sinks[split].add, traj.with_tools(names))
         written = {target.names[split]: _write(final[split], sink.seal) for split, sink in sinks.items()}
     except BaseException:
@@ -182,14 +189,21 @@ def _export(folders, writer, target, include, splits, filters, force) -> ExportR
         if plan.staging != target.folder:
             remove_if_empty(plan.staging)
         raise
+    unit = getattr(writer, "unit", "trajectories")
+    notes: dict = {}
+    for sink in sinks.values():
+        for what, count in getattr(sink, "notes", {}).items():
+            notes[what] = notes.get(what, 0) + count
     info = {
         "format": writer.name,
         "runs": [str(folder.dir.resolve()) for folder in folders],
         "include": include,
         "splits": splits,
         "filters": [f.name for f in filters],
-        "counts": {target.names[split]: {"trajectories": sink.count} for split, sink in sinks.items()},
+        "counts": {target.names[split]: {unit: sink.count} for split, sink in sinks.items()},
     }
+    if notes:
+        info["notes"] = dict(sorted(notes.items()))
     _write(target.folder, publish, plan, written, info)
     for split, sink in sinks.items():
         report_skipped(writer, sink, final[split])
@@ -206,6 +220,8 @@ def _export(folders, writer, target, include, splits, filters, force) -> ExportR
         skipped=sum(sink.skipped for sink in sinks.values()),
         repaired=sum(sink.repaired for sink in sinks.values()),
         removed=tuple(sorted(plan.stale)),
+        unit=unit,
+        notes=dict(sorted(notes.items())),
     )
 
 
@@ -219,9 +235,11 @@ def _write(path: Path, fn, *args):
 
 def describe(result: ExportResult) -> str:
     """The lines ``hermes-batch export`` prints."""
-    lines = [f"{name}: {result.counts[name]} trajectories -> {path}" for name, path in result.files.items()]
+    lines = [f"{name}: {result.counts[name]} {result.unit} -> {path}" for name, path in result.files.items()]
     for name, count in result.filtered.items():
         lines.append(f"left out by {name}: {count}")
+    for what, count in result.notes.items():
+        lines.append(f"{what}: {count}")
     if result.skipped:
         lines.append(f"left out as the format cannot hold them: {result.skipped}")
     if result.removed:

@@ -94,7 +94,7 @@ def rebuild_statistics(folder: RunFolder, filters: Optional[Sequence[str]] = Non
     ones recorded.  The per-filter counts list each of them, with 0 for none.
     """
     from ..contract.plugin_options import parse_spec
-    from ..default_plugins.sample_filters import DEFAULT_FILTERS
+    from ..run.selection import DEFAULT_FILTERS
 
     checkpoint = read_checkpoint(folder)
     sessions = checkpoint.sessions if checkpoint else ()

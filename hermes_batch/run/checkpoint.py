@@ -43,6 +43,10 @@ class BatchTracker:
         self.current = batch
         self.pending[batch] += 1
 
+    def hold(self, batch: int) -> None:
+        """One more prompt of ``batch`` (a row's next sample) will end before the batch is complete."""
+        self.pending[batch] += 1
+
     def finished(self, batch: int, failed: bool = False) -> None:
         self.pending[batch] -= 1
         self.failed[batch] += failed

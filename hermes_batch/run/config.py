@@ -19,7 +19,7 @@ from ..formats.jsonguard import has_lone_surrogate
 from ..model.batching import MAX_REQUESTS as MAX_BATCH_REQUESTS, MAX_WAIT_S as MAX_BATCH_WAIT_S
 from ..model.batching import POLL_INTERVAL_S as BATCH_POLL_INTERVAL_S
 from ..model.model_http import HTTP_BACKENDS
-from .options import Cli, at_least, one_of, option, positive
+from .options import Cli, at_least, finite, one_of, option, positive
 from ..contract.run_context import LOG_PREFIX_CHARS
 from ..formats.serialization import parse_key_values
 
@@ -93,7 +93,7 @@ class RunConfig:
         False, help="Let --resume change options that change what the data means (model, endpoint, toolsets, "
         "sandbox, filters, ...); run.json keeps each session's settings.")
     verbose: bool = option(False, help="Log each prompt's turns and tool calls.")
-    max_samples: Optional[int] = option(None, help="Only the first N prompts of the dataset.", validator=at_least(1))
+    max_samples: Optional[int] = option(None, help="Only the first N samples: the first N prompts of the dataset, or N sessions in row order with --samples_per_prompt.", validator=at_least(1))
     max_tokens: Optional[int] = option(None, help="Most tokens per model response.", validator=at_least(1))
     providers_allowed: tuple = option(
         (), help="OpenRouter providers to allow, comma-separated.",
@@ -191,6 +191,17 @@ class RunConfig:
         help="How model calls are sent: aiohttp, or the SDKs' post() on httpx for a SOCKS proxy "
         "or a proxy/TLS setup aiohttp does not handle.",
     )
+    verifiers: tuple = option(
+        (), help="Verifier that rewards each sample after its session, in its sandbox (repeatable): command, "
+        "answer, judge; see docs/verification.md.",
+        cli=Cli(decls=("--verifier",), multiple=True, metavar="NAME[:OPTIONS]", convert=tuple),
+    )
+    samples_per_prompt: int = option(
+        1, validator=at_least(1), help="Sessions per row, each with its own sandbox and toolset sample.")
+    stop_on_success: bool = option(
+        False, help="Sample a row no further once one of its samples passed (--min_reward).")
+    min_reward: float = option(
+        1.0, validator=finite, help="The reward a verified sample needs to pass.")
     batch_api: bool = option(
         False, help="Send the model calls as provider batches (OpenAI Batch API, Anthropic Message Batches) at "
         "batch prices; sessions wait for their batch (docs/batch-api.md).")
@@ -211,6 +222,15 @@ class RunConfig:
                 raise UsageError(f"--{field.name} holds bytes that are not UTF-8 text; pass it as UTF-8.")
         if self.resume and self.overwrite:
             raise UsageError("--resume and --overwrite contradict each other; pass one of them.")
+        if self.stop_on_success and not self.verifiers:
+            raise UsageError("--stop_on_success needs a verifier to say what passes; add --verifier NAME.")
+
+    @property
+    def max_rows(self) -> Optional[int]:
+        """The dataset rows the run reads: --max_samples counts samples, --samples_per_prompt of them a row."""
+        if self.max_samples is None or self.samples_per_prompt == 1:
+            return self.max_samples
+        return -(-self.max_samples // self.samples_per_prompt)
 
     def public(self) -> dict:
         """The configuration as saved in run.json: no API key, no ephemeral prompt, no credentials in URLs or options."""

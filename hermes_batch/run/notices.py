@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from ..formats import dataset
-from ..default_plugins.openai_client import is_openrouter
+from ..model.model_http import is_openrouter
 from ..formats.jsonguard import scrub_text
 from ..folder.runfolder import RunFolder
 from ..folder.durable import atomic_write_lines

@@ -66,6 +66,11 @@ def at_least(minimum: int):
     return check
 
 
+def finite(_instance, attribute, value) -> None:
+    """The value is a finite number (any sign)."""
+    _finite(attribute, value)
+
+
 def positive(_instance, attribute, value) -> None:
     """The value (when given) is a finite number above 0."""
     _finite(attribute, value)

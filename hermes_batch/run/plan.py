@@ -47,6 +47,7 @@ class RunPlan:
     agent: Any  # AgentSettings (its prefill included)
     filters: tuple[str, ...]  # NAME[:OPTIONS] specs as given (or the default filters'), in order
     writers: tuple[str, ...]  # NAME[:OPTIONS] specs
+    verifiers: tuple[str, ...]  # NAME[:OPTIONS] specs, in order
     executor: str
     executor_config: Any
     dataset: DatasetReport
@@ -92,6 +93,7 @@ def make_plan(
     filter_specs = selection.filter_specs(config.filters)
     selection.filters(registry, filter_specs)  # unknown names and bad options stop the run here
     selection.writers(registry, config.writers)
+    selection.verifiers(registry, config.verifiers)  # unknown names and bad options stop the run here
     executor = selection.executor(registry, config.executor, config.executor_options)
     if config.batch_api:
         _check_batch_api(client_cls, executor.name)
@@ -99,7 +101,7 @@ def make_plan(
     notices.routing_elsewhere(config)
 
     # on a resume over the same file, the report and row keys of the last session (rowkeys.py)
-    validated = rowkeys.validate(config.dataset_file, config.max_samples, folder if config.resume else None)
+    validated = rowkeys.validate(config.dataset_file, config.max_rows, folder if config.resume else None)
     if on_validated is not None:
         on_validated(validated)
     report = validated.report
@@ -124,6 +126,7 @@ def make_plan(
         agent=agent_settings(config, prefill),
         filters=filter_specs,
         writers=tuple(config.writers),
+        verifiers=tuple(config.verifiers),
         executor=executor.name,
         executor_config=executor.config,
         dataset=report,
@@ -191,4 +194,6 @@ def build_processor(
         runtimes=dict(runtimes),
         run=run,
         plan=plan,
+        verifiers=selection.verifiers(registry, plan.verifiers),
+        min_reward=plan.config.min_reward,
     )

@@ -15,7 +15,7 @@ Two things a local command could read are closed here, for the whole process:
 
 A command running as root with every capability can still read the runner's
 memory; the local sandbox drops those capabilities from root's commands and
-gives them a ``/proc`` of their own (see ``local_processes``).
+gives them a ``/proc`` of their own (see ``local_sandbox.namespace``).
 """
 
 from __future__ import annotations

@@ -40,13 +40,14 @@ MEANING = frozenset({
     "distribution", "distribution_file", "model", "base_url", "model_client", "max_turns",
     "max_tool_calls_per_turn", "max_tokens", "reasoning_effort", "reasoning_disabled", "ephemeral_system_prompt",
     "prefill_messages_file", "sandbox", "sandbox_options", "filters", "tool_options", "seed",
+    "verifiers", "min_reward",
 })
 RUN = frozenset({
     "dataset_file", "batch_size", "num_workers", "verbose", "max_samples", "providers_allowed",
     "providers_ignored", "providers_order", "provider_sort", "log_prefix_chars", "skip_invalid", "writers",
     "executor", "executor_options", "command_timeout", "max_retries", "progress", "request_timeout",
     "prompt_timeout", "max_concurrent_requests", "max_requests_per_minute", "max_tokens_per_minute", "max_cost",
-    "preflight", "http_backend",
+    "preflight", "http_backend", "samples_per_prompt", "stop_on_success",
 })
 # how the model calls travel (docs/batch-api.md), not what they ask
 RUN |= {"batch_api", "batch_api_max_requests", "batch_api_max_wait", "batch_api_poll_interval"}
@@ -166,6 +167,7 @@ _OPTION = {
     "distribution_probabilities": "--distribution (its toolset probabilities)",
     "prefill_messages": "--prefill_messages_file (its messages)",
     "filters": "--filter",
+    "verifiers": "--verifier",
     "sandbox_options": "-S/--sandbox_option",
     "tool_options": "-T/--tool_option",
 }

@@ -14,7 +14,7 @@ import attrs
 import pluggy
 
 from ..folder import durable, offloop, record_index, reindex, rowkeys
-from . import cleanup, distributions, limits, notices, run_settings, selection
+from . import cleanup, distributions, limits, notices, run_settings, samples, selection
 from ..formats import endpoint_numbers
 from ..folder import unfinished
 from .checkpoint import Checkpoints, load_checkpoint, repair_torn_tails, write_run_json
@@ -168,7 +168,14 @@ class RunEngine:
         fresh = not self.folder.has_outputs()
         endpoint_numbers.reset_warning()  # one warning per run for numbers no call can have
         self.index = record_index.RecordIndex(self.folder)
-        self.resume_plan = rowkeys.match_finished(self.validated.keys, None)
+        self.sampling = cfg.samples_per_prompt > 1
+        self.later_samples: dict[int, tuple] = {}  # --stop_on_success: prompt_index -> its samples still to run
+        if self.sampling:
+            per_row, limit = cfg.samples_per_prompt, cfg.max_samples
+            total = sum(samples.count(index, per_row, limit) for index in self.validated.keys.indexes)
+            self.resume_plan = samples.SampleMatch(None, 0, 0, total=total)
+        else:
+            self.resume_plan = rowkeys.match_finished(self.validated.keys, None)
         if cfg.resume:
             try:
                 # off the event loop, like the merge: reading a big run folder must not make Ctrl-C wait
@@ -176,7 +183,7 @@ class RunEngine:
             except (asyncio.CancelledError, Stopped):
                 return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
         self.checkpoints.previously_finished = self.resume_plan.finished
-        to_run = plan.dataset.valid - self.resume_plan.skipped
+        to_run = (self.resume_plan.to_run if self.sampling else plan.dataset.valid - self.resume_plan.skipped)
         if to_run:
             try:  # before any prompt is leased, and before the preflight: a full disk costs nothing to fix
                 durable.check_free_space(self.folder, self._space_needed(to_run))
@@ -245,7 +252,7 @@ class RunEngine:
         try:
             self.folder.create()
             write_run_json(self.folder, plan, describe_plugins(self.pm), self.redactor, self.settings_history)
-            rowkeys.save(self.folder, self.validated, cfg.max_samples)
+            rowkeys.save(self.folder, self.validated, cfg.max_rows)
             self.validated.keys.digests = self.validated.keys.indexes = None  # matched: 16 bytes a row less
             processor.client.journal = self.journal = CallJournal(
                 journal_path(self.folder.dir), self.checkpoints.session_number)
@@ -253,7 +260,7 @@ class RunEngine:
                 left = self.resume_plan.left
                 processor.client.open_journal(self.folder.dir, self.checkpoints.session_number,
                                               None if left is None else set(left))
-            notices.skipped_lines(plan.dataset, self.folder, cfg.dataset_file, cfg.max_samples)
+            notices.skipped_lines(plan.dataset, self.folder, cfg.dataset_file, cfg.max_rows)
             # on record from the start, so a session killed before its first batch completes still counts
             self._save_checkpoint(interrupted=False)
         except RunFolderWriteError as exc:
@@ -283,9 +290,12 @@ class RunEngine:
         try:
             await processor.start()
             self.progress.start()
-            rows = rowkeys.rows_left(cfg.dataset_file, cfg.max_samples, self.resume_plan.left)
+            rows = rowkeys.rows_left(cfg.dataset_file, cfg.max_rows, self.resume_plan.left)
             self.jobs = PromptJobs(self._jobs(rows))
-            await self.executor.run(self.jobs, processor, self.recorder.record, self.concurrency)
+            on_outcome = self.recorder.record
+            if self.sampling and cfg.stop_on_success:
+                on_outcome = self._record_and_sample_on(processor)
+            await self.executor.run(self.jobs, processor, on_outcome, self.concurrency)
         except asyncio.CancelledError:
             interrupted = True
         except HermesBatchError as exc:
@@ -375,7 +385,12 @@ class RunEngine:
         repair_torn_tails(self.folder)
         self._reindex()
         keys = self.validated.keys
-        plan = rowkeys.match_finished(keys, self.index.finished_digests())
+        if self.sampling:
+            cfg = self.config
+            passed = samples.passed_digests(self.folder) if cfg.stop_on_success else None
+            plan = samples.match(keys, self.index.finished_digests(), cfg.samples_per_prompt, cfg.max_samples, passed)
+        else:
+            plan = rowkeys.match_finished(keys, self.index.finished_digests())
         size = self.config.batch_size
         self.checkpoints.completed_batches |= rowkeys.batches_finished(keys, plan.left, size)
         if plan.left is not None:  # a batch with a prompt to run again (it failed) is not complete
@@ -401,6 +416,8 @@ class RunEngine:
         size = self.config.batch_size
         available = frozenset(self.plan.toolsets)
         for row in rows:
+            if self.jobs.halted:
+                break
             if self.journal is not None and self.journal.stopped is not None:
                 break  # a write failed: the run stops, and no prompt is leased that it could not save
             if self._over_budget():
@@ -408,12 +425,64 @@ class RunEngine:
                 log.warning("The cost budget --max_cost %g is reached; no new prompt is started.", self.config.max_cost)
                 break
             batch = row.prompt_index // size
-            rng = distributions.rng_for(self.plan.seed, row.content_key)
-            toolsets = distributions.sample_toolsets(self.plan.distribution, available, rng)
-            self.recorder.tracker.dispatched(batch)
-            self.progress.dispatched()
-            yield PromptJob(row, batch, toolsets)
+            if not self.sampling:
+                rng = distributions.rng_for(self.plan.seed, row.content_key)
+                toolsets = distributions.sample_toolsets(self.plan.distribution, available, rng)
+                self.recorder.tracker.dispatched(batch)
+                self.progress.dispatched()
+                yield PromptJob(row, batch, toolsets)
+                continue
+            left = self.resume_plan.of(row.prompt_index, self.config.samples_per_prompt, self.config.max_samples)
+            if self.config.stop_on_success and len(left) > 1:
+                # one after another: the next sample of the row starts only when this one did not pass
+                self.later_samples[row.prompt_index] = left[1:]
+                left = left[:1]
+            for i, sample in enumerate(left):
+                if i and self._over_budget():
+                    self.jobs.halt()
+                    log.warning("The cost budget --max_cost %g is reached; no new prompt is started.", self.config.max_cost)
+                    break
+                self.recorder.tracker.dispatched(batch)
+                self.progress.dispatched()
+                yield self._sample_job(row, batch, sample, available)
         self.recorder.tracker.end_of_jobs()
+
+    def _sample_job(self, row, batch: int, sample: int, available: frozenset) -> PromptJob:
+        """The job of a row's sample: a toolset sample of its own, drawn from the sample's key."""
+        job = PromptJob(row, batch, (), sample)
+        rng = distributions.rng_for(self.plan.seed, job.content_key)
+        return attrs.evolve(job, toolsets=distributions.sample_toolsets(self.plan.distribution, available, rng))
+
+    def _record_and_sample_on(self, processor):
+        """The executor's ``on_outcome`` under --stop_on_success: record a sample, then run the row's next one
+        in the same worker unless this one passed (or the budget is spent).
+
+        The next sample is counted as dispatched before this one is recorded, so its batch is not complete
+        in between; a sample is recorded before the next starts, so a killed run pays for none of them twice.
+        """
+        available = frozenset(self.plan.toolsets)
+
+        async def on_outcome(job: PromptJob, outcome) -> None:
+            left = self.later_samples.get(job.row.prompt_index, ())
+            passed = getattr(getattr(outcome, "metadata", None), "passed", False)
+            go_on = bool(left) and not passed and not self.jobs.halted
+            if go_on and self._over_budget():
+                self.jobs.halt()
+                log.warning("The cost budget --max_cost %g is reached; no new prompt is started.", self.config.max_cost)
+                go_on = False
+            if not go_on:
+                self.later_samples.pop(job.row.prompt_index, None)
+            else:
+                self.recorder.tracker.hold(job.batch_num)
+            await self.recorder.record(job, outcome)
+            if not go_on:
+                return
+            self.later_samples[job.row.prompt_index] = left[1:]
+            self.progress.dispatched()
+            following = self._sample_job(job.row, job.batch_num, left[0], available)
+            await on_outcome(following, await processor.process(following))
+
+        return on_outcome
 
     # --- bookkeeping -------------------------------------------------------------------------
 

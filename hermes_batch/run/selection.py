@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..default_plugins.sample_filters import DEFAULT_FILTERS
 from ..errors import UsageError
 from ..contract.run_filters import refuse_run_filters
 from ..contract.interfaces import Distribution
 from ..contract.plugin_options import build_config, parse_spec, structure_options
 from ..contract.plugins import KIND, Registry, unknown_name
+
+# The quality filters a run applies when --filter is not given (the default plugin sample_filters registers them).
+DEFAULT_FILTERS = ("no-reasoning", "hallucinated-tools")
 
 
 def _pick(registry: Registry, kind: str, name: str, option: Optional[str] = None):
@@ -71,6 +73,11 @@ def filters(registry: Registry, names: Optional[tuple], whole_run: bool = False)
     if not whole_run:
         refuse_run_filters(selected)
     return selected
+
+
+def verifiers(registry: Registry, names: tuple) -> tuple:
+    """Instances of the verifiers of ``--verifier NAME[:OPTIONS]``, in order."""
+    return tuple(plugin(registry, "verifiers", n, "--verifier") for n in names)
 
 
 def writers(registry: Registry, names: tuple) -> tuple:

@@ -16,6 +16,7 @@ from ..errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeo
 from ..contract.interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
 from ..folder.journal import current_prompt
 from ..formats.records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
+from .verification import verify
 from ..contract.run_context import RunContext
 from .sandbox_start import OpeningSandbox, SandboxCloser
 from ..contract.toolsets import PromptToolsets
@@ -53,6 +54,8 @@ class PromptProcessor:
     runtimes: Mapping = attrs.Factory(dict)  # toolset name -> ToolsetRuntime
     run: Optional[RunContext] = None  # what the runtimes are started with
     plan: Optional[object] = None  # the run.plan.RunPlan what it was built from (plan.build_processor), for executors that run prompts elsewhere
+    verifiers: tuple = ()  # Verifier instances, in --verifier order
+    min_reward: float = 1.0  # what a verified sample's reward must reach to pass
     closer: SandboxCloser = attrs.field(factory=SandboxCloser, init=False)  # sandboxes closed once they are open
 
     async def start(self) -> None:
@@ -93,7 +96,8 @@ class PromptProcessor:
         say = self._logger(job) if self.verbose else None
         await self.backend.prepare_image(row.image)  # shared by every prompt of the image, so not on its clock
         commands = any(getattr(tool, "runs_commands", False) for tool in tools.values())
-        spec = SandboxSpec(self.run_name, row.prompt_index, row.content_key, row.image, row.cwd, commands=commands)
+        key = job.content_key if job.sample_index else row.content_key  # the sample's key (sample 0: the row's)
+        spec = SandboxSpec(self.run_name, row.prompt_index, key, row.image, row.cwd, commands=commands)
         sandbox = OpeningSandbox(self.backend, spec, self.closer, label=f"[B{job.batch_num}:P{row.prompt_index}]")
         if tools and self.backend.open_early:
             sandbox.start()  # beside the first model request, which does not need it; a tool call waits for it
@@ -105,34 +109,42 @@ class PromptProcessor:
 
         sessions = PromptToolsets({n: self.runtimes[n] for n in job.toolsets if n in self.runtimes}, count_usage)
         try:
-            # the deadline covers the session and the open of the sandbox; closing is outside, so it always happens
-            async with asyncio.timeout(self.agent.prompt_timeout) as deadline:
-                ctx = ToolContext(
-                    sandbox, command_timeout=self.agent.command_timeout, max_output_chars=self.agent.max_output_chars,
-                    toolsets=sessions, thread_pool=self.run.thread_pool if self.run is not None else None,
-                )
-                result = await run_session(self.client, tools, ctx, row.prompt, self.agent, say, state)
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            if not state.api_calls:
-                raise PromptTimeout(
-                    f"--prompt_timeout ({self.agent.prompt_timeout:g} s) passed before the model answered once."
-                ) from None
-            log.warning("[B%d:P%d] stopped by --prompt_timeout after %g s; saved as partial.",
-                        job.batch_num, row.prompt_index, self.agent.prompt_timeout)
-            result = state.result(completed=False, end_reason="timeout")
-        finally:
             try:
-                await sessions.aclose()  # a browser context, say; before the sandbox, and also on errors and Ctrl-C
+                # the deadline covers the session and the open of the sandbox; closing is outside, so it always happens
+                async with asyncio.timeout(self.agent.prompt_timeout) as deadline:
+                    ctx = ToolContext(
+                        sandbox, command_timeout=self.agent.command_timeout,
+                        max_output_chars=self.agent.max_output_chars,
+                        toolsets=sessions, thread_pool=self.run.thread_pool if self.run is not None else None,
+                    )
+                    result = await run_session(self.client, tools, ctx, row.prompt, self.agent, say, state)
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                if not state.api_calls:
+                    raise PromptTimeout(
+                        f"--prompt_timeout ({self.agent.prompt_timeout:g} s) passed before the model answered once."
+                    ) from None
+                log.warning("[B%d:P%d] stopped by --prompt_timeout after %g s; saved as partial.",
+                            job.batch_num, row.prompt_index, self.agent.prompt_timeout)
+                result = state.result(completed=False, end_reason="timeout")
             finally:
-                await sandbox.close()  # at once when it is open; one still opening is closed when it is
+                await sessions.aclose()  # a browser context, say; before the sandbox, and also on errors and Ctrl-C
+            trajectory = self._trajectory(job, row, key, tools, spec, result, state, started)
+            if self.verifiers:  # after the session, in its sandbox, before that closes; on no deadline but their own
+                trajectory = await verify(self, sandbox, row, trajectory, state)
+        finally:
+            await sandbox.close()  # at once when it is open; one still opening is closed when it is
+        return trajectory
+
+    def _trajectory(self, job: PromptJob, row: PromptRow, key: str, tools: dict, spec: SandboxSpec, result,
+                    state: SessionLog, started: float) -> Trajectory:
         specs = tuple(tool.spec() for tool in tools.values())
         metadata = Metadata(
             batch_num=job.batch_num,
             timestamp=now_iso(),
             model=self.model,
-            content_key=row.content_key,
+            content_key=key,
             id="" if row.id is None else str(row.id),
             row=row.extra,
             seed=self.seed,
@@ -145,6 +157,7 @@ class PromptProcessor:
             duration_s=round(time.monotonic() - started, 3),
             usage=result.usage,
             calls=tuple(state.calls),
+            sample_index=job.sample_index,
         )
         trajectory = Trajectory(
             prompt_index=row.prompt_index,
@@ -165,7 +178,7 @@ class PromptProcessor:
         log.warning("[B%d:P%d] failed: %s", job.batch_num, row.prompt_index, message)
         return Failure(
             prompt_index=row.prompt_index,
-            content_key=row.content_key,
+            content_key=job.content_key if job.sample_index else row.content_key,
             batch_num=job.batch_num,
             error_class=type(exc).__name__,
             error_kind=kind,
@@ -175,6 +188,7 @@ class PromptProcessor:
             api_calls=state.api_calls,
             usage=state.usage,
             calls=tuple(state.calls),
+            sample_index=job.sample_index,
         )
 
     @staticmethod

@@ -35,6 +35,11 @@ class ScriptRequest:
     tools: tuple = ()  # names of the tools offered
     body: dict = attrs.field(factory=dict)
     headers: dict = attrs.field(factory=dict)
+    sample: int = 0
+    """Which session of this prompt the request belongs to, from 0, in the order the server saw them start:
+    a run's samples of one row (--samples_per_prompt) are its sessions, so a script can fail the first
+    two and pass the third.  A request without tool results starts a session; a later turn belongs to
+    the session whose reply made the tool calls it answers."""
 
     @property
     def prompt(self) -> str:
@@ -164,16 +169,17 @@ class RoutedScript:
 
     With ``by="model"`` the requested model is the key instead: one server then
     plays several models (the reference and aggregator models of a mixture of
-    agents, a vision model beside the agent's).
+    agents, a vision model beside the agent's).  With ``by="sample"`` it is
+    ``ScriptRequest.sample`` (an int): each sample of a row follows its own script.
     """
 
     routes: Union[Mapping[str, Script], Callable[[str], Optional[Script]]]
     default: Optional[Script] = None
-    by: str = attrs.field(default="prompt", validator=attrs.validators.in_(("prompt", "model")))
+    by: str = attrs.field(default="prompt", validator=attrs.validators.in_(("prompt", "model", "sample")))
 
     def __call__(self, request: ScriptRequest) -> Union[Reply, Awaitable[Reply]]:
         routes = self.routes
-        key = request.model if self.by == "model" else request.prompt
+        key = {"model": request.model, "sample": request.sample}.get(self.by, request.prompt)
         script = routes.get(key) if isinstance(routes, Mapping) else routes(key)
         script = script or self.default
         if script is None:

@@ -142,6 +142,8 @@ class ScriptedModelServer:
         self._attempts: collections.Counter = collections.Counter()
         self._thinking: collections.Counter = collections.Counter()
         self._ids = 0
+        self._sessions: collections.Counter = collections.Counter()  # prompt -> sessions started (ScriptRequest.sample)
+        self._session_of_call: dict = {}  # the first tool call id of a session's first reply -> its sample
         self.script_errors: list = []  # exceptions raised by the script, each answered with a 400 (not retried)
         self._runner: Optional[web.AppRunner] = None
         self._stopping: Optional[asyncio.Event] = None
@@ -397,10 +399,12 @@ class ScriptedModelServer:
         if rule is not None:
             headers = {"Retry-After": f"{rule.retry_after:g}"} if rule.retry_after is not None else None
             return self._error(api, rule.status, rule.message or f"Scripted error {rule.status}.", headers), None
+        starts = False
         try:
             if self.preflight_reply is not None and request.preflight:
                 reply = self.preflight_reply
             else:
+                request, starts = self._with_sample(request)
                 reply = self.script(request)
             if inspect.isawaitable(reply):
                 reply = await reply
@@ -419,7 +423,33 @@ class ScriptedModelServer:
             response = render_anthropic(request, reply, usage, self._next_id, self._sign)
         else:
             response = render_openai(request, reply, usage, self._next_id)
+        if reply.tool_calls and starts:
+            self._remember_session(api, response, request.sample)
         return self._respond(200, response, reply.headers, reply.raw_usage), reply
+
+    def _with_sample(self, request: ScriptRequest) -> tuple:
+        """``request`` with its ``sample``, and whether it starts a session (see ScriptRequest.sample)."""
+        first = next((m.get("tool_call_id") for m in request.messages if m["role"] == "tool"), None)
+        with self._lock:
+            if first is not None:
+                return attrs.evolve(request, sample=self._session_of_call.get(first, 0)), False
+            sample = self._sessions[request.prompt]
+            self._sessions[request.prompt] += 1
+        return attrs.evolve(request, sample=sample), True
+
+    def _remember_session(self, api: str, response: dict, sample: int) -> None:
+        if api == "anthropic":
+            ids = [b["id"] for b in response.get("content", ()) if b.get("type") == "tool_use"]
+        else:
+            ids = [c["id"] for c in response["choices"][0]["message"].get("tool_calls") or ()]
+        if ids:
+            with self._lock:
+                self._session_of_call[ids[0]] = sample
+
+    def sessions_for(self, prompt: str) -> int:
+        """Sessions of ``prompt`` the server saw start (its samples, see ScriptRequest.sample)."""
+        with self._lock:
+            return self._sessions[prompt]
 
     def _failing_rule(self, request: ScriptRequest) -> Optional[ErrorRule]:
         attempt = 0

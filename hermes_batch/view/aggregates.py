@@ -48,6 +48,7 @@ class Tallies:
         self.filters = Counter({int(k): v for k, v in data.get("filters", {}).items()})  # over discarded rows
         self.model_calls: int = data.get("model_calls", 0)
         self.unreadable: int = data.get("unreadable", 0)  # lines of the record files that are no record: skipped
+        self.scored: int = data.get("scored", 0)  # samples a verifier ran on: the viewer offers the reward filter
 
     def add(self, status: int, finished: bool, discarded: bool, end: int, turns: int, duration: float,
             toolsets: int, filters: int) -> None:
@@ -68,9 +69,10 @@ class Tallies:
             setattr(other, name, Counter(getattr(self, name)))
         other.model_calls = self.model_calls
         other.unreadable = self.unreadable
+        other.scored = self.scored
         return other
 
     def to_dict(self) -> dict:
         return {"status": self.status, "end": self.end, "turns": self.turns, "toolsets": self.toolsets,
                 "filters": self.filters, "model_calls": self.model_calls, "unreadable": self.unreadable,
-                "duration": {repr(k): v for k, v in self.duration.items()}}
+                "scored": self.scored, "duration": {repr(k): v for k, v in self.duration.items()}}

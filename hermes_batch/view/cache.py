@@ -21,7 +21,7 @@ from .aggregates import Tallies, Vocabulary
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 3  # 2: the cache in segments, with the tallies; 3: content keys by records.key_digest
+INDEX_VERSION = 4  # 2: the cache in segments, with the tallies; 3: content keys by records.key_digest; 4: rewards
 _MAX_SEGMENTS = 64  # a save past this many writes the cache again as one segment
 
 # column name -> array typecode
@@ -39,6 +39,8 @@ COLUMNS = {
     "end": "H",  # interned end reason (finished records)
     "filters": "H",  # interned tuple of filters (discarded records)
     "error": "H",  # interned error kind (failed records)
+    "reward": "f",  # metadata.reward (0.0 without a verifier)
+    "verdict": "B",  # fields.VERDICTS: no verifier ran, a verifier failed, below the pass mark, passed
     "key": "Q",  # 64 bits of the content key: tells which failures were finished later
     "text": "Q",  # offset of the record's line in the search file
 }

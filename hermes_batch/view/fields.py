@@ -12,6 +12,7 @@ from ..formats import hermes_format
 
 STATUSES = ("kept", "discarded", "failed")
 KEPT, DISCARDED, FAILED = range(3)
+VERDICTS = ("unscored", "unverified", "failed", "passed")  # no verifier ran; one failed; below the mark; passed
 SEARCH_FIELD_CHARS = 4096  # of the prompt and of the answer: what the search looks at
 
 
@@ -103,6 +104,35 @@ def without_system_prompt(line: bytes) -> bytes:
     return line[:start] + line[end + len(_SYSTEM_END) - 2:]
 
 
+def _reward(value) -> float:
+    try:
+        reward = float(value or 0.0)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
+    return reward if -1e30 < reward < 1e30 else 0.0  # NaN fails too; a float32 column holds it
+
+
+def verifiers_of(meta: dict) -> list:
+    """The verifiers' results of a record's metadata: JSON text in records (a list in hand-made ones)."""
+    value = meta.get("verifiers")
+    if isinstance(value, str) and value not in ("", "[]"):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            return []
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def verdict_of(meta: dict) -> int:
+    """The index of a sample's verdict in VERDICTS, from its metadata."""
+    verifiers = meta.get("verifiers")
+    if not verifiers or verifiers == "[]":
+        return 0
+    if meta.get("verified") is not True:
+        return 1
+    return 3 if meta.get("passed") is True else 2
+
+
 def fields(status: int, data: dict, rec: dict, vocab: dict) -> tuple:
     """The columns of one record (its strings interned in ``vocab``) and its search texts."""
     if status == FAILED:
@@ -133,4 +163,6 @@ def fields(status: int, data: dict, rec: dict, vocab: dict) -> tuple:
     turns = _count(rec.get("api_calls"))
     tokens = min(0xFFFFFFFF, _count(usage.get("prompt_tokens")) + _count(usage.get("completion_tokens")))
     prompt = _prompt_index(rec.get("prompt_index"))
-    return (tools, toolsets, end, filters, error, turns, duration, tokens, key, (ident,) + texts, prompt)
+    reward, verdict = (_reward(meta.get("reward")), verdict_of(meta)) if meta else (0.0, 0)
+    return (tools, toolsets, end, filters, error, turns, duration, tokens, key, (ident,) + texts, prompt, reward,
+            verdict)

@@ -46,7 +46,7 @@ from .cache import _Columns
 from . import sampling
 from .aggregates import Tallies, Vocabulary
 from .fields import (  # noqa: F401 (the list, the report and the summary take these from here)
-    DISCARDED, FAILED, KEPT, STATUSES, answer_of, clip, fields, prompt_of, unwrap, without_system_prompt,
+    DISCARDED, FAILED, KEPT, STATUSES, VERDICTS, answer_of, clip, fields, prompt_of, unwrap, without_system_prompt,
 )
 from .search import SearchText
 
@@ -261,7 +261,7 @@ class RunIndex:
         except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
             # a record of an unexpected shape: list it anyway
             log.warning("%s: a record at byte %d has an unexpected shape (%s).", self.files[file_id], offset, exc)
-            row_fields = (0, 0, 0, 0, 0, 0, 0.0, 0, "", ("", ""), 0)
+            row_fields = (0, 0, 0, 0, 0, 0, 0.0, 0, "", ("", ""), 0, 0.0, 0)
         return self._append(file_id, status, offset, len(line), row_fields)
 
     def _skip(self, file_id: int, offset: int, why: str) -> int:
@@ -274,7 +274,7 @@ class RunIndex:
         return 0
 
     def _append(self, file_id: int, status: int, offset: int, length: int, fields: tuple) -> int:
-        tools, toolsets, end, filters, error, turns, duration, tokens, key, texts, prompt = fields
+        tools, toolsets, end, filters, error, turns, duration, tokens, key, texts, prompt, reward, verdict = fields
         cols = self.columns
         text = " ".join((texts[0], clip(texts[1]), "\x1f", clip(texts[-1]))).casefold() if len(texts) == 3 else ""
         data_bytes = text.replace("\n", " ").replace("\r", " ").encode("utf-8", "replace") + b"\n"
@@ -292,10 +292,13 @@ class RunIndex:
         cols.end.append(end)
         cols.filters.append(filters)
         cols.error.append(error)
+        cols.reward.append(reward)
+        cols.verdict.append(verdict)
         cols.key.append(key_digest(str(key)))  # last: len(columns) counts whole rows only
         # the duration as the column holds it (a 32-bit float), so the tallies say what the rows say
         self.tallies.add(status, status != FAILED, status == DISCARDED, end, turns, cols.duration[-1], toolsets,
                          filters)
+        self.tallies.scored += verdict != 0
         return 1
 
     # -- the cache ------------------------------------------------------------------------

@@ -8,9 +8,9 @@ from typing import Optional
 import attrs
 
 from ..formats import hermes_format
-from .index import DISCARDED, FAILED, STATUSES, RunIndex, answer_of, prompt_of, unwrap
+from .index import DISCARDED, FAILED, STATUSES, VERDICTS, RunIndex, answer_of, prompt_of, unwrap
 
-SORTS = ("arrival", "prompt", "turns", "duration", "tokens")
+SORTS = ("arrival", "prompt", "turns", "duration", "tokens", "reward")
 PAGE_MAX = 200
 PREVIEW_CHARS = 160
 
@@ -26,6 +26,8 @@ class Query:
     end: str = ""
     filter: str = ""
     error: str = ""
+    verdict: str = ""  # one of VERDICTS: passed, failed (below the pass mark), unverified (a verifier failed), unscored
+    min_reward: Optional[float] = None  # only samples whose verifiers all gave a reward, at least this one
     sort: str = "arrival"
     desc: bool = False
     offset: int = 0
@@ -40,10 +42,17 @@ class Query:
                 return default
 
         sort = params.get("sort", "arrival")
+        try:
+            min_reward: Optional[float] = float(params.get("min_reward", ""))
+        except (TypeError, ValueError):
+            min_reward = None
+        if min_reward is not None and min_reward != min_reward:  # NaN
+            min_reward = None
         return cls(
             q=params.get("q", "").strip(), status=params.get("status", ""), tool=params.get("tool", ""),
             toolset=params.get("toolset", ""), end=params.get("end", ""), filter=params.get("filter", ""),
-            error=params.get("error", ""), sort=sort if sort in SORTS else "arrival",
+            error=params.get("error", ""), verdict=params.get("verdict", ""), min_reward=min_reward,
+            sort=sort if sort in SORTS else "arrival",
             desc=params.get("desc", "") in ("1", "true"), offset=number("offset", 0),
             limit=min(PAGE_MAX, number("limit", 50) or 50),
         )
@@ -66,7 +75,7 @@ class _Sorts:
         return order
 
 
-_COLUMN_OF_SORT = {"prompt": "prompt", "turns": "turns", "duration": "duration", "tokens": "tokens"}
+_COLUMN_OF_SORT = {"prompt": "prompt", "turns": "turns", "duration": "duration", "tokens": "tokens", "reward": "reward"}
 
 
 def _predicate(index: RunIndex, query: Query):
@@ -76,6 +85,13 @@ def _predicate(index: RunIndex, query: Query):
     if query.status in STATUSES:
         wanted, status = STATUSES.index(query.status), cols.status
         tests.append(lambda i: status[i] == wanted)
+    if query.verdict in VERDICTS:
+        wanted_verdict, verdict = VERDICTS.index(query.verdict), cols.verdict
+        tests.append(lambda i: verdict[i] == wanted_verdict)
+    if query.min_reward is not None:
+        # the column is a 32-bit float: compare with the bar as the column would hold it
+        bar, reward, verdict = array.array("f", [query.min_reward])[0], cols.reward, cols.verdict
+        tests.append(lambda i: verdict[i] >= 2 and reward[i] >= bar)
     for value, column, vocab_name, contains in (
         (query.tool, cols.tools, "tools", True),
         (query.toolset, cols.toolsets, "toolsets", True),
@@ -146,6 +162,8 @@ def row(index: RunIndex, i: int) -> dict:
         "turns": cols.turns[i],
         "duration": round(cols.duration[i], 2),
         "tokens": cols.tokens[i],
+        "reward": round(cols.reward[i], 4),
+        "verdict": VERDICTS[cols.verdict[i]],
         "detail": detail,
         "tools": list(vocab["tools"].values[cols.tools[i]]),
         "preview": preview[:PREVIEW_CHARS],

@@ -10,6 +10,7 @@ from typing import Optional
 
 from ..formats import hermes_format
 from . import charts
+from .fields import verifiers_of
 
 LONG_LINES = 30  # tool output longer than this is folded
 LONG_CHARS = 3000
@@ -86,6 +87,10 @@ def summary_cards(s: dict) -> str:
         ("duration", "Duration", f"{_fmt_duration(s['duration_total_s'])} in {len(s['sessions'])} session(s)"),
         ("ratelimited", "Rate-limited calls", _fmt_int(s["rate_limited"])),
     ]
+    rewards = s.get("rewards")
+    if rewards:
+        cards.insert(3, ("passed", "Samples passed (of verified)",
+                         f"{_fmt_int(rewards['samples_passed'])} / {_fmt_int(rewards['samples_scored'])}"))
     return '<div class="cards">' + "".join(
         f'<div class="card" data-count="{key}"><div class="num">{escape(value)}</div><div class="what">{escape(label)}</div></div>'
         for key, label, value in cards
@@ -142,7 +147,39 @@ def summary_charts(s: dict) -> str:
             "</figure>", f"{reasons}</figure>"))
     else:
         out.append(charts.empty("discards", "Discarded samples by filter", "No sample was discarded."))
+    if s.get("rewards"):
+        out[:0] = reward_charts(s["rewards"])
     return '<div class="charts">' + "".join(out) + "</div>"
+
+
+def _pass(value) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def reward_charts(rewards: dict) -> list[str]:
+    """The verifiers' part of the summary (only for runs with --verifier): pass@k, per toolsets, rewards."""
+    ks = list(rewards["pass_at_k"])
+    rows = [(f"pass@{k}", (rewards["pass_at_k"][k] or 0.0,)) for k in ks]
+    scopes = [("all", rewards)] + (list(rewards["by_toolsets"].items()) if len(rewards["by_toolsets"]) > 1 else [])
+    table = _table(("toolsets", "samples", "passed", "rows", "never passed", *(f"pass@{k}" for k in ks)), [
+        (name, f"{scope.get('samples', scope.get('samples_scored', 0)):,}",
+         f"{scope.get('passed', scope.get('samples_passed', 0)):,}", f"{scope['rows']:,}",
+         f"{scope['rows_never_passed']:,} ({_pass(scope['share_rows_never_passed'])})",
+         *(_pass(scope["pass_at_k"].get(k)) for k in ks))
+        for name, scope in scopes], "passk")
+    never = rewards["rows_never_passed"]
+    out = [charts.figure(
+        "passk", "pass@k (rows of the dataset)", charts.bars(rows, ("pass@k",), percent=True, scale_max=1.0),
+        f"{never:,} of {rewards['rows']:,} rows never passed ({_pass(rewards['share_rows_never_passed'])}).",
+    ).replace("</figure>", f"{table}</figure>")]
+    mean = rewards["reward_mean"]
+    out.append(charts.figure(
+        "rewards", "Reward distribution (verified samples)",
+        charts.columns(list(rewards["reward_histogram"].items()), unit="samples"),
+        f"Mean reward {'-' if mean is None else f'{mean:.3f}'}; {rewards['samples_unverified']:,} sample(s) whose "
+        "verifier failed (reward 0, not passed) are not in it. Bucket 0.9 holds rewards from 0.9 to 1.0.",
+    ))
+    return out
 
 
 def summary_tables(s: dict) -> str:
@@ -294,7 +331,11 @@ def _meta_rows(status: str, record: dict) -> list[tuple[str, str]]:
     meta = _dict(record.get("metadata"))
     usage = _dict(meta.get("usage"))
     providers = sorted({str(c.get("provider") or "unknown") for c in _records(meta.get("calls"))})
-    return [
+    verified = []
+    if verifiers_of(meta):
+        verdict = "passed" if meta.get("passed") is True else "failed" if meta.get("verified") is True else "unverified"
+        verified = [("reward", f"{meta.get('reward')} ({verdict})"), ("sample", meta.get("sample_index"))]
+    return verified + [
         ("prompt index", record.get("prompt_index")), ("id", meta.get("id")), ("batch", meta.get("batch_num")),
         ("end reason", meta.get("end_reason")), ("completed", record.get("completed")),
         ("partial", record.get("partial")), ("model calls", record.get("api_calls")),
@@ -317,6 +358,10 @@ def record_html(status: str, data: dict, link: Optional[str] = None) -> str:
     if status == "discarded":
         notes = "".join(f'<div class="why"><b>{escape(str(f))}</b>: {escape(str(r))}</div>'
                         for f, r in zip(data.get("filters") or (), data.get("reasons") or ()))
+    for v in verifiers_of(_dict(record.get("metadata"))):
+        said = v.get("error") or v.get("reason") or ""
+        notes += (f'<div class="why verifier"><b>verifier {escape(str(v.get("name", "")))}: '
+                  f'{escape(str(v.get("reward", "")))}</b> {escape(str(said))}</div>')
     invalid = _records(_dict(record.get("metadata")).get("invalid_tool_calls"))
     notes += "".join(f'<div class="why"><b>invalid call {escape(str(c.get("name", "")))}</b>: '
                      f'{escape(str(c.get("reason", "")))}</div>' for c in invalid)

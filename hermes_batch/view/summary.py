@@ -9,9 +9,10 @@ from typing import Optional
 
 from ..folder.aggregate import Aggregate
 from ..folder.record_index import RecordIndex
+from ..folder.statistics import rewards_section
 from ..errors import UsageError
 from ..folder.runfolder import RunFolder
-from .index import DISCARDED, FAILED, KEPT, RunIndex
+from .index import DISCARDED, FAILED, KEPT, VERDICTS, RunIndex
 
 
 def _read_json(path: Path) -> Optional[dict]:
@@ -69,6 +70,7 @@ def _sums(agg: Aggregate) -> dict:
         "cost": agg.cost.value,
         "partial": agg.finished.partial,
         "reasons": agg.reasons,
+        "rewards": agg.rewards,
     }
 
 
@@ -170,6 +172,7 @@ def summarize(index: RunIndex) -> dict:
         "discards_by_filter": by_filter.most_common(),
         "discard_reasons": agg["reasons"].most_common(12),
         "statistics_at": ((stats or {}).get("timestamps") or {}).get("generated_at"),
+        "rewards": rewards_section(agg["rewards"]),  # None when no verifier ran
     }
 
 
@@ -186,4 +189,5 @@ def facets(index: RunIndex) -> dict:
         "end": sorted(v for v in vocab["end"].values if v),
         "filter": filters,
         "error": sorted(v for v in vocab["error"].values if v),
+        "verdict": list(VERDICTS) if index.tallies.scored else [],
     }

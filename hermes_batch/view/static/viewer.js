@@ -3,7 +3,7 @@
 "use strict";
 (function () {
   const $ = (id) => document.getElementById(id);
-  const FIELDS = ["q", "status", "tool", "toolset", "end", "filter", "error", "sort"];
+  const FIELDS = ["q", "status", "tool", "toolset", "end", "filter", "error", "verdict", "min_reward", "sort"];
   const PAGE = 50;
   let offset = 0, total = 0, generation = null, selected = null, summaryShown = false, summaryGeneration = null;
 
@@ -39,6 +39,7 @@
       line1.append(text("span", "st-" + row.status, row.status), text("span", "", "#" + row.prompt_index),
         text("span", "", row.turns + " calls"), text("span", "", row.duration + " s"),
         text("span", "", row.tokens.toLocaleString() + " tok"), text("span", "", row.detail || ""));
+      if (row.verdict !== "unscored") line1.append(text("span", "verdict v-" + row.verdict, row.verdict + " " + row.reward));
       a.append(line1, text("div", "prompt", row.preview));
       list.append(a);
     }
@@ -63,6 +64,8 @@
   }
 
   function fillFacets(facets) {
+    // the reward filters only where a verifier ran (--verifier): other runs look as they always did
+    $("verdict").hidden = $("min_reward").hidden = !(facets.verdict || []).length;
     for (const select of document.querySelectorAll("select[data-facet]")) {
       const have = new Set([...select.options].map((o) => o.value));
       for (const value of facets[select.dataset.facet] || []) {

@@ -23,6 +23,9 @@ METADATA = pa.struct([
     ("sandbox", pa.string()), ("image", pa.string()), ("cwd", pa.string()), ("tools_offered", pa.list_(pa.string())),
     ("end_reason", pa.string()), ("invalid_tool_calls", pa.string()), ("duration_s", pa.float64()),
     ("usage", USAGE), ("calls", pa.list_(CALL)),
+    # --verifier (0, 0.0, false and [] without one)
+    ("sample_index", pa.int64()), ("reward", pa.float64()), ("verified", pa.bool_()), ("passed", pa.bool_()),
+    ("verifiers", pa.string()),  # JSON text, as in the JSONL
 ])
 TOOL_STAT = pa.struct([
     ("name", pa.string()), ("count", pa.int64()), ("success", pa.int64()), ("failure", pa.int64()), ("errors", pa.int64()),
@@ -45,9 +48,15 @@ SCHEMA = pa.schema(
 """The Arrow schema of every Parquet file hermes-batch writes."""
 
 
+_VERIFY_FIELDS = (("sample_index", 0), ("reward", 0.0), ("verified", False), ("passed", False), ("verifiers", "[]"))
+
+
 def to_row(trajectory: Trajectory) -> dict:
     """A trajectory as a row of :data:`SCHEMA`."""
     row = trajectory_to_dict(trajectory)
+    meta = row["metadata"]
+    for name, absent in _VERIFY_FIELDS:  # records of versions before --verifier
+        meta.setdefault(name, absent)
     for turn in row["conversations"]:
         turn.setdefault("tool_calls", None)
     errors = row.pop("tool_error_counts")

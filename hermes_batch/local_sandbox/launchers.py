@@ -1,35 +1,15 @@
-"""How the local sandbox starts commands and finds every process a prompt started, to end them at close.
+"""Which programs start a local sandbox's commands on this machine, found once per process.
 
-Two modes, chosen once per process (``-S isolation=``):
-
-``namespace``
-    Each prompt gets a PID and mount namespace of its own (with a user
-    namespace when not root), whose first process reaps orphans and starts
-    the prompt's commands itself: a request on its input names a script in a
-    control folder, and it forks ``/bin/sh -c`` with the output going to a
-    FIFO there.  That first process is the compiled helper
-    (:mod:`~hermes_batch.local_sandbox.namespace_init`, which makes the
-    namespace and lowers its privileges itself) where it builds and works;
-    else HELPER, bash started through ``unshare`` and ``setpriv``, which
-    speaks the same protocol; without bash it idles, and commands enter the
-    namespace with ``nsenter``.  Killing that first process (through a
-    pidfd, so the kill reaches it or nothing) makes the kernel kill everything
-    in the namespace, whatever left its process group or session, cleared its
-    environment or changed folder.  The namespace mounts its own ``/proc``, so
-    commands see only the prompt's processes, not the runner or the rest of
-    the machine; if the runner dies, even by SIGKILL, the namespace dies with
-    it (its first process reads a pipe only the runner holds open).
-``process``
-    Plain subprocesses.  At close the sandbox kills the sessions its commands
-    led (while it still holds their leaders, so the numbers are theirs), every
-    process whose environment carries the prompt's marker variable or whose
-    working folder is inside the prompt folder, and their descendants, each
-    through a pidfd checked after it was read.  A process that clears its
-    environment, leaves the folder and starts a new session escapes this;
-    ``namespace`` has no such gap.
-
-No mode ever signals a pid, group or session it merely recorded: see
-:mod:`~hermes_batch.sandbox_blocks.processes`.
+``-S isolation=`` chooses between two modes: ``namespace`` (see
+:mod:`~hermes_batch.local_sandbox.namespace`) and ``process`` (see
+:mod:`~hermes_batch.local_sandbox.sweep`); ``auto`` takes ``namespace`` where it
+works here.  A namespace's first process is the compiled helper
+(:mod:`~hermes_batch.local_sandbox.namespace_init`, which makes the namespace
+and lowers its privileges itself) where it builds and passes its check; else
+HELPER, bash started through ``unshare`` and ``setpriv``, which speaks the same
+protocol; without bash it idles, and commands enter the namespace with
+``nsenter``.  Each candidate is tried before it is used (``_try_namespace``,
+``_helper_works``), within READY_TIMEOUT_S.
 
 In both modes commands run with no new privileges (the compiled helper sets it,
 else ``setpriv --no-new-privs`` for the helper, and so every command it starts,
@@ -42,12 +22,10 @@ mount, load modules or reach raw devices.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import select
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -56,12 +34,11 @@ from typing import Optional
 import attrs
 
 from . import namespace_init
-from ..sandbox_blocks.processes import ChildProcess, kill_verified, live_pids, pidfd, pidfds_work, stat_fields
+from ..sandbox_blocks.processes import pidfds_work, stat_fields
 
 log = logging.getLogger(__name__)
 
 SHELL = "/bin/sh"
-MARKER_VARIABLE = "HERMES_BATCH_SANDBOX"
 ISOLATIONS = ("auto", "namespace", "process")
 # The capabilities a command run as root keeps (the docker backend's base set), as setpriv names them and
 # with their numbers in <linux/capability.h> (the compiled helper takes them as one mask).
@@ -103,7 +80,6 @@ HELPER = (
 )
 HELPER_NAME = "hermes-batch-namespace"  # the helper's $0, which /proc/1/cmdline shows inside the namespace
 READY_TIMEOUT_S = 30.0
-KILL_ROUNDS = 10
 
 
 @attrs.frozen
@@ -360,272 +336,3 @@ def first_child(pid: int) -> Optional[int]:
             return int(entry.name)
     return None
 
-
-class Namespace:
-    """The PID and mount namespace of one prompt.
-
-    With a ``control`` folder (and bash), its first process is the HELPER that
-    starts the commands (``submit``), and it runs with ``env``, which the
-    commands inherit; else commands enter it with nsenter.  ``spill`` is the
-    helper's second control folder, for what ``control`` cannot hold.
-    """
-
-    def __init__(self, launcher: Launcher, env: Optional[dict] = None, control: Optional[str] = None,
-                 spill: Optional[str] = None, nicer: int = 0):
-        self.launcher = launcher
-        self.env = env
-        self.nicer = nicer  # how much nicer than the runner its processes run
-        self.control = control if launcher.helper else None
-        self.spill = (spill or control) if self.control is not None else None
-        self.init_pid: Optional[int] = None
-        self._unshare: Optional[ChildProcess] = None
-        self._init_fd: Optional[int] = None  # pidfd of the namespace's first process: kills reach only it
-        self._starting = asyncio.Lock()
-        self._killed = False
-        self._answers: dict[str, tuple] = {}  # command id -> (started: its pgid, ended: its status)
-        self._listener: Optional[asyncio.Task] = None
-
-    async def ensure(self, cwd: str) -> None:
-        """Start the namespace unless it was started; concurrent first commands share one start."""
-        async with self._starting:
-            if self._unshare is None:
-                await self.start(cwd)
-
-    async def start(self, cwd: str) -> None:
-        """Start the namespace's first process, in ``cwd``; raises OSError or RuntimeError."""
-        loop = asyncio.get_running_loop()
-        helper = self.control is not None
-        argv = self.launcher.helper_argv(self.control, cwd, self.spill) if helper else self.launcher.init_argv()
-        self._unshare = await ChildProcess.start(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd,
-            env=self.env if helper else None, nicer=self.nicer,
-        )
-        reader = asyncio.StreamReader()
-        transport = None
-        try:
-            transport, _ = await loop.connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(reader), self._unshare.stdout
-            )
-            async with asyncio.timeout(READY_TIMEOUT_S):  # not wait_for: see Namespace.kill
-                line = await reader.readline()
-            if line != b"ready\n":
-                raise RuntimeError("the namespace's first process ended before it was ready")
-            self.init_pid, self._init_fd = _first_child_pidfd(self._unshare.pid)
-            if self._init_fd is None:
-                raise RuntimeError("the namespace's first process could not be found")
-            if helper:
-                os.set_blocking(self._unshare.stdin.fileno(), False)
-                self._listener = asyncio.ensure_future(self._listen(reader, transport))
-                transport = None  # the listener's now
-        except BaseException:
-            await self.kill()
-            raise
-        finally:
-            if transport is not None:
-                transport.close()
-            elif not helper:
-                self._unshare.stdout.close()
-
-    # --- commands through the helper ------------------------------------------------------------
-
-    def submit(self, ident: str, spilled: bool = False) -> tuple:
-        """Have the helper start the command written to ``<control>/<ident>.sh`` (its output FIFO opened;
-        with ``spilled``, both in the spill folder).
-
-        Returns futures: its process group once started, its exit status once
-        ended (None for both when the namespace ended first).  Raises OSError
-        when the helper cannot be reached.
-        """
-        loop = asyncio.get_running_loop()
-        answers = self._answers[ident] = (loop.create_future(), loop.create_future())
-        if not self.alive or self._listener is None or self._listener.done():
-            self._settle(answers)
-            return answers
-        try:
-            os.write(self._unshare.stdin.fileno(), f"{'d' if spilled else ''}{ident}\n".encode())
-        except BlockingIOError:
-            self._answers.pop(ident)
-            raise OSError("the namespace's first process does not read its requests") from None
-        except OSError:
-            self._settle(answers)
-        return answers
-
-    def forget(self, ident: str) -> None:
-        self._answers.pop(ident, None)
-
-    def kill_group(self, pgid: int) -> None:
-        """SIGKILL a command's process group, through the helper, which leads it (nothing if it is gone)."""
-        try:
-            os.write(self._unshare.stdin.fileno(), f"k{pgid}\n".encode())
-        except OSError:
-            pass
-
-    async def _listen(self, reader: asyncio.StreamReader, transport) -> None:
-        try:
-            while line := await reader.readline():
-                try:
-                    kind, ident, value = line.split()
-                    future = self._answers[ident.decode()][0 if kind == b"p" else 1]
-                    if not future.done():
-                        future.set_result(int(value))
-                except (ValueError, KeyError, IndexError):
-                    continue
-        finally:
-            transport.close()
-            for answers in self._answers.values():
-                self._settle(answers)
-
-    @staticmethod
-    def _settle(answers: tuple) -> None:
-        for future in answers:
-            if not future.done():
-                future.set_result(None)
-
-    @property
-    def alive(self) -> bool:
-        return self._unshare is not None and not self._unshare.exited.done()
-
-    async def kill(self) -> None:
-        """Kill every process of the namespace and wait until they are gone."""
-        if self._unshare is None or self._killed:
-            return
-        self._killed = True
-        unshare = self._unshare
-        if self._init_fd is not None:
-            _pidfd_kill(self._init_fd)  # the kernel then kills the rest of the namespace
-        else:
-            unshare.kill()  # its --kill-child passes it on
-        try:
-            # unshare ends once its child, the namespace's first process, has ended, which
-            # happens only after every other process of the namespace is gone.  Not wait_for: on
-            # Python 3.11 a cancel that comes as the namespace ends is lost in it, and the prompt's
-            # task, told to stop, went on (a worker that never stopped after its driver was killed).
-            async with asyncio.timeout(READY_TIMEOUT_S):
-                await asyncio.shield(unshare.exited)
-        except TimeoutError:
-            unshare.kill()
-            log.warning("The namespace of a local sandbox took more than %g s to end.", READY_TIMEOUT_S)
-        finally:
-            unshare.reap_when_exited()
-            if self._init_fd is not None:
-                os.close(self._init_fd)
-                self._init_fd = None
-            if unshare.stdin is not None:
-                unshare.stdin.close()
-            if self._listener is not None:
-                await asyncio.wait((self._listener,), timeout=READY_TIMEOUT_S)  # its pipe ended with the helper
-
-
-def _first_child_pidfd(parent: int) -> tuple:
-    """(pid, pidfd) of the one child of ``parent``, an unreaped child of ours; (pid or None, None) if not found.
-
-    The process read has ``parent`` as its parent, and is alive after the read
-    through the pidfd: so the pidfd is of that child, not of a process that took
-    its number over.
-    """
-    pid = first_child(parent)
-    if pid is None:
-        return None, None
-    fd = pidfd(pid)
-    if fd is None:
-        return pid, None
-    if stat_fields(pid)[1] == parent and _pidfd_alive(fd):
-        return pid, fd
-    os.close(fd)
-    return pid, None
-
-
-def _pidfd_alive(fd: int) -> bool:
-    try:
-        signal.pidfd_send_signal(fd, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _pidfd_kill(fd: int) -> None:
-    try:
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-# --- process mode -------------------------------------------------------------------------
-
-
-def ticks_since_boot() -> int:
-    """Now, in the clock ticks of the start times in /proc/<pid>/stat."""
-    try:
-        with open("/proc/uptime") as f:
-            return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError):
-        return 0
-
-
-def _inside(link: str, root: str) -> bool:
-    return link == root or link.startswith(root + "/")
-
-
-def session_members() -> dict:
-    """{session id: pids of its live processes} for every session on the machine (one scan of /proc)."""
-    members: dict = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            state, _, _, sid, _ = stat_fields(int(entry.name))
-            if state not in ("", "Z", "X"):
-                members.setdefault(sid, []).append(int(entry.name))
-    return members
-
-
-def alone(leader: int, members: dict) -> bool:
-    """Whether nothing but ``leader`` is left in the session it leads, by :func:`session_members`."""
-    return all(pid == leader for pid in members.get(leader, ()))
-
-
-def kill_prompt_processes(root: str, marker: str, sessions: set, since: int = 0) -> int:
-    """Kill the processes of a prompt in process mode, again until none is left (they may be forking).
-
-    A prompt's processes: those in ``sessions`` (sessions whose leaders are our
-    unreaped children, so the numbers are still theirs), those whose environment
-    carries the prompt's marker or whose working or root folder is inside the
-    prompt folder, and their descendants.  Only processes started at ``since``
-    (clock ticks since boot) or later are read: older ones cannot be the
-    prompt's, and reading every process's environment costs most of a close.
-    Every kill goes through :func:`kill_verified`, so no process that merely
-    took a number over is hit.
-    """
-    needle = f"{MARKER_VARIABLE}={marker}\0".encode()
-
-    def read(pid: int):
-        state, ppid, _, sid, _ = stat_fields(pid)
-        if state in ("", "Z", "X"):
-            return None
-        marked = sid in sessions
-        try:
-            marked = marked or _inside(os.readlink(f"/proc/{pid}/cwd"), root)
-            marked = marked or _inside(os.readlink(f"/proc/{pid}/root"), root)
-            if not marked:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    marked = needle in f.read()
-        except OSError:
-            pass
-        return ppid, marked
-
-    def select(seen: dict) -> set:
-        found = {pid for pid, (_, marked) in seen.items() if marked}
-        grew = True
-        while grew:  # descendants, whatever they changed about themselves
-            grew = False
-            for pid, (ppid, _) in seen.items():
-                if ppid in found and pid not in found:
-                    found.add(pid)
-                    grew = True
-        return found
-
-    killed = 0
-    for _ in range(KILL_ROUNDS):
-        hit = kill_verified(live_pids(since), read, select)
-        if not hit:
-            break
-        killed += hit
-    return killed

@@ -1,0 +1,219 @@
+"""The built-in verifiers: command (tests run in the sample's sandbox), answer (the final answer), judge (a model)."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Optional
+
+import attrs
+
+import hermes_batch
+from hermes_batch.contract.interfaces import Verdict, Verifier, VerifierContext
+from hermes_batch.formats.records import Message
+
+REWARD_FILE = ".hermes_batch_reward"  # in the sandbox's working directory; $HERMES_REWARD_FILE names it
+REWARD_FILE_MAX_BYTES = 256
+
+
+@hermes_batch.hookimpl
+def register_verifiers(register):
+    register(CommandVerifier)
+    register(AnswerVerifier)
+    register(JudgeVerifier)
+
+
+def _positive(_instance, attribute, value):
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be more than 0, got {value!r}")
+
+
+def _bounded(text: str, limit: int) -> str:
+    """The first and last halves of ``text`` when it is longer than ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[len(text) - half:]}"
+
+
+def _row_field(ctx: VerifierContext, field: str) -> Any:
+    return (ctx.row.extra or {}).get(field)
+
+
+class CommandVerifier(Verifier):
+    """Run the row's tests in the sample's sandbox: exit status 0 passes, or the command writes the reward."""
+
+    @attrs.frozen
+    class Config:
+        run: str = ""  # the command; "" takes the row's `tests` field
+        timeout: float = attrs.field(default=300.0, validator=_positive)  # seconds, the command's own limit
+        max_output_chars: int = attrs.field(default=4000, validator=_positive)  # of its output kept in the record
+        files_field: str = "test_files"  # the row's field {path: content} written into the sandbox first
+
+    name = "command"
+    description = ("Run a command in the sample's sandbox after its session (the row's `tests`, or command:run=...): "
+                   "exit status 0 gives reward 1.0, else 0.0, unless it writes a reward to $HERMES_REWARD_FILE.")
+
+    async def verify(self, ctx: VerifierContext) -> Verdict:
+        command = self.config.run or _row_field(ctx, "tests")
+        if not isinstance(command, str) or not command.strip():
+            raise ValueError("no command: the row has no `tests` field (text) and --verifier command:run=... was not given")
+        files = _row_field(ctx, self.config.files_field) or {}
+        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+            raise ValueError(f"the row's `{self.config.files_field}` must be an object of path -> file content (text)")
+        for path, content in files.items():  # only now: the agent never saw them
+            await ctx.sandbox.write_file(str(path), content.encode("utf-8"))
+        # the agent may have left a reward file: it is removed before the tests can write theirs
+        script = (f"rm -f {REWARD_FILE}; HERMES_REWARD_FILE=\"$(pwd)/{REWARD_FILE}\"; export HERMES_REWARD_FILE; "
+                  f"{command}")
+        result = await ctx.sandbox.exec(script, self.config.timeout)
+        output = _bounded(result.output, self.config.max_output_chars)
+        if result.timed_out or result.exit_code is None:
+            raise TimeoutError(f"the command ran past its {self.config.timeout:g} s (command:timeout=...)")
+        written = await self._reward_file(ctx)
+        if written is not None:
+            return Verdict(written, f"reward file ({REWARD_FILE}), exit status {result.exit_code}", output)
+        reward = 1.0 if result.exit_code == 0 else 0.0
+        return Verdict(reward, f"exit status {result.exit_code}", output)
+
+    @staticmethod
+    async def _reward_file(ctx: VerifierContext) -> Optional[float]:
+        try:
+            data = await ctx.sandbox.read_file(REWARD_FILE, REWARD_FILE_MAX_BYTES)
+        except FileNotFoundError:
+            return None
+        text = data.decode("utf-8", "replace").strip()
+        try:
+            reward = float(text)
+        except ValueError:
+            raise ValueError(f"the reward file holds {text[:40]!r}, not a number") from None
+        if not math.isfinite(reward):
+            raise ValueError(f"the reward file holds {text!r}, not a finite number")
+        return reward
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+_LEAD_IN = re.compile(r"^(?:so,? |thus,? |therefore,? )?(?:the )?(?:final )?answer(?: is)?\s*[:=]?\s*")
+
+
+def normalise(text: str) -> str:
+    """Lower case, inner spaces collapsed, a lead-in ("the final answer is:") and surrounding quotes, `$`, `**`
+    and a final period dropped."""
+    text = " ".join(str(text).split()).lower()
+    text = text.strip().strip("*").strip()
+    text = _LEAD_IN.sub("", text).strip().strip("*").strip().strip("`\"'$").strip()
+    return text[:-1].rstrip() if text.endswith(".") else text
+
+
+def _number(text: str) -> Optional[float]:
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def answer_part(answer: str) -> str:
+    """What the comparison looks at: a ``\\boxed{}`` answer's content, else the last non-empty line."""
+    boxed = _BOXED.findall(answer)
+    if boxed:
+        return boxed[-1]
+    lines = [line for line in answer.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+class AnswerVerifier(Verifier):
+    """Compare the sample's final answer with the row's `answer`: exact after normalisation, a number, or a regex."""
+
+    @attrs.frozen
+    class Config:
+        mode: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "exact", "number", "regex")))
+        tolerance: float = attrs.field(default=1e-6, validator=attrs.validators.ge(0))  # absolute, for numbers
+        field: str = "answer"  # the row's field holding the expected answer
+        timeout: float = attrs.field(default=10.0, validator=_positive)
+
+    name = "answer"
+    description = ("Compare the final answer (its \\boxed{} or last line) with the row's `answer`: exact after "
+                   "normalisation, a number within answer:tolerance=..., or answer:mode=regex.")
+
+    async def verify(self, ctx: VerifierContext) -> Verdict:
+        expected = _row_field(ctx, self.config.field)
+        if expected is None or isinstance(expected, (dict, list)):
+            raise ValueError(f"the row has no `{self.config.field}` field (text or number)")
+        answer = ctx.trajectory.final_answer
+        if answer is None:
+            return Verdict(0.0, f"no final answer (the session ended: {ctx.trajectory.metadata.end_reason})")
+        mode = self.config.mode
+        if mode == "auto":
+            mode = "number" if isinstance(expected, (int, float)) or _is_number(str(expected)) else "exact"
+        if mode == "regex":
+            match = re.search(str(expected), answer)
+            return Verdict(1.0 if match else 0.0, "matches the pattern" if match else "does not match the pattern")
+        part = answer_part(answer)
+        if mode == "number":
+            want, got = float(str(expected).replace(",", "")), _number(part)
+            if got is None:
+                return Verdict(0.0, "no number in the answer")
+            ok = abs(got - want) <= self.config.tolerance
+            return Verdict(1.0 if ok else 0.0, f"{got:g} {'within' if ok else 'not within'} "
+                                               f"{self.config.tolerance:g} of {want:g}")
+        ok = normalise(part) == normalise(str(expected)) or normalise(answer) == normalise(str(expected))
+        return Verdict(1.0 if ok else 0.0, "equal after normalisation" if ok else f"{normalise(part)[:60]!r} differs")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.replace(",", ""))
+    except ValueError:
+        return False
+    return True
+
+
+JUDGE_SYSTEM = (
+    "You grade an AI agent's work on a task against a rubric. Read the task, the rubric and the agent's "
+    "transcript, then explain your grade in a few sentences and end with one line 'SCORE: X', X a number "
+    "from 0 (fails the rubric) to 1 (meets it fully)."
+)
+_SCORE = re.compile(r"SCORE:\s*([-+]?\d*\.?\d+)", re.IGNORECASE)
+
+
+class JudgeVerifier(Verifier):
+    """A model grades the trajectory against the row's `rubric` (or judge:rubric=...), through the run's client."""
+
+    @attrs.frozen
+    class Config:
+        rubric: str = ""  # "" takes the row's `rubric` field
+        model: str = ""  # "" is the run's --model
+        timeout: float = attrs.field(default=300.0, validator=_positive)
+        max_transcript_chars: int = attrs.field(default=40000, validator=_positive)
+
+    name = "judge"
+    description = ("A model grades the transcript against the row's `rubric` (or judge:rubric=...) and answers "
+                   "SCORE: 0..1; its calls go through the run's model client and count in the cost.")
+
+    async def verify(self, ctx: VerifierContext) -> Verdict:
+        rubric = self.config.rubric or _row_field(ctx, "rubric")
+        if not isinstance(rubric, str) or not rubric.strip():
+            raise ValueError("no rubric: the row has no `rubric` field and --verifier judge:rubric=... was not given")
+        task = next((t.value for t in ctx.trajectory.conversations if t.from_ == "human"), "")
+        transcript = "\n\n".join(f"[{t.from_}]\n{t.value}" for t in ctx.trajectory.conversations[2:])
+        transcript = _bounded(transcript, self.config.max_transcript_chars)
+        user = f"## Task\n{task}\n\n## Rubric\n{rubric}\n\n## Transcript\n{transcript}\n\nGrade it; end with SCORE: X."
+        client = ctx.client.for_model(self.config.model) if self.config.model else ctx.client
+        response = await attrs.evolve(ctx, client=client).complete(
+            (Message("system", JUDGE_SYSTEM), Message("user", user)))
+        text = response.message.content or ""
+        scores = _SCORE.findall(text)
+        if not scores:
+            raise ValueError(f"the judge's reply has no 'SCORE: X' line: {text[-120:]!r}")
+        score = float(scores[-1])
+        if not 0.0 <= score <= 1.0:
+            raise ValueError(f"the judge's score {score:g} is not between 0 and 1")
+        reason = " ".join(text.split())
+        return Verdict(score, _bounded(reason, 300), "")
+

@@ -1,0 +1,83 @@
+"""A sample's verification: each --verifier in turn, in the sample's sandbox, each on its own clock.
+
+A verifier that raises or outlasts its timeout gives an entry with ``error`` and
+reward 0.0; the sample is then not verified (so it cannot pass), and the run goes
+on.  Only the run's own stop (Ctrl-C, a fatal model or folder error) passes through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+
+import attrs
+
+from ..contract.interfaces import VerifierContext
+from ..errors import FatalModelError, RunFolderWriteError
+from ..formats.endpoint_numbers import checked_usage
+from ..formats.records import Trajectory, VerifierResult
+
+log = logging.getLogger("hermes_batch.prompt")
+
+MAX_REASON_CHARS = 500
+MAX_ERROR_CHARS = 500
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+async def verify(processor, sandbox, row, trajectory: Trajectory, state) -> Trajectory:
+    """``trajectory`` with its verifiers' results, reward, verified and passed; the usage of their model calls added."""
+    extra = []
+
+    def report_usage(usage, journaled: bool = False) -> None:
+        usage = checked_usage(usage)
+        extra.append(usage)
+        if not journaled and processor.client.journal is not None:
+            processor.client.journal.tool_usage(usage)
+
+    ctx = VerifierContext(sandbox, row, trajectory, processor.client, report_usage, state.calls)
+    calls_before = len(state.calls)
+    results = [await _one(verifier, ctx) for verifier in processor.verifiers]
+    verified = bool(results) and all(r.ok for r in results)
+    reward = min(r.reward for r in results) if verified else 0.0
+    meta = trajectory.metadata
+    usage = meta.usage
+    for part in extra:
+        usage = usage + part
+    meta = attrs.evolve(
+        meta, reward=reward, verified=verified, passed=verified and reward >= processor.min_reward,
+        verifiers=tuple(results), usage=usage, calls=meta.calls + tuple(state.calls[calls_before:]),
+    )
+    return attrs.evolve(trajectory, metadata=meta)
+
+
+async def _one(verifier, ctx: VerifierContext) -> VerifierResult:
+    started = time.monotonic()
+    timeout = verifier.timeout
+
+    def result(**fields) -> VerifierResult:
+        return VerifierResult(verifier.name, duration_s=round(time.monotonic() - started, 3), **fields)
+
+    try:
+        async with asyncio.timeout(timeout):
+            verdict = await verifier.verify(ctx)
+        reward = float(verdict.reward)
+        if not math.isfinite(reward):
+            raise ValueError(f"it returned the reward {reward!r}, not a finite number")
+    except (FatalModelError, RunFolderWriteError):  # the run stops: nothing can be recorded anyway
+        raise
+    except TimeoutError as exc:
+        elapsed = time.monotonic() - started
+        why = f"timed out after {timeout:g} s" if elapsed >= timeout - 0.01 else (str(exc) or "timed out")
+        log.warning("verifier %s: %s", verifier.name, why)
+        return result(error=_short(why, MAX_ERROR_CHARS))
+    except Exception as exc:  # a verifier's bug or a refused row fails its entry, not the sample or the run
+        log.warning("verifier %s failed: %s", verifier.name, exc)
+        log.debug("verifier %s failed", verifier.name, exc_info=True)
+        return result(error=_short(f"{type(exc).__name__}: {exc}", MAX_ERROR_CHARS))
+    return result(reward=reward, reason=_short(verdict.reason or "", MAX_REASON_CHARS), output=str(verdict.output or ""))

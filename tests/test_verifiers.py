@@ -1,0 +1,467 @@
+"""Verifiers and samples per prompt (issue 31 items 1, 2 and 5), through real runs on the scripted server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+
+import attrs
+import pytest
+
+import hermes_batch
+from hermes_batch.testing import Reply, RoutedScript, write_dataset
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+def solves(content: str):
+    """A script whose session writes ``content`` to answer.txt with the terminal tool, then answers."""
+
+    def script(request):
+        if request.turn == 0:
+            command = f"printf '%s' '{content}' > answer.txt"
+            return Reply(reasoning="I will write it.", tool_calls=[("terminal", {"command": command})])
+        return Reply(content=f"The answer is {content}.", reasoning="Done.")
+
+    return script
+
+
+def by_sample(*contents: str):
+    """Sample i writes contents[i] (the last one for later samples)."""
+    return RoutedScript(lambda sample: solves(contents[min(sample, len(contents) - 1)]), by="sample")
+
+
+TESTS = "test \"$(cat answer.txt)\" = 42"
+
+
+def kept(runner, run_name=None) -> list[dict]:
+    records = runner.records("trajectories.jsonl", run_name)
+    records += [d["trajectory"] for d in runner.records("discarded.jsonl", run_name)]
+    return sorted(records, key=lambda r: (r["prompt_index"], r["metadata"]["sample_index"]))
+
+
+def test_the_command_verifier_rewards_what_the_session_left_in_the_sandbox(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("41", "42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42 to answer.txt", "tests": TESTS}])
+    result = runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "2")
+    assert result.exit_code == 0, result.output
+    records = kept(runner)
+    meta = [r["metadata"] for r in records]
+    assert [m["sample_index"] for m in meta] == [0, 1]
+    assert [(m["reward"], m["verified"], m["passed"]) for m in meta] == [(0.0, True, False), (1.0, True, True)]
+    results = [json.loads(m["verifiers"]) for m in meta]
+    assert [r[0]["reason"] for r in results] == ["exit status 1", "exit status 0"]
+    assert meta[0]["content_key"] != meta[1]["content_key"]
+    assert all(r[0]["error"] == "" and r[0]["duration_s"] > 0 for r in results)
+
+
+def test_stop_on_success_stops_a_row_at_its_first_passing_sample(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("1", "2", "42", "42"))
+    prompts = [{"prompt": "Write 42 to answer.txt", "tests": TESTS},
+               {"prompt": "Write 42, never", "tests": "false"}]
+    dataset = write_dataset(tmp_path / "d.jsonl", prompts)
+    result = runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "5", "--stop_on_success",
+                           "--batch_size", "1")
+    assert result.exit_code == 0, result.output
+    by_row = {}
+    for record in kept(runner):
+        by_row.setdefault(record["prompt_index"], []).append(record["metadata"])
+    assert [m["passed"] for m in by_row[0]] == [False, False, True]  # the third passed: no fourth or fifth
+    assert [m["sample_index"] for m in by_row[0]] == [0, 1, 2]
+    assert len(by_row[1]) == 5 and not any(m["passed"] for m in by_row[1])  # never passes: all five
+    assert runner.server.sessions_for(prompts[0]["prompt"]) == 3
+    checkpoint = json.loads((runner.folder() / "checkpoint.json").read_text())
+    assert checkpoint["completed_batches"] == [0, 1] and checkpoint["prompts_finished"] == 8
+
+
+def test_samples_each_get_a_sandbox_and_a_toolset_sample_of_their_own(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": "test ! -e seen && touch seen"}])
+    result = runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "3")
+    assert result.exit_code == 0, result.output
+    meta = [r["metadata"] for r in kept(runner)]
+    assert [m["passed"] for m in meta] == [True, True, True]  # no sample saw another's file
+    assert len({m["content_key"] for m in meta}) == 3
+
+
+def test_max_samples_counts_samples(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    rows = [{"prompt": f"Write 42 #{i}", "tests": TESTS} for i in range(3)]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    result = runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "2", "--max_samples", "3")
+    assert result.exit_code == 0, result.output
+    assert [(r["prompt_index"], r["metadata"]["sample_index"]) for r in kept(runner)] == [(0, 0), (0, 1), (1, 0)]
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["prompts_finished"] == 3 if "prompts_finished" in stats else True
+
+
+class Hangs(hermes_batch.Verifier):
+    name = "hangs"
+
+    @attrs.frozen
+    class Config:
+        timeout: float = 0.5
+
+    async def verify(self, ctx):
+        await asyncio.sleep(3600)
+
+
+class Crashes(hermes_batch.Verifier):
+    name = "crashes"
+
+    async def verify(self, ctx):
+        raise RuntimeError("the verifier's own bug")
+
+
+class Half(hermes_batch.Verifier):
+    name = "half"
+
+    async def verify(self, ctx):
+        return hermes_batch.Verdict(0.5, "half way", "some output")
+
+
+class VerifierPlugin:
+    @hermes_batch.hookimpl
+    def register_verifiers(self, register):
+        register(Hangs)
+        register(Crashes)
+        register(Half)
+
+
+def test_a_hanging_verifier_is_cut_off_and_a_crashing_one_gives_an_error_not_a_reward(runner, model_server, tmp_path):
+    import time
+
+    runner.plugins = (VerifierPlugin(),)
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": f"Write 42 #{i}", "tests": TESTS} for i in range(2)])
+    started = time.monotonic()
+    result = runner.invoke(dataset, "--verifier", "command", "--verifier", "hangs", "--verifier", "crashes")
+    assert result.exit_code == 0, result.output  # the run goes on
+    assert time.monotonic() - started < 60
+    records = kept(runner)
+    assert len(records) == 2
+    for record in records:
+        meta = record["metadata"]
+        command, hangs, crashes = json.loads(meta["verifiers"])
+        assert command["reward"] == 1.0 and command["error"] == ""
+        assert hangs["error"] == "timed out after 0.5 s" and hangs["reward"] == 0.0
+        assert 0.4 < hangs["duration_s"] < 5
+        assert crashes["error"] == "RuntimeError: the verifier's own bug" and crashes["reward"] == 0.0
+        assert (meta["verified"], meta["passed"], meta["reward"]) == (False, False, 0.0)
+
+
+def test_the_reward_is_the_lowest_and_min_reward_says_what_passes(runner, model_server, tmp_path):
+    runner.plugins = (VerifierPlugin(),)
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": TESTS}])
+    result = runner.invoke(dataset, "--verifier", "command", "--verifier", "half", run_name="strict")
+    assert result.exit_code == 0, result.output
+    meta = kept(runner, "strict")[0]["metadata"]
+    assert (meta["reward"], meta["verified"], meta["passed"]) == (0.5, True, False)
+    assert json.loads(meta["verifiers"])[1] == {"name": "half", "reward": 0.5, "reason": "half way", "error": "",
+                                                "output": "some output", "duration_s": pytest.approx(0, abs=0.5)}
+    result = runner.invoke(dataset, "--verifier", "command", "--verifier", "half", "--min_reward", "0.5",
+                           run_name="lenient")
+    assert kept(runner, "lenient")[0]["metadata"]["passed"] is True
+
+
+def test_the_command_verifier_takes_a_reward_file_for_partial_credit(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    tests = 'echo 0.25 > "$HERMES_REWARD_FILE"; exit 1'
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": tests}])
+    result = runner.invoke(dataset, "--verifier", "command")
+    assert result.exit_code == 0, result.output
+    meta = kept(runner)[0]["metadata"]
+    assert (meta["reward"], meta["verified"], meta["passed"]) == (0.25, True, False)
+    assert json.loads(meta["verifiers"])[0]["reason"].startswith("reward file")
+
+
+def test_a_reward_file_the_agent_left_does_not_count(runner, model_server, tmp_path):
+    runner.server = model_server(solves_with("echo 1.0 > .hermes_batch_reward"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Cheat", "tests": "exit 1"}])
+    result = runner.invoke(dataset, "--verifier", "command")
+    assert result.exit_code == 0, result.output
+    meta = kept(runner)[0]["metadata"]
+    assert (meta["reward"], meta["passed"]) == (0.0, False)
+
+
+def solves_with(command: str):
+    def script(request):
+        if request.turn == 0:
+            return Reply(reasoning="Working.", tool_calls=[("terminal", {"command": command})])
+        return Reply(content=f"Ran: {request.tool_results[-1][:200]}", reasoning="Done.")
+
+    return script
+
+
+def test_the_row_s_test_files_reach_the_sandbox_only_after_the_session(runner, model_server, tmp_path):
+    runner.server = model_server(solves_with("ls hidden_test.sh; printf 42 > answer.txt"))
+    row = {"prompt": "Do it", "tests": "sh hidden_test.sh",
+           "test_files": {"hidden_test.sh": TESTS + "\n", "data/expected.txt": "42"}}
+    dataset = write_dataset(tmp_path / "d.jsonl", [row])
+    result = runner.invoke(dataset, "--verifier", "command")
+    assert result.exit_code == 0, result.output
+    record = kept(runner)[0]
+    assert "No such file" in record["conversations"][3]["value"]  # the agent did not see it
+    assert record["metadata"]["passed"] is True
+
+
+def test_the_command_verifier_s_own_time_limit_and_bounded_output(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    rows = [{"prompt": "Slow", "tests": "sleep 30"}, {"prompt": "Loud", "tests": "yes loud | head -c 100000"}]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    result = runner.invoke(dataset, "--verifier", "command:timeout=1,max_output_chars=500")
+    assert result.exit_code == 0, result.output
+    slow, loud = (json.loads(r["metadata"]["verifiers"])[0] for r in kept(runner))
+    assert slow["error"] in ("timed out after 1 s", "TimeoutError: the command ran past its 1 s (command:timeout=...)")
+    assert slow["reward"] == 0.0 and slow["duration_s"] < 5
+    assert loud["reward"] == 1.0 and len(loud["output"]) < 600 and "characters cut" in loud["output"]
+
+
+def test_command_run_option_and_a_row_without_tests(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "No tests"}])
+    result = runner.invoke(dataset, "--verifier", "command", run_name="none")
+    meta = kept(runner, "none")[0]["metadata"]
+    assert "no command" in json.loads(meta["verifiers"])[0]["error"] and meta["verified"] is False
+    result = runner.invoke(dataset, "--verifier", f"command:run={TESTS}", run_name="given")
+    assert result.exit_code == 0, result.output
+    assert kept(runner, "given")[0]["metadata"]["passed"] is True
+
+
+def test_bad_verifier_options_stop_the_run_before_any_model_call(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "x"}])
+    result = runner.invoke(dataset, "--verifier", "comand")
+    assert result.exit_code != 0 and "did you mean --verifier command?" in result.output
+    result = runner.invoke(dataset, "--verifier", "command:timout=3")
+    assert result.exit_code != 0 and "did you mean command:timeout=...?" in result.output
+    result = runner.invoke(dataset, "--stop_on_success", "--samples_per_prompt", "2")
+    assert result.exit_code != 0 and "--stop_on_success needs a verifier" in result.output
+    assert runner.server.request_count == 0
+
+
+def test_the_verifiers_command_lists_them(runner):
+    result = runner.cli("verifiers")
+    assert result.exit_code == 0, result.output
+    for name in ("command", "answer", "judge"):
+        assert name in result.output
+
+
+# --- answer ------------------------------------------------------------------------------------------------
+
+
+def answer_verdict(spec: str, answer: str, expected, completed: bool = True):
+    from hermes_batch.contract.interfaces import VerifierContext
+    from hermes_batch.formats.records import PromptRow
+    from hermes_batch.run.selection import verifiers
+    from hermes_batch.testing.records import make_trajectory
+
+    registry = hermes_batch.get_plugin_manager(load_entry_points=False).registry()
+    (verifier,) = verifiers(registry, (spec,))
+    row = PromptRow(0, "q", 1, extra={} if expected is None else {"answer": expected})
+    ctx = VerifierContext(None, row, make_trajectory(answer=answer, completed=completed), None, lambda *a, **k: None)
+    return asyncio.run(verifier.verify(ctx))
+
+
+@pytest.mark.parametrize("spec, answer, expected, reward", [
+    ("answer", "The capital is Paris.\n\n**Paris.**", "paris", 1.0),
+    ("answer", "I think it is Lyon.", "Paris", 0.0),
+    ("answer", "Let me see.\nThe final answer is: Paris", "Paris", 1.0),
+    ("answer", "So x = 42.", 42, 1.0),
+    ("answer", "So x = 1,000.", "1000", 1.0),
+    ("answer", "Thus \\boxed{3.14159}, approximately.", 3.1416, 0.0),
+    ("answer:tolerance=0.001", "Thus \\boxed{3.14159}, approximately.", 3.1416, 1.0),
+    ("answer", "no digits here", 7, 0.0),
+    ("answer:mode=regex", "The order id is AB-1234.", r"AB-\d{4}", 1.0),
+    ("answer:mode=regex", "The order id is AB-12.", r"AB-\d{4}", 0.0),
+    ("answer:mode=exact", "42", "42.0", 0.0),
+])
+def test_the_answer_verifier_compares_the_final_answer(spec, answer, expected, reward):
+    assert answer_verdict(spec, answer, expected).reward == reward
+
+
+def test_the_answer_verifier_without_an_answer():
+    assert answer_verdict("answer", "x", "x", completed=False).reward == 0.0  # no final answer: fails
+    with pytest.raises(ValueError, match="no `answer` field"):  # the row's fault: an error, not a reward
+        answer_verdict("answer", "x", None)
+
+
+# --- judge -------------------------------------------------------------------------------------------------
+
+
+def test_the_judge_grades_through_the_run_s_client_and_counts_its_calls(runner, model_server, tmp_path):
+    def judge(request):
+        assert "## Rubric\nSay hello politely." in request.messages[-1]["content"]
+        return Reply(content="Polite and correct.\nSCORE: 0.75")
+
+    def route(prompt):
+        return judge if prompt.startswith("## Task") else solves("42")
+
+    runner.server = model_server(RoutedScript(route))
+    rows = [{"prompt": "Say hello", "rubric": "Say hello politely."}, {"prompt": "No rubric"}]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    result = runner.invoke(dataset, "--verifier", "judge", "--min_reward", "0.7")
+    assert result.exit_code == 0, result.output
+    graded, unrubricked = (r["metadata"] for r in kept(runner))
+    assert (graded["reward"], graded["passed"]) == (0.75, True)
+    assert json.loads(graded["verifiers"])[0]["reason"] == "Polite and correct. SCORE: 0.75"
+    assert len(graded["calls"]) == 3  # two turns of the session and the judge's call
+    assert "no rubric" in json.loads(unrubricked["verifiers"])[0]["error"]
+    judged = [r for r in runner.server.requests if r.prompt.startswith("## Task")]
+    assert len(judged) == 1
+    journal = [json.loads(line) for line in (runner.folder() / "calls.jsonl").read_text().splitlines()]
+    assert sum(1 for e in journal if e.get("event") == "done") == 5  # 2 + 2 session calls, 1 judge call
+    session_tokens = sum(r["metadata"]["usage"]["prompt_tokens"] for r in kept(runner))
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert graded["usage"]["prompt_tokens"] > unrubricked["usage"]["prompt_tokens"]
+    assert session_tokens > 0 and stats
+
+
+# --- resume --------------------------------------------------------------------------------------------------
+
+
+def test_a_resume_runs_only_the_samples_not_finished(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    rows = [{"prompt": f"Write 42 #{i}", "tests": TESTS} for i in range(2)]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    assert runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "2").exit_code == 0
+    before = {row["prompt"]: runner.server.sessions_for(row["prompt"]) for row in rows}
+    assert before == {rows[0]["prompt"]: 2, rows[1]["prompt"]: 2}
+    result = runner.invoke(dataset, "--resume", "--samples_per_prompt", "3")
+    assert result.exit_code == 0, result.output
+    assert {row["prompt"]: runner.server.sessions_for(row["prompt"]) for row in rows} == {
+        rows[0]["prompt"]: 3, rows[1]["prompt"]: 3}  # one more sample each, none paid twice
+    assert [(r["prompt_index"], r["metadata"]["sample_index"]) for r in kept(runner)] == [
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert runner.invoke(dataset, "--resume", "--samples_per_prompt", "3").exit_code == 0
+    assert runner.server.sessions_for(rows[0]["prompt"]) == 3
+
+
+def test_a_resume_under_stop_on_success_skips_rows_that_passed(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("1", "42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": TESTS}])
+    args = ("--verifier", "command", "--stop_on_success")
+    assert runner.invoke(dataset, *args, "--samples_per_prompt", "2").exit_code == 0
+    assert [r["metadata"]["passed"] for r in kept(runner)] == [False, True]
+    assert runner.invoke(dataset, "--resume", *args, "--samples_per_prompt", "6").exit_code == 0
+    assert runner.server.sessions_for("Write 42") == 2 and len(kept(runner)) == 2
+
+
+def test_a_run_folder_from_before_samples_resumes_as_before(runner, model_server, tmp_path):
+    """Sample 0's key is the row's content key: records without sample_index count as sample 0."""
+    from hermes_batch.formats.records import content_key
+
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Old"}, {"prompt": "New"}])
+    assert runner.invoke(dataset, "--max_samples", "1").exit_code == 0
+    record = runner.records("trajectories.jsonl")[0]
+    assert record["metadata"]["content_key"] == content_key("Old", None, None)
+    for name in ("sample_index", "reward", "verified", "passed", "verifiers"):  # as an older version wrote it
+        del record["metadata"][name]
+    (runner.folder() / "batch_0.jsonl").write_text(json.dumps(record) + "\n")
+    shutil.rmtree(runner.folder() / "index", ignore_errors=True)  # rebuilt from the records, as for an old folder
+    result = runner.invoke(dataset, "--resume", "--max_samples", "2")
+    assert result.exit_code == 0, result.output
+    assert runner.server.sessions_for("Old") == 1 and runner.server.sessions_for("New") == 1
+    result = runner.invoke(dataset, "--resume", "--max_samples", "4", "--samples_per_prompt", "2")
+    assert result.exit_code == 0, result.output
+    assert runner.server.sessions_for("Old") == 2 and runner.server.sessions_for("New") == 2  # sample 1 of each
+
+
+def test_a_sample_killed_during_its_verification_runs_again_whole_and_nothing_finished_is_paid_twice(
+        runner, model_server, tmp_path, procs):
+    """SIGKILL between a session's end and its verification: the sample's record is written only once it is
+    verified, so the resume runs that sample again, session and all (docs/verification.md says so); the
+    samples recorded before are not run again."""
+    import os
+    import signal
+
+    from hermes_batch.testing import wait_for
+
+    def script(request):  # the third session leaves a file that makes its tests hang
+        command = "touch slow" if request.sample == 2 else "true"
+        return solves_with(command)(request)
+
+    runner.server = model_server(script)
+    prompt = "Kill me while verifying"
+    tests = "if [ -f slow ]; then sleep 120; fi; true"
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": prompt, "tests": tests}])
+    proc = runner.spawn(dataset, "--verifier", "command", "--samples_per_prompt", "4", "--num_workers", "1",
+                        start_new_session=True)
+    procs.append(proc)
+    batch = runner.folder() / "batch_0.jsonl"
+
+    def verifying_the_third():
+        lines = batch.read_text().count("\n") if batch.exists() else 0
+        return lines == 2 and runner.server.calls_for(prompt) == 6  # two samples recorded, the third's session over
+
+    wait_for(verifying_the_third, 120, "the third sample's verification", proc)
+    import time
+
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    assert runner.server.sessions_for(prompt) == 3
+    result = runner.invoke(dataset, "--resume")
+    assert result.exit_code == 0, result.output
+    assert [r["metadata"]["sample_index"] for r in kept(runner)] == [0, 1, 2, 3]
+    assert all(r["metadata"]["passed"] for r in kept(runner))
+    assert runner.server.sessions_for(prompt) == 5  # samples 0 and 1 were not run again; sample 2 was, whole
+    assert runner.server.calls_for(prompt) == 10
+
+
+def test_samples_follow_their_row_when_the_dataset_changes(runner, model_server, tmp_path):
+    """A resume over an edited dataset renumbers every sample of a row with the row, none set aside."""
+    runner.server = model_server(by_sample("42"))
+    rows = [{"prompt": "Row A", "tests": TESTS}, {"prompt": "Row B", "tests": TESTS}]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    assert runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "2").exit_code == 0
+    write_dataset(dataset, [{"prompt": "Row new", "tests": TESTS}, *rows])
+    result = runner.invoke(dataset, "--resume")
+    assert result.exit_code == 0, result.output
+    assert not (runner.folder() / "unmatched.jsonl").exists() or not runner.records("unmatched.jsonl")
+    placed = [(r["conversations"][1]["value"], r["prompt_index"], r["metadata"]["sample_index"]) for r in kept(runner)]
+    assert placed == [("Row new", 0, 0), ("Row new", 0, 1), ("Row A", 1, 0), ("Row A", 1, 1),
+                      ("Row B", 2, 0), ("Row B", 2, 1)]
+    assert [runner.server.sessions_for(p) for p in ("Row new", "Row A", "Row B")] == [2, 2, 2]
+
+
+def test_the_verifier_written_in_the_docs_works(runner, model_server, tmp_path):
+    import re
+    import types
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "verification.md").read_text()
+    block = re.search(r"```python\n(.*?)```", doc.split("## Writing a verifier", 1)[1], re.S).group(1)
+    plugin = types.ModuleType("docs_verifier")
+    exec(compile(block, "docs/verification.md", "exec"), plugin.__dict__)
+    runner.plugins = (plugin,)
+    runner.server = model_server(solves_with("touch made.txt"))
+    rows = [{"prompt": "Make it", "expect_file": "made.txt"}, {"prompt": "Make another", "expect_file": "other.txt"}]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    result = runner.invoke(dataset, "--verifier", "file-exists")
+    assert result.exit_code == 0, result.output
+    assert [r["metadata"]["passed"] for r in kept(runner)] == [True, False]
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["side-by-side", "stop_on_success"])
+def test_max_cost_counts_samples_and_a_resume_runs_the_rest(runner, model_server, tmp_path, stop):
+    from hermes_batch import Usage
+
+    def costly(request):
+        reply = solves("41")(request)  # never passes
+        return attrs.evolve(reply, usage=Usage(prompt_tokens=10, completion_tokens=5, cost=0.01))
+
+    runner.server = model_server(costly)
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Costly", "tests": TESTS}])
+    args = ["--verifier", "command", "--samples_per_prompt", "6", "--num_workers", "1"] + (["--stop_on_success"] if stop else [])
+    result = runner.invoke(dataset, *args, "--max_cost", "0.05")
+    assert result.exit_code == 0, result.output
+    assert "budget" in result.output
+    assert len(kept(runner)) == 3  # 0.02 a sample: the third reaches 0.05, no fourth is started
+    result = runner.invoke(dataset, "--resume", *args, "--max_cost", "1")
+    assert result.exit_code == 0, result.output
+    assert [r["metadata"]["sample_index"] for r in kept(runner)] == [0, 1, 2, 3, 4, 5]
+    assert runner.server.sessions_for("Costly") == 6
