@@ -26,6 +26,7 @@ MAX_OUTPUT_CHARS = 20000  # of a tool's output the model sees; the rest is cut w
 REQUEST_TIMEOUT = 600.0  # seconds one model request may take before it counts as failed (and is retried)
 
 if TYPE_CHECKING:
+    from ..model.batching import BatchAPI
     from ..model.ratelimit import CallLimiter
     from .run_context import RunContext
     from .toolsets import PromptToolsets
@@ -150,6 +151,10 @@ class ModelClient(abc.ABC):
         other._limiter = self.limiter
         other.journal = self.journal  # its requests are the run's requests
         return other
+
+    def batch_api(self) -> "Optional[BatchAPI]":
+        """The endpoint's batch API for ``--batch_api`` (see :mod:`hermes_batch.model.batching`), None without one."""
+        return None
 
     async def aclose(self) -> None:
         """Release connections."""

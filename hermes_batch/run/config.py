@@ -16,6 +16,8 @@ from ..formats.conversation import DEFAULT_SYSTEM_PROMPT
 from ..errors import UsageError
 from ..contract.interfaces import COMMAND_TIMEOUT, MAX_RETRIES, REQUEST_TIMEOUT, ModelSettings
 from ..formats.jsonguard import has_lone_surrogate
+from ..model.batching import MAX_REQUESTS as MAX_BATCH_REQUESTS, MAX_WAIT_S as MAX_BATCH_WAIT_S
+from ..model.batching import POLL_INTERVAL_S as BATCH_POLL_INTERVAL_S
 from ..model.model_http import HTTP_BACKENDS
 from .options import Cli, at_least, finite, one_of, option, positive
 from ..contract.run_context import LOG_PREFIX_CHARS
@@ -200,6 +202,16 @@ class RunConfig:
         False, help="Sample a row no further once one of its samples passed (--min_reward).")
     min_reward: float = option(
         1.0, validator=finite, help="The reward a verified sample needs to pass.")
+    batch_api: bool = option(
+        False, help="Send the model calls as provider batches (OpenAI Batch API, Anthropic Message Batches) at "
+        "batch prices; sessions wait for their batch (docs/batch-api.md).")
+    batch_api_max_requests: int = option(
+        MAX_BATCH_REQUESTS, validator=at_least(1), help="With --batch_api: a batch is submitted once it holds this many requests.")
+    batch_api_max_wait: float = option(
+        MAX_BATCH_WAIT_S, validator=positive,
+        help="With --batch_api: a batch is submitted this many seconds after its first request, however full.")
+    batch_api_poll_interval: float = option(
+        BATCH_POLL_INTERVAL_S, validator=positive, help="With --batch_api: seconds between checks of a batch in flight.")
 
     def __attrs_post_init__(self):
         for field in attrs.fields(RunConfig):
