@@ -240,6 +240,22 @@ def test_bad_verifier_options_stop_the_run_before_any_model_call(runner, model_s
     assert runner.server.request_count == 0
 
 
+def test_the_verified_filter_without_a_verifier_is_refused_before_it_discards_everything(
+        runner, model_server, tmp_path):
+    """--filter verified with no --verifier would discard every sample ("no verifier ran on it"): the run refuses
+    it before any model call, and refilter and export refuse it for a run that ran no verifier."""
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": TESTS}])
+    result = runner.invoke(dataset, "--filter", "verified:0.5", "--samples_per_prompt", "2")
+    assert result.exit_code == 2 and "--filter verified keeps only samples a verifier passed" in result.output
+    assert runner.server.request_count == 0 and not runner.folder().exists()
+    assert runner.invoke(dataset).exit_code == 0  # a run without verifiers
+    for command in (("refilter", "--filter", "verified"), ("export", "--format", "sharegpt", "--filter", "verified")):
+        result = runner.cli(command[0], str(runner.folder()), *command[1:])
+        assert result.exit_code == 2 and "ran no --verifier" in result.output, result.output
+    assert len(runner.records("trajectories.jsonl")) == 1  # refused: nothing moved
+
+
 def test_the_verifiers_command_lists_them(runner):
     result = runner.cli("verifiers")
     assert result.exit_code == 0, result.output
@@ -345,6 +361,19 @@ def test_a_resume_under_stop_on_success_skips_rows_that_passed(runner, model_ser
     assert [r["metadata"]["passed"] for r in kept(runner)] == [False, True]
     assert runner.invoke(dataset, "--resume", *args, "--samples_per_prompt", "6").exit_code == 0
     assert runner.server.sessions_for("Write 42") == 2 and len(kept(runner)) == 2
+
+
+def test_a_resume_takes_the_run_s_verifier_for_stop_on_success_and_the_verified_filter(
+        runner, model_server, tmp_path):
+    """--verifier is the run's on a resume (run.json), so --stop_on_success and --filter verified need not repeat it."""
+    runner.server = model_server(by_sample("1", "2", "42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": TESTS}])
+    assert runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "2").exit_code == 0
+    result = runner.invoke(dataset, "--resume", "--stop_on_success", "--samples_per_prompt", "4",
+                           "--filter", "verified", "--allow_changed_settings")
+    assert result.exit_code == 0, result.output
+    assert [r["metadata"]["passed"] for r in kept(runner)] == [False, False, True]  # stopped at the third
+    assert runner.server.sessions_for("Write 42") == 3
 
 
 def test_a_run_folder_from_before_samples_resumes_as_before(runner, model_server, tmp_path):
