@@ -73,6 +73,27 @@ def test_stop_on_success_stops_a_row_at_its_first_passing_sample(runner, model_s
     assert checkpoint["completed_batches"] == [0, 1] and checkpoint["prompts_finished"] == 8
 
 
+def test_a_passing_sample_a_filter_discards_still_stops_its_row(runner, model_server, tmp_path):
+    """As docs/verification.md says: passing is the verifiers' judgement; the no-reasoning filter discards the
+    pass, the row samples no further, and a refilter without that filter brings the pass back."""
+    def no_reasoning(request):
+        if request.turn == 0:
+            return Reply(content="", tool_calls=[("terminal", {"command": "printf 42 > answer.txt"})])
+        return Reply(content="The answer is 42.")
+
+    runner.server = model_server(no_reasoning)
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42 to answer.txt", "tests": TESTS}])
+    result = runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "4", "--stop_on_success")
+    assert result.exit_code == 0, result.output
+    assert runner.server.sessions_for("Write 42 to answer.txt") == 1
+    discarded = runner.records("discarded.jsonl")
+    assert [d["trajectory"]["metadata"]["passed"] for d in discarded] == [True] and not runner.records("trajectories.jsonl")
+    rewards = json.loads((runner.folder() / "statistics.json").read_text())["rewards"]
+    assert rewards["rows_passed"] == 1 and rewards["pass_at_k"]["1"] == 1.0
+    assert runner.cli("refilter", str(runner.folder()), "--filter", "hallucinated-tools").exit_code == 0
+    assert [r["metadata"]["passed"] for r in runner.records("trajectories.jsonl")] == [True]
+
+
 def test_samples_each_get_a_sandbox_and_a_toolset_sample_of_their_own(runner, model_server, tmp_path):
     runner.server = model_server(by_sample("42"))
     dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": "test ! -e seen && touch seen"}])
