@@ -317,6 +317,15 @@ def test_the_answer_verifier_compares_the_final_answer(spec, answer, expected, r
     assert answer_verdict(spec, answer, expected).reward == reward
 
 
+def test_answer_mode_number_on_a_row_of_text_and_a_misspelt_mode_say_so():
+    with pytest.raises(ValueError, match="the row's `answer` 'Paris' is not a number, so answer:mode=number"):
+        answer_verdict("answer:mode=number", "Paris", "Paris")
+    with pytest.raises(hermes_batch.HermesBatchError) as caught:
+        answer_verdict("answer:mode=nmber", "Paris", "Paris")
+    assert str(caught.value) == ("Invalid options for the verifier answer: 'mode' must be in "
+                                 "('auto', 'exact', 'number', 'regex') (got 'nmber').")  # not attrs' repr
+
+
 def test_the_answer_verifier_without_an_answer():
     assert answer_verdict("answer", "x", "x", completed=False).reward == 0.0  # no final answer: fails
     with pytest.raises(ValueError, match="no `answer` field"):  # the row's fault: an error, not a reward
