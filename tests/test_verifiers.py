@@ -277,6 +277,20 @@ def test_the_verified_filter_without_a_verifier_is_refused_before_it_discards_ev
     assert len(runner.records("trajectories.jsonl")) == 1  # refused: nothing moved
 
 
+def test_the_verified_filter_discarding_the_failing_samples_is_no_warning_unless_none_passed(
+        runner, model_server, tmp_path):
+    """Rejection sampling discards most samples by design; only a run where no sample passed gets the warning."""
+    runner.server = model_server(by_sample("1", "2", "42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": TESTS}])
+    args = ("--verifier", "command", "--samples_per_prompt", "3", "--filter", "verified")
+    result = runner.invoke(dataset, *args)
+    assert result.exit_code == 0 and len(runner.records("discarded.jsonl")) == 2  # 2 of 3: failing samples
+    assert "filter discarded" not in result.output
+    result = runner.invoke(dataset, *args, "--verifier", "command:run=exit 1", run_name="never")
+    assert result.exit_code == 0 and "The verified filter discarded 3 of the 3 finished samples" in result.output
+    assert "no sample passed its verifiers" in result.output
+
+
 def test_the_verifiers_command_lists_them(runner):
     result = runner.cli("verifiers")
     assert result.exit_code == 0, result.output
