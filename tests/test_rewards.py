@@ -115,6 +115,15 @@ def test_the_summary_shows_pass_at_k_and_the_reward_distribution(rewarded):
     assert "1 sample(s) whose verifier failed" in text
 
 
+def test_the_pass_at_k_table_fits_an_80_column_terminal(rewarded):
+    """`hermes-batch stats | less` renders 80 columns wide: no header or number of pass@1..4 is cut short."""
+    console = Console(record=True, width=80)
+    render_statistics(build_statistics(rewarded), console)
+    text = console.export_text()
+    assert "…" not in text.split("Verified samples")[1].split("Reward distribution")[0]
+    assert "2 (50.0%)" in text and "Toolsets" in text and "Samples" in text
+
+
 # --- the verified filter ------------------------------------------------------------------------------------------
 
 

@@ -222,8 +222,21 @@ class RunConfig:
                 raise UsageError(f"--{field.name} holds bytes that are not UTF-8 text; pass it as UTF-8.")
         if self.resume and self.overwrite:
             raise UsageError("--resume and --overwrite contradict each other; pass one of them.")
-        if self.stop_on_success and not self.verifiers:
+        if not self.resume:  # a resume takes the run's --verifier from run.json first: checked in make_plan
+            self.check_verifier_needs()
+
+    def check_verifier_needs(self) -> None:
+        """Options that mean nothing without a --verifier: --stop_on_success, and --filter verified (it would
+        discard every sample)."""
+        if self.verifiers:
+            return
+        if self.stop_on_success:
             raise UsageError("--stop_on_success needs a verifier to say what passes; add --verifier NAME.")
+        if any(str(spec).split(":", 1)[0].strip() == "verified" for spec in self.filters or ()):
+            raise UsageError(
+                "--filter verified keeps only samples a verifier passed, and no --verifier is given, so it would "
+                "discard every sample; add --verifier NAME (see docs/verification.md) or leave the filter out."
+            )
 
     @property
     def max_rows(self) -> Optional[int]:

@@ -94,6 +94,7 @@ def make_plan(
     selection.filters(registry, filter_specs)  # unknown names and bad options stop the run here
     selection.writers(registry, config.writers)
     selection.verifiers(registry, config.verifiers)  # unknown names and bad options stop the run here
+    config.check_verifier_needs()  # again: a resume's --verifier is the run's, taken from run.json
     executor = selection.executor(registry, config.executor, config.executor_options)
     if config.batch_api:
         _check_batch_api(client_cls, executor.name)
