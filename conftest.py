@@ -12,7 +12,8 @@ pytest_plugins = ["hermes_batch.testing.fixtures"]
 #   modal      the modal sandbox against the local Modal stand-in, whose sandboxes are Docker containers
 #   ray        a local Ray cluster of two nodes
 #   browser    Debian's Chromium (scripts/chromium.sh), through Playwright
-#   slow       takes more than about 5 s on a busy 2-core machine (most start hermes-batch in child processes)
+#   slow       takes about a second or more on an idle 2-core machine: whole runs, resumes, child processes, timeouts
+#              (the everyday run keeps at least one such test per area, so it still catches a broken feature)
 #   perf       compares times or memory, so it runs alone: in parallel with other tests it may fail for nothing
 
 import os
@@ -31,7 +32,8 @@ NEEDS_OF_FIXTURES = {
     "page": "browser",
 }
 
-# Tests (a file, or file::name for every parametrisation of one test) -> what they need that no fixture says:
+# Tests (a file, file::name for every parametrisation of one test, file::Class or file::Class::name) -> what they
+# need that no fixture says:
 # the tests that drive Chromium without a fixture of it, long runs, and those that compare times.
 NEEDS_OF_TESTS = {
     "plugins/hermes_batch_toolbox/tests/test_browser.py": ("browser",),
@@ -85,6 +87,138 @@ NEEDS_OF_TESTS = {
     "tests/test_bookkeeping.py::test_a_resume_with_nothing_left_imports_no_model_sdk": ("slow",),
     "tests/test_view_guard.py::test_each_start_makes_its_own_token": ("slow",),
     "plugins/hermes_batch_filters/tests/test_filters.py::test_planted_near_duplicates_are_found_and_nothing_else": ("slow",),
+    # slow, for the everyday run's minute: what takes a second or more when idle (measured with --durations). Each
+    # file keeps a quicker test of its feature in the everyday run (named after the "keeps" of its group).
+    "tests/test_third_party_plugin.py::test_a_batch_runs_with_the_plugins": ("slow",),  # a fresh venv, pip install
+    "tests/test_third_party_plugin.py::test_the_backend_passes_the_sandbox_contract": ("slow",),
+    "tests/test_third_party_plugin.py::test_the_installed_plugins_are_listed": ("slow",),
+    # the local sandbox's contract in its fallback modes (keeps: the default mode, TestLocalSandboxContract)
+    "tests/test_local_sandbox.py::TestLocalSandboxContractProcessMode": ("slow",),
+    "tests/test_local_sandbox.py::TestLocalSandboxContractBashHelper": ("slow",),
+    "tests/test_local_sandbox.py::TestLocalSandboxContract::test_exec_returns_when_the_command_ends_though_a_background_child_holds_its_output":
+        ("slow",),
+    "tests/test_local_sandbox.py::TestLocalSandboxContract::test_processes_that_left_the_session_die_at_close": ("slow",),
+    "tests/test_local_sandbox.py::TestLocalSandboxContract::test_timeout_kills_the_whole_process_tree": ("slow",),
+    "tests/test_local_sandbox.py::TestLocalSandboxContract::test_huge_files_keep_the_runners_memory_bounded": ("slow",),
+    "tests/test_local_sandbox.py::test_close_never_kills_a_process_that_took_over_a_number_the_sandbox_used": ("slow",),
+    "tests/test_local_sandbox.py::test_a_sandbox_closed_while_its_namespace_starts_leaves_no_process": ("slow",),
+    "tests/test_local_sandbox.py::test_the_namespace_dies_with_a_runner_killed_by_sigkill": ("slow",),
+    "tests/test_local_sandbox.py::test_a_folder_swapped_for_a_link_in_a_tight_loop_never_leads_out": ("slow",),
+    # (keeps: test_run_command_kills_the_whole_process_group_at_the_timeout)
+    "tests/test_sandbox_blocks.py::test_run_command_returns_when_the_command_ends_though_a_child_holds_its_output": ("slow",),
+    # (keeps: test_the_first_model_request_does_not_wait_for_the_sandbox and the quick ones)
+    "tests/test_sandbox_start.py::test_a_deadline_while_the_sandbox_opens_still_closes_it": ("slow",),
+    "tests/test_sandbox_start.py::test_a_late_backend_opens_at_the_first_tool_call": ("slow",),
+    "tests/test_sandbox_start.py::test_a_sandbox_that_cannot_open_fails_the_prompts_that_call_a_tool": ("slow",),
+    "tests/test_sandbox_start.py::test_waiting_for_the_sandbox_is_not_on_the_tool_calls_clock": ("slow",),
+    # (keeps: test_a_resume_that_adds_batches_appends_them_to_the_merged_output)
+    "tests/test_bookkeeping.py::test_a_damaged_or_stale_index_is_built_again_and_nothing_finished_runs_again": ("slow",),
+    "tests/test_bookkeeping.py::test_a_merge_cut_off_is_completed_by_the_next_resume": ("slow",),
+    "tests/test_bookkeeping.py::test_an_index_write_cut_off_leaves_the_old_index_and_the_resume_catches_up": ("slow",),
+    "tests/test_bookkeeping.py::test_once_final_the_batch_files_can_go_and_a_resume_runs_only_new_prompts": ("slow",),
+    "tests/test_bookkeeping.py::test_statistics_from_the_indexes_equal_a_full_scan_across_resumes_duplicates_failures_and_discards":
+        ("slow",),
+    # (keeps: test_a_row_inserted_at_the_top_renumbers_the_finished_records)
+    "tests/test_reindex.py::test_a_changed_batch_size_regroups_the_batch_files": ("slow",),
+    "tests/test_reindex.py::test_a_new_batch_size_over_the_same_dataset_moves_records_and_renumbers_none": ("slow",),
+    "tests/test_reindex.py::test_a_reindex_cut_off_by_a_crash_is_finished_on_the_next_start": ("slow",),
+    "tests/test_reindex.py::test_a_removed_row_sets_its_record_aside_and_a_restored_row_gets_it_back": ("slow",),
+    "tests/test_reindex.py::test_an_unchanged_dataset_is_not_rewritten": ("slow",),
+    "tests/test_reindex.py::test_no_index_of_a_file_a_cut_off_reindex_replaced_is_trusted": ("slow",),
+    "tests/test_reindex.py::test_reordered_rows_keep_indexes_unique_and_run_only_the_rest": ("slow",),
+    "tests/test_reindex.py::test_rows_removed_with_their_whole_batch_leave_no_index_behind": ("slow",),
+    # (keeps: test_sharegpt_export_is_the_merged_records_and_loads_in_datasets)
+    "tests/test_export.py::test_a_second_export_replaces_the_whole_set_of_the_first": ("slow",),
+    "tests/test_export.py::test_an_existing_file_the_export_did_not_write_is_refused_unless_force": ("slow",),
+    "tests/test_export.py::test_ctrl_c_waits_for_the_switch_of_the_files": ("slow",),
+    "tests/test_export.py::test_export_never_writes_a_run_folders_records": ("slow",),
+    "tests/test_export.py::test_include_discarded_and_all_in_prompt_index_order": ("slow",),
+    # (keeps: test_a_looser_filter_brings_discarded_records_back)
+    "tests/test_refilter.py::test_a_refilter_drops_the_indexes_of_the_files_it_rewrote_and_a_resume_counts_from_them":
+        ("slow",),
+    "tests/test_refilter.py::test_a_stricter_filter_moves_exactly_what_it_rejects": ("slow",),
+    "tests/test_refilter.py::test_export_refuses_a_folder_with_an_unfinished_refilter": ("slow",),
+    "tests/test_refilter.py::test_the_same_filters_change_nothing": ("slow",),
+    # (keeps: test_statistics_cover_every_session_of_the_run and the quick ones)
+    "tests/test_resume_durability.py::test_a_batch_with_a_failed_prompt_is_not_complete_until_a_resume_finishes_it": ("slow",),
+    "tests/test_resume_durability.py::test_batch_numbers_are_fixed_whatever_order_prompts_finish_in": ("slow",),
+    "tests/test_resume_durability.py::test_duplicated_prompts_run_once_per_row_across_resumes": ("slow",),
+    "tests/test_resume_durability.py::test_reordered_and_extended_dataset_runs_only_the_new_rows": ("slow",),
+    "tests/test_resume_durability.py::test_resume_of_a_finished_run_calls_no_model_and_rebuilds_outputs": ("slow",),
+    # (keeps: test_a_resume_without_the_options_continues_with_those_of_run_json)
+    "tests/test_resume_settings.py::test_a_limit_taken_from_run_json_can_be_lifted": ("slow",),
+    "tests/test_resume_settings.py::test_a_resume_that_changes_the_model_is_refused_naming_both": ("slow",),
+    "tests/test_resume_settings.py::test_a_run_whose_filter_discards_everything_says_so_at_start_and_at_the_end": ("slow",),
+    "tests/test_resume_settings.py::test_allowed_changes_are_kept_per_session_and_the_statistics_name_every_model": ("slow",),
+    "tests/test_resume_settings.py::test_no_word_when_the_filters_keep_most": ("slow",),
+    "tests/test_resume_settings.py::test_the_ephemeral_system_prompt_is_compared_but_never_saved": ("slow",),
+    # (keeps: the module's shared run and test_reasoning_disabled_turns_reasoning_off_in_the_request)
+    "tests/test_run_end_to_end.py::test_a_second_run_into_a_used_folder_needs_resume_or_overwrite": ("slow",),
+    "tests/test_run_end_to_end.py::test_dashed_option_spellings_work_like_the_underscored_ones": ("slow",),
+    "tests/test_run_end_to_end.py::test_fifty_prompts_end_with_exit_0_and_merged_in_prompt_order": ("slow",),
+    "tests/test_run_end_to_end.py::test_num_workers_prompts_run_at_the_same_time": ("slow",),
+    "tests/test_run_end_to_end.py::test_provider_routing_reasoning_effort_and_max_tokens_reach_the_request": ("slow",),
+    # (keeps: test_a_fatal_error_early_in_a_run_deletes_only_what_the_run_wrote and the quick ones)
+    "tests/test_run_folder_safety.py::test_a_journal_that_cannot_be_written_stops_the_run_as_a_write_error": ("slow",),
+    "tests/test_run_folder_safety.py::test_a_resume_on_a_disk_still_full_stops_before_paying_for_anything": ("slow",),
+    "tests/test_run_folder_safety.py::test_a_run_folder_file_that_is_a_folder_is_one_sentence_and_the_lock_is_released":
+        ("slow",),
+    "tests/test_run_folder_safety.py::test_disk_full_stops_the_run_with_its_own_status_and_resume_finishes": ("slow",),
+    "tests/test_run_folder_safety.py::test_leftovers_of_a_killed_session_are_removed_at_the_next_start_and_nothing_else":
+        ("slow",),
+    "tests/test_run_folder_safety.py::test_overwrite_never_follows_a_link_out_of_the_folder": ("slow",),
+    "tests/test_run_folder_safety.py::test_overwrite_refuses_to_delete_the_dataset_it_is_about_to_read": ("slow",),
+    "tests/test_run_folder_safety.py::test_overwrite_replaces_the_outputs_and_keeps_the_users_files": ("slow",),
+    "tests/test_run_folder_safety.py::test_records_are_written_and_the_run_ends_while_tools_hold_every_pool_thread": ("slow",),
+    "tests/test_run_folder_safety.py::test_every_file_of_the_run_folder_gets_the_users_umask": ("slow",),
+    # (keeps: test_tool_errors_turn_limits_truncation_and_the_default_filters and the failing-prompt ones)
+    "tests/test_run_model_behaviour.py::test_a_wrong_api_key_stops_the_run_at_once": ("slow",),
+    "tests/test_run_model_behaviour.py::test_no_filters_keeps_every_sample": ("slow",),
+    "tests/test_run_model_behaviour.py::test_rate_limits_are_retried_and_every_prompt_finishes": ("slow",),
+    "tests/test_run_model_behaviour.py::test_reasoning_in_every_format_ends_up_in_think_blocks": ("slow",),
+    "tests/test_run_model_behaviour.py::test_tool_calls_beyond_the_per_turn_cap_are_answered_but_not_run": ("slow",),
+    # (keeps: the bodies byte for byte, the errors on each transport)
+    "tests/test_model_transport.py::test_a_proxy_from_the_environment_carries_the_calls_on_each_transport": ("slow",),
+    "tests/test_model_transport.py::test_a_run_sends_the_same_requests_and_writes_the_same_records_as_through_create":
+        ("slow",),
+    "tests/test_model_transport.py::test_dropped_connections_and_cut_responses_are_retried": ("slow",),
+    "tests/test_model_layer.py::test_429s_and_500s_shrink_the_limit_and_every_prompt_still_finishes": ("slow",),
+    "tests/test_model_layer.py::test_a_hung_endpoint_is_cut_by_the_prompt_timeout_and_saved_as_partial": ("slow",),
+    "tests/test_model_layer.py::test_usage_cost_and_providers_are_summed_into_statistics": ("slow",),
+    "tests/test_endpoint_numbers.py::test_an_endpoints_impossible_usage_is_not_reported_and_never_written": ("slow",),
+    "tests/test_engine.py::test_a_slow_prompt_never_holds_up_the_others": ("slow",),
+    "tests/test_limits.py::test_a_limit_that_fits_not_even_one_prompt_stops_before_any_model_call": ("slow",),
+    "tests/test_first_run.py::test_skip_invalid_lists_the_lines_it_skipped": ("slow",),
+    "tests/test_first_run.py::test_the_local_sandbox_says_once_that_it_ignores_images": ("slow",),
+    "tests/test_hostile_input.py::test_a_line_over_the_size_limit_is_reported_without_being_read_whole": ("slow",),
+    "tests/test_hostile_input.py::test_resume_over_records_holding_lone_surrogates_works": ("slow",),
+    "tests/test_seed_compat.py::test_seed_style_boolean_values_are_accepted": ("slow",),
+    "tests/test_seed_compat.py::test_statistics_and_checkpoint_carry_the_seed_fields": ("slow",),
+    "tests/test_distributions.py::test_rng_is_stable_across_processes": ("slow",),
+    "tests/test_packaging.py::test_every_distribution_is_found": ("slow",),
+    "tests/test_plugins.py::test_importing_the_command_line_loads_no_plugin": ("slow",),
+    "tests/test_tool_options.py::test_a_session_is_closed_when_the_prompt_deadline_cuts_a_tool_call": ("slow",),
+    "tests/test_testing_server.py::test_an_answer_can_trickle_and_come_gzipped_with_padding": ("slow",),
+    "tests/test_testing_server.py::test_command_line_serves_until_sigterm": ("slow",),
+    "tests/test_scripts.py::test_test_sh_all_fails_when_either_run_fails": ("slow",),
+    "tests/test_scripts.py::test_test_sh_keeps_what_it_started_when_asked_or_in_use": ("slow",),
+    "tests/test_scripts.py::test_test_sh_stops_the_engine_and_container_it_started": ("slow",),
+    "tests/test_view_report.py::test_view_on_a_full_disk_says_so_and_does_not_blame_the_port": ("slow",),
+    "tests/test_view_report.py::test_view_serves_a_run_with_lines_that_are_no_record": ("slow",),
+    # (keeps: test_datasets_loads_parquet_splits)
+    "plugins/hermes_batch_parquet/tests/test_parquet.py::test_an_empty_export_is_a_valid_file": ("slow",),
+    "plugins/hermes_batch_parquet/tests/test_parquet.py::test_an_old_record_with_a_lone_surrogate_is_repaired_as_the_run_does":
+        ("slow",),
+    "plugins/hermes_batch_parquet/tests/test_parquet.py::test_duckdb_queries_the_nested_columns": ("slow",),
+    "plugins/hermes_batch_parquet/tests/test_parquet.py::test_parquet_options_and_their_errors": ("slow",),
+    "plugins/hermes_batch_parquet/tests/test_parquet.py::test_several_runs_with_different_tools_export_and_load_as_one_parquet_dataset":
+        ("slow",),
+    "plugins/hermes_batch_filters/tests/test_filters.py::test_min_tool_calls": ("slow",),
+    "plugins/hermes_batch_toolbox/tests/test_models.py::test_moa_passes_on_answers_never_reasoning": ("slow",),
+    "plugins/hermes_batch_toolbox/tests/test_web.py::test_an_allowed_address_lets_through_that_address_and_port_only":
+        ("slow",),
+    "plugins/hermes_batch_toolbox/tests/test_web.py::test_extract_of_a_huge_page_reads_a_bounded_prefix": ("slow",),
+    "plugins/hermes_batch_toolbox/tests/test_web.py::test_extract_reads_the_article_as_text_with_its_title": ("slow",),
     # perf: a bound on time or memory that tests running beside it could break
     "tests/test_dataset.py::test_large_file_streams_quickly_without_holding_it_in_memory": ("perf", "slow"),
     # a Ctrl-C timed against the answers in flight: on a busy machine some quick prompts' answers are still out
@@ -101,7 +235,12 @@ NEEDS_OF_TESTS = {
 def _needs(item) -> set:
     needs = {NEEDS_OF_FIXTURES[name] for name in getattr(item, "fixturenames", ()) if name in NEEDS_OF_FIXTURES}
     path = os.path.relpath(str(item.path), str(item.config.rootpath)).replace(os.sep, "/")
-    for key in (path, f"{path}::{getattr(item, 'originalname', item.name)}"):
+    name = getattr(item, "originalname", item.name)
+    keys = [path, f"{path}::{name}"]
+    cls = getattr(item, "cls", None)
+    if cls is not None:
+        keys += [f"{path}::{cls.__name__}", f"{path}::{cls.__name__}::{name}"]
+    for key in keys:
         needs.update(NEEDS_OF_TESTS.get(key, ()))
     return needs
 

@@ -9,8 +9,7 @@ import pytest
 from hermes_batch.folder.durable import AppendLog
 from hermes_batch.folder.runfolder import RunFolder
 from hermes_batch.formats import hermes_format
-from hermes_batch.formats.records import Discarded, Trajectory, Turn, content_key
-from hermes_batch.formats.row_identity import _sample_key
+from hermes_batch.formats.records import Discarded, Trajectory, Turn, content_key, sample_key
 from hermes_batch.formats.serialization import from_json, to_json_line
 from hermes_batch.testing import make_trajectory
 
@@ -23,7 +22,7 @@ def sample(index: int, prompt: str, sample_index: int, reward=None, *, passed=No
     """A sample of row ``index`` as the 31 record shape has it: ``reward`` None means no verifier ran."""
     row = content_key(prompt, None, None)
     # as the run keys them: the row's key for sample 0, a key of its own for each other sample
-    meta = {"content_key": _sample_key(row, sample_index) if sample_index else row, "sample_index": sample_index,
+    meta = {"content_key": sample_key(row, sample_index) if sample_index else row, "sample_index": sample_index,
             "batch_num": index // 10,
             "id": f"row-{index}"}
     traj = make_trajectory(prompt_index=index, toolsets_used=tuple(toolsets),

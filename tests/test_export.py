@@ -130,6 +130,15 @@ def test_file_output_with_splits_names_each_file(run_dir, tmp_path):
     assert "validation:" in result.output
 
 
+def test_an_empty_split_is_said_since_datasets_refuses_it(run_dir, tmp_path):
+    result = hb("export", run_dir, "--format", "sharegpt", "--split", "validation=0.0001", "--output", tmp_path / "s")
+    assert (tmp_path / "s" / "validation.jsonl").read_text() == ""
+    assert "warning: validation got no trajectories, and datasets.load_dataset refuses" in result.output
+    with pytest.raises(ValueError, match="corresponds to no data"):  # what the warning saves a user from meeting later
+        datasets.load_dataset("json", data_dir=str(tmp_path / "s"), cache_dir=str(tmp_path / "hf"))
+    assert "warning" not in hb("export", run_dir, "--format", "sharegpt", "--output", tmp_path / "t").output
+
+
 @pytest.mark.parametrize("args, message", [
     (["--format", "nope"], "Unknown --format 'nope'"),
     (["--format", "openai:reasoning=maybe"], "reasoning"),

@@ -35,6 +35,10 @@ from hermes_batch.contract.run_context import RunContext
 from hermes_batch.testing.sandbox_contract import SandboxContract
 
 
+# A Python the sandbox's commands see: the system's (hermes-batch's own virtual environment is hidden from them).
+SANDBOX_PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
+
+
 def make_backend(tmp_path: Path, **options) -> LocalSandboxBackend:
     return LocalSandboxBackend(LocalSandboxConfig(**options), RunContext("local-test", tmp_path / "run", seed=0))
 
@@ -62,6 +66,33 @@ class TestLocalSandboxContract(SandboxContract):
     async def sandbox_exists(self, sandbox: LocalSandbox) -> bool:
         return sandbox.root.exists()
 
+    limits = {"memory": 128 * 1024 * 1024, "pids": 32, "disk": 16 * 1024 * 1024}
+
+    @pytest.fixture
+    async def limited_backend(self, tmp_path):
+        self._applies("memory")
+        backend = make_backend(tmp_path / "limited", memory="128m", pids=32, disk="16m", **self.options)
+        await backend.start()
+        yield backend
+        await backend.shutdown()
+
+    @pytest.fixture
+    async def offline_backend(self, tmp_path):
+        self._applies("network")
+        backend = make_backend(tmp_path / "offline", network="none", **self.options)
+        await backend.start()
+        yield backend
+        await backend.shutdown()
+
+    async def setuid_program(self, sandbox: LocalSandbox):
+        if os.geteuid() != 0:
+            return None  # only root can make a program setuid root
+        program = sandbox.root / "setuid-id"
+        shutil.copy("/usr/bin/id", program)
+        os.chown(program, 0, 0)
+        program.chmod(0o4755)
+        return str(program)
+
     async def test_exec_returns_when_the_command_ends_though_a_background_child_holds_its_output(self, sandbox):
         # Sandbox.exec's rule, stricter than the shared contract's "not past the timeout"
         started = time.monotonic()
@@ -76,10 +107,24 @@ class TestLocalSandboxContract(SandboxContract):
         assert "lived" in (await sandbox.exec("ls", 30)).output
 
 
+# What a sandbox without the compiled helper does not protect (the start of the run says so: see
+# test_auto_says_once_which_protections_are_missing).
+NO_BOUNDARY = {
+    name: f"{why} (-S isolation=auto says so at start)"
+    for name, why in {
+        "neighbours": "commands see the machine's files", "home": "commands see the machine's files",
+        "run_folder": "commands see the machine's files", "write_outside": "commands write as the runner",
+        "setuid": "as root, commands keep a shell's capabilities", "memory": "no limits",
+        "pids": "no limits", "disk": "no limits", "network": "-S network=none is refused",
+    }.items()
+}
+
+
 class TestLocalSandboxContractProcessMode(TestLocalSandboxContract):
     """The same contract where commands run as plain processes (no namespaces on the machine)."""
 
     options = {"isolation": "process"}
+    not_applicable = NO_BOUNDARY
 
     @staticmethod
     def check_launcher(launcher) -> None:
@@ -90,6 +135,7 @@ class TestLocalSandboxContractBashHelper(TestLocalSandboxContract):
     """The same contract where namespaces start through unshare, setpriv and bash (no C compiler)."""
 
     options = {"helper": "bash"}
+    not_applicable = NO_BOUNDARY
 
     @staticmethod
     def check_launcher(launcher) -> None:
@@ -419,7 +465,7 @@ async def test_a_folder_swapped_for_a_link_in_a_tight_loop_never_leads_out(sandb
     await sandbox.write_file("dir/f", b"inside")
     await sandbox.write_file("swapper.py", SWAPPER.encode())
     os.symlink(outside, sandbox.root / "other")
-    swapper = asyncio.ensure_future(sandbox.exec(f"exec {sys.executable} swapper.py", 900))  # past the deadline below
+    swapper = asyncio.ensure_future(sandbox.exec(f"exec {SANDBOX_PYTHON} swapper.py", 900))  # past the deadline below
     try:
         assert await wait_until(lambda: (sandbox.root / "started").exists(), timeout=60)
         # The race ran both ways when reads met the folder, and the link, many times each. How many attempts
@@ -449,7 +495,7 @@ async def test_a_folder_swapped_for_a_link_in_a_tight_loop_never_leads_out(sandb
 
 async def test_sockets_are_refused_without_blocking(sandbox):
     listen = "import socket, time; s = socket.socket(socket.AF_UNIX); s.bind('listening.sock'); s.listen(); time.sleep(60)"
-    await sandbox.exec(f'{sys.executable} -c "{listen}" > /dev/null 2>&1 &', 10)
+    await sandbox.exec(f'{SANDBOX_PYTHON} -c "{listen}" > /dev/null 2>&1 &', 10)
     assert await wait_until(lambda: (sandbox.root / "listening.sock").exists(), timeout=30)
     for call in (sandbox.read_file("listening.sock"), sandbox.write_file("listening.sock", b"x")):
         with pytest.raises(OSError) as info:
@@ -505,7 +551,10 @@ async def test_commands_gain_no_privileges_and_root_keeps_only_a_shells_capabili
         pytest.skip("no setpriv here")
     assert status["NoNewPrivs"].strip() == "1"
     assert int(status["CapInh"], 16) == int(status["CapAmb"], 16) == 0
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and mode == "namespace" and backend.launcher.boundary:
+        assert int(status["CapBnd"], 16) == int(status["CapEff"], 16) == int(status["CapPrm"], 16) == 0
+        assert status["Uid"].split()[0] != "0"  # a user of the prompt's own
+    elif os.geteuid() == 0:
         assert int(status["CapBnd"], 16) == int(status["CapEff"], 16) == launchers.ROOT_CAPABILITY_MASK
         assert not int(status["CapEff"], 16) & (1 << 19 | 1 << 21)  # CAP_SYS_PTRACE, CAP_SYS_ADMIN
 
@@ -578,7 +627,8 @@ from hermes_batch.formats.records import SandboxSpec
 from hermes_batch.contract.run_context import RunContext
 
 async def main():
-    config = LocalSandboxConfig(isolation="namespace", helper=sys.argv[3])
+    # with bash, namespaces without the boundary (isolation=namespace insists on it)
+    config = LocalSandboxConfig(isolation="namespace" if sys.argv[3] == "auto" else "auto", helper=sys.argv[3])
     backend = LocalSandboxBackend(config, RunContext("r", Path(sys.argv[1]), seed=0))
     await backend.start()
     sandbox = await backend.open(SandboxSpec("r", 0, "0123456789abcdef"))
@@ -686,8 +736,12 @@ async def main():
         await ended(b"sleep\\x001.5\\x00")
     else:  # the namespace's first process, ended by the prompt itself
         number = sandbox._namespace.init_pid
-        await sandbox.exec("kill -TERM 1", 10)
         launcher = sandbox._namespace.launcher
+        if launcher.boundary and os.geteuid() == 0:  # a prompt's user cannot signal it: ended from outside
+            assert (await sandbox.exec("kill -TERM 1 || echo refused", 10)).output.endswith("refused\\n")
+            os.kill(number, 15)
+        else:
+            await sandbox.exec("kill -TERM 1", 10)
         if launcher.compiled:
             first = launcher.compiled
         else:
@@ -709,7 +763,7 @@ asyncio.run(main())
 @pytest.mark.parametrize(
     "isolation, case, helper",
     [("namespace", "group", "auto"), ("process", "group", "auto"), ("namespace", "init", "auto"),
-     ("namespace", "group", "bash"), ("namespace", "init", "bash")],
+     ("auto", "group", "bash"), ("auto", "init", "bash")],
 )
 def test_close_never_kills_a_process_that_took_over_a_number_the_sandbox_used(tmp_path, isolation, case, helper):
     if os.geteuid() != 0:
@@ -775,6 +829,9 @@ async def test_a_command_that_removes_its_control_folder_does_not_stop_the_next(
         pytest.skip("the control folder is not in memory here")
     control = sandbox._namespace.control
     await sandbox.exec(f"rm -rf '{control}'", 10)
+    if sandbox._launcher.boundary:
+        assert os.path.exists(control)  # the commands do not see it
+        shutil.rmtree(control)  # gone all the same: removed by hand, say
     assert not os.path.exists(control)
     assert (await sandbox.exec("echo still here", 10)).output == "still here\n"  # through the spill folder
 

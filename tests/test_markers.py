@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import tomllib
 from pathlib import Path
@@ -35,9 +36,16 @@ def test_every_need_is_a_registered_marker_and_markers_are_strict():
     assert "--strict-markers" in pytest_settings()["addopts"]
 
 
-def defined_names(path: Path) -> set[str]:
+@functools.cache  # each of the hundred-odd parametrisations below reads the same few files
+def defined_names(path: Path) -> frozenset[str]:
+    """The functions, methods and classes of a file."""
     tree = ast.parse(path.read_text())
-    return {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return frozenset(node.name for node in ast.walk(tree)
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+
+
+# the kits test classes subclass (SandboxContract): their tests are the classes' tests
+KITS = sorted((REPO / "hermes_batch" / "testing").glob("*.py"))
 
 
 @pytest.mark.parametrize("key", sorted(NEEDS.NEEDS_OF_TESTS))
@@ -45,7 +53,11 @@ def test_every_test_of_the_table_exists(key):
     """A renamed or deleted test must leave the table too: an entry that names nothing marks nothing."""
     path, _, name = key.partition("::")
     assert (REPO / path).is_file(), f"{path} does not exist: update NEEDS_OF_TESTS in the root conftest.py"
-    if name:
+    cls, _, method = name.rpartition("::")
+    if cls:  # file::Class::name: the class is the file's, the test its own or a kit's
+        assert cls in defined_names(REPO / path), f"{key} is not a test: update NEEDS_OF_TESTS in the root conftest.py"
+        assert any(method in defined_names(where) for where in [REPO / path, *KITS]), f"{key} is not a test"
+    elif name:
         assert name in defined_names(REPO / path), f"{key} is not a test: update NEEDS_OF_TESTS in the root conftest.py"
 
 
@@ -56,9 +68,9 @@ def test_every_fixture_of_the_table_exists(fixture):
     assert any(fixture in defined_names(path) for path in files), f"no fixture {fixture}: update NEEDS_OF_FIXTURES"
 
 
-def item(path: str, name: str, fixtures=()):
+def item(path: str, name: str, fixtures=(), cls=None):
     return SimpleNamespace(path=REPO / path, name=name, originalname=name.split("[")[0], fixturenames=list(fixtures),
-                           config=SimpleNamespace(rootpath=REPO))
+                           config=SimpleNamespace(rootpath=REPO), cls=cls)
 
 
 def test_a_test_needs_what_its_fixtures_and_the_table_say():
@@ -70,6 +82,12 @@ def test_a_test_needs_what_its_fixtures_and_the_table_say():
     assert needs(item("tests/test_model_transport.py", "test_a_gzip_answer_is_capped_once_decompressed[httpx]",
                       ["backend"])) == {"perf"}  # every parametrisation
     assert needs(item("tests/test_model_transport.py", "test_something_else", ["backend"])) == set()
+    # a class, or one test of a class (inherited from a kit or not), by the class that collects it
+    bash_helper = type("TestLocalSandboxContractBashHelper", (), {})
+    assert needs(item("tests/test_local_sandbox.py", "test_exit_codes", cls=bash_helper)) == {"slow"}
+    default_mode = type("TestLocalSandboxContract", (), {})
+    assert needs(item("tests/test_local_sandbox.py", "test_exit_codes", cls=default_mode)) == set()
+    assert needs(item("tests/test_local_sandbox.py", "test_timeout_kills_the_whole_process_tree", cls=default_mode)) == {"slow"}
 
 
 def test_the_ray_tests_share_one_worker_and_so_one_cluster():

@@ -115,6 +115,15 @@ def test_the_summary_shows_pass_at_k_and_the_reward_distribution(rewarded):
     assert "1 sample(s) whose verifier failed" in text
 
 
+def test_the_pass_at_k_table_fits_an_80_column_terminal(rewarded):
+    """`hermes-batch stats | less` renders 80 columns wide: no header or number of pass@1..4 is cut short."""
+    console = Console(record=True, width=80)
+    render_statistics(build_statistics(rewarded), console)
+    text = console.export_text()
+    assert "…" not in text.split("Verified samples")[1].split("Reward distribution")[0]
+    assert "2 (50.0%)" in text and "Toolsets" in text and "Samples" in text
+
+
 # --- the verified filter ------------------------------------------------------------------------------------------
 
 
@@ -268,13 +277,6 @@ def test_a_rows_samples_keep_together_in_one_split_though_each_has_a_key_of_its_
 # --- through a real run -------------------------------------------------------------------------------------------
 
 
-def _has_verifiers() -> bool:  # issue 31 items 1 and 2 (engineer "verify"), merged separately
-    from hermes_batch.contract.plugins import KIND
-
-    return "verifiers" in KIND
-
-
-@pytest.mark.skipif(not _has_verifiers(), reason="needs --verifier (issue 31 items 1, 2) merged")
 def test_a_run_with_a_verifier_keeps_what_passed_and_its_statistics_pairs_and_groups_follow(tmp_path, model_server):
     from hermes_batch.testing import Reply, RoutedScript, run_shapes
 

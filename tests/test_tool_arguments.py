@@ -59,6 +59,22 @@ def test_check_schema_finds_broken_schemas():
 # --- @hermes_batch.tool ---------------------------------------------------------------------------
 
 
+def test_a_schema_is_checked_against_its_metaschema_once(monkeypatch):
+    """Every registry checks every tool's schema: the same schema again (an equal copy too) is not checked again."""
+    from hermes_batch.formats import schema as module
+
+    checked = []
+    real = module._check_schema
+    monkeypatch.setattr(module, "_check_schema", lambda s: checked.append(s) or real(s))
+    fresh = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 7}}, "required": ["n"]}
+    broken = {"type": "object", "properties": {"n": {"type": "integr"}}}
+    for _ in range(3):
+        assert check_schema(dict(fresh)) is None
+        assert "is not valid under any of the given schemas" in check_schema(dict(broken))
+    assert len(checked) == 2
+    assert check_schema({"type": "object", "required": ("n",)}) is not None  # not plain JSON: checked as it is
+
+
 @hermes_batch.tool
 async def lookup(query: str, limit: int = 5, exact: bool = False, fields: Optional[list[str]] = None,
                  order: Literal["asc", "desc"] = "asc") -> dict:

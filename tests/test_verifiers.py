@@ -12,8 +12,6 @@ import pytest
 import hermes_batch
 from hermes_batch.testing import Reply, RoutedScript, write_dataset
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
 
 def solves(content: str):
     """A script whose session writes ``content`` to answer.txt with the terminal tool, then answers."""
@@ -75,6 +73,27 @@ def test_stop_on_success_stops_a_row_at_its_first_passing_sample(runner, model_s
     assert checkpoint["completed_batches"] == [0, 1] and checkpoint["prompts_finished"] == 8
 
 
+def test_a_passing_sample_a_filter_discards_still_stops_its_row(runner, model_server, tmp_path):
+    """As docs/verification.md says: passing is the verifiers' judgement; the no-reasoning filter discards the
+    pass, the row samples no further, and a refilter without that filter brings the pass back."""
+    def no_reasoning(request):
+        if request.turn == 0:
+            return Reply(content="", tool_calls=[("terminal", {"command": "printf 42 > answer.txt"})])
+        return Reply(content="The answer is 42.")
+
+    runner.server = model_server(no_reasoning)
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42 to answer.txt", "tests": TESTS}])
+    result = runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "4", "--stop_on_success")
+    assert result.exit_code == 0, result.output
+    assert runner.server.sessions_for("Write 42 to answer.txt") == 1
+    discarded = runner.records("discarded.jsonl")
+    assert [d["trajectory"]["metadata"]["passed"] for d in discarded] == [True] and not runner.records("trajectories.jsonl")
+    rewards = json.loads((runner.folder() / "statistics.json").read_text())["rewards"]
+    assert rewards["rows_passed"] == 1 and rewards["pass_at_k"]["1"] == 1.0
+    assert runner.cli("refilter", str(runner.folder()), "--filter", "hallucinated-tools").exit_code == 0
+    assert [r["metadata"]["passed"] for r in runner.records("trajectories.jsonl")] == [True]
+
+
 def test_samples_each_get_a_sandbox_and_a_toolset_sample_of_their_own(runner, model_server, tmp_path):
     runner.server = model_server(by_sample("42"))
     dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": "test ! -e seen && touch seen"}])
@@ -93,7 +112,7 @@ def test_max_samples_counts_samples(runner, model_server, tmp_path):
     assert result.exit_code == 0, result.output
     assert [(r["prompt_index"], r["metadata"]["sample_index"]) for r in kept(runner)] == [(0, 0), (0, 1), (1, 0)]
     stats = json.loads((runner.folder() / "statistics.json").read_text())
-    assert stats["prompts_finished"] == 3 if "prompts_finished" in stats else True
+    assert stats["prompts"]["finished"] == 3  # the statistics count samples
 
 
 class Hangs(hermes_batch.Verifier):
@@ -242,6 +261,36 @@ def test_bad_verifier_options_stop_the_run_before_any_model_call(runner, model_s
     assert runner.server.request_count == 0
 
 
+def test_the_verified_filter_without_a_verifier_is_refused_before_it_discards_everything(
+        runner, model_server, tmp_path):
+    """--filter verified with no --verifier would discard every sample ("no verifier ran on it"): the run refuses
+    it before any model call, and refilter and export refuse it for a run that ran no verifier."""
+    runner.server = model_server(by_sample("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": TESTS}])
+    result = runner.invoke(dataset, "--filter", "verified:0.5", "--samples_per_prompt", "2")
+    assert result.exit_code == 2 and "--filter verified keeps only samples a verifier passed" in result.output
+    assert runner.server.request_count == 0 and not runner.folder().exists()
+    assert runner.invoke(dataset).exit_code == 0  # a run without verifiers
+    for command in (("refilter", "--filter", "verified"), ("export", "--format", "sharegpt", "--filter", "verified")):
+        result = runner.cli(command[0], str(runner.folder()), *command[1:])
+        assert result.exit_code == 2 and "ran no --verifier" in result.output, result.output
+    assert len(runner.records("trajectories.jsonl")) == 1  # refused: nothing moved
+
+
+def test_the_verified_filter_discarding_the_failing_samples_is_no_warning_unless_none_passed(
+        runner, model_server, tmp_path):
+    """Rejection sampling discards most samples by design; only a run where no sample passed gets the warning."""
+    runner.server = model_server(by_sample("1", "2", "42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": TESTS}])
+    args = ("--verifier", "command", "--samples_per_prompt", "3", "--filter", "verified")
+    result = runner.invoke(dataset, *args)
+    assert result.exit_code == 0 and len(runner.records("discarded.jsonl")) == 2  # 2 of 3: failing samples
+    assert "filter discarded" not in result.output
+    result = runner.invoke(dataset, *args, "--verifier", "command:run=exit 1", run_name="never")
+    assert result.exit_code == 0 and "The verified filter discarded 3 of the 3 finished samples" in result.output
+    assert "no sample passed its verifiers" in result.output
+
+
 def test_the_verifiers_command_lists_them(runner):
     result = runner.cli("verifiers")
     assert result.exit_code == 0, result.output
@@ -280,6 +329,15 @@ def answer_verdict(spec: str, answer: str, expected, completed: bool = True):
 ])
 def test_the_answer_verifier_compares_the_final_answer(spec, answer, expected, reward):
     assert answer_verdict(spec, answer, expected).reward == reward
+
+
+def test_answer_mode_number_on_a_row_of_text_and_a_misspelt_mode_say_so():
+    with pytest.raises(ValueError, match="the row's `answer` 'Paris' is not a number, so answer:mode=number"):
+        answer_verdict("answer:mode=number", "Paris", "Paris")
+    with pytest.raises(hermes_batch.HermesBatchError) as caught:
+        answer_verdict("answer:mode=nmber", "Paris", "Paris")
+    assert str(caught.value) == ("Invalid options for the verifier answer: 'mode' must be in "
+                                 "('auto', 'exact', 'number', 'regex') (got 'nmber').")  # not attrs' repr
 
 
 def test_the_answer_verifier_without_an_answer():
@@ -347,6 +405,19 @@ def test_a_resume_under_stop_on_success_skips_rows_that_passed(runner, model_ser
     assert [r["metadata"]["passed"] for r in kept(runner)] == [False, True]
     assert runner.invoke(dataset, "--resume", *args, "--samples_per_prompt", "6").exit_code == 0
     assert runner.server.sessions_for("Write 42") == 2 and len(kept(runner)) == 2
+
+
+def test_a_resume_takes_the_run_s_verifier_for_stop_on_success_and_the_verified_filter(
+        runner, model_server, tmp_path):
+    """--verifier is the run's on a resume (run.json), so --stop_on_success and --filter verified need not repeat it."""
+    runner.server = model_server(by_sample("1", "2", "42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": TESTS}])
+    assert runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "2").exit_code == 0
+    result = runner.invoke(dataset, "--resume", "--stop_on_success", "--samples_per_prompt", "4",
+                           "--filter", "verified", "--allow_changed_settings")
+    assert result.exit_code == 0, result.output
+    assert [r["metadata"]["passed"] for r in kept(runner)] == [False, False, True]  # stopped at the third
+    assert runner.server.sessions_for("Write 42") == 3
 
 
 def test_a_run_folder_from_before_samples_resumes_as_before(runner, model_server, tmp_path):

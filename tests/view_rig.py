@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -25,9 +26,20 @@ _DEMO: dict = {}  # one demo run for all modules: each module that imports the f
 
 @pytest.fixture(scope="session")
 def demo_run_dir(tmp_path_factory) -> Path:
-    """One demo run for the whole session; tests that change a run copy it first (``run_copy``)."""
+    """One demo run for the whole session, made by the first pytest-xdist worker that needs it (about 10 s of
+    waiting on the model server and the sandboxes, which each worker need not repeat); tests that change a run
+    copy it first (``run_copy``)."""
     if "run" not in _DEMO:
-        _DEMO["run"] = make_demo_run(tmp_path_factory.mktemp("view") / "out")
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            shared = tmp_path_factory.getbasetemp().parent  # this session's, shared by its workers
+            with open(shared / "demo-run.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not (shared / "demo-run.done").exists():
+                    make_demo_run(shared / "demo-run" / "out")
+                    (shared / "demo-run.done").write_text("")
+            _DEMO["run"] = shared / "demo-run" / "out" / "demo"
+        else:
+            _DEMO["run"] = make_demo_run(tmp_path_factory.mktemp("view") / "out")
     return _DEMO["run"]
 
 

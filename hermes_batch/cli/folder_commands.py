@@ -66,9 +66,32 @@ def export_command(run_dirs, format_, output, include, split, filter_, force, se
             raise UsageError(f"The {writer.name} format chooses nothing at random, so --seed does not apply; leave it out.")
         writer.config = attrs.evolve(writer.config, seed=seed)
     filters = selection.filters(registry, tuple(filter_), whole_run=True)
+    _refuse_verified_without_verifiers(folders, filters)
     result = export(folders, writer, output=output, include=include, splits=parse_splits(split), filters=filters,
                     force=force)
     click.echo(result_json(result) if as_json else describe(result))
+
+
+def _refuse_verified_without_verifiers(folders, filters) -> None:
+    """--filter verified over a run that ran no --verifier would discard every record: refuse it, naming the run."""
+    from ..offline.folder_info import read_run_json
+
+    if not any(f.name == "verified" for f in filters):
+        return
+    for folder in folders:
+        run_json = read_run_json(folder)
+        if not isinstance(run_json.get("config"), dict):
+            continue  # no run.json (a run killed at its start): nothing says what it ran
+        history = run_json.get("settings_history")
+        sessions = [run_json["config"]]
+        if isinstance(history, list):  # an earlier session may have run the verifiers
+            sessions += [entry.get("settings") for entry in history if isinstance(entry, dict)]
+        if not any(isinstance(s, dict) and s.get("verifiers") for s in sessions):
+            raise UsageError(
+                f"--filter verified keeps only samples a verifier passed, and the run in {folder.dir} ran no "
+                "--verifier, so it would discard every record; leave the filter out, or run with --verifier NAME "
+                "(see docs/verification.md)."
+            )
 
 
 @click.command("refilter")
@@ -91,6 +114,7 @@ def refilter_command(run_dir, filter_, no_filters, dry_run, as_json):
     folder = open_run_folder(run_dir)
     registry = _registry()
     filters = selection.filters(registry, tuple(filter_), whole_run=True)
+    _refuse_verified_without_verifiers([folder], filters)
     config = read_run_json(folder).get("config") or {}
     writer_specs = tuple(config.get("writers") or ("jsonl",))
     try:

@@ -26,6 +26,7 @@ MAX_OUTPUT_CHARS = 20000  # of a tool's output the model sees; the rest is cut w
 REQUEST_TIMEOUT = 600.0  # seconds one model request may take before it counts as failed (and is retried)
 
 if TYPE_CHECKING:
+    from ..model.batching import BatchAPI
     from ..model.ratelimit import CallLimiter
     from .run_context import RunContext
     from .toolsets import PromptToolsets
@@ -151,6 +152,10 @@ class ModelClient(abc.ABC):
         other.journal = self.journal  # its requests are the run's requests
         return other
 
+    def batch_api(self) -> "Optional[BatchAPI]":
+        """The endpoint's batch API for ``--batch_api`` (see :mod:`hermes_batch.model.batching`), None without one."""
+        return None
+
     async def aclose(self) -> None:
         """Release connections."""
 
@@ -244,6 +249,10 @@ class SandboxBackend(abc.ABC):
     description: ClassVar[str] = ""
     Config: ClassVar[type] = NoOptions
     ignores_images: ClassVar[bool] = False  # True: rows' images are not used (the run warns once)
+    # What separates a prompt's commands from the machine, recorded in run.json and each record's metadata
+    # ("container" for a container backend; the local one sets it at check: namespace, pid-namespace or process).
+    isolation: str = ""
+    isolation_details: dict = {}  # what run.json records besides (the local backend: its network, missing protections)
     # True: a prompt's sandbox starts opening beside its first model request; False: at its first tool call,
     # for backends where a sandbox costs more than the wait (a prompt that calls no tool then never opens one)
     open_early: ClassVar[bool] = True

@@ -30,6 +30,7 @@ from hermes_batch.model.model_http import (
 )
 from hermes_batch.formats.reasoning import split_inline_reasoning
 from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
+from hermes_batch.model.batching import BatchAPI, management_error, status_error
 from hermes_batch.model.retry import RETRYABLE_STATUS, api_error_text, choose_reset_wait, retry_after_seconds
 
 if TYPE_CHECKING:
@@ -214,11 +215,101 @@ class AnthropicClient(ModelClient):
         finally:
             await quiet.aclose()
 
+    def batch_api(self) -> "AnthropicBatches":
+        """Its Message Batches endpoints, for --batch_api."""
+        return AnthropicBatches(self)
+
     async def aclose(self) -> None:
         if "_poster" in self.__dict__:
             await self._poster.aclose()
         if "_client" in self.__dict__:  # made, so opened
             await self._client.close()
+
+
+# The status an error type inside a batch stands for, for the client's classification.
+_ERROR_STATUS = {
+    "invalid_request_error": 400, "authentication_error": 401, "permission_error": 403, "not_found_error": 404,
+    "request_too_large": 413, "rate_limit_error": 429, "api_error": 500, "overloaded_error": 529,
+}
+
+
+class AnthropicBatches(BatchAPI):
+    """Anthropic's Message Batches: the requests sent in one create call, the results read as JSONL once it ended."""
+
+    def __init__(self, client: AnthropicClient):
+        self.client = client
+        self._outcomes: dict = {}  # batch id -> how it ended
+
+    @functools.cached_property
+    def _sdk_client(self) -> "anthropic.AsyncAnthropic":
+        # Its own client: the run's one only builds requests (model_http.DirectPost); these calls are few.
+        import anthropic
+
+        self._sdk = anthropic
+        settings = self.client.settings
+        api_key = settings.api_key or os.environ.get("ANTHROPIC_API_KEY") or "EMPTY"
+        return anthropic.AsyncAnthropic(api_key=api_key, base_url=sdk_base_url(settings.base_url), max_retries=0,
+                                        timeout=settings.request_timeout)
+
+    async def _call(self, what: str, call, *args, **kwargs):
+        sdk_client = self._sdk_client
+        try:
+            return await call(sdk_client.messages.batches)(*args, **kwargs)
+        except self._sdk.AnthropicError as exc:
+            raise management_error(self._sdk, exc, self.client.settings.base_url, what) from exc
+
+    async def check(self) -> None:
+        await self._call("its batch API", lambda b: b.list, limit=1)
+
+    def body(self, messages, tools) -> bytes:
+        return self.client._request(messages, tools)
+
+    async def submit(self, requests: list) -> str:
+        params = [{"custom_id": custom_id, "params": json.loads(body)} for custom_id, body in requests]
+        batch = await self._call("a new batch", lambda b: b.create, requests=params)
+        return batch.id
+
+    async def poll(self, batch_id: str) -> Optional[str]:
+        batch = await self._call("the state of a batch", lambda b: b.retrieve, batch_id)
+        if batch.processing_status != "ended":
+            return None
+        counts = batch.request_counts
+        return "expired" if counts.expired else "cancelled" if counts.canceled else "completed"
+
+    async def results(self, batch_id: str) -> dict:
+        found: dict = {}
+        decoder = await self._call("a batch's results", lambda b: b.results, batch_id)
+        try:
+            async for entry in decoder:
+                result = entry.result
+                if result.type == "succeeded":
+                    found[entry.custom_id] = self._answer(result.message)
+                elif result.type == "errored":
+                    found[entry.custom_id] = self._error(result.error)
+                # expired, canceled: not processed, so it goes out again
+        except self._sdk.AnthropicError as exc:
+            raise management_error(self._sdk, exc, self.client.settings.base_url, "a batch's results") from exc
+        return found
+
+    def _answer(self, message):
+        try:
+            return from_wire(message, self.client._provider)
+        except ModelCallError as exc:
+            return exc
+
+    def _error(self, error):
+        body = error.model_dump() if hasattr(error, "model_dump") else {}
+        kind = body.get("error", {}).get("type") if isinstance(body.get("error"), dict) else None
+        status = _ERROR_STATUS.get(kind, 500)
+        url = sdk_base_url(self.client.settings.base_url) + "/v1/messages"
+        return self.client._classify(status_error(self._sdk, status, body, url))
+
+    async def cancel(self, batch_id: str) -> None:
+        await self._call("the cancel of a batch", lambda b: b.cancel, batch_id)
+
+    async def aclose(self) -> None:
+        if "_sdk_client" in self.__dict__:
+            await self._sdk_client.close()
 
 
 def _reset_seconds(value: str, now: float) -> Optional[float]:

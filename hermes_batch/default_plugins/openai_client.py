@@ -17,6 +17,7 @@ from hermes_batch.model.model_http import (
 )
 from hermes_batch.formats.reasoning import extract_reasoning
 from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
+from hermes_batch.model.batching import BatchAPI, management_error, status_error
 from hermes_batch.model.retry import RETRYABLE_STATUS, api_error_text, rate_limit_reset_seconds, retry_after_seconds
 
 if TYPE_CHECKING:
@@ -156,11 +157,103 @@ class OpenAIClient(ModelClient):
             )
         return ModelCallError(f"The model endpoint refused the request ({status}: {text}).", status=status, provider=provider)
 
+    def batch_api(self) -> "OpenAIBatches":
+        """Its Files and Batches endpoints, for --batch_api."""
+        return OpenAIBatches(self)
+
     async def aclose(self) -> None:
         if "_poster" in self.__dict__:
             await self._poster.aclose()
         if "_client" in self.__dict__:  # made, so opened
             await self._client.close()
+
+
+class OpenAIBatches(BatchAPI):
+    """OpenAI's Batch API: the requests uploaded as a JSONL file (Files API), a batch made of it, its output and
+    error files read back once it ended."""
+
+    ENDED = ("completed", "expired", "cancelled", "failed")
+
+    def __init__(self, client: OpenAIClient):
+        self.client = client
+        self._ended: dict = {}  # batch id -> the SDK's Batch once it ended
+
+    @functools.cached_property
+    def _sdk_client(self) -> "openai.AsyncOpenAI":
+        # Its own client: the run's one only builds requests (model_http.DirectPost); these calls are few.
+        import openai
+
+        self._sdk = openai
+        settings = self.client.settings
+        return openai.AsyncOpenAI(api_key=settings.api_key or "EMPTY", base_url=settings.base_url, max_retries=0,
+                                  timeout=settings.request_timeout)
+
+    async def _call(self, what: str, call, *args, **kwargs):
+        sdk_client = self._sdk_client
+        try:
+            return await call(sdk_client)(*args, **kwargs)
+        except self._sdk.OpenAIError as exc:
+            raise management_error(self._sdk, exc, self.client.settings.base_url, what) from exc
+
+    async def check(self) -> None:
+        await self._call("its batch API", lambda c: c.batches.list, limit=1)
+
+    def body(self, messages, tools) -> bytes:
+        return self.client._request(messages, tools)
+
+    async def submit(self, requests: list) -> str:
+        lines = b"\n".join(
+            b'{"custom_id":' + json_bytes(custom_id) + b',"method":"POST","url":"/v1/chat/completions","body":'
+            + body + b"}" for custom_id, body in requests
+        )
+        upload = await self._call("the upload of a batch file", lambda c: c.files.create,
+                                  file=("hermes-batch.jsonl", lines, "application/jsonl"), purpose="batch")
+        batch = await self._call("a new batch", lambda c: c.batches.create, input_file_id=upload.id,
+                                 endpoint="/v1/chat/completions", completion_window="24h")
+        return batch.id
+
+    async def poll(self, batch_id: str) -> Optional[str]:
+        batch = await self._call("the state of a batch", lambda c: c.batches.retrieve, batch_id)
+        if batch.status not in self.ENDED:
+            return None
+        self._ended[batch_id] = batch
+        return batch.status
+
+    async def results(self, batch_id: str) -> dict:
+        batch = self._ended.pop(batch_id, None) or await self._call("the state of a batch", lambda c: c.batches.retrieve, batch_id)
+        found: dict = {}
+        for file_id in (batch.output_file_id, batch.error_file_id):
+            if not file_id:
+                continue
+            content = await self._call("a batch's results", lambda c: c.files.content, file_id)
+            for line in content.text.splitlines():
+                try:
+                    entry = json_object(line.encode())
+                except (ValueError, RetryableModelError):
+                    continue
+                custom_id, response = entry.get("custom_id"), entry.get("response")
+                if not isinstance(custom_id, str) or not isinstance(response, dict):
+                    continue  # not processed (the batch expired or was cancelled first): it goes out again
+                found[custom_id] = self._outcome(response)
+        return found
+
+    def _outcome(self, response: dict):
+        status, body = response.get("status_code"), response.get("body")
+        if status == 200 and isinstance(body, dict):
+            try:
+                return _from_wire(body)
+            except ModelCallError as exc:
+                return exc
+        status = status if isinstance(status, int) else 500
+        url = self.client.settings.base_url.rstrip("/") + "/chat/completions"
+        return self.client._classify(status_error(self._sdk, status, body, url))
+
+    async def cancel(self, batch_id: str) -> None:
+        await self._call("the cancel of a batch", lambda c: c.batches.cancel, batch_id)
+
+    async def aclose(self) -> None:
+        if "_sdk_client" in self.__dict__:
+            await self._sdk_client.close()
 
 
 def _error_field(exc: openai.APIStatusError) -> dict:

@@ -156,6 +156,9 @@ class AnswerVerifier(Verifier):
             return Verdict(1.0 if match else 0.0, "matches the pattern" if match else "does not match the pattern")
         part = answer_part(answer)
         if mode == "number":
+            if not _is_number(str(expected)):
+                raise ValueError(f"the row's `{self.config.field}` {str(expected)[:60]!r} is not a number, so "
+                                 "answer:mode=number cannot compare it; use answer:mode=auto for rows of text")
             want, got = float(str(expected).replace(",", "")), _number(part)
             if got is None:
                 return Verdict(0.0, "no number in the answer")

@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import attrs
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -492,9 +493,12 @@ def _fmt_pass(value: Optional[float]) -> str:
 def render_rewards(rewards: dict, console: Console) -> None:
     """The verifiers' tables: pass@k per run and per toolsets, and the reward distribution."""
     ks = list(rewards["pass_at_k"])
-    passing = Table(title="Verified samples: pass@k (rows of the dataset, all finished samples)")
-    for header in ("Toolsets", "Samples", "Passed", "Rows", "Never passed", *(f"pass@{k}" for k in ks)):
-        passing.add_column(header, justify="left" if header == "Toolsets" else "right")
+    # no column rules: up to pass@4 fits an 80-column terminal (a pipe's width) without cutting a number short
+    passing = Table(title="Verified samples: pass@k (rows of the dataset, all finished samples)", box=box.SIMPLE_HEAD,
+                    pad_edge=False, collapse_padding=True)
+    passing.add_column("Toolsets", overflow="fold", min_width=8)  # a long combination folds, the numbers never
+    for header in ("Samples", "Passed", "Rows", "Never\npassed", *(f"pass@{k}" for k in ks)):
+        passing.add_column(header, justify="right", no_wrap=True)
     scopes = [("all", {"samples": rewards["samples_scored"], "passed": rewards["samples_passed"], **rewards})]
     if len(rewards["by_toolsets"]) > 1:
         scopes += list(rewards["by_toolsets"].items())

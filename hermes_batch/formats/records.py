@@ -239,6 +239,7 @@ class Metadata:
     row: dict = field(factory=dict)
     seed: int = 0
     sandbox: str = ""
+    isolation: str = ""  # the sandbox backend's isolation level (SandboxBackend.isolation)
     image: str = ""
     cwd: str = ""
     tools_offered: tuple[str, ...] = ()

@@ -7,15 +7,9 @@ the sample key confirms; where it cannot be rebuilt (a prompt the run redacted, 
 
 from __future__ import annotations
 
-import hashlib
 from typing import Optional
 
-from .records import Trajectory, content_key, key_digest
-
-
-def _sample_key(row_key: str, sample_index: int) -> str:
-    # records.sample_key, the key the run gives sample ``sample_index`` of a row
-    return hashlib.sha256(f"{key_digest(row_key):016x}#{sample_index}".encode()).hexdigest()[:32]
+from .records import Trajectory, content_key, sample_key
 
 
 def _prompt(trajectory: Trajectory) -> Optional[str]:
@@ -35,6 +29,6 @@ def row_key(trajectory: Trajectory) -> str:
         cwd = meta.cwd or None
         for image in dict.fromkeys((None, meta.image or None)):  # the row's image, or none when the backend chose it
             key = content_key(prompt, image, cwd)
-            if _sample_key(key, meta.sample_index) == meta.content_key:
+            if sample_key(key, meta.sample_index) == meta.content_key:
                 return key
     return meta.content_key

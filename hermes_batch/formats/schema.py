@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 import jsonschema
@@ -24,10 +25,32 @@ def _validator(schema: dict):
     return validator
 
 
+_checked: dict[str, Optional[str]] = {}  # a schema's JSON text -> check_schema's verdict
+
+
 def check_schema(schema: Any) -> Optional[str]:
-    """None when ``schema`` is a valid JSON Schema of an object, else what is wrong with it."""
+    """None when ``schema`` is a valid JSON Schema of an object, else what is wrong with it.
+
+    Each registry checks every tool's schema against its metaschema, which takes
+    tens of milliseconds a tool: a schema seen before (by its JSON text) is not
+    checked again.
+    """
     if not isinstance(schema, dict):
         return f"expected a JSON object, got {type(schema).__name__}"
+    try:
+        key = json.dumps(schema, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return _check_schema(schema)
+    if key not in _checked and json.loads(key) != schema:  # not plain JSON (a tuple, a key not a str): as it is
+        return _check_schema(schema)
+    if key not in _checked:
+        if len(_checked) >= _CACHE_SIZE:
+            _checked.clear()
+        _checked[key] = _check_schema(schema)
+    return _checked[key]
+
+
+def _check_schema(schema: dict) -> Optional[str]:
     try:
         validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
     except jsonschema.SchemaError as exc:

@@ -286,7 +286,8 @@ def trajectory_from_dict(data: dict) -> Trajectory:
 def _format_exception(exc: BaseException, type_) -> str:
     # A validator's ValueError (raised by the class itself, so no type) is a sentence meant for the user.
     if isinstance(exc, ValueError) and type_ is None and str(exc):
-        return str(exc)
+        # attrs' own validators (in_, ...) raise ValueError(message, attribute, ...): the message alone
+        return exc.args[0] if len(exc.args) > 1 and isinstance(exc.args[0], str) else str(exc)
     return format_exception(exc, type_)
 
 

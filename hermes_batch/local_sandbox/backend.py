@@ -1,13 +1,13 @@
 """The ``local`` sandbox backend: one fresh folder per prompt, commands as local subprocesses.
 
-The local sandbox isolates files between prompts (each prompt works in its own
-folder under the run's ``scratch/`` area, and the file API refuses paths that
-leave it, links included), and where the machine allows it runs each prompt's
-commands in a PID and mount namespace of their own (see
-:mod:`~hermes_batch.local_sandbox.launchers`).  It is **not a security
-boundary**: commands run as the user who started the run, with that user's
-access to the rest of the machine's files and the network.  Use a container
-backend (``docker``, ``singularity``, ``modal``) for untrusted workloads.
+Each prompt works in its own folder under the run's ``scratch/`` area, and the
+file API refuses paths that leave it, links included.  Where the machine allows
+it (the compiled helper, namespaces as root or through user namespaces) each
+prompt's commands run in namespaces of their own that see only that folder,
+a private ``/tmp`` and the read-only system, as a user of their own, with
+limits (:mod:`~hermes_batch.local_sandbox.boundary`); elsewhere the start of
+the run says which of those protections are missing (see
+:mod:`~hermes_batch.local_sandbox.launchers`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from ..session.threads import in_daemon_thread
 from .control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
 from ..sandbox_blocks.commands import POST_KILL_DRAIN_S, OutputPipe, run_command, wait_for_command
 from ..sandbox_blocks.files import SandboxFolder
-from .launchers import HELPERS, ISOLATIONS, Launcher, launcher
+from .boundary import NETWORKS, Boundary, missing, parse_expose, parse_size
+from .launchers import HELPERS, ISOLATIONS, Launcher, launcher, private_network_works
 from .namespace import Namespace
 from .sweep import MARKER_VARIABLE, alone, kill_prompt_processes, session_members, ticks_since_boot
 from ..sandbox_blocks.processes import ChildProcess
@@ -66,6 +67,12 @@ class LocalSandboxConfig:
     control_dir: str = DEFAULT_BASE  # a memory file system for the helper's scripts and FIFOs; "" for none
     nice: int = 10  # how much nicer than the run the commands run, so that they never starve its event loop
     helper: str = "auto"  # a namespace's first process: auto (compiled where it builds and works, else bash), bash
+    network: str = "host"  # host, or none: a network namespace of the prompt's own with only its loopback
+    memory: str = "8g"  # address space of each command's process ("0": no limit)
+    pids: int = 512  # processes the prompt's user may have at once (0: no limit)
+    disk: str = "2g"  # size of each file a command writes, and of its private /tmp and /dev/shm ("0": no limit)
+    cpu: int = 600  # CPU seconds of each command's process (0: no limit)
+    expose: str = ""  # PATH[:rw],...: folders or files of the machine the commands see (read-only unless :rw)
 
     def __attrs_post_init__(self):
         if self.isolation not in ISOLATIONS:
@@ -78,6 +85,14 @@ class LocalSandboxConfig:
             raise ValueError("max_output_bytes must be at least 1024")
         if not 0 <= self.nice <= 19:
             raise ValueError(f"nice must be from 0 to 19, got {self.nice}")
+        if self.network not in NETWORKS:
+            raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {self.network!r}")
+        parse_size(self.memory, "memory")
+        parse_size(self.disk, "disk")
+        parse_expose(self.expose)
+        for name in ("pids", "cpu"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 (no limit) or more, got {getattr(self, name)}")
 
 
 class LocalSandboxBackend(SandboxBackend):
@@ -85,8 +100,8 @@ class LocalSandboxBackend(SandboxBackend):
 
     name = "local"
     description = (
-        "A fresh folder per prompt under the run folder, commands run as local subprocesses "
-        "(isolates files between prompts; not a security boundary)."
+        "A fresh folder per prompt under the run folder; commands see only it, as a user of their own, with limits, "
+        "where namespaces work (else the run says which protections are missing)."
     )
     Config = LocalSandboxConfig
     ignores_images = True
@@ -98,6 +113,9 @@ class LocalSandboxBackend(SandboxBackend):
         self.launcher: Optional[Launcher] = None
         self._control: Optional[ControlRoot] = None  # where the helpers' control folders go, when in memory
         self._checking = asyncio.Lock()
+        self.boundary: Optional[Boundary] = None  # with the compiled helper: what its commands see, are and use
+        self._options: tuple = ()  # the helper's options every sandbox shares (Boundary.options)
+        self.isolation = ""  # the level found at check: namespace, pid-namespace or process (Launcher.level)
 
     async def check(self) -> None:
         """Find how commands can run here; ConfigError when ``isolation=namespace`` cannot work."""
@@ -114,13 +132,42 @@ class LocalSandboxBackend(SandboxBackend):
                 f"-S isolation=namespace cannot work on this machine ({exc}); "
                 "use -S isolation=process, or install util-linux or a C compiler and allow user namespaces."
             ) from None
+        await self._check_boundary(found)
         if found.namespace and found.helper and self.config.control_dir and self._control is None:
             self._control = await in_daemon_thread(ControlRoot.make, self.config.control_dir,
                                                    run_key(self.run.scratch_dir))
             if self._control is None:
                 log.info("The local sandbox keeps its commands' scripts beside the prompt folders: %s cannot "
                          "hold a private folder.", self.config.control_dir)
+        if found.boundary:
+            control = os.path.dirname(self._control.path) if self._control is not None else None
+            self.boundary = Boundary.of(self.config, self.run.run_dir, control)
+            self._options = self.boundary.options()
+        self.isolation = found.level
+        self.isolation_details = {
+            "network": self.config.network if found.boundary else "host",
+            "missing": missing(found.level),
+        }
         self.launcher = found
+
+    async def _check_boundary(self, found: Launcher) -> None:
+        """ConfigError where ``isolation=namespace`` or ``network=none`` cannot be had; else say once what is missing."""
+        config = self.config
+        if config.isolation == "namespace" and not found.boundary:
+            raise ConfigError(
+                f"-S isolation=namespace cannot work on this machine ({found.reason}); use -S isolation=auto, or "
+                "install a C compiler (gcc and libc6-dev on Debian) and allow user namespaces."
+            )
+        if config.network == "none" and not await in_daemon_thread(private_network_works, found):
+            raise ConfigError(
+                "-S network=none cannot work on this machine (the local sandbox cannot give its namespaces a network "
+                f"of their own{': ' + found.reason if found.reason else ''}); use -S network=host or a container backend."
+            )
+        gaps = missing(found.level)
+        if gaps:  # a warning unless asked for (isolation=process)
+            log.log(logging.WARNING if config.isolation == "auto" else logging.INFO,
+                    "The local sandbox runs commands without %s: %s; -S isolation=namespace insists on them.",
+                    "; without ".join(gaps), found.reason or "namespaces cannot work here")
 
     async def start(self) -> None:
         await self.check()
@@ -136,7 +183,7 @@ class LocalSandboxBackend(SandboxBackend):
             # for ever (on FIFOs, say) may take whole.
             future = asyncio.get_running_loop().run_in_executor(_folder_executor(), self._make_folders, spec)
             try:
-                root, cwd, tmp, control = await asyncio.shield(future)
+                root, cwd, tmp, control, owner = await asyncio.shield(future)
             except asyncio.CancelledError:
                 future.add_done_callback(_remove_made)  # made all the same: nobody will close it
                 raise
@@ -156,11 +203,12 @@ class LocalSandboxBackend(SandboxBackend):
         # scripts and output FIFOs) are out of the prompt folder's view.
         namespace = None
         if self.launcher.namespace:
-            namespace = Namespace(self.launcher, env, control, str(root) + CONTROL_SUFFIX, self.config.nice)
+            options = self.boundary.sandbox_options(str(root), owner) + self._options if self.boundary else ()
+            namespace = Namespace(self.launcher, env, control, str(root) + CONTROL_SUFFIX, self.config.nice, options)
         marker = secrets.token_hex(8)
         if namespace is None:
             env[MARKER_VARIABLE] = marker  # how close finds the prompt's processes
-        sandbox = LocalSandbox(root, cwd, env, self, SandboxFolder(str(root), str(cwd)), namespace, marker)
+        sandbox = LocalSandbox(root, cwd, env, self, SandboxFolder(str(root), str(cwd), owner), namespace, marker)
         self._open.add(sandbox)
         if namespace is not None and spec.commands:
             # Its tools run commands: the namespace starts now, beside the first model request (the sandbox
@@ -170,16 +218,21 @@ class LocalSandboxBackend(SandboxBackend):
         return sandbox
 
     def _make_folders(self, spec: SandboxSpec) -> tuple:
-        """The prompt folder, its ``cwd`` and ``.tmp``, and the path of its control folder (made in memory)."""
+        """The prompt folder, its ``cwd`` and ``.tmp``, the path of its control folder (made in memory), and the
+        (uid, gid) its commands run as when not the runner's (the folders are theirs)."""
         scratch = self.run.scratch_dir
         scratch.mkdir(parents=True, exist_ok=True)
         prefix = f"p{spec.prompt_index}-{spec.content_key[:8]}-"
         root = Path(os.path.realpath(tempfile.mkdtemp(prefix=prefix, dir=scratch)))
+        owner = self.boundary.new_owner() if self.boundary is not None else None
         try:
             cwd = _map_inside(root, spec.cwd)
             cwd.mkdir(parents=True, exist_ok=True)
             tmp = root / ".tmp"
             tmp.mkdir()
+            if owner is not None:
+                for folder in {root, tmp, *(parent for parent in cwd.parents if root in parent.parents), cwd}:
+                    os.chown(folder, *owner, follow_symlinks=False)
             control = str(root) + CONTROL_SUFFIX
             if self._control is not None:
                 control = self._control.folder(root.name + CONTROL_SUFFIX)
@@ -187,7 +240,7 @@ class LocalSandboxBackend(SandboxBackend):
         except BaseException:
             _remove_tree(root)
             raise
-        return root, cwd, tmp, control
+        return root, cwd, tmp, control, owner
 
     async def shutdown(self) -> None:
         for sandbox in list(self._open):
@@ -254,7 +307,7 @@ def _remove_made(future: asyncio.Future) -> None:
     """Remove the folders ``LocalSandboxBackend._make_folders`` made for a prompt whose open was cancelled."""
     if future.cancelled() or future.exception() is not None:
         return
-    root, _cwd, _tmp, control = future.result()
+    root, _cwd, _tmp, control, _owner = future.result()
     threading.Thread(target=_remove_trees, args=([root, Path(control)],), daemon=True).start()
 
 

@@ -80,6 +80,7 @@ HELPER = (
 )
 HELPER_NAME = "hermes-batch-namespace"  # the helper's $0, which /proc/1/cmdline shows inside the namespace
 READY_TIMEOUT_S = 30.0
+CHECK_UID = 65534  # as root, the user a check of the compiled helper's boundary runs its command as
 
 
 @attrs.frozen
@@ -94,11 +95,25 @@ class Launcher:
     bash: Optional[str] = None  # with bash, the namespace's first process starts the commands (HELPER)
     # The compiled helper (namespace_init) and its options: it does unshare's, setpriv's and HELPER's work.
     compiled: tuple = ()
+    # Why a launcher without the compiled helper (or without namespaces) is the one found, "" when it was chosen.
+    reason: str = attrs.field(default="", eq=False)
 
     @property
     def helper(self) -> bool:
         """Whether the namespace's first process starts the commands (the compiled helper or HELPER)."""
         return bool(self.compiled) or self.bash is not None
+
+    @property
+    def boundary(self) -> bool:
+        """Whether the namespace's first process also builds the commands' view of the files, runs them as a
+        user of their own and holds them to limits (the compiled helper: see local_sandbox.boundary)."""
+        return bool(self.compiled)
+
+    @property
+    def level(self) -> str:
+        """The isolation level a run records: ``namespace`` (every protection), ``pid-namespace`` (a process
+        namespace only: the bash helper or nsenter) or ``process``."""
+        return "namespace" if self.boundary else "pid-namespace" if self.namespace else "process"
 
     @property
     def removes_command_files(self) -> bool:
@@ -110,10 +125,11 @@ class Launcher:
         """The first process of a new namespace (it prints ``ready``; it ends when its stdin closes)."""
         return [*self.unshare, "--", SHELL, "-c", KEEPALIVE]
 
-    def helper_argv(self, control: str, cwd: str, spill: str) -> list:
-        """The first process of a new namespace that starts its commands (see HELPER), privileges lowered."""
+    def helper_argv(self, control: str, cwd: str, spill: str, options: tuple = ()) -> list:
+        """The first process of a new namespace that starts its commands (see HELPER), privileges lowered;
+        ``options`` are the compiled helper's (its view, user, network and limits: see local_sandbox.boundary)."""
         if self.compiled:
-            return [*self.compiled, control, cwd, spill]
+            return [*self.compiled, *options, control, cwd, spill]
         return [*self.unshare, "--", *self.setpriv, self.bash, "-c", HELPER, HELPER_NAME, control, cwd, spill]
 
     def command_argv(self, command: str, cwd: str, init_pid: Optional[int]) -> list:
@@ -137,10 +153,22 @@ def launcher(isolation: str, helper: str = "auto") -> Launcher:
     return _launchers[key]
 
 
+_private_networks: dict = {}
+
+
+def private_network_works(found: Launcher) -> bool:
+    """Whether the compiled helper of ``found`` can give its namespaces a network of their own (checked once)."""
+    if not found.boundary:
+        return False
+    if found not in _private_networks:
+        _private_networks[found] = _helper_works(found, boundary=True, options=("-n",))
+    return _private_networks[found]
+
+
 def _find_launcher(isolation: str, helper: str) -> Launcher:
     setpriv = _setpriv_prefix()
     if isolation == "process":
-        return Launcher(False, setpriv)
+        return Launcher(False, setpriv, reason="-S isolation=process asks for plain processes")
     if pidfds_work():
         found, reason = _namespace_launcher(setpriv, helper)
         if found is not None:
@@ -150,7 +178,7 @@ def _find_launcher(isolation: str, helper: str) -> Launcher:
     if isolation == "namespace":
         raise RuntimeError(reason)
     log.info("The local sandbox runs commands as plain processes: %s.", reason)
-    return Launcher(False, setpriv)
+    return Launcher(False, setpriv, reason=reason)
 
 
 def _namespace_launcher(setpriv: tuple, helper: str) -> tuple:
@@ -158,13 +186,14 @@ def _namespace_launcher(setpriv: tuple, helper: str) -> tuple:
     ``helper`` auto), then unshare with the bash helper, then unshare with nsenter for each command."""
     root = os.geteuid() == 0
     compiled_failed = ""
+    why = "-S helper=bash asks for the bash helper"
     if helper == "auto":
         built, why = namespace_init.build()
         if built is not None:
             # As root its commands keep what a shell session needs; without, the user namespace's nothing.
             keep = ROOT_CAPABILITY_MASK if root else 0
             candidate = Launcher(True, setpriv, compiled=(built, *(() if root else ("-u",)), "-k", f"{keep:x}"))
-            if _helper_works(candidate):
+            if _helper_works(candidate, boundary=True):
                 return candidate, None
             why = f"{built} did not pass its check"
         log.info("The local sandbox's namespaces use unshare, setpriv and bash, not their compiled helper: %s.", why)
@@ -181,6 +210,7 @@ def _namespace_launcher(setpriv: tuple, helper: str) -> tuple:
         (nsenter, *(() if root else ("--user", "--preserve-credentials")), "--pid", "--mount"),
         _nsenter_has_wdns(nsenter),
         shutil.which("bash"),
+        reason=f"the compiled helper cannot be used ({why})",
     )
     reason = _try_namespace(candidate)
     if reason is not None:
@@ -250,17 +280,19 @@ def _try_namespace(candidate: Launcher) -> Optional[str]:
             stream.close()
 
 
-def _helper_works(candidate: Launcher) -> bool:
+def _helper_works(candidate: Launcher, boundary: bool = False, options: tuple = ()) -> bool:
     """Whether a namespace's helper runs a command here (``echo`` of its pid 1's name, through the FIFO),
-    within READY_TIMEOUT_S."""
+    within READY_TIMEOUT_S; with ``boundary``, in a view of the files of its own (and, as root, as a user of its
+    own), with ``options`` besides."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     with tempfile.TemporaryDirectory(prefix="hermes-batch-check-") as control:
         with open(os.path.join(control, "1.sh"), "w") as f:
             f.write("tr '\\0' ' ' < /proc/1/cmdline")
         os.mkfifo(os.path.join(control, "1.out"))
+        cwd, options = _check_view(control, options) if boundary else (control, options)
         try:
             helper = subprocess.Popen(
-                candidate.helper_argv(control, control, control), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                candidate.helper_argv(control, cwd, control, options), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, start_new_session=True, bufsize=0,
             )
         except OSError:
@@ -288,6 +320,18 @@ def _helper_works(candidate: Launcher) -> bool:
                 pass
             for stream in (helper.stdin, helper.stdout):
                 stream.close()
+
+
+def _check_view(control: str, options: tuple) -> tuple:
+    """(folder, options) of a check of the compiled helper's boundary: a folder of the command's own, in a view of
+    its own, as root as CHECK_UID."""
+    cwd = os.path.join(control, "work")
+    os.mkdir(cwd)
+    options = ("-r", cwd, "-t", "1048576", *options)
+    if os.geteuid() == 0:
+        os.chown(cwd, CHECK_UID, CHECK_UID)
+        options += ("-i", f"{CHECK_UID}:{CHECK_UID}")
+    return cwd, options
 
 
 def _wait_readable(fd: int, deadline: float) -> None:

@@ -35,15 +35,16 @@ log = logging.getLogger(__name__)
 class Namespace:
     """The PID and mount namespace of one prompt.
 
-    With a ``control`` folder (and bash), its first process is the HELPER that
+    With a ``control`` folder (and bash, or the compiled helper), its first process is the HELPER that
     starts the commands (``submit``), and it runs with ``env``, which the
     commands inherit; else commands enter it with nsenter.  ``spill`` is the
     helper's second control folder, for what ``control`` cannot hold.
     """
 
     def __init__(self, launcher: Launcher, env: Optional[dict] = None, control: Optional[str] = None,
-                 spill: Optional[str] = None, nicer: int = 0):
+                 spill: Optional[str] = None, nicer: int = 0, options: tuple = ()):
         self.launcher = launcher
+        self.options = options  # the compiled helper's view, user, network and limits (local_sandbox.boundary)
         self.env = env
         self.nicer = nicer  # how much nicer than the runner its processes run
         self.control = control if launcher.helper else None
@@ -66,7 +67,7 @@ class Namespace:
         """Start the namespace's first process, in ``cwd``; raises OSError or RuntimeError."""
         loop = asyncio.get_running_loop()
         helper = self.control is not None
-        argv = self.launcher.helper_argv(self.control, cwd, self.spill) if helper else self.launcher.init_argv()
+        argv = self.launcher.helper_argv(self.control, cwd, self.spill, self.options) if helper else self.launcher.init_argv()
         self._unshare = await ChildProcess.start(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd,
             env=self.env if helper else None, nicer=self.nicer,

@@ -236,6 +236,10 @@ def _write(path: Path, fn, *args):
 def describe(result: ExportResult) -> str:
     """The lines ``hermes-batch export`` prints."""
     lines = [f"{name}: {result.counts[name]} {result.unit} -> {path}" for name, path in result.files.items()]
+    empty = [name for name in result.files if not result.counts[name]]
+    if empty and len(result.files) > 1:  # datasets: 'Instruction "validation" corresponds to no data!'
+        lines.append(f"warning: {', '.join(empty)} got no {result.unit}, and datasets.load_dataset refuses an empty "
+                     "split file; give it a larger --split share, or leave its file out when loading.")
     for name, count in result.filtered.items():
         lines.append(f"left out by {name}: {count}")
     for what, count in result.notes.items():

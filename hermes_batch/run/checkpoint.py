@@ -139,6 +139,7 @@ def repair_torn_tails(folder: RunFolder) -> None:
 
 def write_run_json(
     folder: RunFolder, plan: RunPlan, plugins: list[dict], redactor: Redactor, settings_history: list = (),
+    sandbox: Optional[dict] = None,
 ) -> None:
     """run.json: the configuration (never the API key), the plan's decisions and the plugins' versions.
 
@@ -164,5 +165,7 @@ def write_run_json(
         },
         "plugins": [{k: p[k] for k in ("name", "distribution", "version")} for p in plugins],
         "settings_history": list(settings_history),
+        # the sandbox backend and its isolation level, as its check found them on this machine
+        "sandbox": dict(sandbox or {}),
     }
     atomic_write_text(folder.run_json, json.dumps(redactor.data(data), indent=2, default=str) + "\n")

@@ -16,6 +16,8 @@ from ..formats.conversation import DEFAULT_SYSTEM_PROMPT
 from ..errors import UsageError
 from ..contract.interfaces import COMMAND_TIMEOUT, MAX_RETRIES, REQUEST_TIMEOUT, ModelSettings
 from ..formats.jsonguard import has_lone_surrogate
+from ..model.batching import MAX_REQUESTS as MAX_BATCH_REQUESTS, MAX_WAIT_S as MAX_BATCH_WAIT_S
+from ..model.batching import POLL_INTERVAL_S as BATCH_POLL_INTERVAL_S
 from ..model.model_http import HTTP_BACKENDS
 from .options import Cli, at_least, finite, one_of, option, positive
 from ..contract.run_context import LOG_PREFIX_CHARS
@@ -200,6 +202,16 @@ class RunConfig:
         False, help="Sample a row no further once one of its samples passed (--min_reward).")
     min_reward: float = option(
         1.0, validator=finite, help="The reward a verified sample needs to pass.")
+    batch_api: bool = option(
+        False, help="Send the model calls as provider batches (OpenAI Batch API, Anthropic Message Batches) at "
+        "batch prices; sessions wait for their batch (docs/batch-api.md).")
+    batch_api_max_requests: int = option(
+        MAX_BATCH_REQUESTS, validator=at_least(1), help="With --batch_api: a batch is submitted once it holds this many requests.")
+    batch_api_max_wait: float = option(
+        MAX_BATCH_WAIT_S, validator=positive,
+        help="With --batch_api: a batch is submitted this many seconds after its first request, however full.")
+    batch_api_poll_interval: float = option(
+        BATCH_POLL_INTERVAL_S, validator=positive, help="With --batch_api: seconds between checks of a batch in flight.")
 
     response_cache: Optional[Path] = option(
         None, cli=Cli(type=click.Path(path_type=Path, file_okay=False), default_text="off"),
@@ -216,8 +228,21 @@ class RunConfig:
                 raise UsageError(f"--{field.name} holds bytes that are not UTF-8 text; pass it as UTF-8.")
         if self.resume and self.overwrite:
             raise UsageError("--resume and --overwrite contradict each other; pass one of them.")
-        if self.stop_on_success and not self.verifiers:
+        if not self.resume:  # a resume takes the run's --verifier from run.json first: checked in make_plan
+            self.check_verifier_needs()
+
+    def check_verifier_needs(self) -> None:
+        """Options that mean nothing without a --verifier: --stop_on_success, and --filter verified (it would
+        discard every sample)."""
+        if self.verifiers:
+            return
+        if self.stop_on_success:
             raise UsageError("--stop_on_success needs a verifier to say what passes; add --verifier NAME.")
+        if any(str(spec).split(":", 1)[0].strip() == "verified" for spec in self.filters or ()):
+            raise UsageError(
+                "--filter verified keeps only samples a verifier passed, and no --verifier is given, so it would "
+                "discard every sample; add --verifier NAME (see docs/verification.md) or leave the filter out."
+            )
 
     @property
     def max_rows(self) -> Optional[int]:

@@ -79,8 +79,12 @@ def mostly_discarded(statistics: dict, filter_names, run_dir) -> None:
     if not finished:
         return
     for name, count in statistics["discarded_by_filter"].items():
+        if name == "verified" and count < finished:
+            continue  # rejection sampling: the failing samples are meant to go (dpo and rollouts still read them)
         if count > finished * MOSTLY:
             hint = ""
+            if name == "verified":
+                hint = " no sample passed its verifiers (see the reasons in discarded.jsonl and the pass@k table);"
             if name == "no-reasoning":
                 hint = (" the model gave no reasoning (it may not be a reasoning model, or reasoning is off: "
                         "--reasoning_disabled, --reasoning_effort none);")

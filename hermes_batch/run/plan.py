@@ -94,7 +94,10 @@ def make_plan(
     selection.filters(registry, filter_specs)  # unknown names and bad options stop the run here
     selection.writers(registry, config.writers)
     selection.verifiers(registry, config.verifiers)  # unknown names and bad options stop the run here
+    config.check_verifier_needs()  # again: a resume's --verifier is the run's, taken from run.json
     executor = selection.executor(registry, config.executor, config.executor_options)
+    if config.batch_api:
+        _check_batch_api(client_cls, executor.name)
     prefill = load_prefill(config.prefill_messages_file)
     notices.routing_elsewhere(config)
 
@@ -133,6 +136,18 @@ def make_plan(
     return plan, {name: runtimes[name] for name in plan.toolsets}
 
 
+def _check_batch_api(client_cls: type, executor: str) -> None:
+    from .batch_client import has_batch_api
+
+    if not has_batch_api(client_cls):
+        raise UsageError(f"The model client {client_cls.name!r} has no batch API; run without --batch_api, or with "
+                         "--model_client openai or anthropic.")
+    if executor != "local":
+        # the driver would have to submit and collect for every worker's sessions: not built yet
+        raise UsageError(f"--batch_api runs under the local executor only, not --executor {executor}; "
+                         "drop --executor (a batch run waits on the provider, not on this machine's cores).")
+
+
 def _choose_seed(config: RunConfig, folder: RunFolder) -> int:
     """--seed, else the seed run.json recorded (a resume samples as the first session did), else a random one."""
     if config.seed is not None:
@@ -162,11 +177,16 @@ def build_processor(
         runtimes = {
             name: registry.get("toolsets", name).runtime(plan.toolset_configs[name], plan.model) for name in plan.toolsets
         }
+    client = registry.get("model_clients", plan.model_client)(plan.model)
+    if plan.config.batch_api:
+        from .batch_client import BatchingClient, batch_options
+
+        client = BatchingClient(client, batch_options(plan.config))
     return PromptProcessor(
         run_name=run.run_name,
         model=plan.config.model,
         seed=plan.seed,
-        client=registry.get("model_clients", plan.model_client)(plan.model),
+        client=client,
         backend=registry.get("sandboxes", plan.sandbox)(plan.sandbox_config, run),
         toolsets={name: tuple(cls() for cls in registry.get("toolsets", name).tools) for name in plan.tools},
         all_tools=plan.all_tools,

@@ -49,6 +49,8 @@ RUN = frozenset({
     "prompt_timeout", "max_concurrent_requests", "max_requests_per_minute", "max_tokens_per_minute", "max_cost",
     "preflight", "http_backend", "samples_per_prompt", "stop_on_success", "response_cache",
 })
+# how the model calls travel (docs/batch-api.md), not what they ask
+RUN |= {"batch_api", "batch_api_max_requests", "batch_api_max_wait", "batch_api_poll_interval"}
 COMMAND = frozenset({"run_name", "output_dir", "resume", "overwrite", "allow_changed_settings", "api_key"})
 NEVER_SAVED = frozenset({"api_key", "ephemeral_system_prompt"})  # run.json keeps a digest of the prompt only
 

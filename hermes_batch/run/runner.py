@@ -36,6 +36,7 @@ from ..folder.lock import RunFolderLock
 from ..folder.merge import merge_run
 from ..contract.plugin_errors import PluginFailures
 from ..contract.plugins import collect, describe_plugins, get_plugin_manager
+from .batch_client import BatchingClient
 from .plan import RunPlan, build_processor, make_plan
 from ..session.processor import quietly
 from ..session.replay import Replayer, replay_key
@@ -241,6 +242,8 @@ class RunEngine:
                 starting.result()  # a cluster that cannot be reached says so before the preflight is paid for
             if to_run and self.config.preflight and not self._over_budget():
                 await processor.client.preflight()
+            if to_run and isinstance(processor.client, BatchingClient):
+                await processor.client.check_batch_api()  # an endpoint without one says so before any prompt
             await starting
         except (HermesBatchError, asyncio.CancelledError) as exc:
             starting.cancel()
@@ -253,7 +256,9 @@ class RunEngine:
         cfg, plan = self.config, self.plan
         try:
             self.folder.create()
-            write_run_json(self.folder, plan, describe_plugins(self.pm), self.redactor, self.settings_history)
+            backend = processor.backend
+            write_run_json(self.folder, plan, describe_plugins(self.pm), self.redactor, self.settings_history,
+                           {"name": backend.name, "isolation": backend.isolation, **backend.isolation_details})
             rowkeys.save(self.folder, self.validated, cfg.max_rows)
             self.validated.keys.digests = self.validated.keys.indexes = None  # matched: 16 bytes a row less
             processor.client.journal = self.journal = CallJournal(
@@ -262,6 +267,10 @@ class RunEngine:
             processor.replayer = Replayer(self.responses, processor.client, open_cache(cfg.response_cache))
             if self.responses.cut_off:
                 log.info("%d prompt(s) cut off before replay their recorded model answers.", self.responses.cut_off)
+            if isinstance(processor.client, BatchingClient):
+                left = self.resume_plan.left
+                processor.client.open_journal(self.folder.dir, self.checkpoints.session_number,
+                                              None if left is None else set(left))
             notices.skipped_lines(plan.dataset, self.folder, cfg.dataset_file, cfg.max_rows)
             # on record from the start, so a session killed before its first batch completes still counts
             self._save_checkpoint(interrupted=False)
@@ -280,6 +289,8 @@ class RunEngine:
             log.warning("Toolset %s is left out of sampling: %s", name, reason)
         self.progress = Progress(total=to_run, enabled=cfg.progress)
         self.progress.watch(processor.client.limiter.summary)
+        if isinstance(processor.client, BatchingClient):
+            self.progress.watch(processor.client.batcher.summary)
         self.recorder = Recorder(
             self.folder, self.index, self.checkpoints, self.filters, self.redactor, self.progress, self.pm.hook,
             self.context, self.plugin_failures, on_batch_complete=lambda: self._save_checkpoint(interrupted=False),
@@ -553,6 +564,8 @@ class RunEngine:
                 distributions=tuple(run_settings.distinct(self.settings_history, "distribution")),
             ),
         )
+        if isinstance(self.client, BatchingClient):
+            stats["batch_api"] = self.client.statistics()  # this session's batches
         offloop.check_stop()
         stats = self.redactor.data(stats)
         atomic_write_text(self.folder.statistics, finite_dumps(stats, indent=2) + "\n")

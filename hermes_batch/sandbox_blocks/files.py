@@ -67,10 +67,13 @@ class SandboxFolder:
     block (call them in a thread, e.g. ``asyncio.to_thread``), never on a FIFO
     or device: those are refused with ``OSError(EINVAL)``; a path that leads
     out of ``root``, through ``..`` or a link however swapped, raises
-    ``PermissionError``.
+    ``PermissionError``.  With ``owner`` (uid, gid), what they create (files
+    and folders) is given to that user, the one the sandbox's commands run as
+    when it differs from the runner's.
     """
 
-    def __init__(self, root: str, cwd: Optional[str] = None):
+    def __init__(self, root: str, cwd: Optional[str] = None, owner: Optional[tuple] = None):
+        self.owner = owner
         self.root = root = os.fspath(root)
         cwd = root if cwd is None else os.fspath(cwd)
         self.fd = os.open(root, _DIR_FLAGS)
@@ -125,6 +128,8 @@ class SandboxFolder:
                         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
                     try:
                         os.mkdir(name, 0o777, dir_fd=chain[-1])
+                        if self.owner is not None:  # a link swapped in meanwhile is changed itself, not followed
+                            os.chown(name, *self.owner, dir_fd=chain[-1], follow_symlinks=False)
                     except FileExistsError:
                         pass
                     todo.appendleft(name)
@@ -225,9 +230,16 @@ class SandboxFolder:
         info = _lstat(parent, name, path)
         if info is None:
             try:
-                return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o666, dir_fd=parent)
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o666, dir_fd=parent)
             except FileExistsError:
                 raise _Swapped() from None
+            if self.owner is not None:
+                try:
+                    os.fchown(fd, *self.owner)
+                except BaseException:
+                    os.close(fd)
+                    raise
+            return fd
         require_regular_file(info.st_mode, path)
         return _open_checked(parent, name, os.O_WRONLY, path)
 

@@ -153,6 +153,7 @@ class PromptProcessor:
             row=row.extra,
             seed=self.seed,
             sandbox=self.backend.name,
+            isolation=self.backend.isolation,
             image=self.backend.image_for(spec),  # what the sandbox runs or would run, whether or not a tool opened it
             cwd=row.cwd or "",
             tools_offered=tuple(tools),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "ScriptedModelServer": "server",
     "ErrorRule": "server",
+    "BatchSettings": "server",
     "ScriptRequest": "scripts",
     "Reply": "scripts",
     "ToolLoopScript": "scripts",
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
     from .sandbox_contract import SandboxContract
     from .toolsets import ToolsetHarness
     from .scripts import REASONING_FORMATS, ImageReply, ImageRequest, Reply, RoutedScript, ScriptRequest, ToolLoopScript
-    from .server import ErrorRule, ScriptedModelServer
+    from .server import BatchSettings, ErrorRule, ScriptedModelServer
 
 
 def __getattr__(name: str) -> Any:

@@ -43,6 +43,19 @@ of the path) and never block; ``read_file(path, max_bytes)`` returns at most
 however swapped, never lead the file API to the runner's own files; and every
 process a prompt started dies at ``close``, also one that left its session
 with ``setsid`` or forked twice and changed folder like a daemon.
+
+The boundary classes, for a hostile model: a sandbox cannot read a neighbour's
+files, a marker in the invoking user's home (a temporary ``HOME`` set for the
+test) or in the run folder; it writes nothing outside its folder on this
+machine; a setuid-root program grants it nothing (:meth:`SandboxContract.setuid_program`
+places one); it cannot exceed the memory, process or disk limits of the
+``limited_backend`` fixture (:attr:`SandboxContract.limits`), and hitting one
+fails the command, not the next prompt; with the ``offline_backend`` fixture
+(``network=none``) it cannot reach a listener on this machine's loopback.  A
+backend where a class does not apply says why in
+:attr:`SandboxContract.not_applicable`, and the test is skipped with that
+reason; the ``limited_backend`` and ``offline_backend`` fixtures skip unless
+the subclass provides them.
 """
 
 from __future__ import annotations
@@ -51,6 +64,7 @@ import asyncio
 import errno
 import itertools
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Awaitable, Callable, Optional
@@ -133,6 +147,13 @@ class SandboxContract:
     race_reads: int = 400
     #: Most the runner's peak memory may grow while reading a 1 GiB file with a bound.
     max_read_growth: int = 64 * 1024 * 1024
+    #: The limits the ``limited_backend`` fixture's sandboxes run with: bytes of memory (per process or per
+    #: sandbox), processes, bytes a file may grow to; None where the backend has no such limit (say why in
+    #: ``not_applicable``).
+    limits: dict = {"memory": None, "pids": None, "disk": None}
+    #: Boundary classes that do not apply to this backend, with the reason: "neighbours", "home", "run_folder",
+    #: "write_outside", "setuid", "memory", "pids", "disk", "network".
+    not_applicable: dict = {}
 
     async def sandbox_exists(self, sandbox: Sandbox) -> bool:
         """Whether the backend still holds the sandbox (its folder, container, instance)."""
@@ -192,6 +213,40 @@ class SandboxContract:
     async def sandbox(self, open_sandbox: OpenSandbox) -> Sandbox:
         """One sandbox with default settings."""
         return await open_sandbox()
+
+    @pytest.fixture
+    async def limited_backend(self):
+        """A started backend whose sandboxes run with :attr:`limits`; skipped unless the subclass gives one."""
+        pytest.skip(self.not_applicable.get("memory", f"{type(self).__name__} gives no limited_backend"))
+        yield None
+
+    @pytest.fixture
+    async def offline_backend(self):
+        """A started backend whose sandboxes have no network (network=none); skipped unless the subclass gives one."""
+        pytest.skip(self.not_applicable.get("network", f"{type(self).__name__} gives no offline_backend"))
+        yield None
+
+    @pytest.fixture
+    def home_marker(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+        """A marker file in a temporary ``HOME`` of the invoking user, set before the backend starts."""
+        home = tmp_path / "invoking-home"
+        home.mkdir()
+        marker = home / "hb-home-marker.txt"
+        marker.write_bytes(RUNNER_SECRET)
+        # what the user's cache held stays where it was (a backend may have built a program there)
+        monkeypatch.setenv("XDG_CACHE_HOME", os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"))
+        monkeypatch.setenv("HOME", str(home))
+        return marker
+
+    def _applies(self, name: str) -> None:
+        if name in self.not_applicable:
+            pytest.skip(f"not applicable to {type(self).__name__}: {self.not_applicable[name]}")
+
+    async def setuid_program(self, sandbox: Sandbox) -> Optional[str]:
+        """The path, as the sandbox's commands see it, of a setuid-root program that prints the effective uid
+        (a copy of ``id``) placed in ``sandbox``; None where the test cannot place one (say why in
+        ``not_applicable["setuid"]``)."""
+        return None
 
     # --- the image -------------------------------------------------------------------
 
@@ -519,3 +574,141 @@ class SandboxContract:
             if value or time.monotonic() >= deadline:
                 return value
             await asyncio.sleep(0.05)
+
+    # --- the boundary: what a hostile model cannot reach ----------------------------------------------
+
+    async def test_a_neighbours_files_cannot_be_read(self, open_sandbox: OpenSandbox):
+        self._applies("neighbours")
+        first = await open_sandbox()
+        second = await open_sandbox()
+        await first.write_file("neighbour-secret.txt", RUNNER_SECRET)
+        await first.exec("echo $$ > neighbour-pid; sleep 300 > /dev/null 2>&1 &", 30)
+        folder = first.workdir
+        seen = await second.exec(
+            f"cat '{folder}/neighbour-secret.txt' ../*/neighbour-secret.txt ../../*/*/neighbour-secret.txt "
+            f"/proc/*/cwd/neighbour-secret.txt 2>/dev/null; ls -a '{folder}' .. 2>/dev/null",
+            30,
+        )
+        assert RUNNER_SECRET.decode() not in seen.output
+        assert "neighbour-pid" not in seen.output
+        assert await first.read_file("neighbour-secret.txt") == RUNNER_SECRET
+
+    async def test_a_marker_in_the_invoking_users_home_cannot_be_read(self, home_marker: Path, open_sandbox: OpenSandbox):
+        self._applies("home")
+        sandbox = await open_sandbox()
+        seen = await sandbox.exec(  # errors would name the paths tried: only what was read counts
+            f"cat '{home_marker}' ~/hb-home-marker.txt 2>/dev/null; ls -a '{home_marker.parent}' 2>/dev/null", 30)
+        assert RUNNER_SECRET.decode() not in seen.output
+        assert home_marker.name not in seen.output
+
+    async def test_a_marker_in_the_run_folder_cannot_be_read(self, backend: SandboxBackend, open_sandbox: OpenSandbox):
+        self._applies("run_folder")
+        sandbox = await open_sandbox()
+        marker = Path(backend.run.run_dir) / "hb-run-marker.txt"
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_bytes(RUNNER_SECRET)
+        seen = await sandbox.exec(f"cat '{marker}' 2>/dev/null; ls -a '{marker.parent}' 2>/dev/null", 30)
+        assert RUNNER_SECRET.decode() not in seen.output
+        assert marker.name not in seen.output
+
+    async def test_nothing_is_written_outside_the_folder(
+        self, backend: SandboxBackend, home_marker: Path, open_sandbox: OpenSandbox, tmp_path: Path
+    ):
+        self._applies("write_outside")
+        sandbox = await open_sandbox()
+        name = unique_marker()
+        targets = [tmp_path / name, Path(backend.run.run_dir) / name, home_marker.parent / name]
+        for target in targets:
+            await sandbox.exec(f"echo hostile > '{target}'; mkdir '{target}.d'", 30)
+        await sandbox.exec(f"echo hostile > '{home_marker}'", 30)
+        written = [str(target) for target in targets if target.exists() or Path(f"{target}.d").exists()]
+        for target in targets:  # this test's own folders only
+            shutil.rmtree(f"{target}.d", ignore_errors=True)
+            if target.exists():
+                target.unlink()
+        assert written == []
+        assert home_marker.read_bytes() == RUNNER_SECRET
+
+    async def test_a_setuid_program_grants_nothing(self, open_sandbox: OpenSandbox):
+        self._applies("setuid")
+        sandbox = await open_sandbox()
+        program = await self.setuid_program(sandbox)
+        if program is None:
+            pytest.skip(f"{type(self).__name__} places no setuid program")
+        before = (await sandbox.exec("id -u", 30)).output.strip()
+        after = await sandbox.exec(f"'{program}' -u", 30)
+        assert after.output.strip() == before != "0", after
+
+    async def _limited(self, name: str, limited_backend: SandboxBackend) -> tuple:
+        self._applies(name)
+        limit = self.limits.get(name)
+        if limit is None:
+            pytest.skip(f"{type(self).__name__} sets no {name} limit")
+        sandboxes = []
+        for index in range(2):
+            spec = SandboxSpec(limited_backend.run.run_name, 800 + index,
+                               content_key(f"limited {name} {index}", self.image, None), image=self.image)
+            await limited_backend.prepare_image(self.image)
+            sandboxes.append(await limited_backend.open(spec))
+        return limit, sandboxes
+
+    async def _after_limit(self, hit: ExecResult, sandboxes: list) -> None:
+        """The command that hit a limit failed; the other sandbox, and the one that hit it, still work."""
+        try:
+            assert hit.exit_code != 0 or hit.timed_out, hit
+            assert (await sandboxes[1].exec("echo unaffected", 60)).output == "unaffected\n"
+        finally:
+            for sandbox in sandboxes:
+                await sandbox.close()
+
+    async def test_memory_beyond_the_limit_fails_the_command(self, limited_backend: SandboxBackend):
+        limit, sandboxes = await self._limited("memory", limited_backend)
+        # the shell holds the whole substitution in memory
+        hit = await sandboxes[0].exec(f"x=$(head -c {2 * limit} /dev/zero | tr '\\0' a); echo ${{#x}}", 120)
+        assert hit.output.strip() != str(2 * limit), hit
+        await self._after_limit(hit, sandboxes)
+
+    async def test_processes_beyond_the_limit_fail_the_command(self, limited_backend: SandboxBackend):
+        limit, sandboxes = await self._limited("pids", limited_backend)
+        hit = await sandboxes[0].exec(
+            f"i=0; while [ $i -lt {2 * limit} ]; do sleep 60 > /dev/null 2>&1 & i=$((i+1)); done; echo spawned $i", 60
+        )
+        assert f"spawned {2 * limit}" not in hit.output, hit
+        assert any(word in hit.output.lower() for word in ("fork", "resource", "unavailable")), hit
+        await self._after_limit(hit, sandboxes)
+
+    async def test_a_file_beyond_the_disk_limit_fails_the_command(self, limited_backend: SandboxBackend):
+        limit, sandboxes = await self._limited("disk", limited_backend)
+        megabytes = limit // 1048576
+        hit = await sandboxes[0].exec(f"dd if=/dev/zero of=big bs=1048576 seek={megabytes} count=2 2>&1", 60)
+        size = (await sandboxes[0].exec("wc -c < big", 30)).output.strip()
+        assert not size.isdigit() or int(size) <= limit, size
+        await self._after_limit(hit, sandboxes)
+
+    async def test_with_network_none_the_hosts_loopback_cannot_be_reached(self, offline_backend: SandboxBackend):
+        self._applies("network")
+        connections = []
+
+        async def accept(reader, writer):
+            connections.append(True)
+            writer.close()
+
+        server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        spec = SandboxSpec(offline_backend.run.run_name, 850, content_key("offline", self.image, None), image=self.image)
+        await offline_backend.prepare_image(self.image)
+        sandbox = await offline_backend.open(spec)
+        try:
+            tried = await sandbox.exec(
+                f"nc -w 2 127.0.0.1 {port} < /dev/null; "
+                f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)'; "
+                f"wget -q -T 2 -O - http://127.0.0.1:{port}/; echo tried",
+                60,
+            )
+            assert "tried" in tried.output
+            await asyncio.sleep(0.5)
+            assert connections == [], tried
+        finally:
+            await sandbox.close()
+            server.close()
+            await server.wait_closed()

@@ -5,7 +5,9 @@
 callable ``(ScriptRequest) -> Reply``, sync or async.  Multimodal messages reach
 the script with their image URLs (``ScriptRequest.images``), and ``POST
 /v1/images/generations`` is answered by an *images script* (``ImageRequest ->
-ImageReply``), by default with a small PNG made from the prompt.  Faults (rate limits, server
+ImageReply``), by default with a small PNG made from the prompt.  The batch
+endpoints of both (OpenAI Files + Batches, Anthropic Message Batches) answer
+each request of a batch through the same script (``hermes_batch.testing.batches``).  Faults (rate limits, server
 errors, bad keys, unknown models, latency, hangs) are injected around the script.
 
 Run it alone for benchmarks::
@@ -32,6 +34,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import attrs
 from aiohttp import web
 
+from .batches import BatchEndpoints, BatchSettings
 from .images import png_for
 from .scripts import REASONING_FORMATS, ImageReply, ImageRequest, Reply, RoutedScript, Script, ScriptRequest, ToolLoopScript
 from .wire import (
@@ -49,6 +52,7 @@ from .wire import (
 
 # The scripts and records are defined in .scripts and re-exported here, where users import them.
 __all__ = [
+    "BatchSettings",
     "ErrorRule",
     "ImageReply",
     "ImageRequest",
@@ -91,6 +95,8 @@ class ScriptedModelServer:
     Use ``with`` to run it in a background thread with its own event loop, or
     ``async with`` inside a running loop.  Sync scripts run on the event loop and
     must not block.  With ``record=False`` requests are counted but not kept.
+    ``batches`` says how its batch endpoints process batches (see
+    :mod:`hermes_batch.testing.batches`; ``server.batches`` counts what they processed).
     The preflight probe of a run (``ScriptRequest.preflight``) is answered with
     ``preflight_reply`` instead of calling the script (``None``: the script
     answers it too); faults, latency and hangs apply to it like to any request.
@@ -111,6 +117,7 @@ class ScriptedModelServer:
         record: bool = True,
         preflight_reply: Optional[Reply] = Reply(content="ready", finish_reason="stop"),
         images: Optional[Callable[[ImageRequest], ImageReply]] = None,
+        batches: Optional[BatchSettings] = None,
     ):
         self.script = script
         self.images_script = images or (lambda _request: ImageReply())
@@ -142,6 +149,7 @@ class ScriptedModelServer:
         self._stopping: Optional[asyncio.Event] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
+        self.batches = BatchEndpoints(self, batches or BatchSettings())
 
     # --- observing -------------------------------------------------------------
 
@@ -195,6 +203,7 @@ class ScriptedModelServer:
         app.router.add_post("/v1/chat/completions", self._handle_openai)
         app.router.add_post("/v1/messages", self._handle_anthropic)
         app.router.add_post("/v1/images/generations", self._handle_images)
+        self.batches.add_routes(app.router)
         app.router.add_get("/v1/files/{name}", self._handle_file)
         app.router.add_get("/v1/models", self._handle_models)
         app.router.add_get("/v1/models/{model:.+}", self._handle_model)
@@ -208,6 +217,7 @@ class ScriptedModelServer:
         """Stop listening; hanging requests are released."""
         if self._runner is not None:
             self._stopping.set()
+            await self.batches.aclose()
             await self._runner.cleanup()
             self._runner = None
 
@@ -339,41 +349,56 @@ class ScriptedModelServer:
     async def _handle(self, http: web.Request, api: str) -> web.Response:
         try:
             body = await http.json()
-            request = parse_request(api, body, {k.lower(): v for k, v in http.headers.items()}, self._verify)
-        except (ValueError, BadRequest, KeyError, TypeError, AttributeError) as exc:
+        except ValueError as exc:
             return self._error(api, 400, f"Invalid request body: {exc}")
+        response, reply = await self.answer(api, body, http.headers, authorized=self._authorized(http))
+        return response if reply is None else await self._deliver(http, response, reply)
+
+    async def answer(
+        self, api: str, body: Any, headers: Mapping[str, str], *, authorized: bool = True, in_batch: bool = False,
+    ) -> "tuple[web.Response, Optional[Reply]]":
+        """The answer to one request body of ``api``, and the script's Reply when it made one (to deliver it).
+
+        Requests of a batch (``in_batch``) come here one by one when their batch is processed: they are
+        counted, recorded and answered like any other, faults included, but without latency or hangs
+        (the batch's processing delay stands for them).
+        """
+        try:
+            request = parse_request(api, body, {k.lower(): v for k, v in headers.items()}, self._verify)
+        except (ValueError, BadRequest, KeyError, TypeError, AttributeError) as exc:
+            return self._error(api, 400, f"Invalid request body: {exc}"), None
         with self._lock:
             self._request_count += 1
             self._prompts[request.prompt] += 1
             if self.record:
                 self._requests.append(request)
-        if not self._authorized(http):
+        if not authorized:
             message = "invalid x-api-key" if api == "anthropic" else "Incorrect API key provided."
-            return self._error(api, 401, message)
+            return self._error(api, 401, message), None
         if body.get("stream"):
             message = "stream=true is not supported by ScriptedModelServer; send non-streaming requests."
-            return self._error(api, 400, message)
+            return self._error(api, 400, message), None
         if self.models is not None and request.model not in self.models:
             message = f"The model `{request.model}` does not exist or you do not have access to it."
             if api == "anthropic":
                 message = f"model: {request.model}"
-            return self._error(api, 404, message)
+            return self._error(api, 404, message), None
         if any(m.get("reasoning_signature_valid") is False for m in request.messages):
-            return self._error(api, 400, "Invalid `signature` in `thinking` block")
-        if self.hang is not None and self.hang(request):
+            return self._error(api, 400, "Invalid `signature` in `thinking` block"), None
+        if not in_batch and self.hang is not None and self.hang(request):
             # Released by aclose(), so shutting down never waits for the hour.
             try:
                 await asyncio.wait_for(self._stopping.wait(), 3600)
             except asyncio.TimeoutError:
                 pass
-            return self._error(api, 503, "The server is shutting down.")
-        latency = self.latency(request) if callable(self.latency) else self.latency
+            return self._error(api, 503, "The server is shutting down."), None
+        latency = 0.0 if in_batch else self.latency(request) if callable(self.latency) else self.latency
         if latency > 0:
             await asyncio.sleep(latency)
         rule = self._failing_rule(request)
         if rule is not None:
             headers = {"Retry-After": f"{rule.retry_after:g}"} if rule.retry_after is not None else None
-            return self._error(api, rule.status, rule.message or f"Scripted error {rule.status}.", headers)
+            return self._error(api, rule.status, rule.message or f"Scripted error {rule.status}.", headers), None
         starts = False
         try:
             if self.preflight_reply is not None and request.preflight:
@@ -389,12 +414,10 @@ class ScriptedModelServer:
             self.script_errors.append(exc)
             # 400, not 500: a client must not retry the test's own bug as if the endpoint had failed
             return self._error(api, SCRIPT_ERROR_STATUS, f"The test's script raised {type(exc).__name__}: {exc}",
-                               error_type="script_error")
+                               error_type="script_error"), None
         if reply.status != 200:
             message = reply.error_message or f"Scripted error {reply.status}."
-            return await self._deliver(
-                http, self._error(api, reply.status, message, reply.headers, reply.error_type, reply.provider), reply
-            )
+            return self._error(api, reply.status, message, reply.headers, reply.error_type, reply.provider), reply
         usage = reply.usage or estimate_usage(request, reply)
         if api == "anthropic":
             response = render_anthropic(request, reply, usage, self._next_id, self._sign)
@@ -402,7 +425,7 @@ class ScriptedModelServer:
             response = render_openai(request, reply, usage, self._next_id)
         if reply.tool_calls and starts:
             self._remember_session(api, response, request.sample)
-        return await self._deliver(http, self._respond(200, response, reply.headers, reply.raw_usage), reply)
+        return self._respond(200, response, reply.headers, reply.raw_usage), reply
 
     def _with_sample(self, request: ScriptRequest) -> tuple:
         """``request`` with its ``sample``, and whether it starts a session (see ScriptRequest.sample)."""
@@ -529,6 +552,7 @@ def _parse_args(argv: Optional[list]) -> argparse.Namespace:
     parser.add_argument("--error-status", type=int, default=429)
     parser.add_argument("--retry-after", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-delay", type=float, default=0.0, help="seconds from a batch's creation to its end")
     return parser.parse_args(argv)
 
 
@@ -561,10 +585,13 @@ def main(argv: Optional[list] = None) -> int:
         host=args.host,
         port=args.port,
         record=False,  # a long benchmark would otherwise keep every conversation in memory
+        batches=BatchSettings(delay=args.batch_delay),
     )
     asyncio.run(_serve(server))
     statuses = {str(k): v for k, v in sorted(server.responses_by_status.items())}
     print(f"REQUESTS {server.request_count} {json.dumps(statuses)}", flush=True)
+    if server.batches.created:
+        print(f"BATCHES {json.dumps(server.batches.batch_sizes)}", flush=True)
     return 0
 
 

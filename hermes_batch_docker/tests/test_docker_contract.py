@@ -30,6 +30,30 @@ class TestDockerSandboxContract(SandboxContract):
     def _api(self, docker_api):
         self.api = docker_api
 
+    # The boundary classes: a container per prompt, from an image, never the host's files or network.
+    limits = {"memory": 64 * 1024 * 1024, "pids": 32, "disk": None}
+    not_applicable = {
+        "setuid": "commands run as the image's user (root by default) in a container with a reduced capability "
+                  "set and no-new-privileges; the container is the boundary",
+        "disk": "the common overlay2 on ext4 cannot limit a container's writable layer (-S disk= where the engine can)",
+    }
+
+    @pytest.fixture
+    async def limited_backend(self, tmp_path, run_name, docker_api):
+        config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, memory="64m", pids_limit=32)
+        backend = DockerBackend(config, RunContext(run_name, tmp_path / "limited", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()
+
+    @pytest.fixture
+    async def offline_backend(self, tmp_path, run_name, docker_api):
+        config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, network="none")
+        backend = DockerBackend(config, RunContext(run_name, tmp_path / "offline", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()
+
     async def sandbox_exists(self, sandbox: DockerSandbox) -> bool:
         try:
             self.api.inspect_container(sandbox.id)

@@ -29,3 +29,27 @@ class TestModalSandboxContractAgainstStandIn(SandboxContract):
 
     async def sandbox_exists(self, sandbox: ModalSandbox) -> bool:
         return any(s.id == sandbox.id for s in self.standin.running())
+
+    # The boundary classes: a Modal sandbox per prompt (the stand-in: a container per sandbox).
+    limits = {"memory": 128 * 1024 * 1024, "pids": None, "disk": None}
+    not_applicable = {
+        "setuid": "commands run as the image's user in Modal's own sandbox (gVisor); the sandbox is the boundary",
+        "pids": "Modal sets no process limit the backend can ask for",
+        "disk": "Modal sets no disk limit the backend can ask for",
+    }
+
+    @pytest.fixture
+    async def limited_backend(self, tmp_path, run_name, standin):
+        config = ModalConfig(image=IMAGE_A, max_output_bytes=10_000, create_rate=100, memory="128m")
+        backend = ModalBackend(config, RunContext(run_name, tmp_path / "limited", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()
+
+    @pytest.fixture
+    async def offline_backend(self, tmp_path, run_name, standin):
+        config = ModalConfig(image=IMAGE_A, max_output_bytes=10_000, create_rate=100, network="none")
+        backend = ModalBackend(config, RunContext(run_name, tmp_path / "offline", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()

@@ -33,6 +33,23 @@ class TestSingularitySandboxContract(SandboxContract):
     async def sandbox_exists(self, sandbox: SingularitySandbox) -> bool:
         return sandbox.name in instances_of(self.apptainer_bin, sandbox._backend.run.run_name)
 
+    # The boundary classes: --containall (no home, no host /tmp), an instance per prompt.
+    not_applicable = {
+        "setuid": "commands run as the invoking user through user namespaces; Apptainer itself allows no setuid",
+        "memory": "the backend sets no limits (cgroup limits go through -S extra_args=, where the site allows)",
+        "pids": "the backend sets no limits (cgroup limits go through -S extra_args=, where the site allows)",
+        "disk": "the backend sets no limits (the writable tmpfs is memory)",
+    }
+
+    @pytest.fixture
+    async def offline_backend(self, tmp_path, run_name, images):
+        config = SingularityConfig(image=images.sif_a, cache_dir=str(tmp_path / "cache"), max_output_bytes=10_000,
+                                   network="none")
+        backend = SingularityBackend(config, RunContext(run_name, tmp_path / "offline", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()
+
 
 class TestSingularityPooledSandboxContract(TestSingularitySandboxContract):
     """The same contract when every sandbox comes from instances started ahead of need (-S pool=)."""

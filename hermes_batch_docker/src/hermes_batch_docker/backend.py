@@ -50,6 +50,7 @@ class DockerBackend(SandboxBackend):
     """Runs each prompt in a container of its own, created from the row's image or ``-S image=...``."""
 
     name = "docker"
+    isolation = "container"  # each prompt a container of its own (recorded in run.json and metadata)
     description = (
         "One container per prompt from the row's image or -S image=..., with capabilities dropped, "
         "no-new-privileges and pids, memory and CPU limits; commands through the Docker API."

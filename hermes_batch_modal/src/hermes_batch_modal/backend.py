@@ -51,6 +51,7 @@ class ModalBackend(SandboxBackend):
     """Runs each prompt in a Modal Sandbox of its own, from the row's image or ``-S image=...``."""
 
     name = "modal"
+    isolation = "container"  # each prompt a sandbox of its own in Modal's cloud (recorded in run.json and metadata)
     description = (
         "One Modal Sandbox per prompt (Image.from_registry of the row's image or -S image=...), with timeout, "
         "cpu, memory and -S network=none; created at a bounded pace, tagged with the run, terminated at the end."

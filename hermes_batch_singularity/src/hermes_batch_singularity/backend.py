@@ -27,6 +27,7 @@ class SingularityBackend(SandboxBackend):
     """Runs each prompt in an instance of its own, started from the row's image or ``-S image=...``."""
 
     name = "singularity"
+    isolation = "container"  # each prompt an instance of its own, --containall (recorded in run.json and metadata)
     description = (
         "One Apptainer/SingularityCE instance per prompt (--containall, writable tmpfs) from a SIF, a sandbox "
         "folder or a docker://, oras://, library://... image converted once into a SIF cache."

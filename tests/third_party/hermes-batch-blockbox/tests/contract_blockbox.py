@@ -18,3 +18,9 @@ class TestBlockboxContract(SandboxContract):
 
     async def sandbox_exists(self, sandbox) -> bool:
         return sandbox.root.exists()
+
+    # blockbox runs commands as plain processes of the runner's user: a folder per prompt, not a boundary
+    not_applicable = dict.fromkeys(
+        ("neighbours", "home", "run_folder", "write_outside", "setuid", "memory", "pids", "disk", "network"),
+        "blockbox runs commands as plain processes of the runner's user",
+    )

@@ -1,0 +1,83 @@
+"""--batch_api against a synchronous run: batches, requests per batch and wall time (issue 34).
+
+The scripted model server runs in its own process and takes --batch_delay seconds to process each
+batch (and --latency seconds per synchronous call).  Every prompt takes 3 model calls (2 tool calls,
+each a real `echo` in a local sandbox).  The batch run collects every waiting session's request into
+the current batch (--batch_api_max_wait --max_wait, 1 s by default; polling every 0.5 s).
+
+    python bench/bench_batch_api.py [--prompts 1000] [--workers 1000] [--batch_delay 5] [--latency 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from common import measure_run, write_prompts
+
+
+@contextmanager
+def model_server(latency: float, batch_delay: float, tool_calls: int):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hermes_batch.testing.server", "--port", "0", "--latency", str(latency),
+         "--tool-calls", str(tool_calls), "--batch-delay", str(batch_delay)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("READY "):
+            raise RuntimeError(f"the model server did not start: {line!r}")
+        yield line.split()[1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=1000)
+    parser.add_argument("--batch_delay", type=float, default=5.0, help="seconds the server takes per batch")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds the server takes per synchronous call")
+    parser.add_argument("--max_requests", type=int, default=1000, help="--batch_api_max_requests")
+    parser.add_argument("--max_wait", type=float, default=1.0, help="--batch_api_max_wait")
+    args = parser.parse_args()
+    calls_per_prompt = 3
+
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp, \
+            model_server(args.latency, args.batch_delay, calls_per_prompt - 1) as url:
+        dataset = write_prompts(Path(tmp) / "prompts.jsonl", args.prompts)
+        for name, extra in (
+            ("synchronous", []),
+            ("batch_api", ["--batch_api", "--batch_api_max_requests", str(args.max_requests),
+                           "--batch_api_max_wait", str(args.max_wait), "--batch_api_poll_interval", "0.5"]),
+        ):
+            results[name] = measure_run([
+                "run", "--dataset_file", str(dataset), "--batch_size", "100", "--run_name", name,
+                "--output_dir", tmp, "--base_url", url, "--model", "bench-model", "--api_key", "bench",
+                "--num_workers", str(args.workers), "--distribution", "terminal_only",
+                "--sandbox", "local", "--no-progress", "--seed", "1", *extra,
+            ])
+            results[name]["stats"] = json.loads((Path(tmp) / name / "statistics.json").read_text())
+
+    print(f"prompts {args.prompts}, workers {args.workers}, {calls_per_prompt} model calls each; "
+          f"server: {args.batch_delay:g} s per batch, {args.latency:g} s per synchronous call")
+    for name, result in results.items():
+        stats = result["stats"]
+        print(f"{name:12} wall {result['wall_s']:7.1f} s   kept {stats['kept']['samples']}"
+              f"   model calls {stats['finished']['model_calls']}")
+    batches = results["batch_api"]["stats"]["batch_api"]
+    print(f"batches {batches['batches']}, requests {batches['requests']}, requests per batch "
+          f"{batches['requests_per_batch']} (largest {batches['largest']}), mean wait per request "
+          f"{batches['mean_wait_s']} s")
+    print(f"wall time batch_api / synchronous: {results['batch_api']['wall_s'] / results['synchronous']['wall_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The run's model client under ``--batch_api``: each model call through a provider batch (``model/batching.py``).
+
+It wraps the client the run chose (``openai`` or ``anthropic``): requests are
+built by it exactly as a synchronous call would send them, answers read by it,
+errors classified by it, and its limiter (retries, budgets) and the run's call
+journal see every call as they would see a synchronous one.  Only ``send``
+differs: it waits for the call's batch.  Tools that consult a model
+(``for_model``) call it synchronously.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..contract.interfaces import ModelClient
+from ..errors import ConfigError
+from ..folder.batch_journal import BatchJournal, batch_journal_path, read_batches
+from ..folder.journal import current_prompt
+from ..model.batching import Batcher, BatchOptions
+from .config import RunConfig
+
+
+def batch_options(config: RunConfig) -> BatchOptions:
+    return BatchOptions(
+        max_requests=config.batch_api_max_requests,
+        max_wait=config.batch_api_max_wait,
+        poll_interval=config.batch_api_poll_interval,
+    )
+
+
+def has_batch_api(client_class: type) -> bool:
+    """True when ``client_class`` offers a batch API (overrides ``ModelClient.batch_api``)."""
+    return getattr(client_class, "batch_api", None) is not ModelClient.batch_api
+
+
+class BatchingClient(ModelClient):
+    """``inner`` with every call sent in a batch; see the module docstring."""
+
+    def __init__(self, inner: ModelClient, options: BatchOptions):
+        super().__init__(inner.settings)
+        api = inner.batch_api()
+        if api is None:
+            raise ConfigError(f"The model client {inner.name!r} has no batch API; run without --batch_api.")
+        self.inner = inner
+        self.name = inner.name
+        self.packages = inner.packages
+        self.batcher = Batcher(api, options)
+
+    @property
+    def limiter(self):
+        return self.inner.limiter
+
+    async def send(self, messages, tools):
+        return await self.batcher.send(messages, tools, current_prompt.get())
+
+    async def preflight(self) -> None:
+        await self.inner.preflight()
+
+    async def check_batch_api(self) -> None:
+        """FatalModelError (exit 2) when the endpoint has no batch API; before any prompt runs."""
+        await self.batcher.api.check()
+
+    def for_model(self, model: str) -> ModelClient:
+        other = self.inner.for_model(model)
+        other.journal = self.journal
+        return other
+
+    def batch_api(self):
+        return self.batcher.api
+
+    def open_journal(self, run_dir, session: int, unfinished: Optional[set]) -> BatchJournal:
+        """Journal this session's batches in the run folder, and collect those of earlier sessions that hold
+        requests of prompts not finished (``unfinished``: their indexes, None for all)."""
+        path = batch_journal_path(run_dir)
+        for submitted in read_batches(path):
+            if unfinished is None or submitted.prompts & unfinished:
+                self.batcher.expect(submitted.batch, list(submitted.custom_ids))
+        self.batcher.journal = BatchJournal(path, session)
+        return self.batcher.journal
+
+    def statistics(self) -> dict:
+        return self.batcher.counts.as_dict()
+
+    async def aclose(self) -> None:
+        try:
+            await self.batcher.aclose()
+        finally:
+            if self.batcher.journal is not None:
+                self.batcher.journal.close()
+            await self.inner.aclose()

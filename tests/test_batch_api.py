@@ -1,0 +1,402 @@
+"""``--batch_api``: multi-turn sessions through the OpenAI Batch API and Anthropic Message Batches.
+
+The scripted server's batch endpoints are driven first through the real SDKs, then whole runs through
+the CLI: trajectories like a synchronous run's, faults (an expired batch, a failing request inside a
+batch, an endpoint without batches), Ctrl-C and a SIGKILL between submission and collection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import pytest
+
+from hermes_batch.testing import (
+    TEST_API_KEY, BatchSettings, ErrorRule, Runner, ScriptedModelServer, ToolLoopScript, ended, tool_outputs,
+    wait_for, write_dataset,
+)
+
+# Each tool call appends a line only a shell computes to the sandbox's log and prints it: the output
+# shows every earlier call of the prompt, so a session resumed on the wrong turn, or in another sandbox, shows.
+COMMAND = 'echo "{prompt_hash}-{turn}" >> log.txt && cat log.txt'
+FAST = ("--batch_api", "--batch_api_max_wait", "0.3", "--batch_api_poll_interval", "0.1")
+CLIENTS = {"openai": (), "anthropic": ("--model_client", "anthropic")}
+
+
+def script(**options) -> ToolLoopScript:
+    return ToolLoopScript(tool_calls=2, command=COMMAND, **options)
+
+
+def dataset(tmp_path, n: int, prefix: str = "Task"):
+    return write_dataset(tmp_path / "prompts.jsonl", [{"prompt": f"{prefix} {i}: look around"} for i in range(n)])
+
+
+def run_options(*extra: str) -> tuple:
+    return ("--distribution", "terminal_only", "--sandbox", "local", *extra)
+
+
+def shapes(trajectories: list) -> dict:
+    """prompt -> (the roles of its turns, the outputs of its tools, completed)."""
+    return {
+        next(turn["value"] for turn in t["conversations"] if turn["from"] == "human"): ([turn["from"] for turn in t["conversations"]], tool_outputs(t), t["completed"])
+        for t in trajectories
+    }
+
+
+def no_request_twice(server: ScriptedModelServer) -> None:
+    twice = {digest: n for digest, n in server.batches.processed.items() if n > 1}
+    assert not twice, f"{len(twice)} request(s) processed more than once"
+
+
+# --- the scripted server's batch endpoints, through the SDKs ------------------------------------------------
+
+
+def _openai_lines(n: int, prefix: str = "hi") -> bytes:
+    return "\n".join(json.dumps({
+        "custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": f"{prefix} {i}"}]},
+    }) for i in range(n)).encode()
+
+
+async def _openai_batch(client, data: bytes):
+    upload = await client.files.create(file=("batch.jsonl", data), purpose="batch")
+    return await client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                       completion_window="24h")
+
+
+async def _until(check, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value is not None:
+            return value
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_openai_batch_endpoints_through_the_sdk():
+    import openai
+
+    rules = [ErrorRule(status=500, rate=1.0, match=lambda request: request.prompt == "hi 1")]
+    server = ScriptedModelServer(ToolLoopScript(tool_calls=1), errors=rules, batches=BatchSettings(delay=0.3))
+    async with server:
+        client = openai.AsyncOpenAI(api_key="k", base_url=server.base_url)
+        batch = await _openai_batch(client, _openai_lines(3))
+        assert batch.status == "in_progress" and batch.request_counts.total == 3
+        assert server.batches.requests_processed == 0  # not before its delay
+
+        async def ended_batch():
+            found = await client.batches.retrieve(batch.id)
+            return found if found.status == "completed" else None
+
+        done = await _until(ended_batch)
+        assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)
+        output = [json.loads(line) for line in (await client.files.content(done.output_file_id)).text.splitlines()]
+        assert sorted(line["custom_id"] for line in output) == ["r0", "r2"]
+        assert output[0]["response"]["status_code"] == 200
+        assert output[0]["response"]["body"]["choices"][0]["message"]["tool_calls"]
+        errors = [json.loads(line) for line in (await client.files.content(done.error_file_id)).text.splitlines()]
+        assert [(e["custom_id"], e["response"]["status_code"]) for e in errors] == [("r1", 500)]
+        assert server.batches.requests_processed == 3 and server.batches.batch_sizes == [3]
+        listed = await client.batches.list(limit=1)
+        assert [b.id for b in listed.data] == [batch.id]
+
+
+async def test_openai_batches_expire_and_cancel():
+    import openai
+
+    settings = BatchSettings(delay=lambda number: 0.2 if number == 1 else 30.0, expire=lambda number: number == 1)
+    async with ScriptedModelServer(ToolLoopScript(tool_calls=1), batches=settings) as server:
+        client = openai.AsyncOpenAI(api_key="k", base_url=server.base_url)
+        expiring = await _openai_batch(client, _openai_lines(2))
+        slow = await _openai_batch(client, _openai_lines(2, "slow"))
+
+        async def expired():
+            found = await client.batches.retrieve(expiring.id)
+            return found if found.status == "expired" else None
+
+        gone = await _until(expired)
+        assert gone.output_file_id is None
+        errors = [json.loads(line) for line in (await client.files.content(gone.error_file_id)).text.splitlines()]
+        assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+        cancelled = await client.batches.cancel(slow.id)
+        assert cancelled.status == "cancelled"
+        assert server.batches.requests_processed == 0  # neither processed a request
+
+
+@pytest.mark.slow
+async def test_anthropic_message_batches_through_the_sdk():
+    import anthropic
+
+    rules = [ErrorRule(status=529, rate=1.0, match=lambda request: request.prompt == "b")]
+    settings = BatchSettings(delay=0.2, expire=lambda number: number == 2)
+    async with ScriptedModelServer(ToolLoopScript(tool_calls=0), errors=rules, batches=settings) as server:
+        client = anthropic.AsyncAnthropic(api_key="k", base_url=server.anthropic_base_url)
+
+        def request(custom_id, prompt):
+            return {"custom_id": custom_id, "params": {"model": "m", "max_tokens": 100,
+                                                       "messages": [{"role": "user", "content": prompt}]}}
+
+        batch = await client.messages.batches.create(requests=[request("a", "a"), request("b", "b")])
+        assert batch.processing_status == "in_progress" and batch.request_counts.processing == 2
+        expiring = await client.messages.batches.create(requests=[request("c", "c")])
+
+        async def ended_batch(batch_id):
+            found = await client.messages.batches.retrieve(batch_id)
+            return found if found.processing_status == "ended" else None
+
+        done = await _until(lambda: ended_batch(batch.id))
+        assert (done.request_counts.succeeded, done.request_counts.errored) == (1, 1)
+        results = {r.custom_id: r.result async for r in await client.messages.batches.results(batch.id)}
+        assert results["a"].type == "succeeded" and results["a"].message.content[-1].text
+        assert results["b"].type == "errored" and results["b"].error.error.type == "overloaded_error"
+        gone = await _until(lambda: ended_batch(expiring.id))
+        assert gone.request_counts.expired == 1
+        assert [r.result.type async for r in await client.messages.batches.results(expiring.id)] == ["expired"]
+        assert sorted(server.batches.processed.values()) == [1, 1]
+
+
+async def test_an_endpoint_without_batches_answers_404():
+    import openai
+
+    async with ScriptedModelServer(ToolLoopScript(), batches=BatchSettings(enabled=False)) as server:
+        client = openai.AsyncOpenAI(api_key="k", base_url=server.base_url)
+        with pytest.raises(openai.NotFoundError):
+            await client.batches.list()
+
+
+# --- runs ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, client):
+    """200 prompts of three turns each: the same turns and tool outputs, every prompt kept, no request twice."""
+    data = dataset(tmp_path, 200)
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY, record=False,
+                             batches=BatchSettings(delay=0.2)) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "100", *CLIENTS[client]))
+        sync = runner.invoke(data, run_name="sync")
+        assert sync.exit_code == 0, sync.output
+        assert server.batches.created == 0
+        batched = runner.invoke(data, *FAST, "--batch_api_max_requests", "80", run_name="batched")
+        assert batched.exit_code == 0, batched.output
+        no_request_twice(server)
+        assert server.batches.requests_processed == 600  # 200 prompts x 3 turns, the preflight synchronous
+        assert max(server.batches.batch_sizes) <= 80
+    expected = shapes(runner.records("trajectories.jsonl", run_name="sync"))
+    got = shapes(runner.records("trajectories.jsonl", run_name="batched"))
+    assert len(expected) == 200 and got == expected
+    assert all(roles.count("gpt") == 3 and completed for roles, _outputs, completed in got.values())
+    stats = json.loads((runner.folder("batched") / "statistics.json").read_text())
+    assert stats["batch_api"]["requests"] == 600 and stats["batch_api"]["batches"] == len(server.batches.batch_sizes)
+    assert stats["batch_api"]["requests_per_batch"] > 1 and stats["batch_api"]["wait_s"] > 0
+    sync_stats = json.loads((runner.folder("sync") / "statistics.json").read_text())
+    assert stats["model_requests"]["requests"] == sync_stats["model_requests"]["requests"] == 600
+    assert "batch_api" not in sync_stats
+
+
+@pytest.mark.slow
+def test_an_expired_batch_sends_its_requests_again(tmp_path):
+    data = dataset(tmp_path, 6)
+    settings = BatchSettings(delay=0.2, expire=lambda number: number == 1)
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=settings) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "6"))
+        result = runner.invoke(data, *FAST)
+        assert result.exit_code == 0, result.output
+        no_request_twice(server)
+        assert server.batches.batch_sizes[0] == 6  # the first turn of every prompt, which expired
+        assert server.batches.requests_processed == 18
+    stats = json.loads((runner.folder() / "statistics.json").read_text())["batch_api"]
+    assert (stats["expired"], stats["requeued"]) == (1, 6)
+    assert len(runner.records("trajectories.jsonl")) == 6
+
+
+def test_the_cost_a_batch_reports_is_counted(tmp_path):
+    """An endpoint that reports each batch request's cost (at its batch price): statistics.json counts it."""
+    import attrs
+    from hermes_batch.formats.records import Usage
+
+    loop = script()
+
+    def priced(request):
+        return attrs.evolve(loop(request), usage=Usage(prompt_tokens=100, completion_tokens=10, cost=0.0005))
+
+    data = dataset(tmp_path, 4)
+    with ScriptedModelServer(priced, api_key=TEST_API_KEY, batches=BatchSettings(delay=0.05)) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "4"))
+        result = runner.invoke(data, *FAST)
+        assert result.exit_code == 0, result.output
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["cost"] == pytest.approx(12 * 0.0005)
+    assert stats["batch_api"]["requests"] == 12
+
+
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+def test_a_request_failing_inside_a_batch_is_retried_in_a_later_one(tmp_path, client):
+    data = dataset(tmp_path, 4)
+    # the second turn of one prompt fails once with a 500 inside its batch
+    rules = [ErrorRule(status=500, first_attempts=1,
+                       match=lambda request: request.prompt.startswith("Task 2") and request.turn == 1)]
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY, errors=rules, batches=BatchSettings(delay=0.1)) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "4", *CLIENTS[client]))
+        result = runner.invoke(data, *FAST)
+        assert result.exit_code == 0, result.output
+        assert server.batches.requests_processed == 13  # 12 turns, one of them twice: it failed the first time
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["batch_api"]["failed"] == 1
+    assert len(runner.records("trajectories.jsonl")) == 4
+
+
+def test_a_request_failing_every_time_fails_its_prompt_after_the_retries(tmp_path):
+    data = dataset(tmp_path, 2)
+    rules = [ErrorRule(status=500, rate=1.0, match=lambda request: request.prompt.startswith("Task 1"))]
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY, errors=rules, batches=BatchSettings(delay=0.05)) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "2"))
+        result = runner.invoke(data, *FAST, "--max_retries", "1", "--no_preflight")
+        assert result.exit_code != 0
+        assert server.calls_for("Task 1: look around") == 2  # one retry, in a later batch
+    assert [r["prompt"] for r in runner.records("failed.jsonl")] == ["Task 1: look around"]
+    assert len(runner.records("trajectories.jsonl")) == 1
+
+
+def test_an_endpoint_without_batches_stops_the_run_at_start(tmp_path):
+    data = dataset(tmp_path, 2)
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(enabled=False)) as server:
+        runner = Runner(tmp_path, server=server, options=run_options())
+        result = runner.invoke(data, *FAST)
+        assert result.exit_code == 2, result.output
+        assert "has no batch API" in result.output and "--batch_api" in result.output
+        assert server.request_count == 1  # the preflight, nothing else
+    assert not runner.folder().exists()
+
+
+def test_batch_api_refuses_the_process_executor(tmp_path):
+    data = dataset(tmp_path, 2)
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY) as server:
+        result = Runner(tmp_path, server=server).invoke(data, *FAST, "--executor", "processes")
+        assert result.exit_code == 2
+        assert "--batch_api runs under the local executor only" in result.output
+        assert server.request_count == 0
+
+
+def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path):
+    data = dataset(tmp_path, 4)
+    # the first turn's batch ends at once, the second's never within the test
+    settings = BatchSettings(delay=lambda number: 0.1 if number == 1 else 60)
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=settings) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "4"))
+        started = time.monotonic()
+        result = runner.invoke(data, *FAST, "--batch_api_max_requests", "4", "--prompt_timeout", "4")
+        assert time.monotonic() - started < 30, result.output
+        assert server.batches.batch_sizes == [4, 4] and server.batches.requests_processed == 4
+    ended = runner.records("trajectories.jsonl") + runner.records("discarded.jsonl")
+    assert len(ended) == 4
+    assert {(r["partial"], r["metadata"]["end_reason"]) for r in ended} == {(True, "timeout")}
+
+
+def test_prompt_timeout_before_the_first_answer_fails_the_prompt(tmp_path):
+    data = dataset(tmp_path, 2)
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(delay=60)) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "2"))
+        result = runner.invoke(data, *FAST, "--prompt_timeout", "2")
+        assert result.exit_code == 3, result.output
+        assert server.batches.requests_processed == 0
+    failed = runner.records("failed.jsonl")
+    assert len(failed) == 2 and all("--prompt_timeout" in json.dumps(r) for r in failed)
+
+
+# --- stopping and resuming -------------------------------------------------------------------------------------
+
+
+def _submitted(runner: Runner) -> int:
+    return sum(1 for line in runner.records("batches.jsonl") if line["event"] == "submitted")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again(tmp_path, procs, how):
+    """The driver is stopped while its batches are processed; --resume collects them and pays nothing twice."""
+    data = dataset(tmp_path, 8)
+    # batches end 3 s after creation: time to stop the driver between submission and collection
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(delay=3.0)) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "8"))
+        proc = runner.spawn(data, *FAST)
+        procs.append(proc)
+        wait_for(lambda: runner.folder().joinpath("batches.jsonl").exists() and _submitted(runner) >= 1, 60,
+                 "a batch submitted", proc)
+        assert server.batches.requests_processed == 0  # submitted, not yet processed
+        proc.send_signal(getattr(signal, how))
+        _out, err = ended(proc)
+        assert proc.returncode == (-signal.SIGKILL if how == "SIGKILL" else 130), err
+        if how == "SIGINT":
+            assert "left in flight at the provider; --resume collects them" in err
+        first = server.batches.created
+        result = runner.invoke(data, *FAST, "--resume")
+        assert result.exit_code == 0, result.output
+        no_request_twice(server)
+        assert server.batches.requests_processed == 24  # 8 prompts x 3 turns, each once
+        stats = json.loads((runner.folder() / "statistics.json").read_text())["batch_api"]
+        assert stats["replayed"] >= 8  # the first turns, from the batch of the stopped session
+        assert server.batches.created - first == stats["batches"]
+    got = shapes(runner.records("trajectories.jsonl"))
+    assert len(got) == 8
+    for _roles, outputs, completed in got.values():
+        # each turn's command ran once in the resumed session's sandbox, in order
+        tag = outputs[0].split("-")[0]
+        assert completed and outputs == [f"{tag}-0\n", f"{tag}-0\n{tag}-1\n"]
+
+
+# --- the Batcher alone -----------------------------------------------------------------------------------------
+
+
+class FakeBatches:
+    """A BatchAPI in memory: each batch ends at its first poll, every request answered with its own body."""
+
+    def __init__(self):
+        self.submitted: list = []  # the request bodies of each batch, in order
+        self._requests: dict = {}  # batch id -> [(custom_id, body), ...]
+
+    async def check(self):
+        pass
+
+    def body(self, messages, tools) -> bytes:
+        return messages[-1].content.encode()
+
+    async def submit(self, requests):
+        self.submitted.append([body for _id, body in requests])
+        batch_id = f"b{len(self.submitted)}"
+        self._requests[batch_id] = requests
+        return batch_id
+
+    async def poll(self, batch_id):
+        return "completed"
+
+    async def results(self, batch_id):
+        from hermes_batch.formats.records import Message, ModelResponse
+
+        return {custom_id: ModelResponse(message=Message("assistant", body.decode()))
+                for custom_id, body in self._requests[batch_id]}
+
+    async def aclose(self):
+        pass
+
+
+async def test_a_batch_goes_out_when_full_or_after_the_wait():
+    from hermes_batch.formats.records import Message
+    from hermes_batch.model.batching import Batcher, BatchOptions
+
+    api = FakeBatches()
+    batcher = Batcher(api, BatchOptions(max_requests=2, max_wait=0.5, poll_interval=0.01))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    answers = await asyncio.gather(*(batcher.send((Message("user", f"q{i}"),), ()) for i in range(5)))
+    assert [a.message.content for a in answers] == [f"q{i}" for i in range(5)]
+    assert api.submitted == [[b"q0", b"q1"], [b"q2", b"q3"], [b"q4"]]  # two full ones at once, the rest after the wait
+    assert loop.time() - started >= 0.5
+    assert batcher.counts.batches == 3 and batcher.counts.largest == 2
+    assert "0 in flight, 3 submitted, 0 request(s) queued" in batcher.summary()["batches"]
+    await batcher.aclose()
