@@ -444,8 +444,8 @@ def test_a_run_folder_from_before_samples_resumes_as_before(runner, model_server
 def test_a_sample_killed_during_its_verification_runs_again_whole_and_nothing_finished_is_paid_twice(
         runner, model_server, tmp_path, procs):
     """SIGKILL between a session's end and its verification: the sample's record is written only once it is
-    verified, so the resume runs that sample again, session and all (docs/verification.md says so); the
-    samples recorded before are not run again."""
+    verified, so the resume runs that sample again, session and all, its answers replayed (docs/verification.md
+    says so); the samples recorded before are not run again."""
     import os
     import signal
 
@@ -479,8 +479,10 @@ def test_a_sample_killed_during_its_verification_runs_again_whole_and_nothing_fi
     assert result.exit_code == 0, result.output
     assert [r["metadata"]["sample_index"] for r in kept(runner)] == [0, 1, 2, 3]
     assert all(r["metadata"]["passed"] for r in kept(runner))
-    assert runner.server.sessions_for(prompt) == 5  # samples 0 and 1 were not run again; sample 2 was, whole
-    assert runner.server.calls_for(prompt) == 10
+    # samples 0 and 1 were not run again; sample 2 was, whole, its two answers replayed from responses.jsonl
+    assert runner.server.sessions_for(prompt) == 4
+    assert runner.server.calls_for(prompt) == 8
+    assert [r["metadata"]["replayed_turns"] for r in kept(runner)] == [0, 0, 2, 0]
 
 
 def test_samples_follow_their_row_when_the_dataset_changes(runner, model_server, tmp_path):

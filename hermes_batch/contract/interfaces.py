@@ -551,6 +551,7 @@ class PromptJob:
     batch_num: int
     toolsets: tuple
     sample_index: int = 0  # which of the row's --samples_per_prompt samples
+    replay: Optional[dict] = None  # answers of this prompt's cut-off session, by request hash (folder.replay_journal)
 
     @property
     def content_key(self) -> str:
@@ -571,6 +572,7 @@ class PromptJobs(Iterator[PromptJob]):
     def __init__(self, jobs: Iterable[PromptJob]):
         self._jobs = iter(jobs)
         self.halted = False
+        self.exhausted = False  # set by the runner's jobs once every prompt left was handed out
 
     def __next__(self) -> PromptJob:
         return next(self._jobs)

@@ -114,6 +114,7 @@ class Dispatcher:
         self._limits: dict[WorkerLink, tuple] = {}
         self._recording: set[asyncio.Future] = set()  # outcomes being written while the leasing goes on
         self._receivers: list[asyncio.Task] = []
+        self.responses = None  # the run's ResponseJournal, which the workers' answers are written to
 
     async def run(self) -> None:
         """Lease every job and record every outcome; then call ``close``, also when this raises or is cancelled."""
@@ -182,7 +183,7 @@ class Dispatcher:
                 if isinstance(messages, BaseException):
                     continue  # a worker gone, or a write error: close() raises the latter from its recording
                 for message in messages:
-                    if message[0] in ("journal", "outcome"):
+                    if message[0] in ("journal", "responses", "outcome"):
                         await self._handle(link, message)
         finally:
             receiving.cancel()
@@ -208,6 +209,9 @@ class Dispatcher:
         kind = message[0]
         if kind == "journal":
             self.relay(message[1])
+        elif kind == "responses":
+            if self.responses is not None:
+                self.responses.relay(message[1])  # before the outcome of its prompt: one pipe, in order
         elif kind == "outcome":
             job = self.leased.get(link, {}).pop(message[1], None)
             if job is not None:  # else: already re-leased elsewhere (never happens with the transports we have)
@@ -340,6 +344,7 @@ async def drive(links: list, jobs, processor, on_outcome) -> None:
         # one could start as many prompts again as it has sessions after the budget is reached.
         queue = PREFETCH if processor.plan.config.max_cost is not None else None
         dispatcher = Dispatcher(links, jobs, on_outcome, relay, limits, queue)
+        dispatcher.responses = getattr(processor.replayer, "journal", None)
         await dispatcher.run()
     finally:
         if dispatcher is not None:

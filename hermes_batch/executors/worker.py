@@ -7,7 +7,8 @@ a message (``emit``), and the driver alone writes them.  The transport (pipes
 to a child process, Ray actor calls) is not its business.
 
 Messages to the driver (tuples): ``("ready",)`` once started, ``("journal",
-entry)`` per line of calls.jsonl, ``("outcome", lease, outcome)`` per prompt,
+entry)`` per line of calls.jsonl, ``("responses", entry)`` per line of
+responses.jsonl (a live model answer), ``("outcome", lease, outcome)`` per prompt,
 ``("limits", in_flight, limit, min_limit)`` with each batch of
 messages, ``("returned", [lease, ...])`` when the driver asks for the prompts
 not started yet (``take_back``), and ``("fatal", error)`` when the run must
@@ -29,6 +30,9 @@ import attrs
 from ..errors import HermesBatchError
 from ..contract.interfaces import stop_if_cancelled
 from ..folder.journal import CallJournal
+from ..folder.replay_journal import encode_response
+from ..folder.response_cache import open_cache
+from ..session.replay import Replayer
 from ..run.plan import RunPlan, build_processor
 from ..contract.plugins import DISABLE_ENV, collect, get_plugin_manager
 from ..contract.run_context import RunContext
@@ -98,6 +102,16 @@ class RelayJournal(CallJournal):
         pass
 
 
+class RelayResponses:
+    """A worker's replay journal: each live answer goes to the driver, which alone writes responses.jsonl."""
+
+    def __init__(self, emit: Callable[[tuple], None]):
+        self._emit = emit
+
+    def write(self, key: str, request_hash: str, response) -> None:
+        self._emit(("responses", {"p": key, "h": request_hash, "r": encode_response(response)}))
+
+
 class PromptWorker:
     """Runs leased prompts ``setup.concurrency`` at a time and emits what happens.
 
@@ -146,6 +160,9 @@ class PromptWorker:
         try:
             self.processor = build_processor(plan, run, self.registry)
             self.processor.client.journal = RelayJournal(self.emit, setup.session)
+            # the driver writes responses.jsonl; a prompt's recorded answers come with its job
+            self.processor.replayer = Replayer(RelayResponses(self.emit), self.processor.client,
+                                               open_cache(plan.config.response_cache))
             await self.processor.start()
         except Exception as exc:  # noqa: BLE001 - the driver raises it, as the runner would have
             log.debug("the worker could not start", exc_info=True)
@@ -196,3 +213,5 @@ class PromptWorker:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.processor is not None:
             await self.processor.aclose()
+            if self.processor.replayer is not None and self.processor.replayer.cache is not None:
+                self.processor.replayer.cache.close()

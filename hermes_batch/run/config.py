@@ -213,6 +213,12 @@ class RunConfig:
     batch_api_poll_interval: float = option(
         BATCH_POLL_INTERVAL_S, validator=positive, help="With --batch_api: seconds between checks of a batch in flight.")
 
+    response_cache: Optional[Path] = option(
+        None, cli=Cli(type=click.Path(path_type=Path, file_okay=False), default_text="off"),
+        help="Folder of model answers kept across runs: a request sent before, exactly, is answered from it "
+        "without a call (identical requests get identical answers, whatever the temperature).",
+    )
+
     def __attrs_post_init__(self):
         for field in attrs.fields(RunConfig):
             # bytes that are not UTF-8 in argv arrive as lone surrogates, which no request or file can carry

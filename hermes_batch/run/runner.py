@@ -30,6 +30,7 @@ from ..errors import (
 )
 from ..contract.interfaces import PromptJob, PromptJobs
 from ..folder.journal import CallJournal, journal_path
+from ..folder.replay_journal import ResponseJournal, replay_journal_path
 from ..formats.jsonguard import finite_dumps
 from ..folder.lock import RunFolderLock
 from ..folder.merge import merge_run
@@ -38,6 +39,8 @@ from ..contract.plugins import collect, describe_plugins, get_plugin_manager
 from .batch_client import BatchingClient
 from .plan import RunPlan, build_processor, make_plan
 from ..session.processor import quietly
+from ..session.replay import Replayer, replay_key
+from ..folder.response_cache import open_cache
 from .progress import Progress
 from .recorder import Recorder
 from ..formats.redaction import Redactor
@@ -67,6 +70,8 @@ class RunEngine:
         self.pm = pm or get_plugin_manager()
         self.jobs = PromptJobs(())  # the session's, once it runs; halted when --max_cost stopped it
         self.journal: Optional[CallJournal] = None  # calls.jsonl, opened with the run folder
+        self.responses: Optional[ResponseJournal] = None  # responses.jsonl (replay on --resume), opened with it
+        self.all_recorded = False  # every prompt of the run has its record: responses.jsonl goes
         self.recorder: Optional[Recorder] = None  # writes the outcomes, once the prompts run
         self.client = None
         self.previous_cost = 0.0
@@ -258,6 +263,10 @@ class RunEngine:
             self.validated.keys.digests = self.validated.keys.indexes = None  # matched: 16 bytes a row less
             processor.client.journal = self.journal = CallJournal(
                 journal_path(self.folder.dir), self.checkpoints.session_number)
+            self.responses = ResponseJournal(replay_journal_path(self.folder.dir))
+            processor.replayer = Replayer(self.responses, processor.client, open_cache(cfg.response_cache))
+            if self.responses.cut_off:
+                log.info("%d prompt(s) cut off before replay their recorded model answers.", self.responses.cut_off)
             if isinstance(processor.client, BatchingClient):
                 left = self.resume_plan.left
                 processor.client.open_journal(self.folder.dir, self.checkpoints.session_number,
@@ -294,10 +303,11 @@ class RunEngine:
             self.progress.start()
             rows = rowkeys.rows_left(cfg.dataset_file, cfg.max_rows, self.resume_plan.left)
             self.jobs = PromptJobs(self._jobs(rows))
-            on_outcome = self.recorder.record
+            on_outcome = self._record
             if self.sampling and cfg.stop_on_success:
                 on_outcome = self._record_and_sample_on(processor)
             await self.executor.run(self.jobs, processor, on_outcome, self.concurrency)
+            self.all_recorded = self.jobs.exhausted and not self.jobs.halted
         except asyncio.CancelledError:
             interrupted = True
         except HermesBatchError as exc:
@@ -316,6 +326,14 @@ class RunEngine:
             await self.recorder.close()
         if self.journal is not None:
             self.journal.close()
+        if self.responses is not None:
+            self.responses.close(finished=self.all_recorded)
+        if processor.replayer is not None and processor.replayer.cache is not None:
+            processor.replayer.cache.close()
+
+    async def _record(self, job: PromptJob, outcome) -> None:
+        await self.recorder.record(job, outcome)
+        self.responses.end(replay_key(job))  # its answers are in its record now
 
     async def _result(self, interrupted: bool, fatal: Optional[HermesBatchError], to_run: int) -> RunResult:
         """Merge, count and say how the run ended."""
@@ -422,6 +440,8 @@ class RunEngine:
                 break
             if self.journal is not None and self.journal.stopped is not None:
                 break  # a write failed: the run stops, and no prompt is leased that it could not save
+            if self.responses.stopped is not None:
+                break
             if self._over_budget():
                 self.jobs.halt()
                 log.warning("The cost budget --max_cost %g is reached; no new prompt is started.", self.config.max_cost)
@@ -432,7 +452,7 @@ class RunEngine:
                 toolsets = distributions.sample_toolsets(self.plan.distribution, available, rng)
                 self.recorder.tracker.dispatched(batch)
                 self.progress.dispatched()
-                yield PromptJob(row, batch, toolsets)
+                yield self._with_replay(PromptJob(row, batch, toolsets))
                 continue
             left = self.resume_plan.of(row.prompt_index, self.config.samples_per_prompt, self.config.max_samples)
             if self.config.stop_on_success and len(left) > 1:
@@ -447,13 +467,21 @@ class RunEngine:
                 self.recorder.tracker.dispatched(batch)
                 self.progress.dispatched()
                 yield self._sample_job(row, batch, sample, available)
+        self.jobs.exhausted = True
         self.recorder.tracker.end_of_jobs()
+
+    def _with_replay(self, job: PromptJob) -> PromptJob:
+        """``job`` with the answers its cut-off session got, on a resume that found some."""
+        if not self.responses.cut_off:
+            return job
+        return attrs.evolve(job, replay=self.responses.recorded(replay_key(job)))
 
     def _sample_job(self, row, batch: int, sample: int, available: frozenset) -> PromptJob:
         """The job of a row's sample: a toolset sample of its own, drawn from the sample's key."""
         job = PromptJob(row, batch, (), sample)
         rng = distributions.rng_for(self.plan.seed, job.content_key)
-        return attrs.evolve(job, toolsets=distributions.sample_toolsets(self.plan.distribution, available, rng))
+        return self._with_replay(
+            attrs.evolve(job, toolsets=distributions.sample_toolsets(self.plan.distribution, available, rng)))
 
     def _record_and_sample_on(self, processor):
         """The executor's ``on_outcome`` under --stop_on_success: record a sample, then run the row's next one
@@ -476,7 +504,7 @@ class RunEngine:
                 self.later_samples.pop(job.row.prompt_index, None)
             else:
                 self.recorder.tracker.hold(job.batch_num)
-            await self.recorder.record(job, outcome)
+            await self._record(job, outcome)
             if not go_on:
                 return
             self.later_samples[job.row.prompt_index] = left[1:]

@@ -73,6 +73,12 @@ class SessionLog:
     usage: Usage = Usage()
     tallies: dict = attrs.Factory(dict)  # tool name -> _Tally
     invalid: list = attrs.Factory(list)  # InvalidToolCall, in the order the calls were made
+    replay: Optional[object] = None  # a session.replay.SessionReplay: recorded answers used before calls are made
+
+    @property
+    def replayed_turns(self) -> int:
+        """Model answers this session took from the replay journal or the response cache, without a call."""
+        return self.replay.replayed if self.replay is not None else 0
 
     def result(self, *, completed: bool, end_reason: str) -> SessionResult:
         """The session as it stands, ended for ``end_reason``."""
@@ -129,11 +135,17 @@ async def run_session(
     completed = False
 
     while state.api_calls < settings.max_turns:
-        try:
-            response = await client.complete(head + tuple(session), specs, calls=state.calls)
-        except ModelOutcome as exc:
-            end_reason = exc.reason
-            break
+        messages = head + tuple(session)
+        replay = state.replay
+        response = replay.lookup(messages, specs) if replay is not None else None
+        if response is None:
+            try:
+                response = await client.complete(messages, specs, calls=state.calls)
+            except ModelOutcome as exc:
+                end_reason = exc.reason
+                break
+            if replay is not None:
+                replay.record(response)  # journaled before the session acts on it
         state.api_calls += 1
         state.usage = state.usage + response.usage
         message = safe_message(response.message)  # half an emoji must not crash the record or the next request

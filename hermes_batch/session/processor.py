@@ -11,6 +11,7 @@ from typing import Callable, Mapping, Optional, Union
 import attrs
 
 from .agent import AgentSettings, SessionLog, run_session
+from .replay import replay_key
 from ..formats.conversation import to_sharegpt
 from ..errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeout, RunFolderWriteError
 from ..contract.interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
@@ -57,6 +58,7 @@ class PromptProcessor:
     verifiers: tuple = ()  # Verifier instances, in --verifier order
     min_reward: float = 1.0  # what a verified sample's reward must reach to pass
     closer: SandboxCloser = attrs.field(factory=SandboxCloser, init=False)  # sandboxes closed once they are open
+    replayer: Optional[object] = None  # session.replay.Replayer: answers journaled, replayed on --resume (set by the runner)
 
     async def start(self) -> None:
         """Before the first prompt: start the sandbox backend, then the toolset runtimes."""
@@ -79,6 +81,8 @@ class PromptProcessor:
         current_prompt.set(row.prompt_index)  # for the call journal; each prompt runs in a task of its own
         started = time.monotonic()
         state = SessionLog()
+        if self.replayer is not None:
+            state.replay = self.replayer.session(replay_key(job), job.replay, job.sample_index)
         try:
             return await self._run(job, row, started, state)
         except (FatalModelError, RunFolderWriteError):  # the run stops: no prompt can go on
@@ -159,6 +163,7 @@ class PromptProcessor:
             usage=result.usage,
             calls=tuple(state.calls),
             sample_index=job.sample_index,
+            replayed_turns=state.replayed_turns,
         )
         trajectory = Trajectory(
             prompt_index=row.prompt_index,
