@@ -137,6 +137,39 @@ async def test_cpu_time_beyond_the_limit_ends_the_command(tmp_path):
     assert after.output == "next\n"
 
 
+async def test_many_files_beyond_disk_stop_the_command_and_the_prompt_goes_on(tmp_path):
+    # -S disk holds the prompt's folder in all, not only each file: a command writing file after file is stopped
+    # while it runs, a quick one fails once it ends; the prompt, and the others, go on.
+    if namespace_init.compiler() is None:
+        pytest.skip("no C compiler here")
+    backend = make_backend(tmp_path, disk="20m")
+    await backend.start()
+    try:
+        if not backend.launcher.boundary:
+            pytest.skip("no namespaces here")
+        sandbox, other = await backend.open(spec()), await backend.open(spec(1))
+        slow = await sandbox.exec("for i in $(seq 200); do head -c 1048576 /dev/zero > f$i; sleep 0.03; done; "
+                                  "echo wrote all", 120)
+        slow_files = len(list(sandbox.root.glob("f*")))
+        removed = await sandbox.exec("rm -f f*; echo removed", 30)
+        quick = await sandbox.exec("head -c 12m /dev/zero > g1; head -c 12m /dev/zero > g2; echo wrote", 120)
+        listed = await sandbox.exec("ls", 30)  # over, but not growing: a quick command still runs
+        again = await sandbox.exec("rm -f g*; echo next", 30)
+        unaffected = await other.exec("echo unaffected", 30)
+        await sandbox.close()
+        await other.close()
+    finally:
+        await backend.shutdown()
+    assert "wrote all" not in slow.output and slow.exit_code not in (0, None) and not slow.timed_out, slow
+    assert "exceeded -S disk=20m" in slow.output and "the command was stopped" in slow.output, slow
+    assert 20 <= slow_files < 60, slow_files
+    assert (removed.output, removed.exit_code) == ("removed\n", 0)
+    assert quick.output.startswith("wrote\n") and "the command failed" in quick.output and quick.exit_code == 1, quick
+    assert (listed.output, listed.exit_code) == ("g1\ng2\n", 0)
+    assert (again.output, again.exit_code) == ("next\n", 0)
+    assert (unaffected.output, unaffected.exit_code) == ("unaffected\n", 0)
+
+
 async def test_auto_says_once_which_protections_are_missing(tmp_path, no_compiled_helper, caplog):
     backend = make_backend(tmp_path)
     with caplog.at_level("WARNING", logger="hermes_batch.local_sandbox.backend"):
@@ -242,7 +275,7 @@ def test_the_hostile_classes_hold_for_a_runner_without_root(tmp_path):
         shutil.rmtree(base, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     summary = done.stdout.strip().splitlines()[-1]
-    assert "8 passed, 1 skipped" in summary, summary  # the setuid class: only root can place a setuid program
+    assert "9 passed, 1 skipped" in summary, summary  # the setuid class: only root can place a setuid program
 
 
 def test_the_run_records_its_isolation_in_run_json_and_each_record(tmp_path):

@@ -24,6 +24,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -38,7 +39,7 @@ from ..session.threads import in_daemon_thread
 from .control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
 from ..sandbox_blocks.commands import POST_KILL_DRAIN_S, OutputPipe, run_command, wait_for_command
 from ..sandbox_blocks.files import SandboxFolder
-from .boundary import NETWORKS, Boundary, missing, parse_expose, parse_size
+from .boundary import NETWORKS, Boundary, folder_over, missing, parse_expose, parse_size
 from .launchers import HELPERS, ISOLATIONS, Launcher, launcher, private_network_works
 from .namespace import Namespace
 from .sweep import MARKER_VARIABLE, alone, kill_prompt_processes, session_members, ticks_since_boot
@@ -54,6 +55,12 @@ FOLDER_THREADS = 4
 # Process mode: a command's shell is held unreaped after it ends (its session may live on in `cmd &`);
 # once this many are held, one scan of /proc releases those whose sessions are empty.
 HELD_BEFORE_CHECK = 8
+# -S disk holds what a prompt's folder takes in all (with the compiled helper): a command still running after
+# WATCH_AFTER_S has the folder measured every WATCH_EVERY_S or more (at most a fifth of a core for a folder of
+# many files) and is killed once over; after a command, the folder is measured when the disk's free space fell
+# by a quarter of the limit since it last was.  Shorter commands cost nothing more than a statvfs.
+WATCH_AFTER_S = 0.5
+WATCH_EVERY_S = 0.25
 
 
 @attrs.frozen
@@ -70,7 +77,7 @@ class LocalSandboxConfig:
     network: str = "host"  # host, or none: a network namespace of the prompt's own with only its loopback
     memory: str = "8g"  # address space of each command's process ("0": no limit)
     pids: int = 512  # processes the prompt's user may have at once (0: no limit)
-    disk: str = "2g"  # size of each file a command writes, and of its private /tmp and /dev/shm ("0": no limit)
+    disk: str = "2g"  # size of the prompt's folder, of each file a command writes, of its private /tmp and /dev/shm ("0": no limit)
     cpu: int = 600  # CPU seconds of each command's process (0: no limit)
     expose: str = ""  # PATH[:rw],...: folders or files of the machine the commands see (read-only unless :rw)
 
@@ -293,6 +300,14 @@ def _remove_trees(paths: list) -> None:
         _remove_tree(path)
 
 
+def _free_bytes(path: Path) -> Optional[int]:
+    try:
+        found = os.statvfs(path)
+    except OSError:
+        return None
+    return found.f_bavail * found.f_frsize
+
+
 def _seen(task: asyncio.Task) -> None:
     if not task.cancelled():
         task.exception()  # the first command reports it; no "exception never retrieved" when none runs
@@ -337,6 +352,9 @@ class LocalSandbox(Sandbox):
         self._spill_made = False  # the spill folder beside the prompt folder, made at its first use
         self._starting: Optional[asyncio.Task] = None  # the namespace's start, begun at open
         self._closed = False
+        boundary = backend.boundary if namespace is not None else None
+        self._disk_limit = boundary.disk if boundary is not None else 0  # bytes the prompt's folder may take
+        self._free: Optional[int] = None  # the disk's free bytes when the folder was last measured
 
     @property
     def workdir(self) -> str:
@@ -397,7 +415,9 @@ class LocalSandbox(Sandbox):
             raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
         eof = loop.create_future()
         transport = None
-        started = ended = None
+        started = ended = watch = None
+        if self._disk_limit and self._free is None:
+            self._free = _free_bytes(self.root)
         timed_out = killed_by_us = False
         try:
             transport, output = await loop.connect_read_pipe(lambda: OutputPipe(self._max_output, eof), pipe)
@@ -405,11 +425,18 @@ class LocalSandbox(Sandbox):
                 started, ended = namespace.submit(ident, spilled)
             except OSError as exc:
                 raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
-            if await wait_for_command(ended, eof, timeout):
+            waited = min(timeout, WATCH_AFTER_S) if self._disk_limit else timeout
+            running = await wait_for_command(ended, eof, waited)
+            if running and waited < timeout:  # long enough to fill the disk: measure its folder while it runs
+                watch = loop.create_task(self._watch_disk(namespace, started))
+                running = await wait_for_command(ended, eof, timeout - waited)
+            if running:
                 timed_out = killed_by_us = not ended.done()
                 await self._kill_in_helper(namespace, started)
                 await asyncio.wait((eof, ended), timeout=POST_KILL_DRAIN_S)
         finally:
+            if watch is not None and not watch.done():
+                watch.cancel()
             if started is not None and not ended.done():
                 await asyncio.shield(self._kill_in_helper(namespace, started))  # also when the caller cancels us
             if transport is not None:
@@ -427,7 +454,39 @@ class LocalSandbox(Sandbox):
                     except OSError:
                         pass
         status = ended.result() if ended.done() else None
+        if self._disk_limit:
+            stopped = watch.result() if watch is not None and watch.done() and not watch.cancelled() else ""
+            over = stopped or await self._disk_checked()
+            if over:
+                return ExecResult(
+                    f"{output.text()}\n[the prompt's folder exceeded -S disk={self._backend.config.disk} ({over}); "
+                    f"{'the command was stopped' if stopped else 'the command failed'}: remove files to go on]\n",
+                    status or 1, timed_out,
+                )
         return ExecResult(output.text(), None if killed_by_us else status, timed_out)
+
+    async def _watch_disk(self, namespace: Namespace, started: asyncio.Future) -> str:
+        """Measure the prompt's folder while a command runs; once over ``disk``, kill the command and say why."""
+        while True:
+            began = time.monotonic()
+            over = await in_daemon_thread(folder_over, str(self.root), self._disk_limit)
+            if over:
+                await self._kill_in_helper(namespace, started)
+                self._free = _free_bytes(self.root)  # the next command fails only if the folder grows again
+                return over
+            await asyncio.sleep(max(WATCH_EVERY_S, 4 * (time.monotonic() - began)))
+
+    async def _disk_checked(self) -> str:
+        """After a command: why the prompt's folder is over ``disk``, measured when the disk's free space fell by a
+        quarter of the limit since it last was (else ``""``)."""
+        free = _free_bytes(self.root)
+        if free is None or self._free is None or free >= self._free:
+            self._free = free  # more free space (others removed files): falls are counted from here
+            return ""
+        if self._free - free < self._disk_limit // 4:
+            return ""
+        self._free = free
+        return await in_daemon_thread(folder_over, str(self.root), self._disk_limit)
 
     def _control_files(self, folder: str, ident: str, text: bytes) -> tuple:
         """The command's script and output FIFO in ``folder`` (made if missing), the FIFO open to read."""

@@ -20,7 +20,10 @@ per namespace, so a command costs nothing more.  What it builds:
 * **limits** on each command (resource limits, inherited by what it starts):
   address space (``memory``), processes of the prompt's user (``pids``), the
   size of a file written (``disk``, also the size of ``/tmp`` and
-  ``/dev/shm``) and CPU seconds (``cpu``).
+  ``/dev/shm``) and CPU seconds (``cpu``); what the prompt's folder holds in
+  all is held to ``disk`` by the backend, which measures it
+  (:func:`folder_over`) while a command runs longer than a moment and after a
+  command when the disk's free space fell by a part of the limit.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ IDENTITY = "a user of their own (commands run as the user who started the run{ro
 LIMITS = "limits on memory, processes, disk and CPU time"
 PROCESSES = "a process namespace (commands see the machine's processes, and one that leaves its session may outlive the prompt)"
 LEVELS = ("namespace", "pid-namespace", "process")
+# A prompt folder with more files and folders than this counts as over its disk limit (its measure stays bounded).
+MAX_ENTRIES = 100_000
 
 
 def parse_size(text: str, option: str) -> int:
@@ -149,6 +154,35 @@ class Boundary:
             return None
         uid = UID_BASE + secrets.randbelow(UID_SPREAD)
         return uid, uid
+
+
+def folder_over(root: str, limit: int) -> str:
+    """Why the files under ``root`` exceed ``limit`` bytes on disk (their blocks, links not followed), or ``""``.
+
+    Bounded: more than MAX_ENTRIES files and folders, or a folder that cannot be
+    read (so could hide what it holds), count as over.
+    """
+    total, entries, folders = 0, 0, [root]
+    while folders:
+        try:
+            with os.scandir(folders.pop()) as found:
+                for entry in found:
+                    entries += 1
+                    try:
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+                        if entry.is_dir(follow_symlinks=False):
+                            folders.append(entry.path)
+                    except FileNotFoundError:
+                        continue  # removed while measured
+                    if total > limit:
+                        return f"its files take more than {limit} bytes"
+                    if entries > MAX_ENTRIES:
+                        return f"it holds more than {MAX_ENTRIES} files and folders"
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"a folder in it cannot be measured ({exc.strerror})"
+    return ""
 
 
 def missing(level: str) -> list:

@@ -148,7 +148,7 @@ class SandboxContract:
     #: Most the runner's peak memory may grow while reading a 1 GiB file with a bound.
     max_read_growth: int = 64 * 1024 * 1024
     #: The limits the ``limited_backend`` fixture's sandboxes run with: bytes of memory (per process or per
-    #: sandbox), processes, bytes a file may grow to; None where the backend has no such limit (say why in
+    #: sandbox), processes, bytes a file and the sandbox's files in all may take; None where the backend has no such limit (say why in
     #: ``not_applicable``).
     limits: dict = {"memory": None, "pids": None, "disk": None}
     #: Boundary classes that do not apply to this backend, with the reason: "neighbours", "home", "run_folder",
@@ -683,6 +683,18 @@ class SandboxContract:
         hit = await sandboxes[0].exec(f"dd if=/dev/zero of=big bs=1048576 seek={megabytes} count=2 2>&1", 60)
         size = (await sandboxes[0].exec("wc -c < big", 30)).output.strip()
         assert not size.isdigit() or int(size) <= limit, size
+        await self._after_limit(hit, sandboxes)
+
+    async def test_many_files_beyond_the_disk_limit_stop_the_command(self, limited_backend: SandboxBackend):
+        limit, sandboxes = await self._limited("disk", limited_backend)
+        # each file a sixteenth of the limit, eight times the limit in all, written over seconds
+        count, size = 128, limit // 16
+        hit = await sandboxes[0].exec(
+            f"i=0; while [ $i -lt {count} ]; do head -c {size} /dev/zero > f$i || exit 1; i=$((i+1)); sleep 0.05; "
+            "done; echo wrote $i", 120,
+        )
+        written = (await sandboxes[0].exec("ls | grep -c '^f'", 30)).output.split()
+        assert f"wrote {count}" not in hit.output and int(written[0]) < count, (hit, written)
         await self._after_limit(hit, sandboxes)
 
     async def test_with_network_none_the_hosts_loopback_cannot_be_reached(self, offline_backend: SandboxBackend):
