@@ -377,6 +377,86 @@ def test_the_judge_grades_through_the_run_s_client_and_counts_its_calls(runner, 
     assert session_tokens > 0 and stats
 
 
+JUDGE_KEY = "judge-only-key-7f3a9c21e5"  # in a variable whose name does not look secret: only the option names it
+
+
+def graded(reply: str, cost=None):
+    """A judge script: ``reply`` to every grading request (the preflight probe is answered by the server)."""
+
+    def script(request):
+        assert request.prompt.startswith("## Task"), request.prompt
+        return Reply(content=reply, usage=hermes_batch.Usage(prompt_tokens=700, completion_tokens=30, cost=cost))
+
+    return script
+
+
+def test_the_judge_grades_through_another_client_and_endpoint(runner, model_server, tmp_path, monkeypatch):
+    """judge:client=anthropic on a second server: the grading goes there in Anthropic's format with the key of
+    judge:api_key_env, is journaled and counted in the sample, and the key is in no file of the run."""
+    monkeypatch.setenv("GRADER", JUDGE_KEY)
+    runner.server = model_server(solves("42"))
+    judge = model_server(graded(f"Polite ({JUDGE_KEY}).\nSCORE: 0.8"), api_key=JUDGE_KEY)
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Say hello", "rubric": "Say hello politely."}])
+    spec = f"judge:client=anthropic,base_url={judge.anthropic_base_url},api_key_env=GRADER,model=judge-model"
+    result = runner.invoke(dataset, "--verifier", spec, "--min_reward", "0.7")
+    assert result.exit_code == 0, result.output
+    (record,) = kept(runner)
+    meta = record["metadata"]
+    assert (meta["reward"], meta["passed"]) == (0.8, True)
+    grading = [r for r in judge.requests if not r.preflight]
+    assert [(r.api, r.model) for r in grading] == [("anthropic", "judge-model")]
+    # the judge's server refuses any key but JUDGE_KEY, the agent's any but the run's: each got its own
+    assert not [r for r in runner.server.requests if r.prompt.startswith("## Task")]
+    assert len(meta["calls"]) == 3 and meta["usage"]["prompt_tokens"] >= 700  # two session turns and the grading
+    journal = [json.loads(line) for line in (runner.folder() / "calls.jsonl").read_text().splitlines()]
+    assert sum(1 for e in journal if e.get("event") == "done") == 3
+    assert any(e.get("event") == "done" and e.get("prompt_tokens") == 700 for e in journal)
+    run_json = (runner.folder() / "run.json").read_text()
+    assert "api_key_env=GRADER" in run_json  # the variable's name is in run.json, never its value
+    for path in runner.folder().rglob("*"):
+        if path.is_file():
+            assert JUDGE_KEY not in path.read_text(errors="replace"), path
+    assert "[REDACTED]" in json.loads(meta["verifiers"])[0]["reason"]
+
+
+def test_the_judge_s_own_endpoint_counts_in_max_cost(runner, model_server, tmp_path, monkeypatch):
+    """Each grading costs $1 on the judge's endpoint (the agent's cost nothing): --max_cost 1.5 stops after two."""
+    monkeypatch.setenv("GRADER", JUDGE_KEY)
+    runner.server = model_server(solves("42"))
+    judge = model_server(graded("Fine.\nSCORE: 1", cost=1.0), api_key=JUDGE_KEY)
+    rows = [{"prompt": f"Say hello #{i}", "rubric": "Say hello."} for i in range(4)]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    result = runner.invoke(dataset, "--verifier", f"judge:base_url={judge.base_url},api_key_env=GRADER",
+                           "--max_cost", "1.5", "--num_workers", "1", "--batch_size", "1")
+    assert "--max_cost 1.5 was reached" in result.output, result.output
+    records = kept(runner)
+    assert len(records) == 2 and [r["metadata"]["usage"]["cost"] for r in records] == [1.0, 1.0]
+    assert len([r for r in judge.requests if not r.preflight]) == 2
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["cost"] == 2.0
+    result = runner.invoke(dataset, "--verifier", f"judge:base_url={judge.base_url},api_key_env=GRADER",
+                           "--max_cost", "100", run_name="roomy")
+    assert result.exit_code == 0, result.output
+    assert "--max_cost had no effect" not in result.output  # the agent's endpoint reports no cost, the judge's does
+
+
+def test_a_judge_client_that_is_not_installed_or_cannot_be_reached_stops_the_run_before_any_prompt(
+        runner, model_server, tmp_path, monkeypatch):
+    runner.server = model_server(solves("42"))
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Say hello", "rubric": "Say hello."}])
+    result = runner.invoke(dataset, "--verifier", "judge:client=antropic")
+    assert result.exit_code == 2
+    assert "No model client 'antropic' is installed" in result.output and "did you mean 'anthropic'?" in result.output
+    result = runner.invoke(dataset, "--verifier", "judge:base_url=http://127.0.0.1:9/v1,api_key_env=GRADER")
+    assert result.exit_code == 2 and "GRADER named by --verifier judge:api_key_env is not set" in result.output
+    monkeypatch.setenv("GRADER", JUDGE_KEY)
+    result = runner.invoke(dataset, "--verifier", "judge:base_url=http://127.0.0.1:9/v1,api_key_env=GRADER")
+    assert result.exit_code == 2
+    assert "The judge's endpoint http://127.0.0.1:9/v1 (openai client) failed its check" in result.output
+    assert not [r for r in runner.server.requests if not r.preflight]  # no prompt was paid for
+    assert not (runner.folder() / "run.json").exists()
+
+
 # --- resume --------------------------------------------------------------------------------------------------
 
 

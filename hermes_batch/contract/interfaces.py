@@ -511,6 +511,17 @@ class Verifier(abc.ABC):
     async def verify(self, ctx: VerifierContext) -> Verdict:
         """The sample's reward and why."""
 
+    async def start(
+        self, run: "RunContext", client: ModelClient, model_client: Callable[[str, ModelSettings], ModelClient],
+    ) -> None:
+        """Before the first sample, once per run (per process): ``client`` is the run's model client;
+        ``model_client(name, settings)`` builds another installed model client ("" picks it by
+        ``settings.base_url``), its calls journaled in calls.jsonl and counted in ``--max_cost``.  A
+        HermesBatchError raised here stops the run before any prompt."""
+
+    async def shutdown(self) -> None:
+        """After the last sample, also on Ctrl-C: release what ``start`` opened."""
+
 
 class Writer(abc.ABC):
     """Writes the merged output of a run (kept trajectories in prompt_index order).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Any, Optional
 
@@ -186,7 +187,8 @@ _SCORE = re.compile(r"SCORE:\s*([-+]?\d*\.?\d+)", re.IGNORECASE)
 
 
 class JudgeVerifier(Verifier):
-    """A model grades the trajectory against the row's `rubric` (or judge:rubric=...), through the run's client."""
+    """A model grades the trajectory against the row's `rubric` (or judge:rubric=...), through the run's client
+    or a client of its own (judge:client=..., judge:base_url=..., judge:api_key_env=...)."""
 
     @attrs.frozen
     class Config:
@@ -194,10 +196,60 @@ class JudgeVerifier(Verifier):
         model: str = ""  # "" is the run's --model
         timeout: float = attrs.field(default=300.0, validator=_positive)
         max_transcript_chars: int = attrs.field(default=40000, validator=_positive)
+        client: str = ""  # an installed model client (as --model_client); "": the run's, or the one base_url asks
+        base_url: str = ""  # "": the run's --base_url
+        api_key_env: str = ""  # the variable holding the judge's key (never the key: options go to run.json)
 
     name = "judge"
     description = ("A model grades the transcript against the row's `rubric` (or judge:rubric=...) and answers "
-                   "SCORE: 0..1; its calls go through the run's model client and count in the cost.")
+                   "SCORE: 0..1, through the run's model client or judge:client=/base_url=/api_key_env=; its "
+                   "calls are journaled and count in the cost.")
+
+    _client = None  # the judge's own client, when it has one: built and checked at start
+
+    @property
+    def own_endpoint(self) -> bool:
+        """True when the options ask for another client, endpoint or key than the run's."""
+        cfg = self.config
+        return bool(cfg.client or cfg.base_url or cfg.api_key_env)
+
+    async def start(self, run, client, model_client) -> None:
+        if not self.own_endpoint:
+            return
+        from hermes_batch.errors import FatalModelError, UsageError
+        from hermes_batch.formats.redaction import display_url
+        from hermes_batch.run.config import resolve_api_key
+
+        cfg, ours = self.config, client.settings
+        base_url = cfg.base_url or ours.base_url
+        if cfg.api_key_env:
+            api_key = os.environ.get(cfg.api_key_env)
+            if not api_key:
+                raise UsageError(f"The variable {cfg.api_key_env} named by --verifier judge:api_key_env is not set "
+                                 "or empty; export the judge's key in it.")
+        elif base_url == ours.base_url:
+            api_key = ours.api_key  # the run's endpoint: the run's key
+        else:  # never the run's key to another endpoint: the variable the client would read for a run there
+            api_key = resolve_api_key(None, base_url, model_client=cfg.client or None)
+        settings = attrs.evolve(
+            ours, model=cfg.model or ours.model, base_url=base_url, api_key=api_key,
+            providers_allowed=(), providers_ignored=(), providers_order=(), provider_sort=None,
+            max_requests_per_minute=None, max_tokens_per_minute=None,  # the run's endpoint's budgets, not this one's
+        )
+        self._client = model_client(cfg.client, settings)
+        try:
+            await self._client.preflight()  # before any prompt: a judge that cannot answer would fail every sample
+        except FatalModelError as exc:
+            name = self._client.name
+            await self.shutdown()
+            cause = " ".join(str(exc.__cause__ or exc).split()).rstrip(".")
+            raise UsageError(f"The judge's endpoint {display_url(base_url)} ({name} client) failed its check "
+                             f"({cause}); fix --verifier judge:base_url, client or api_key_env.") from None
+
+    async def shutdown(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
 
     async def verify(self, ctx: VerifierContext) -> Verdict:
         rubric = self.config.rubric or _row_field(ctx, "rubric")
@@ -207,7 +259,12 @@ class JudgeVerifier(Verifier):
         transcript = "\n\n".join(f"[{t.from_}]\n{t.value}" for t in ctx.trajectory.conversations[2:])
         transcript = _bounded(transcript, self.config.max_transcript_chars)
         user = f"## Task\n{task}\n\n## Rubric\n{rubric}\n\n## Transcript\n{transcript}\n\nGrade it; end with SCORE: X."
-        client = ctx.client.for_model(self.config.model) if self.config.model else ctx.client
+        if self.own_endpoint:
+            if self._client is None:
+                raise RuntimeError("the judge's client was not started (Verifier.start)")
+            client = self._client
+        else:
+            client = ctx.client.for_model(self.config.model) if self.config.model else ctx.client
         response = await attrs.evolve(ctx, client=client).complete(
             (Message("system", JUDGE_SYSTEM), Message("user", user)))
         text = response.message.content or ""

@@ -89,6 +89,8 @@ def run_secrets(config: Any, environ: Mapping[str, str] = os.environ) -> list:
         value = getattr(config, field.name)
         if isinstance(value, dict):
             found += _option_secrets(value, environ)
+        elif isinstance(value, (tuple, list)):  # NAME:OPTIONS specs (--verifier judge:api_key_env=VARIABLE)
+            found += [secret for spec in value if isinstance(spec, str) for secret in _spec_secrets(spec, environ)]
     for name, value in environ.items():
         if secret_name(name) and not value.startswith("/"):  # a path names a secret, it is not one
             found.append(value)
@@ -107,6 +109,18 @@ def _option_secrets(options: Mapping, environ: Mapping[str, str]) -> list:
                 found.append(value)
             if "://" in value:
                 found += url_secrets(value)
+    return found
+
+
+_SPEC_VARIABLE = re.compile(r"""([A-Za-z0-9_]*env)["']?\s*[=:]\s*["']?([A-Za-z_][A-Za-z0-9_]*)""", re.IGNORECASE)
+_SPEC_URL = re.compile(r"""[A-Za-z][A-Za-z0-9+.-]*://[^\s,"'}]+""")
+
+
+def _spec_secrets(spec: str, environ: Mapping[str, str]) -> list:
+    """The secrets a ``NAME:OPTIONS`` spec points at: the variables its ``*_env`` options name, URL credentials."""
+    found = [environ.get(name, "") for _key, name in _SPEC_VARIABLE.findall(spec)]
+    for url in _SPEC_URL.findall(spec):
+        found += url_secrets(url)
     return found
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import random
 from typing import Any, Callable, Mapping, Optional
@@ -197,4 +198,18 @@ def build_processor(
         plan=plan,
         verifiers=selection.verifiers(registry, plan.verifiers),
         min_reward=plan.config.min_reward,
+        model_client=lambda name, settings: _other_client(registry, client, name, settings),
     )
+
+
+def _other_client(registry: Registry, run_client, name: str, settings) -> Any:
+    """A client of the installed model client ``name`` ("" picks it by ``settings.base_url``) on an endpoint of its
+    own (a verifier's judge): its own limiter, its requests journaled in the run's calls.jsonl."""
+    installed = registry.names("model_clients")
+    if name and name not in installed:
+        close = difflib.get_close_matches(name, sorted(installed), n=1)
+        raise UsageError(f"No model client {name!r} is installed (installed: {', '.join(sorted(installed))}); "
+                         + (f"did you mean {close[0]!r}?" if close else "install it or name one of them."))
+    client = selection.model_client_class(registry, name or None, settings.base_url)(settings)
+    client.journal = run_client.journal  # set by the runner (or a worker) before the processor starts
+    return client

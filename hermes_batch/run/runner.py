@@ -356,7 +356,8 @@ class RunEngine:
         if self.jobs.halted:
             return RunResult(status, statistics, self._budget_message(to_run))
         limiter = self.client.limiter
-        if self.config.max_cost is not None and limiter.cost is None and limiter.requests:
+        journaled = self.journal.cost if self.journal is not None else None  # a judge's own endpoint's too
+        if self.config.max_cost is not None and limiter.cost is None and journaled is None and limiter.requests:
             log.warning("The endpoint reported no cost, so --max_cost had no effect.")
         return RunResult(status, statistics)
 

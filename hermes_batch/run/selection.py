@@ -22,10 +22,10 @@ def _pick(registry: Registry, kind: str, name: str, option: Optional[str] = None
         raise UsageError(unknown_name(kind, name, registry.names(kind), option or KIND[kind].option)) from None
 
 
-def model_client_class(registry: Registry, name: Optional[str], base_url: str):
-    """The client named by --model_client, else the most specific one that handles ``base_url``."""
+def model_client_class(registry: Registry, name: Optional[str], base_url: str, option: str = "--model_client"):
+    """The client named by --model_client (or ``option``), else the most specific one that handles ``base_url``."""
     if name:
-        return _pick(registry, "model_clients", name)
+        return _pick(registry, "model_clients", name, option)
     candidates = [reg.obj for reg in registry.items("model_clients") if reg.obj.handles_base_url(base_url)]
     # the generic OpenAI-compatible client claims every URL; a specific client wins over it
     specific = [c for c in candidates if c.name != "openai"]
@@ -33,7 +33,7 @@ def model_client_class(registry: Registry, name: Optional[str], base_url: str):
         return specific[0]
     if candidates:
         return candidates[0]
-    raise UsageError(f"No installed model client handles {base_url!r}; pass --model_client.")
+    raise UsageError(f"No installed model client handles {base_url!r}; pass {option}.")
 
 
 def sandbox_backend(registry: Registry, name: str, options: dict):

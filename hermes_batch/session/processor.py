@@ -57,6 +57,7 @@ class PromptProcessor:
     plan: Optional[object] = None  # the run.plan.RunPlan what it was built from (plan.build_processor), for executors that run prompts elsewhere
     verifiers: tuple = ()  # Verifier instances, in --verifier order
     min_reward: float = 1.0  # what a verified sample's reward must reach to pass
+    model_client: Optional[Callable] = None  # (name, ModelSettings) -> another installed client, for verifiers
     closer: SandboxCloser = attrs.field(factory=SandboxCloser, init=False)  # sandboxes closed once they are open
     replayer: Optional[object] = None  # session.replay.Replayer: answers journaled, replayed on --resume (set by the runner)
 
@@ -65,6 +66,8 @@ class PromptProcessor:
         await self.backend.start()
         for runtime in self.runtimes.values():
             await runtime.start(self.run, self.client)
+        for verifier in self.verifiers:
+            await verifier.start(self.run, self.client, self.model_client)
 
     async def aclose(self) -> None:
         """After the last prompt, also on Ctrl-C: shut the runtimes down, wait for the
@@ -73,6 +76,8 @@ class PromptProcessor:
         for runtime in self.runtimes.values():
             await quietly(runtime.shutdown())
         await quietly(self.closer.drain())
+        for verifier in self.verifiers:  # after the last sample's verification
+            await quietly(verifier.shutdown())
         await quietly(self.backend.shutdown())
         await quietly(self.client.aclose())
 
