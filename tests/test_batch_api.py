@@ -477,3 +477,28 @@ async def test_a_batch_goes_out_when_full_or_after_the_wait():
     assert batcher.counts.batches == 3 and batcher.counts.largest == 2
     assert "0 in flight, 3 submitted, 0 request(s) queued" in batcher.summary()["batches"]
     await batcher.aclose()
+
+
+async def test_an_answer_the_replay_journal_gave_is_not_collected_for_another_session():
+    """Two samples of one prompt send the same first request. The first sample's answer, in a batch of the stopped
+    session, is also in responses.jsonl: replayed from there, the batch's copy must not go to the second sample
+    (it would get the first one's answer), which sends its own request."""
+    import types
+
+    from hermes_batch.folder.replay_journal import encode_response
+    from hermes_batch.formats.records import Message, ModelResponse
+    from hermes_batch.model.batching import Batcher, BatchOptions, digest
+    from hermes_batch.session.replay import Replayer
+
+    api = FakeBatches()
+    batcher = Batcher(api, BatchOptions(max_requests=1, max_wait=0.01, poll_interval=0.01))
+    messages = (Message("user", "q0"),)
+    api._requests["b0"] = [(f"{digest(b'q0')}-1", b"q0")]  # the stopped session's batch, with sample 0's request
+    batcher.expect("b0", [f"{digest(b'q0')}-1"])
+    client = types.SimpleNamespace(name="openai", settings=None, replayed=batcher.forget)
+    replayer = Replayer(types.SimpleNamespace(write=lambda *a: None), client)
+    recorded = {replayer.hasher.digest(messages, ()): encode_response(ModelResponse(Message("assistant", "q0")))}
+    assert replayer.session("sample0", recorded).lookup(messages, ()) is not None  # from the journal
+    await batcher.send(messages, (), 0)  # sample 1
+    assert api.submitted == [[b"q0"]] and batcher.counts.replayed == 0
+    await batcher.aclose()

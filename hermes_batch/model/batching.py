@@ -175,6 +175,18 @@ class Batcher:
             return None
         return await self._from_earlier(digest(self.api.body(messages, tools)))
 
+    def forget(self, messages: tuple, tools: tuple) -> None:
+        """The replay journal answered this call: its answer in an earlier session's batch is used, so it goes
+        to no other session that sends the same body (another sample of the prompt)."""
+        if not self._earlier:
+            return
+        key = digest(self.api.body(messages, tools))
+        held = self._earlier.get(key)
+        if held:
+            held.pop(0)
+            if not held:
+                del self._earlier[key]
+
     async def _from_earlier(self, key: str) -> Optional[ModelResponse]:
         held = self._earlier.get(key)  # its places in earlier sessions' batches (more than one: sent again there)
         while held:

@@ -67,6 +67,10 @@ class BatchingClient(ModelClient):
             self.journal.done(call, response.usage)
         return response
 
+    def replayed(self, messages, tools) -> None:
+        """The replay journal answered this call (``session.replay``): no earlier batch's answer is handed out for it."""
+        self.batcher.forget(messages, tools)
+
     async def preflight(self) -> None:
         await self.inner.preflight()
 
