@@ -309,6 +309,27 @@ def test_prompt_timeout_before_the_first_answer_fails_the_prompt(tmp_path):
     assert len(failed) == 2 and all("--prompt_timeout" in json.dumps(r) for r in failed)
 
 
+def test_response_cache_answers_before_a_batch_is_made(tmp_path):
+    """--response_cache with --batch_api: a cached answer is taken before the batch layer, so a second run folder
+    of the same prompts puts nothing in a batch."""
+    data = dataset(tmp_path, 3)
+    cache = ("--response_cache", str(tmp_path / "cache"))
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(delay=0.05)) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "3"))
+        result = runner.invoke(data, *FAST, *cache)
+        assert result.exit_code == 0, result.output
+        paid, created = server.batches.requests_processed, server.batches.created
+        assert paid == 9
+        result = runner.invoke(data, *FAST, *cache, run_name="second")
+        assert result.exit_code == 0, result.output
+        assert (server.batches.requests_processed, server.batches.created) == (paid, created)
+    stats = json.loads((runner.folder("second") / "statistics.json").read_text())
+    assert stats["batch_api"]["batches"] == 0 and stats["model_requests"]["requests"] == 0
+    second = runner.records("trajectories.jsonl", run_name="second")
+    assert len(second) == 3 and all(r["metadata"]["replayed_turns"] == 3 for r in second)
+    assert shapes(second) == shapes(runner.records("trajectories.jsonl"))
+
+
 # --- stopping and resuming -------------------------------------------------------------------------------------
 
 
@@ -348,6 +369,62 @@ def test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again(t
         # each turn's command ran once in the resumed session's sandbox, in order
         tag = outputs[0].split("-")[0]
         assert completed and outputs == [f"{tag}-0\n", f"{tag}-0\n{tag}-1\n"]
+
+
+def _journaled(runner: Runner) -> int:
+    """The answers responses.jsonl (the replay journal) holds."""
+    path = runner.folder() / "responses.jsonl"
+    return path.read_text().count('"h":') if path.exists() else 0
+
+
+@pytest.mark.slow
+def test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight(tmp_path, procs):
+    """Killed while the second turns' batch is out, the first turns' answers already in responses.jsonl:
+    --resume replays the first turns, collects the second from that batch, and pays and counts each answer once."""
+    import attrs
+    from hermes_batch.formats.records import Usage
+
+    n, cost = 6, 0.0005
+    loop = script()
+
+    def priced(request):
+        return attrs.evolve(loop(request), usage=Usage(prompt_tokens=100, completion_tokens=10, cost=cost))
+
+    data = dataset(tmp_path, n)
+    options = (*FAST, "--batch_api_max_requests", str(n), "--batch_api_max_wait", "5")  # one full batch per turn
+    # the second batch (the second turns) ends 6 s after creation: time to kill the driver while it is out
+    settings = BatchSettings(delay=lambda number: 6.0 if number == 2 else 0.2)
+    with ScriptedModelServer(priced, api_key=TEST_API_KEY, batches=settings) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", str(n)))
+        proc = runner.spawn(data, *options)
+        procs.append(proc)
+        wait_for(lambda: runner.folder().joinpath("batches.jsonl").exists() and _submitted(runner) >= 2
+                 and _journaled(runner) == n, 60, "the first answers journaled, the second batch out", proc)
+        proc.send_signal(signal.SIGKILL)
+        _out, err = ended(proc)
+        assert proc.returncode == -signal.SIGKILL, err
+        assert server.batches.requests_processed == n  # the first turns; the second turns' batch still out
+        first = server.batches.created
+        result = runner.invoke(data, *options, "--resume")
+        assert result.exit_code == 0, result.output
+        no_request_twice(server)
+        assert server.batches.requests_processed == 3 * n  # each turn of each prompt once
+        stats = json.loads((runner.folder() / "statistics.json").read_text())
+        assert stats["batch_api"]["replayed"] == n  # the second turns, from the killed session's batch
+        assert stats["batch_api"]["requests"] == n  # the third turns, the only ones sent again
+        assert server.batches.created - first == stats["batch_api"]["batches"]
+    # statistics count each answer once, and no request the killed session's batch answered as unanswered
+    assert stats["model_requests"]["requests"] == 3 * n
+    assert stats["model_requests"]["errors"] == 0
+    assert stats["cost"] == pytest.approx(3 * n * cost)
+    assert stats["tokens"]["prompt"] == 3 * n * 100
+    saved = runner.records("trajectories.jsonl")
+    assert len(saved) == n
+    assert [r["metadata"]["replayed_turns"] for r in saved] == [1] * n  # the first turns, from responses.jsonl
+    for _roles, outputs, completed in shapes(saved).values():
+        tag = outputs[0].split("-")[0]
+        assert completed and outputs == [f"{tag}-0\n", f"{tag}-0\n{tag}-1\n"]
+    assert not runner.folder().joinpath("responses.jsonl").exists()
 
 
 # --- the Batcher alone -----------------------------------------------------------------------------------------
@@ -399,4 +476,29 @@ async def test_a_batch_goes_out_when_full_or_after_the_wait():
     assert loop.time() - started >= 0.5
     assert batcher.counts.batches == 3 and batcher.counts.largest == 2
     assert "0 in flight, 3 submitted, 0 request(s) queued" in batcher.summary()["batches"]
+    await batcher.aclose()
+
+
+async def test_an_answer_the_replay_journal_gave_is_not_collected_for_another_session():
+    """Two samples of one prompt send the same first request. The first sample's answer, in a batch of the stopped
+    session, is also in responses.jsonl: replayed from there, the batch's copy must not go to the second sample
+    (it would get the first one's answer), which sends its own request."""
+    import types
+
+    from hermes_batch.folder.replay_journal import encode_response
+    from hermes_batch.formats.records import Message, ModelResponse
+    from hermes_batch.model.batching import Batcher, BatchOptions, digest
+    from hermes_batch.session.replay import Replayer
+
+    api = FakeBatches()
+    batcher = Batcher(api, BatchOptions(max_requests=1, max_wait=0.01, poll_interval=0.01))
+    messages = (Message("user", "q0"),)
+    api._requests["b0"] = [(f"{digest(b'q0')}-1", b"q0")]  # the stopped session's batch, with sample 0's request
+    batcher.expect("b0", [f"{digest(b'q0')}-1"])
+    client = types.SimpleNamespace(name="openai", settings=None, replayed=batcher.forget)
+    replayer = Replayer(types.SimpleNamespace(write=lambda *a: None), client)
+    recorded = {replayer.hasher.digest(messages, ()): encode_response(ModelResponse(Message("assistant", "q0")))}
+    assert replayer.session("sample0", recorded).lookup(messages, ()) is not None  # from the journal
+    await batcher.send(messages, (), 0)  # sample 1
+    assert api.submitted == [[b"q0"]] and batcher.counts.replayed == 0
     await batcher.aclose()

@@ -155,6 +155,39 @@ class Batcher:
             raise self.fatal
         body = self.api.body(messages, tools)
         key = digest(body)
+        outcome = await self._from_earlier(key)
+        if outcome is not None:
+            return outcome
+        # not in any, not processed, or failed: it goes out like any request
+        turn = sum(1 for m in messages if m.role == "assistant")
+        request = _Request(body, key, prompt, turn)
+        self._enqueue(request)
+        try:
+            return await request.future
+        finally:
+            if not request.future.done():  # the session was cancelled (--prompt_timeout, Ctrl-C)
+                request.future.cancel()
+
+    async def earlier(self, messages: tuple, tools: tuple) -> Optional[ModelResponse]:
+        """The answer an earlier session's batch holds for this call (its result, once that batch ended), else None:
+        then ``send`` it."""
+        if self.fatal is not None or not self._earlier:
+            return None
+        return await self._from_earlier(digest(self.api.body(messages, tools)))
+
+    def forget(self, messages: tuple, tools: tuple) -> None:
+        """The replay journal answered this call: its answer in an earlier session's batch is used, so it goes
+        to no other session that sends the same body (another sample of the prompt)."""
+        if not self._earlier:
+            return
+        key = digest(self.api.body(messages, tools))
+        held = self._earlier.get(key)
+        if held:
+            held.pop(0)
+            if not held:
+                del self._earlier[key]
+
+    async def _from_earlier(self, key: str) -> Optional[ModelResponse]:
         held = self._earlier.get(key)  # its places in earlier sessions' batches (more than one: sent again there)
         while held:
             earlier = held.pop(0)
@@ -165,15 +198,7 @@ class Batcher:
                 self.counts.replayed += 1
                 return outcome
             held = self._earlier.get(key)
-        # not in any, not processed, or failed: it goes out like any request
-        turn = sum(1 for m in messages if m.role == "assistant")
-        request = _Request(body, key, prompt, turn)
-        self._enqueue(request)
-        try:
-            return await request.future
-        finally:
-            if not request.future.done():  # the session was cancelled (--prompt_timeout, Ctrl-C)
-                request.future.cancel()
+        return None
 
     def _enqueue(self, request: _Request) -> None:
         self._queue.append(request)

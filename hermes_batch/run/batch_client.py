@@ -16,6 +16,7 @@ from ..contract.interfaces import ModelClient
 from ..errors import ConfigError
 from ..folder.batch_journal import BatchJournal, batch_journal_path, read_batches
 from ..folder.journal import current_prompt
+from ..formats.records import CallRecord
 from ..model.batching import Batcher, BatchOptions
 from .config import RunConfig
 
@@ -52,6 +53,23 @@ class BatchingClient(ModelClient):
 
     async def send(self, messages, tools):
         return await self.batcher.send(messages, tools, current_prompt.get())
+
+    async def complete(self, messages, tools, *, calls=None):
+        """An answer an earlier session's batch holds is taken without a request: that session journaled it as
+        sent (calls.jsonl), this one journals its end, with its usage, so it counts once; else as any call."""
+        response = await self.batcher.earlier(messages, tools)
+        if response is None:
+            return await super().complete(messages, tools, calls=calls)
+        call = CallRecord(response.provider, 0.0, 200)
+        if calls is not None:
+            calls.append(call)
+        if self.journal is not None:
+            self.journal.done(call, response.usage)
+        return response
+
+    def replayed(self, messages, tools) -> None:
+        """The replay journal answered this call (``session.replay``): no earlier batch's answer is handed out for it."""
+        self.batcher.forget(messages, tools)
 
     async def preflight(self) -> None:
         await self.inner.preflight()

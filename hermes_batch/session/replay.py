@@ -59,11 +59,13 @@ class SessionReplay:
     """One session's lookups: ``lookup`` before each model call, ``record`` with a live answer."""
 
     __slots__ = ("key", "recorded", "hasher", "sink", "cache", "sample", "replayed", "_request", "_state", "_count",
-                 "_last", "_tools")
+                 "_last", "_tools", "on_replayed")
 
     def __init__(self, key: str, recorded: Optional[dict], hasher: RequestHasher,
-                 sink: Callable[[str, str, ModelResponse], None], cache=None, sample: int = 0):
+                 sink: Callable[[str, str, ModelResponse], None], cache=None, sample: int = 0,
+                 on_replayed: Optional[Callable] = None):
         self.key = key
+        self.on_replayed = on_replayed  # told of each answer replayed from the journal (--batch_api: not collected)
         self.sample = sample  # --samples_per_prompt: each sample has answers of its own in the cache
         self.recorded = recorded or None  # {hash: answer} of the cut-off session; None once live
         self.hasher, self.sink, self.cache = hasher, sink, cache
@@ -96,6 +98,8 @@ class SessionReplay:
                     response = None
                 if response is not None:
                     self.replayed += 1
+                    if self.on_replayed is not None:
+                        self.on_replayed(messages, tools)
                     return response
             self.recorded = None  # the first request that differs: live from here on
         if self.cache is not None:
@@ -132,6 +136,7 @@ class Replayer:
         self.journal = journal  # a ResponseJournal, or a worker's relay with the same ``write``
         self.hasher = RequestHasher(client)
         self.cache = cache
+        self.on_replayed = getattr(client, "replayed", None)  # the --batch_api client's
 
     def session(self, key: str, recorded: Optional[dict] = None, sample: int = 0) -> SessionReplay:
-        return SessionReplay(key, recorded, self.hasher, self.journal.write, self.cache, sample)
+        return SessionReplay(key, recorded, self.hasher, self.journal.write, self.cache, sample, self.on_replayed)
