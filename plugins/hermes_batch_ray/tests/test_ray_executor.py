@@ -6,12 +6,14 @@ import json
 import os
 import re
 import signal
+import threading
 from collections import Counter
 
 import attrs
 import pytest
 
 from hermes_batch import Usage
+from hermes_batch.folder.replay_journal import REPLAY_JOURNAL_NAME
 from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, batch_records, ended, steady, wait_for, write_dataset
 
 from ray_rig import ray_cluster  # noqa: F401 - the session's cluster
@@ -185,3 +187,61 @@ def test_after_ctrl_c_no_request_counts_as_unanswered(tmp_path, runner, model_se
     events = Counter(json.loads(line)["event"] for line in (folder / "calls.jsonl").read_text().splitlines())
     assert events["sent"] == events["done"] == 12
     assert json.loads((folder / "statistics.json").read_text())["model_requests"]["unanswered"] == 0
+
+
+# --- the replay journal (responses.jsonl) through the actors -------------------------------------
+# The twin of tests/test_replay_journal.py's processes-executor test: the actors send each answer to the
+# driver (("responses", entry) in a poll), which alone writes the journal; after a SIGKILL of the driver,
+# --resume replays the cut-off sessions' answers (the tools run for real) and sends only what was never answered.
+
+TURNS = 10  # nine tool calls, then the answer
+REPLAY_BASE = ("--distribution", "terminal_only", "--seed", "7", "--max_turns", str(TURNS))
+
+
+def turns_asked(server, prompt, since=0):
+    return [r.turn for r in server.requests[since:] if r.prompt == prompt]
+
+
+def journaled(folder) -> int:
+    """The answers responses.jsonl holds (whole lines only)."""
+    path = folder / REPLAY_JOURNAL_NAME
+    return sum(1 for line in path.read_bytes().split(b"\n") if line.startswith(b'{"p"')) if path.exists() else 0
+
+
+@pytest.mark.slow  # two runs of ten-turn sessions in child processes, about two minutes
+def test_driver_killed_mid_session_replays_the_journaled_answers_on_resume(tmp_path, runner, model_server, procs,
+                                                                           ray_cluster):
+    script = ToolLoopScript(tool_calls=TURNS - 1)
+    prompts = [f"task {k}: list the files" for k in (2, 6)]
+    stop = {p: int(p.split()[1].rstrip(":")) for p in prompts}  # prompt k is killed waiting for its answer of turn k
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
+    released = threading.Event()
+    server = model_server(lambda r: attrs.evolve(script(r), usage=Usage(prompt_tokens=100, completion_tokens=10)),
+                          hang=lambda r: not released.is_set() and r.prompt in stop and r.turn == stop[r.prompt])
+    options = ray_options(ray_cluster, "-E", "workers=2", "-E", f"scratch_dir={tmp_path / 'node-scratch'}",
+                          "--num_workers", "2")
+    proc = runner.spawn(data, *REPLAY_BASE, *options, server=server, start_new_session=True)
+    procs.append(proc)
+    folder = runner.folder()
+    try:
+        wait_for(lambda: all(stop[p] in turns_asked(server, p) for p in prompts), 180, "every prompt at its turn", proc)
+        # an answer reaches the driver in its actor's next poll: kill once the driver has written every one
+        wait_for(lambda: journaled(folder) == sum(stop.values()), 60, "every answer in the journal", proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        ended(proc, 60)
+    assert proc.returncode == -signal.SIGKILL
+    # Ray ends the actors of a driver that is gone; only then may the hung requests be answered
+    wait_for(lambda: not ray_cluster.processes("ray::PromptActor"), 60, "the actors to end")
+    released.set()
+    before = len(server.requests)
+
+    result = runner.invoke(data, *REPLAY_BASE, *options, "--resume", server=server)
+    assert result.exit_code == 0, result.output[-3000:]
+    saved = {human(t): t for t in batch_records(folder)}
+    for prompt, k in stop.items():
+        # the request of turn k was never answered: it and the rest are all the resume sends
+        assert turns_asked(server, prompt, before) == list(range(k, TURNS)), prompt
+        assert saved[prompt]["metadata"]["replayed_turns"] == k
+        assert saved[prompt]["api_calls"] == TURNS and saved[prompt]["completed"]
+    assert not (folder / REPLAY_JOURNAL_NAME).exists()  # every prompt has its record
