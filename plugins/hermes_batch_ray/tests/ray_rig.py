@@ -59,10 +59,17 @@ class RayCluster:
         return sorted(pid for pid in ours if pid in parents and name.encode() in cmdlines.get(pid, b""))
 
 
+_GIVEN: set = set()  # ports handed out already: a port closed at once may come back at the next call
+
+
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def _node_ports() -> tuple:

@@ -13,7 +13,6 @@ import attrs
 import pytest
 
 from hermes_batch import Usage
-from hermes_batch.folder.replay_journal import REPLAY_JOURNAL_NAME
 from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, batch_records, ended, steady, wait_for, write_dataset
 
 from ray_rig import ray_cluster  # noqa: F401 - the session's cluster
@@ -204,7 +203,7 @@ def turns_asked(server, prompt, since=0):
 
 def journaled(folder) -> int:
     """The answers responses.jsonl holds (whole lines only)."""
-    path = folder / REPLAY_JOURNAL_NAME
+    path = folder / "responses.jsonl"
     return sum(1 for line in path.read_bytes().split(b"\n") if line.startswith(b'{"p"')) if path.exists() else 0
 
 
@@ -244,4 +243,4 @@ def test_driver_killed_mid_session_replays_the_journaled_answers_on_resume(tmp_p
         assert turns_asked(server, prompt, before) == list(range(k, TURNS)), prompt
         assert saved[prompt]["metadata"]["replayed_turns"] == k
         assert saved[prompt]["api_calls"] == TURNS and saved[prompt]["completed"]
-    assert not (folder / REPLAY_JOURNAL_NAME).exists()  # every prompt has its record
+    assert not (folder / "responses.jsonl").exists()  # every prompt has its record
