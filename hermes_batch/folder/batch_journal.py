@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import attrs
 
 from ..errors import RunFolderWriteError
-from .durable import repair_torn_tail, write_all, write_error
+from .durable import AppendLog, write_error
 
 log = logging.getLogger(__name__)
 
@@ -45,26 +44,20 @@ class Submitted:
 
 
 class BatchJournal:
-    """Appends the lines of one session to the run's batches.jsonl."""
+    """Appends the lines of one session to the run's batches.jsonl (a durable ``AppendLog``)."""
 
     def __init__(self, path, session: int):
         self.path = Path(path)
         self.session = session
-        dropped = repair_torn_tail(self.path)
-        if dropped:
-            log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", self.path, dropped)
+        self._log = AppendLog(self.path)
         try:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            self._log.open()  # a torn tail is cut off (and said) before this session's first line
         except OSError as exc:
             raise write_error(self.path, exc) from exc
 
     def _write(self, entry: dict) -> None:
-        data = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
-        try:
-            write_all(self._fd, data)
-            os.fsync(self._fd)  # a batch is money: its line must outlive a power cut, not only a kill
-        except OSError as exc:
-            raise write_error(self.path, exc) from exc
+        # one write and fsync, from the event loop: a batch is money, its line must outlive a power cut too
+        self._log.append_sync(json.dumps(entry, separators=(",", ":")))
 
     def pending(self, requests: list) -> None:
         """``[(custom_id, prompt_index, turn), ...]`` are about to be submitted as one batch."""
@@ -77,9 +70,7 @@ class BatchJournal:
         self._write({"event": "collected", "session": self.session, "batch": batch_id})
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._log.close()
 
 
 def read_batches(path) -> list:
