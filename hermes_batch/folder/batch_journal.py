@@ -35,11 +35,10 @@ def batch_journal_path(run_dir) -> Path:
 
 @attrs.frozen
 class Submitted:
-    """A batch an earlier session submitted: its id, its requests' custom ids, whether its results were collected."""
+    """A batch an earlier session submitted: its id, its requests' custom ids."""
 
     batch: str
     custom_ids: tuple
-    collected: bool
     prompts: frozenset  # the prompt indexes its requests belong to
 
 
@@ -80,12 +79,10 @@ def read_batches(path) -> list:
         return []
     pending: dict = {}  # custom_id -> prompt_index
     batches: dict = {}
-    collected: set = set()
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise RunFolderWriteError(f"{path} could not be read ({exc}); check its permissions.") from exc
-    unsent = 0
     for line in text.splitlines():
         try:
             entry = json.loads(line)
@@ -96,8 +93,6 @@ def read_batches(path) -> list:
             elif event == "submitted":
                 ids = tuple(str(c) for c in entry["custom_ids"])
                 batches[str(entry["batch"])] = ids
-            elif event == "collected":
-                collected.add(str(entry["batch"]))
         except (ValueError, KeyError, TypeError):
             continue  # a torn or foreign line: it names no batch
     named = {c for ids in batches.values() for c in ids}
@@ -106,6 +101,6 @@ def read_batches(path) -> list:
         log.warning("%s: %d request(s) were being submitted when the run stopped, without a batch id on record; "
                     "if the provider got them they are paid for and are sent again.", path, unsent)
     return [
-        Submitted(batch, ids, batch in collected, frozenset(pending[c] for c in ids if c in pending))
+        Submitted(batch, ids, frozenset(pending[c] for c in ids if c in pending))
         for batch, ids in batches.items()
     ]
