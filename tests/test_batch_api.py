@@ -502,3 +502,29 @@ async def test_an_answer_the_replay_journal_gave_is_not_collected_for_another_se
     await batcher.send(messages, (), 0)  # sample 1
     assert api.submitted == [[b"q0"]] and batcher.counts.replayed == 0
     await batcher.aclose()
+
+
+async def test_an_earlier_batch_whose_first_check_fails_is_checked_again_not_paid_again():
+    """At a resume, the first check of the stopped session's batch fails for now (a 503): it is checked again at
+    the next poll and its answer used; the request is not sent (paid) again."""
+    from hermes_batch.errors import RetryableModelError
+    from hermes_batch.formats.records import Message
+    from hermes_batch.model.batching import Batcher, BatchOptions, digest
+
+    class Flaky(FakeBatches):
+        polls = 0
+
+        async def poll(self, batch_id):
+            self.polls += 1
+            if self.polls == 1:
+                raise RetryableModelError("The endpoint answered 503 for the state of a batch: busy")
+            return "completed"
+
+    api = Flaky()
+    batcher = Batcher(api, BatchOptions(max_requests=1, max_wait=0.01, poll_interval=0.01))
+    api._requests["b0"] = [(f"{digest(b'q0')}-1", b"q0")]  # the stopped session's batch
+    batcher.expect("b0", [f"{digest(b'q0')}-1"])
+    answer = await batcher.send((Message("user", "q0"),), (), 0)
+    assert answer.message.content == "q0" and api.polls == 2
+    assert api.submitted == [] and batcher.counts.replayed == 1
+    await batcher.aclose()
