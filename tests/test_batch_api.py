@@ -168,6 +168,35 @@ async def test_an_endpoint_without_batches_answers_404():
             await client.batches.list()
 
 
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+async def test_a_refused_key_at_the_batch_endpoints_is_fatal_and_a_missing_api_says_run_without(client):
+    """Every batch route of the server refuses a bad key (401) and answers 404 without batches; the client's
+    BatchAPI makes the first a FatalModelError that asks for another key, the second one that asks to run
+    without --batch_api (exit status 2 at start)."""
+    from hermes_batch.contract.interfaces import ModelSettings
+    from hermes_batch.default_plugins.anthropic_client import AnthropicClient
+    from hermes_batch.default_plugins.openai_client import OpenAIClient
+    from hermes_batch.errors import FatalModelError
+
+    for settings, key, says in ((BatchSettings(), "wrong", "refused the API key"),
+                                (BatchSettings(enabled=False), TEST_API_KEY, "run without --batch_api")):
+        async with ScriptedModelServer(ToolLoopScript(), api_key=TEST_API_KEY, batches=settings) as server:
+            if client == "openai":
+                model = OpenAIClient(ModelSettings("m", server.base_url, api_key=key))
+            else:
+                model = AnthropicClient(ModelSettings("m", server.anthropic_base_url, api_key=key))
+            api = model.batch_api()
+            try:
+                with pytest.raises(FatalModelError, match=says):
+                    await api.check()
+                if key == "wrong":  # the upload or create of a batch too
+                    with pytest.raises(FatalModelError, match=says):
+                        await api.submit([("a-1", b'{"model":"m","max_tokens":10,"messages":[]}')])
+            finally:
+                await api.aclose()
+                await model.aclose()
+
+
 # --- runs ----------------------------------------------------------------------------------------------------
 
 
