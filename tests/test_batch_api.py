@@ -557,3 +557,26 @@ async def test_an_earlier_batch_whose_first_check_fails_is_checked_again_not_pai
     assert answer.message.content == "q0" and api.polls == 2
     assert api.submitted == [] and batcher.counts.replayed == 1
     await batcher.aclose()
+
+
+def test_the_batch_journal_names_the_batches_to_collect_and_warns_of_requests_without_one(tmp_path, caplog):
+    """batches.jsonl: a torn last line is cut off before a session appends; a resume reads each submitted batch with
+    its custom ids and prompts, and says how many requests were being submitted without a batch id on record."""
+    from hermes_batch.folder.batch_journal import BatchJournal, Submitted, batch_journal_path, read_batches
+
+    path = batch_journal_path(tmp_path)
+    first = BatchJournal(path, 1)
+    first.pending([("d1-1", 0, 0), ("d2-2", 3, 1)])
+    first.submitted("batch_a", ["d1-1", "d2-2"])
+    first.collected("batch_a")
+    first.pending([("d3-3", 5, 2)])  # killed before the provider named the batch
+    first.close()
+    with open(path, "ab") as torn:
+        torn.write(b'{"event":"submitted","session":1,"batch":"batch_b","custom')
+    second = BatchJournal(path, 2)
+    second.close()
+    assert path.read_bytes().endswith(b'"d3-3",5,2]]}\n')  # the torn line cut off
+    with caplog.at_level("WARNING"):
+        assert read_batches(path) == [Submitted("batch_a", ("d1-1", "d2-2"), frozenset({0, 3}))]
+    assert "1 request(s) were being submitted when the run stopped" in caplog.text
+    assert read_batches(tmp_path / "none.jsonl") == []
