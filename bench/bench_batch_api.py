@@ -12,30 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
-from common import measure_run, write_prompts
-
-
-@contextmanager
-def model_server(latency: float, batch_delay: float, tool_calls: int):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hermes_batch.testing.server", "--port", "0", "--latency", str(latency),
-         "--tool-calls", str(tool_calls), "--batch-delay", str(batch_delay)],
-        stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        line = proc.stdout.readline()
-        if not line.startswith("READY "):
-            raise RuntimeError(f"the model server did not start: {line!r}")
-        yield line.split()[1]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+from common import measure_run, model_server, write_prompts
 
 
 def main() -> None:
@@ -51,7 +31,7 @@ def main() -> None:
 
     results = {}
     with tempfile.TemporaryDirectory() as tmp, \
-            model_server(args.latency, args.batch_delay, calls_per_prompt - 1) as url:
+            model_server(args.latency, tool_calls=calls_per_prompt - 1, batch_delay=args.batch_delay) as url:
         dataset = write_prompts(Path(tmp) / "prompts.jsonl", args.prompts)
         for name, extra in (
             ("synchronous", []),

@@ -15,11 +15,15 @@ from pathlib import Path
 
 
 @contextlib.contextmanager
-def model_server(latency: float, tool_calls: int = 2):
-    """The scripted model server in its own process (its CPU is not counted against the run)."""
+def model_server(latency: float, tool_calls: int = 2, batch_delay: float = 0.0):
+    """The scripted model server in its own process (its CPU is not counted against the run).
+
+    ``batch_delay``: seconds its batch endpoints take per batch (``--batch_api``).
+    """
     proc = subprocess.Popen(
         [sys.executable, "-m", "hermes_batch.testing.server", "--port", "0",
-         "--latency", str(latency), "--tool-calls", str(tool_calls)],
+         "--latency", str(latency), "--tool-calls", str(tool_calls),
+         *(("--batch-delay", str(batch_delay)) if batch_delay else ())],
         stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -29,7 +33,7 @@ def model_server(latency: float, tool_calls: int = 2):
         yield line.split()[1]
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=30)
 
 
 def write_prompts(path: Path, count: int, **extra) -> Path:

@@ -168,6 +168,35 @@ async def test_an_endpoint_without_batches_answers_404():
             await client.batches.list()
 
 
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+async def test_a_refused_key_at_the_batch_endpoints_is_fatal_and_a_missing_api_says_run_without(client):
+    """Every batch route of the server refuses a bad key (401) and answers 404 without batches; the client's
+    BatchAPI makes the first a FatalModelError that asks for another key, the second one that asks to run
+    without --batch_api (exit status 2 at start)."""
+    from hermes_batch.contract.interfaces import ModelSettings
+    from hermes_batch.default_plugins.anthropic_client import AnthropicClient
+    from hermes_batch.default_plugins.openai_client import OpenAIClient
+    from hermes_batch.errors import FatalModelError
+
+    for settings, key, says in ((BatchSettings(), "wrong", "refused the API key"),
+                                (BatchSettings(enabled=False), TEST_API_KEY, "run without --batch_api")):
+        async with ScriptedModelServer(ToolLoopScript(), api_key=TEST_API_KEY, batches=settings) as server:
+            if client == "openai":
+                model = OpenAIClient(ModelSettings("m", server.base_url, api_key=key))
+            else:
+                model = AnthropicClient(ModelSettings("m", server.anthropic_base_url, api_key=key))
+            api = model.batch_api()
+            try:
+                with pytest.raises(FatalModelError, match=says):
+                    await api.check()
+                if key == "wrong":  # the upload or create of a batch too
+                    with pytest.raises(FatalModelError, match=says):
+                        await api.submit([("a-1", b'{"model":"m","max_tokens":10,"messages":[]}')])
+            finally:
+                await api.aclose()
+                await model.aclose()
+
+
 # --- runs ----------------------------------------------------------------------------------------------------
 
 
@@ -502,3 +531,52 @@ async def test_an_answer_the_replay_journal_gave_is_not_collected_for_another_se
     await batcher.send(messages, (), 0)  # sample 1
     assert api.submitted == [[b"q0"]] and batcher.counts.replayed == 0
     await batcher.aclose()
+
+
+async def test_an_earlier_batch_whose_first_check_fails_is_checked_again_not_paid_again():
+    """At a resume, the first check of the stopped session's batch fails for now (a 503): it is checked again at
+    the next poll and its answer used; the request is not sent (paid) again."""
+    from hermes_batch.errors import RetryableModelError
+    from hermes_batch.formats.records import Message
+    from hermes_batch.model.batching import Batcher, BatchOptions, digest
+
+    class Flaky(FakeBatches):
+        polls = 0
+
+        async def poll(self, batch_id):
+            self.polls += 1
+            if self.polls == 1:
+                raise RetryableModelError("The endpoint answered 503 for the state of a batch: busy")
+            return "completed"
+
+    api = Flaky()
+    batcher = Batcher(api, BatchOptions(max_requests=1, max_wait=0.01, poll_interval=0.01))
+    api._requests["b0"] = [(f"{digest(b'q0')}-1", b"q0")]  # the stopped session's batch
+    batcher.expect("b0", [f"{digest(b'q0')}-1"])
+    answer = await batcher.send((Message("user", "q0"),), (), 0)
+    assert answer.message.content == "q0" and api.polls == 2
+    assert api.submitted == [] and batcher.counts.replayed == 1
+    await batcher.aclose()
+
+
+def test_the_batch_journal_names_the_batches_to_collect_and_warns_of_requests_without_one(tmp_path, caplog):
+    """batches.jsonl: a torn last line is cut off before a session appends; a resume reads each submitted batch with
+    its custom ids and prompts, and says how many requests were being submitted without a batch id on record."""
+    from hermes_batch.folder.batch_journal import BatchJournal, Submitted, batch_journal_path, read_batches
+
+    path = batch_journal_path(tmp_path)
+    first = BatchJournal(path, 1)
+    first.pending([("d1-1", 0, 0), ("d2-2", 3, 1)])
+    first.submitted("batch_a", ["d1-1", "d2-2"])
+    first.collected("batch_a")
+    first.pending([("d3-3", 5, 2)])  # killed before the provider named the batch
+    first.close()
+    with open(path, "ab") as torn:
+        torn.write(b'{"event":"submitted","session":1,"batch":"batch_b","custom')
+    second = BatchJournal(path, 2)
+    second.close()
+    assert path.read_bytes().endswith(b'"d3-3",5,2]]}\n')  # the torn line cut off
+    with caplog.at_level("WARNING"):
+        assert read_batches(path) == [Submitted("batch_a", ("d1-1", "d2-2"), frozenset({0, 3}))]
+    assert "1 request(s) were being submitted when the run stopped" in caplog.text
+    assert read_batches(tmp_path / "none.jsonl") == []

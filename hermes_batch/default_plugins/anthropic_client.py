@@ -238,7 +238,6 @@ class AnthropicBatches(BatchAPI):
 
     def __init__(self, client: AnthropicClient):
         self.client = client
-        self._outcomes: dict = {}  # batch id -> how it ended
 
     @functools.cached_property
     def _sdk_client(self) -> "anthropic.AsyncAnthropic":

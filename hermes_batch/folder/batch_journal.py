@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import attrs
 
 from ..errors import RunFolderWriteError
-from .durable import repair_torn_tail, write_all, write_error
+from .durable import AppendLog, write_error
 
 log = logging.getLogger(__name__)
 
@@ -36,35 +35,28 @@ def batch_journal_path(run_dir) -> Path:
 
 @attrs.frozen
 class Submitted:
-    """A batch an earlier session submitted: its id, its requests' custom ids, whether its results were collected."""
+    """A batch an earlier session submitted: its id, its requests' custom ids."""
 
     batch: str
     custom_ids: tuple
-    collected: bool
     prompts: frozenset  # the prompt indexes its requests belong to
 
 
 class BatchJournal:
-    """Appends the lines of one session to the run's batches.jsonl."""
+    """Appends the lines of one session to the run's batches.jsonl (a durable ``AppendLog``)."""
 
     def __init__(self, path, session: int):
         self.path = Path(path)
         self.session = session
-        dropped = repair_torn_tail(self.path)
-        if dropped:
-            log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", self.path, dropped)
+        self._log = AppendLog(self.path)
         try:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            self._log.open()  # a torn tail is cut off (and said) before this session's first line
         except OSError as exc:
             raise write_error(self.path, exc) from exc
 
     def _write(self, entry: dict) -> None:
-        data = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
-        try:
-            write_all(self._fd, data)
-            os.fsync(self._fd)  # a batch is money: its line must outlive a power cut, not only a kill
-        except OSError as exc:
-            raise write_error(self.path, exc) from exc
+        # one write and fsync, from the event loop: a batch is money, its line must outlive a power cut too
+        self._log.append_sync(json.dumps(entry, separators=(",", ":")))
 
     def pending(self, requests: list) -> None:
         """``[(custom_id, prompt_index, turn), ...]`` are about to be submitted as one batch."""
@@ -77,9 +69,7 @@ class BatchJournal:
         self._write({"event": "collected", "session": self.session, "batch": batch_id})
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._log.close()
 
 
 def read_batches(path) -> list:
@@ -89,12 +79,10 @@ def read_batches(path) -> list:
         return []
     pending: dict = {}  # custom_id -> prompt_index
     batches: dict = {}
-    collected: set = set()
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise RunFolderWriteError(f"{path} could not be read ({exc}); check its permissions.") from exc
-    unsent = 0
     for line in text.splitlines():
         try:
             entry = json.loads(line)
@@ -105,8 +93,6 @@ def read_batches(path) -> list:
             elif event == "submitted":
                 ids = tuple(str(c) for c in entry["custom_ids"])
                 batches[str(entry["batch"])] = ids
-            elif event == "collected":
-                collected.add(str(entry["batch"]))
         except (ValueError, KeyError, TypeError):
             continue  # a torn or foreign line: it names no batch
     named = {c for ids in batches.values() for c in ids}
@@ -115,6 +101,6 @@ def read_batches(path) -> list:
         log.warning("%s: %d request(s) were being submitted when the run stopped, without a batch id on record; "
                     "if the provider got them they are paid for and are sent again.", path, unsent)
     return [
-        Submitted(batch, ids, batch in collected, frozenset(pending[c] for c in ids if c in pending))
+        Submitted(batch, ids, frozenset(pending[c] for c in ids if c in pending))
         for batch, ids in batches.items()
     ]

@@ -296,9 +296,13 @@ class Batcher:
         log.debug("Batch %s submitted with %d request(s).", batch_id, len(batch))
         return batch_id
 
-    async def _until_ended(self, batch_id: str) -> str:
+    async def _until_ended(self, batch_id: str, *, at_once: bool = False) -> str:
+        """How the batch ended, checked every ``poll_interval`` (the first time at once with ``at_once``);
+        a check that fails for now is tried again at the next."""
         while True:
-            await asyncio.sleep(self.options.poll_interval)
+            if not at_once:
+                await asyncio.sleep(self.options.poll_interval)
+            at_once = False
             try:
                 outcome = await self.api.poll(batch_id)
             except RetryableModelError as exc:
@@ -333,9 +337,7 @@ class Batcher:
     async def _collect_earlier(self, batch_id: str, futures: dict) -> None:
         results: dict = {}
         try:
-            outcome = await self.api.poll(batch_id)
-            if outcome is None:
-                outcome = await self._until_ended(batch_id)
+            await self._until_ended(batch_id, at_once=True)
             results = await self._retry(self.api.results, batch_id)
         except Exception as exc:
             log.warning("The batch %s of an earlier session could not be collected (%s); its requests are sent "

@@ -98,17 +98,18 @@ class BatchEndpoints:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
-        router.add_post("/v1/files", self._upload)
-        router.add_get("/v1/files/{id}/content", self._file_content)
-        router.add_post("/v1/batches", self._openai_create)
-        router.add_get("/v1/batches", self._list)
-        router.add_get("/v1/batches/{id}", self._retrieve)
-        router.add_post("/v1/batches/{id}/cancel", self._cancel)
-        router.add_post("/v1/messages/batches", self._anthropic_create)
-        router.add_get("/v1/messages/batches", self._list)
-        router.add_get("/v1/messages/batches/{id}", self._retrieve)
-        router.add_post("/v1/messages/batches/{id}/cancel", self._cancel)
-        router.add_get("/v1/messages/batches/{id}/results", self._anthropic_results)
+        guard = self._guarded
+        router.add_post("/v1/files", guard(self._upload))
+        router.add_get("/v1/files/{id}/content", guard(self._file_content))
+        router.add_post("/v1/batches", guard(self._openai_create))
+        router.add_get("/v1/batches", guard(self._list))
+        router.add_get("/v1/batches/{id}", guard(self._retrieve))
+        router.add_post("/v1/batches/{id}/cancel", guard(self._cancel))
+        router.add_post("/v1/messages/batches", guard(self._anthropic_create))
+        router.add_get("/v1/messages/batches", guard(self._list))
+        router.add_get("/v1/messages/batches/{id}", guard(self._retrieve))
+        router.add_post("/v1/messages/batches/{id}/cancel", guard(self._cancel))
+        router.add_get("/v1/messages/batches/{id}/results", guard(self._anthropic_results))
 
     # --- observing ---------------------------------------------------------------------------
 
@@ -128,6 +129,15 @@ class BatchEndpoints:
     @staticmethod
     def _api(http: web.Request) -> str:
         return "anthropic" if http.path.startswith("/v1/messages/") else "openai"
+
+    def _guarded(self, handler: Callable) -> Callable:
+        """``handler`` behind what every batch route answers first: 404 without a batch API, 401 for a bad key."""
+
+        async def guarded(http: web.Request) -> web.Response:
+            refused = self._refuse(http)
+            return refused if refused is not None else await handler(http)
+
+        return guarded
 
     def _refuse(self, http: web.Request) -> Optional[web.Response]:
         api = self._api(http)
@@ -206,9 +216,6 @@ class BatchEndpoints:
         return file_id
 
     async def _list(self, http: web.Request) -> web.Response:
-        refused = self._refuse(http)
-        if refused is not None:
-            return refused
         api = self._api(http)
         data = [self._render(b) for b in self._batches.values() if b.api == api]
         if api == "anthropic":
@@ -216,18 +223,12 @@ class BatchEndpoints:
         return web.json_response({"object": "list", "data": data, "has_more": False})
 
     async def _retrieve(self, http: web.Request) -> web.Response:
-        refused = self._refuse(http)
-        if refused is not None:
-            return refused
         batch = self._batch(http)
         if batch is None:
             return self._bad(self._api(http), f"No batch {http.match_info['id']}.", 404)
         return web.json_response(self._render(batch))
 
     async def _cancel(self, http: web.Request) -> web.Response:
-        refused = self._refuse(http)
-        if refused is not None:
-            return refused
         batch = self._batch(http)
         if batch is None:
             return self._bad(self._api(http), f"No batch {http.match_info['id']}.", 404)
@@ -275,9 +276,6 @@ class BatchEndpoints:
     # --- OpenAI ------------------------------------------------------------------------------------
 
     async def _upload(self, http: web.Request) -> web.Response:
-        refused = self._refuse(http)
-        if refused is not None:
-            return refused
         form = await http.post()
         upload = form.get("file")
         if not hasattr(upload, "file") or form.get("purpose") != "batch":
@@ -291,9 +289,6 @@ class BatchEndpoints:
         })
 
     async def _openai_create(self, http: web.Request) -> web.Response:
-        refused = self._refuse(http)
-        if refused is not None:
-            return refused
         try:
             body = await http.json()
             data = self._files[body["input_file_id"]]
@@ -313,9 +308,6 @@ class BatchEndpoints:
         return web.json_response(self._render(self._start("openai", lines)))
 
     async def _file_content(self, http: web.Request) -> web.Response:
-        refused = self._refuse(http)
-        if refused is not None:
-            return refused
         data = self._files.get(http.match_info["id"])
         if data is None:
             return self._bad("openai", f"No such File object: {http.match_info['id']}", 404)
@@ -324,9 +316,6 @@ class BatchEndpoints:
     # --- Anthropic ---------------------------------------------------------------------------------
 
     async def _anthropic_create(self, http: web.Request) -> web.Response:
-        refused = self._refuse(http)
-        if refused is not None:
-            return refused
         try:
             body = await http.json()
             lines = [(r["custom_id"], r["params"]) for r in body["requests"]]
@@ -343,9 +332,6 @@ class BatchEndpoints:
         return "expired" if batch.outcome == "expired" else "canceled"
 
     async def _anthropic_results(self, http: web.Request) -> web.Response:
-        refused = self._refuse(http)
-        if refused is not None:
-            return refused
         batch = self._batch(http)
         if batch is None or batch.status != "ended":
             return self._bad("anthropic", "No results: the batch has not ended.", 404)
