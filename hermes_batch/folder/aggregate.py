@@ -198,14 +198,15 @@ class Rewards:
         return rewards
 
 
-def _pack(values: array.array) -> str:
+def pack_array(values: array.array) -> str:
+    """An array as base64 of its little-endian bytes: how the indexes save digests, times and per-row counts."""
     if sys.byteorder != "little":
         values = array.array(values.typecode, values)
         values.byteswap()
     return base64.b64encode(values.tobytes()).decode("ascii")
 
 
-def _unpack(typecode: str, text: str) -> array.array:
+def unpack_array(typecode: str, text: str) -> array.array:
     values = array.array(typecode)
     values.frombytes(base64.b64decode(text.encode("ascii"), validate=True))
     if sys.byteorder != "little":
@@ -215,11 +216,11 @@ def _unpack(typecode: str, text: str) -> array.array:
 
 def _pack_rows(rows: dict) -> list:
     """Per-row counts as two base64 arrays (prompt indices, counts): a million rows save and load in a blink."""
-    return [_pack(array.array("q", rows.keys())), _pack(array.array("Q", rows.values()))]
+    return [pack_array(array.array("q", rows.keys())), pack_array(array.array("Q", rows.values()))]
 
 
 def _unpack_rows(state: list) -> dict:
-    indices, counts = _unpack("q", state[0]), _unpack("Q", state[1])
+    indices, counts = unpack_array("q", state[0]), unpack_array("Q", state[1])
     if len(indices) != len(counts):
         raise ValueError("the rows' arrays differ in length")
     return dict(zip(indices, counts))
