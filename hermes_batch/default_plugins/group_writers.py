@@ -80,13 +80,7 @@ class GroupSink(Sink):
         # so the same run gives the same lines after a refilter
         samples.sort(key=lambda t: (t.metadata.sample_index, t.metadata.timestamp))
         for line in self.encode_group(self._row[1], samples, self.notes):
-            try:
-                data = line.encode("utf-8")
-            except UnicodeEncodeError:
-                data = self.scrub(line).encode("utf-8")
-                self.repaired += 1
-            self.file.write(data)
-            self.count += 1
+            self.write_line(line)
 
     def finish(self) -> None:
         self._flush()
