@@ -182,7 +182,9 @@ class Rewards:
         """How many rows of ``rows`` (``self.rows`` or one of ``toolset_rows``) had each ``(samples, passed)``."""
         return Counter({(value >> 32, value & 0xFFFFFFFF): count for value, count in Counter(rows.values()).items()})
 
-    def to_state(self) -> dict:
+    def to_state(self) -> Optional[dict]:
+        if not self.scored:  # no verifier ran: nothing to write at each save of the index
+            return None
         return {
             "scored": self.scored, "verified": self.verified, "passed": self.passed,
             "reward_sum": [str(self.reward_sum.scaled), self.reward_sum.reported], "buckets": dict(self.buckets),
