@@ -100,6 +100,7 @@ def test_runs_without_verifiers_have_no_reward_section(tmp_path):
     write(folder.batch_path(0), sample(0, "a", 0), sample(1, "b", 0))
     stats = build_statistics(folder)
     assert stats["rewards"] is None
+    assert scan_records(folder)[0].to_state()["rewards"] is None  # nothing of rewards in the indexes either
     console = Console(record=True, width=160)
     render_statistics(stats, console)
     assert "pass@" not in console.export_text() and "Reward" not in console.export_text()
