@@ -5,6 +5,7 @@ import itertools
 from collections import Counter
 import json
 import random
+import re
 
 import datasets
 import pytest
@@ -114,6 +115,9 @@ def test_the_summary_shows_pass_at_k_and_the_reward_distribution(rewarded):
     assert "Reward distribution" in text and "0.9-1.0" in text
     assert "2 (50.0%)" in text  # rows that never passed
     assert "1 sample(s) whose verifier failed" in text
+    # per toolsets: "file" was offered to samples 1 and 3 of each row; of its 6, one (row 2's) passed
+    assert re.search(r"file\s+6\s+1\s+4\s+3 \(75\.0%\)", text)
+    assert re.search(r"terminal\s+7\s+3\s+4\s+2 \(50\.0%\)", text)
 
 
 def test_the_pass_at_k_table_fits_an_80_column_terminal(rewarded):
