@@ -5,6 +5,7 @@ import itertools
 from collections import Counter
 import json
 import random
+import re
 
 import datasets
 import pytest
@@ -100,6 +101,7 @@ def test_runs_without_verifiers_have_no_reward_section(tmp_path):
     write(folder.batch_path(0), sample(0, "a", 0), sample(1, "b", 0))
     stats = build_statistics(folder)
     assert stats["rewards"] is None
+    assert scan_records(folder)[0].to_state()["rewards"] is None  # nothing of rewards in the indexes either
     console = Console(record=True, width=160)
     render_statistics(stats, console)
     assert "pass@" not in console.export_text() and "Reward" not in console.export_text()
@@ -113,6 +115,9 @@ def test_the_summary_shows_pass_at_k_and_the_reward_distribution(rewarded):
     assert "Reward distribution" in text and "0.9-1.0" in text
     assert "2 (50.0%)" in text  # rows that never passed
     assert "1 sample(s) whose verifier failed" in text
+    # per toolsets: "file" was offered to samples 1 and 3 of each row; of its 6, one (row 2's) passed
+    assert re.search(r"file\s+6\s+1\s+4\s+3 \(75\.0%\)", text)
+    assert re.search(r"terminal\s+7\s+3\s+4\s+2 \(50\.0%\)", text)
 
 
 def test_the_pass_at_k_table_fits_an_80_column_terminal(rewarded):

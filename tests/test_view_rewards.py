@@ -55,6 +55,7 @@ def test_the_report_shows_pass_at_k_and_the_rewards_only_for_runs_with_verifiers
     assert 'id="chart-passk"' in html and 'id="chart-rewards"' in html
     assert 'data-count="passed"' in html and "4 / 13" in html
     assert "2 of 4 rows never passed (50.0%)" in html
+    assert "<tr><td>file</td><td>6</td><td>1</td><td>4</td><td>3 (75.0%)</td>" in html  # per toolsets too
     assert "verifier command" in html  # a sample's verifiers, in the records shown
     plain = write_report(run_copy).read_text()
     assert "chart-passk" not in plain and "chart-rewards" not in plain and 'data-count="passed"' not in plain

@@ -61,6 +61,17 @@ class Sink(abc.ABC):
             return type(value)(Sink.scrub(item) for item in value)
         return value
 
+    def write_line(self, line: str) -> None:
+        """Write one line of text and count it, with lone surrogates replaced (and counted in ``repaired``) when
+        it holds any (see scrub)."""
+        try:
+            data = line.encode("utf-8")
+        except UnicodeEncodeError:
+            data = self.scrub(line).encode("utf-8")
+            self.repaired += 1
+        self.file.write(data)
+        self.count += 1
+
     def finish(self) -> None:
         """Write what the format needs at the end (a footer); called once before the file is committed."""
 
@@ -128,13 +139,7 @@ class LineSink(Sink):
         if line is None:
             self.skipped += 1
             return
-        try:
-            data = line.encode("utf-8")
-        except UnicodeEncodeError:
-            data = self.scrub(line).encode("utf-8")
-            self.repaired += 1
-        self.file.write(data)
-        self.count += 1
+        self.write_line(line)
 
 
 class FileWriter(Writer):

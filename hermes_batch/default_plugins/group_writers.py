@@ -24,7 +24,7 @@ import attrs
 import hermes_batch
 from hermes_batch.contract.writers import FileWriter, Sink
 from hermes_batch.formats.records import Trajectory
-from hermes_batch.formats.row_identity import row_key
+from hermes_batch.formats.row_identity import prompt_text, row_key
 
 ROLES = {"system": "system", "human": "user", "gpt": "assistant", "tool": "tool"}
 
@@ -40,13 +40,6 @@ def split_prompt(chat: list[dict]) -> tuple[list[dict], list[dict]]:
         if message["role"] == "user":
             return chat[: i + 1], chat[i + 1:]
     return [], chat
-
-
-def prompt_text(trajectory: Trajectory) -> str:
-    for turn in trajectory.conversations:
-        if turn.from_ == "human":
-            return turn.value
-    return ""
 
 
 def _dumps(line: dict) -> str:
@@ -80,13 +73,7 @@ class GroupSink(Sink):
         # so the same run gives the same lines after a refilter
         samples.sort(key=lambda t: (t.metadata.sample_index, t.metadata.timestamp))
         for line in self.encode_group(self._row[1], samples, self.notes):
-            try:
-                data = line.encode("utf-8")
-            except UnicodeEncodeError:
-                data = self.scrub(line).encode("utf-8")
-                self.repaired += 1
-            self.file.write(data)
-            self.count += 1
+            self.write_line(line)
 
     def finish(self) -> None:
         self._flush()
@@ -186,7 +173,7 @@ class RolloutsWriter(FileWriter):
         first = samples[0]
         rewards = [float(t.metadata.reward) for t in samples]
         return [_dumps({
-            "prompt": prompt_text(first),
+            "prompt": prompt_text(first) or "",
             "prompt_index": first.prompt_index,
             "content_key": key,
             "id": first.metadata.id,

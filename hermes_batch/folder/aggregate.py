@@ -131,8 +131,9 @@ def reward_bucket(reward: float) -> str:
 
 
 class Rewards:
-    """What the verifiers said of the samples: reward totals, and per row (and per toolset and row) how many
-    samples were scored and how many passed, which pass@k needs (a row's samples may lie in several files).
+    """What the verifiers said of the samples: reward totals, and per toolsets and row how many samples were
+    scored and how many passed, which pass@k needs (a row's samples may lie in several files); the whole run's
+    per-row counts are their sum (``rows``), not kept twice.
 
     Only samples a verifier ran on are counted, so a run without verifiers keeps nothing here.
     """
@@ -142,7 +143,6 @@ class Rewards:
         self.reward_sum = ExactSum()  # of the verified samples' rewards
         self.buckets: Counter = Counter()  # reward_bucket -> verified samples
         # per row: samples scored << 32 | samples passed (one int, not a list: a million rows are a million entries)
-        self.rows: dict[int, int] = {}  # prompt_index -> counts
         self.toolset_rows: dict[str, dict[int, int]] = {}  # toolsets ("terminal+file") -> prompt_index -> counts
 
     def add(self, traj: Trajectory) -> None:
@@ -157,7 +157,6 @@ class Rewards:
             self.buckets[reward_bucket(meta.reward)] += 1
         counts = (1 << 32) | int(meta.passed)
         index = traj.prompt_index
-        self.rows[index] = self.rows.get(index, 0) + counts
         rows = self.toolset_rows.setdefault("+".join(traj.toolsets_used), {})
         rows[index] = rows.get(index, 0) + counts
 
@@ -167,20 +166,28 @@ class Rewards:
         self.passed += other.passed
         self.reward_sum.merge(other.reward_sum)
         self.buckets.update(other.buckets)
-        _add_rows(self.rows, other.rows)
         for toolsets, rows in other.toolset_rows.items():
             _add_rows(self.toolset_rows.setdefault(toolsets, {}), rows)
+
+    @property
+    def rows(self) -> dict[int, int]:
+        """Per row, over all its samples: samples scored << 32 | samples passed (``toolset_rows`` summed)."""
+        rows: dict[int, int] = {}
+        for by_row in self.toolset_rows.values():
+            _add_rows(rows, by_row)
+        return rows
 
     @staticmethod
     def shapes(rows: dict) -> Counter:
         """How many rows of ``rows`` (``self.rows`` or one of ``toolset_rows``) had each ``(samples, passed)``."""
         return Counter({(value >> 32, value & 0xFFFFFFFF): count for value, count in Counter(rows.values()).items()})
 
-    def to_state(self) -> dict:
+    def to_state(self) -> Optional[dict]:
+        if not self.scored:  # no verifier ran: nothing to write at each save of the index
+            return None
         return {
             "scored": self.scored, "verified": self.verified, "passed": self.passed,
             "reward_sum": [str(self.reward_sum.scaled), self.reward_sum.reported], "buckets": dict(self.buckets),
-            "rows": _pack_rows(self.rows),
             "toolset_rows": {toolsets: _pack_rows(rows) for toolsets, rows in self.toolset_rows.items()},
         }
 
@@ -193,19 +200,19 @@ class Rewards:
         scaled, reported = state["reward_sum"]
         rewards.reward_sum = ExactSum(int(scaled), bool(reported))
         rewards.buckets = Counter({str(k): int(v) for k, v in state["buckets"].items()})
-        rewards.rows = _unpack_rows(state["rows"])
         rewards.toolset_rows = {str(t): _unpack_rows(rows) for t, rows in state["toolset_rows"].items()}
         return rewards
 
 
-def _pack(values: array.array) -> str:
+def pack_array(values: array.array) -> str:
+    """An array as base64 of its little-endian bytes: how the indexes save digests, times and per-row counts."""
     if sys.byteorder != "little":
         values = array.array(values.typecode, values)
         values.byteswap()
     return base64.b64encode(values.tobytes()).decode("ascii")
 
 
-def _unpack(typecode: str, text: str) -> array.array:
+def unpack_array(typecode: str, text: str) -> array.array:
     values = array.array(typecode)
     values.frombytes(base64.b64decode(text.encode("ascii"), validate=True))
     if sys.byteorder != "little":
@@ -215,11 +222,11 @@ def _unpack(typecode: str, text: str) -> array.array:
 
 def _pack_rows(rows: dict) -> list:
     """Per-row counts as two base64 arrays (prompt indices, counts): a million rows save and load in a blink."""
-    return [_pack(array.array("q", rows.keys())), _pack(array.array("Q", rows.values()))]
+    return [pack_array(array.array("q", rows.keys())), pack_array(array.array("Q", rows.values()))]
 
 
 def _unpack_rows(state: list) -> dict:
-    indices, counts = _unpack("q", state[0]), _unpack("Q", state[1])
+    indices, counts = unpack_array("q", state[0]), unpack_array("Q", state[1])
     if len(indices) != len(counts):
         raise ValueError("the rows' arrays differ in length")
     return dict(zip(indices, counts))

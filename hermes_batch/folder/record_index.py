@@ -21,20 +21,18 @@ never a Python string per prompt.
 from __future__ import annotations
 
 import array
-import base64
 import hashlib
 import json
 import logging
 import os
 import re
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Union
 
 import attrs
 
-from .aggregate import Aggregate, ExactSum, epoch
+from .aggregate import Aggregate, ExactSum, epoch, pack_array, unpack_array
 from ..formats.endpoint_numbers import CALLS_PER_RECORD, MAX_CALL_COST, MAX_CALL_TOKENS, stored_cost, stored_usage
 from ..formats.jsonguard import finite_dumps
 from .journal import JournalTotals, finish_totals, journal_path, scan_journal
@@ -57,21 +55,6 @@ _INDEX_FILE_RE = re.compile(r"(batch_\d+|discarded|failed|merged|calls|dataset)\
 def is_index_file(name: str) -> bool:
     """True for the name of a file a run writes in index/ (temporary files aside)."""
     return _INDEX_FILE_RE.fullmatch(name) is not None
-
-
-def pack_array(values: array.array) -> str:
-    if sys.byteorder != "little":
-        values = array.array(values.typecode, values)
-        values.byteswap()
-    return base64.b64encode(values.tobytes()).decode("ascii")
-
-
-def unpack_array(typecode: str, text: str) -> array.array:
-    values = array.array(typecode)
-    values.frombytes(base64.b64decode(text.encode("ascii"), validate=True))
-    if sys.byteorder != "little":
-        values.byteswap()
-    return values
 
 
 def covered_end(path: Path) -> int:

@@ -12,7 +12,8 @@ from typing import Optional
 from .records import Trajectory, content_key, sample_key
 
 
-def _prompt(trajectory: Trajectory) -> Optional[str]:
+def prompt_text(trajectory: Trajectory) -> Optional[str]:
+    """The first user message of ``trajectory`` (the row's prompt as the run gave it), None without one."""
     for turn in trajectory.conversations:
         if turn.from_ == "human":
             return turn.value
@@ -24,7 +25,7 @@ def row_key(trajectory: Trajectory) -> str:
     meta = trajectory.metadata
     if not meta.sample_index:
         return meta.content_key
-    prompt = _prompt(trajectory)
+    prompt = prompt_text(trajectory)
     if prompt is not None:
         cwd = meta.cwd or None
         for image in dict.fromkeys((None, meta.image or None)):  # the row's image, or none when the backend chose it

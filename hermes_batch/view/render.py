@@ -10,7 +10,7 @@ from typing import Optional
 
 from ..formats import hermes_format
 from . import charts
-from .fields import verifiers_of
+from .fields import VERDICTS, verdict_of, verifiers_of
 
 LONG_LINES = 30  # tool output longer than this is folded
 LONG_CHARS = 3000
@@ -333,7 +333,7 @@ def _meta_rows(status: str, record: dict) -> list[tuple[str, str]]:
     providers = sorted({str(c.get("provider") or "unknown") for c in _records(meta.get("calls"))})
     verified = []
     if verifiers_of(meta):
-        verdict = "passed" if meta.get("passed") is True else "failed" if meta.get("verified") is True else "unverified"
+        verdict = VERDICTS[verdict_of(meta)]
         verified = [("reward", f"{meta.get('reward')} ({verdict})"), ("sample", meta.get("sample_index"))]
     return verified + [
         ("prompt index", record.get("prompt_index")), ("id", meta.get("id")), ("batch", meta.get("batch_num")),
