@@ -36,15 +36,29 @@ def spec(index: int = 0) -> SandboxSpec:
 
 
 @pytest.fixture
-async def backend(tmp_path):
+async def start_backend(tmp_path):
+    """Factory: ``await start_backend(**options)``, a started backend with the boundary (else the test skips);
+    shut down after the test."""
     if namespace_init.compiler() is None:
         pytest.skip("no C compiler here")
-    backend = make_backend(tmp_path)
-    await backend.start()
-    if not backend.launcher.boundary:
-        pytest.skip(f"no namespaces here: {backend.launcher.reason}")
-    yield backend
-    await backend.shutdown()
+    started = []
+
+    async def start(**options) -> LocalSandboxBackend:
+        backend = make_backend(tmp_path, **options)
+        started.append(backend)
+        await backend.start()
+        if not backend.launcher.boundary:
+            pytest.skip(f"no namespaces here: {backend.launcher.reason}")
+        return backend
+
+    yield start
+    for backend in started:
+        await backend.shutdown()
+
+
+@pytest.fixture
+async def backend(start_backend):
+    return await start_backend()
 
 
 @pytest.fixture
@@ -96,70 +110,46 @@ async def test_the_system_is_read_only_and_tmp_is_private(backend, tmp_path):
     assert not Path("/tmp/hb-private").exists()
 
 
-async def test_expose_shows_a_folder_read_only_and_another_writable(tmp_path):
-    if namespace_init.compiler() is None:
-        pytest.skip("no C compiler here")
+async def test_expose_shows_a_folder_read_only_and_another_writable(tmp_path, start_backend):
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir()
     out.mkdir()
     (data / "input.txt").write_text("the data\n")
     out.chmod(0o777)  # as root the commands run as a user of their own
-    backend = make_backend(tmp_path, expose=f"{data},{out}:rw")
-    await backend.start()
-    try:
-        if not backend.launcher.boundary:
-            pytest.skip("no namespaces here")
-        sandbox = await backend.open(spec())
-        done = await sandbox.exec(
-            f"cat {data}/input.txt; {{ echo x > {data}/new; }} 2>/dev/null || echo refused; echo result > {out}/result.txt", 30)
-        await sandbox.close()
-    finally:
-        await backend.shutdown()
+    backend = await start_backend(expose=f"{data},{out}:rw")
+    sandbox = await backend.open(spec())
+    done = await sandbox.exec(
+        f"cat {data}/input.txt; {{ echo x > {data}/new; }} 2>/dev/null || echo refused; echo result > {out}/result.txt", 30)
+    await sandbox.close()
     assert done.output == "the data\nrefused\n", done
     assert (out / "result.txt").read_text() == "result\n" and not (data / "new").exists()
 
 
-async def test_cpu_time_beyond_the_limit_ends_the_command(tmp_path):
-    if namespace_init.compiler() is None:
-        pytest.skip("no C compiler here")
-    backend = make_backend(tmp_path, cpu=1)
-    await backend.start()
-    try:
-        if not backend.launcher.boundary:
-            pytest.skip("no namespaces here")
-        sandbox = await backend.open(spec())
-        spun = await sandbox.exec("while :; do :; done", 60)
-        after = await sandbox.exec("echo next", 30)
-        await sandbox.close()
-    finally:
-        await backend.shutdown()
+async def test_cpu_time_beyond_the_limit_ends_the_command(start_backend):
+    backend = await start_backend(cpu=1)
+    sandbox = await backend.open(spec())
+    spun = await sandbox.exec("while :; do :; done", 60)
+    after = await sandbox.exec("echo next", 30)
+    await sandbox.close()
     assert not spun.timed_out and spun.exit_code not in (0, None), spun  # SIGXCPU, then SIGKILL
     assert after.output == "next\n"
 
 
-async def test_many_files_beyond_disk_stop_the_command_and_the_prompt_goes_on(tmp_path):
+async def test_many_files_beyond_disk_stop_the_command_and_the_prompt_goes_on(start_backend):
     # -S disk holds the prompt's folder in all, not only each file: a command writing file after file is stopped
     # while it runs, a quick one fails once it ends; the prompt, and the others, go on.
-    if namespace_init.compiler() is None:
-        pytest.skip("no C compiler here")
-    backend = make_backend(tmp_path, disk="20m")
-    await backend.start()
-    try:
-        if not backend.launcher.boundary:
-            pytest.skip("no namespaces here")
-        sandbox, other = await backend.open(spec()), await backend.open(spec(1))
-        slow = await sandbox.exec("for i in $(seq 200); do head -c 1048576 /dev/zero > f$i; sleep 0.03; done; "
-                                  "echo wrote all", 120)
-        slow_files = len(list(sandbox.root.glob("f*")))
-        removed = await sandbox.exec("rm -f f*; echo removed", 30)
-        quick = await sandbox.exec("head -c 12m /dev/zero > g1; head -c 12m /dev/zero > g2; echo wrote", 120)
-        listed = await sandbox.exec("ls", 30)  # over, but not growing: a quick command still runs
-        again = await sandbox.exec("rm -f g*; echo next", 30)
-        unaffected = await other.exec("echo unaffected", 30)
-        await sandbox.close()
-        await other.close()
-    finally:
-        await backend.shutdown()
+    backend = await start_backend(disk="20m")
+    sandbox, other = await backend.open(spec()), await backend.open(spec(1))
+    slow = await sandbox.exec("for i in $(seq 200); do head -c 1048576 /dev/zero > f$i; sleep 0.03; done; "
+                              "echo wrote all", 120)
+    slow_files = len(list(sandbox.root.glob("f*")))
+    removed = await sandbox.exec("rm -f f*; echo removed", 30)
+    quick = await sandbox.exec("head -c 12m /dev/zero > g1; head -c 12m /dev/zero > g2; echo wrote", 120)
+    listed = await sandbox.exec("ls", 30)  # over, but not growing: a quick command still runs
+    again = await sandbox.exec("rm -f g*; echo next", 30)
+    unaffected = await other.exec("echo unaffected", 30)
+    await sandbox.close()
+    await other.close()
     assert "wrote all" not in slow.output and slow.exit_code not in (0, None) and not slow.timed_out, slow
     assert "exceeded -S disk=20m" in slow.output and "the command was stopped" in slow.output, slow
     assert 20 <= slow_files < 60, slow_files
@@ -294,25 +284,17 @@ def test_the_run_records_its_isolation_in_run_json_and_each_record(tmp_path):
     assert [r["metadata"]["isolation"] for r in runner.records("trajectories.jsonl")] == [recorded["isolation"]] * 2
 
 
-async def test_a_folder_exposed_around_the_run_folder_still_hides_the_run_folder(tmp_path):
+async def test_a_folder_exposed_around_the_run_folder_still_hides_the_run_folder(tmp_path, start_backend):
     # -S expose of a parent of the run folder: what is hidden inside it stays hidden.
-    if namespace_init.compiler() is None:
-        pytest.skip("no C compiler here")
     (tmp_path / "shared.txt").write_text("shared\n")
     tmp_path.chmod(0o755)  # pytest's folders are root's alone: the prompt's user could not pass through
-    backend = make_backend(tmp_path, expose=str(tmp_path))
-    await backend.start()
-    try:
-        if not backend.launcher.boundary:
-            pytest.skip("no namespaces here")
-        first, second = await backend.open(spec(0)), await backend.open(spec(1))
-        await first.write_file("secret.txt", b"FIRST-SECRET")
-        (tmp_path / "run" / "run-marker.txt").write_text("RUN-SECRET")
-        seen = await second.exec(f"cat {tmp_path}/shared.txt; cat {first.workdir}/secret.txt {tmp_path}/run/run-marker.txt "
-                                 f"2>/dev/null; ls {tmp_path}/run/scratch", 30)
-        await first.close()
-        await second.close()
-    finally:
-        await backend.shutdown()
+    backend = await start_backend(expose=str(tmp_path))
+    first, second = await backend.open(spec(0)), await backend.open(spec(1))
+    await first.write_file("secret.txt", b"FIRST-SECRET")
+    (tmp_path / "run" / "run-marker.txt").write_text("RUN-SECRET")
+    seen = await second.exec(f"cat {tmp_path}/shared.txt; cat {first.workdir}/secret.txt {tmp_path}/run/run-marker.txt "
+                             f"2>/dev/null; ls {tmp_path}/run/scratch", 30)
+    await first.close()
+    await second.close()
     assert seen.output.startswith("shared\n") and "SECRET" not in seen.output, seen
     assert Path(first.workdir).name not in seen.output

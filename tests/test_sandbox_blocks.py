@@ -16,7 +16,7 @@ from hermes_batch import ChildProcess, SandboxFolder, require_regular_file, run_
 
 
 def test_the_blocks_are_public():
-    for name in ("SandboxFolder", "require_regular_file", "run_command", "ChildProcess"):
+    for name in ("SandboxFolder", "require_regular_file", "run_command", "ChildProcess", "WarmPool"):
         assert name in hermes_batch.__all__
 
 
@@ -168,3 +168,95 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+# --- WarmPool: sandboxes started ahead of need ---------------------------------------------------
+
+
+class Made:
+    """A stand-in for containers: ``create`` returns the next number (after ``gate`` opens), ``discard`` records."""
+
+    def __init__(self, fail: bool = False):
+        self.count = 0
+        self.discarded: list[int] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail = fail
+
+    async def create(self) -> int:
+        await self.gate.wait()
+        if self.fail:
+            raise RuntimeError("no engine")
+        self.count += 1
+        return self.count
+
+    def discard(self, made: int) -> None:
+        self.discarded.append(made)
+
+
+async def settled() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_warm_pool_keeps_size_ready_and_replaces_one_only_when_it_is_released():
+    made = Made()
+    pool = hermes_batch.WarmPool("image", "/work", 2, made.create, made.discard, what="container")
+    pool.fill()
+    await settled()
+    assert (pool.ready, made.count) == (2, 2)
+    assert await pool.take() == 1
+    await settled()
+    assert (pool.ready, made.count) == (1, 2)  # no replacement while the prompt that took it works
+    pool.release()
+    await settled()
+    assert (pool.ready, made.count) == (2, 3)
+    pool.close()
+    assert sorted(made.discarded) == [2, 3] and pool.ready == 0  # the idle ones, never the taken one
+
+
+async def test_a_prompt_that_finds_the_pool_empty_gets_the_next_one_made():
+    made = Made()
+    made.gate.clear()
+    pool = hermes_batch.WarmPool("image", "/work", 1, made.create, made.discard)
+    pool.fill()
+    takers = [asyncio.ensure_future(pool.take()) for _ in range(3)]
+    await settled()
+    made.gate.set()
+    assert sorted(await asyncio.gather(*takers)) == [1, 2, 3]  # the pool's first, then one made for each waiting
+    await settled()
+    assert (pool.ready, made.count) == (0, 3)  # nothing more until they are released
+    pool.close()
+
+
+async def test_a_pool_whose_creation_fails_says_so_once_and_lets_each_prompt_make_its_own(caplog):
+    made = Made(fail=True)
+    made.gate.clear()
+    pool = hermes_batch.WarmPool("image", "/work", 2, made.create, made.discard, what="container")
+    pool.fill()
+    waiting = asyncio.ensure_future(pool.take())
+    await settled()
+    made.gate.set()
+    with caplog.at_level("WARNING", logger="hermes_batch.sandbox"):
+        assert await waiting is None
+        assert await pool.take() is None
+    assert isinstance(pool.broken, RuntimeError)
+    assert [r.getMessage() for r in caplog.records].count(
+        "Could not start a container ahead of need for the image image (no engine); each prompt starts its own "
+        "instead.") == 1
+    pool.close()
+
+
+async def test_closing_a_pool_fails_the_prompts_waiting_for_one_and_discards_what_comes_late():
+    made = Made()
+    made.gate.clear()
+    pool = hermes_batch.WarmPool("image", "/work", 1, made.create, made.discard, backend="docker")
+    waiting = asyncio.ensure_future(pool.take())
+    await settled()
+    pool.close()
+    with pytest.raises(hermes_batch.SandboxError, match="The docker sandbox backend is shutting down"):
+        await waiting
+    made.gate.set()
+    await settled()
+    assert made.count == 0  # its creations were cancelled
+    assert await pool.take() is None

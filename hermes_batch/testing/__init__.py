@@ -28,6 +28,7 @@ _EXPORTS = {
     "ImageReply": "scripts",
     "REASONING_FORMATS": "scripts",
     "SandboxContract": "sandbox_contract",
+    "VerifierContract": "verifier_contract",
     "Runner": "runner",
     "tool_outputs": "runner",
     "make_trajectory": "records",
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from .run_folders import SHAPES, ShapeScript, answer_for, read_jsonl, run_cli, run_shapes, shape_rows
     from .runner import TEST_API_KEY, Runner, tool_outputs
     from .sandbox_contract import SandboxContract
+    from .verifier_contract import VerifierContract
     from .toolsets import ToolsetHarness
     from .scripts import REASONING_FORMATS, ImageReply, ImageRequest, Reply, RoutedScript, ScriptRequest, ToolLoopScript
     from .server import BatchSettings, ErrorRule, ScriptedModelServer

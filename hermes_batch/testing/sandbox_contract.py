@@ -18,7 +18,8 @@ and implements :meth:`SandboxContract.sandbox_exists`::
 
 Set ``image`` to the image the tests run in (any image with a POSIX ``sh``,
 ``sleep``, ``env``, ``cat``, ``yes``, ``head``, ``dd``, ``ln``, ``mkfifo`` and
-``setsid``: busybox is enough), and ``image_marker`` to what its
+``setsid``, and for the network class one of ``nc``, ``wget`` and ``python3``:
+busybox is enough), and ``image_marker`` to what its
 ``/etc/hermes-image`` holds, if it has one (the test images of
 ``scripts/docker.sh`` name themselves there), so that the image a sandbox
 records is checked against the one it runs.  The tests use POSIX sh only.  Each test closes
@@ -714,10 +715,12 @@ class SandboxContract:
             tried = await sandbox.exec(
                 f"nc -w 2 127.0.0.1 {port} < /dev/null; "
                 f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)'; "
-                f"wget -q -T 2 -O - http://127.0.0.1:{port}/; echo tried",
+                f"wget -q -T 2 -O - http://127.0.0.1:{port}/; echo tried; "
+                "for tool in nc python3 wget; do command -v $tool > /dev/null && echo has-$tool; done",
                 60,
             )
             assert "tried" in tried.output
+            assert "has-" in tried.output, f"the image has none of nc, python3 and wget to try with: {tried}"
             await asyncio.sleep(0.5)
             assert connections == [], tried
         finally:

@@ -5,39 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hermes_batch.testing import Reply, RoutedScript, write_dataset
-
-TESTS = 'test "$(cat answer.txt)" = 42 && test "$(cat data/hidden.txt)" = secret'
+from hermes_batch.testing import Reply, VerifierContract
 
 
-def writes(content: str):
-    def script(request):
-        if request.turn == 0:
-            command = f"ls data/hidden.txt; printf '%s' '{content}' > answer.txt"
-            return Reply(reasoning="I will write it.", tool_calls=[("terminal", {"command": command})])
-        return Reply(content="Written.", reasoning="Done.")
-
-    return script
-
-
-def test_the_command_verifier_runs_in_the_sample_s_sandbox(tmp_path, runner, model_server):
-    server = model_server(RoutedScript(lambda sample: writes("41" if sample == 0 else "42"), by="sample"))
-    rows = [
-        {"prompt": "Write 42 to answer.txt", "tests": TESTS, "test_files": {"data/hidden.txt": "secret"}},
-        {"prompt": "Partial credit", "tests": 'echo 0.5 > "$HERMES_REWARD_FILE"'},
-    ]
-    dataset = write_dataset(tmp_path / "data.jsonl", rows)
-    result = runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "3", "--stop_on_success",
-                           server=server)
-    assert result.exit_code == 0, result.output
-    records = runner.records("trajectories.jsonl") + [d["trajectory"] for d in runner.records("discarded.jsonl")]
-    records.sort(key=lambda r: (r["prompt_index"], r["metadata"]["sample_index"]))
-    meta = [(r["prompt_index"], r["metadata"]["sample_index"], r["metadata"]["reward"], r["metadata"]["passed"])
-            for r in records]
-    # the first sample fails, the second passes and stops its row; partial credit never passes, so three samples
-    assert meta == [(0, 0, 0.0, False), (0, 1, 1.0, True), (1, 0, 0.5, False), (1, 1, 0.5, False), (1, 2, 0.5, False)]
-    assert "No such file" in records[0]["conversations"][3]["value"]  # the hidden file came after the session
-    assert json.loads(records[1]["metadata"]["verifiers"])[0]["reason"] == "exit status 0"
+class TestDockerVerification(VerifierContract):
+    """The shared verification test, through the ``runner`` of conftest.py (--sandbox docker)."""
 
 
 # --- the worked example of docs/verification.md -------------------------------------------------------------

@@ -1,0 +1,72 @@
+"""The verification a backend's sandboxes must carry: one shared run test, subclassed by each backend's tests.
+
+A backend's test module subclasses :class:`VerifierContract` in a class whose
+name starts with ``Test``, with a ``runner`` fixture (a
+:class:`~hermes_batch.testing.Runner` whose options pick the backend and the
+terminal toolset) and the ``model_server`` fixture of
+``hermes_batch.testing.fixtures``; options a run needs beyond the runner's (an
+image only a fixture knows) come from a ``run_options`` fixture::
+
+    class TestMyBackendVerification(VerifierContract):
+        @pytest.fixture
+        def run_options(self, images):
+            return ("-S", f"image={images.default}")
+
+What it checks: ``--verifier command`` runs a row's ``tests`` in the sample's
+own sandbox after its session (its ``test_files`` placed only then), samples
+per prompt each get a sandbox of their own, ``--stop_on_success`` ends a row at
+its first pass, and a reward the tests write to ``$HERMES_REWARD_FILE`` is the
+sample's reward.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .fixtures import write_dataset
+from .scripts import Reply, RoutedScript
+
+TESTS = 'test "$(cat answer.txt)" = 42 && test "$(cat data/hidden.txt)" = secret'
+
+
+def writes(content: str):
+    """A script that looks for the hidden test file, writes ``content`` to ``answer.txt`` and stops."""
+
+    def script(request):
+        if request.turn == 0:
+            command = f"ls data/hidden.txt; printf '%s' '{content}' > answer.txt"
+            return Reply(reasoning="I will write it.", tool_calls=[("terminal", {"command": command})])
+        return Reply(content="Written.", reasoning="Done.")
+
+    return script
+
+
+class VerifierContract:
+    """Shared run test of verifiers and samples per prompt; subclass it where a ``runner`` fixture picks the backend."""
+
+    @pytest.fixture
+    def run_options(self) -> tuple:
+        """Options of the run beyond the runner's own (none by default)."""
+        return ()
+
+    def test_the_command_verifier_runs_in_the_sample_s_sandbox(self, tmp_path, runner, model_server, run_options):
+        server = model_server(RoutedScript(lambda sample: writes("41" if sample == 0 else "42"), by="sample"))
+        rows = [
+            {"prompt": "Write 42 to answer.txt", "tests": TESTS, "test_files": {"data/hidden.txt": "secret"}},
+            {"prompt": "Partial credit", "tests": 'echo 0.5 > "$HERMES_REWARD_FILE"'},
+        ]
+        dataset = write_dataset(tmp_path / "data.jsonl", rows)
+        result = runner.invoke(dataset, "--verifier", "command", "--samples_per_prompt", "3", "--stop_on_success",
+                               *run_options, server=server)
+        assert result.exit_code == 0, result.output
+        records = runner.records("trajectories.jsonl") + [d["trajectory"] for d in runner.records("discarded.jsonl")]
+        records.sort(key=lambda r: (r["prompt_index"], r["metadata"]["sample_index"]))
+        meta = [(r["prompt_index"], r["metadata"]["sample_index"], r["metadata"]["reward"], r["metadata"]["passed"])
+                for r in records]
+        # the first sample fails, the second passes and stops its row; partial credit never passes, so three samples
+        assert meta == [(0, 0, 0.0, False), (0, 1, 1.0, True), (1, 0, 0.5, False), (1, 1, 0.5, False),
+                        (1, 2, 0.5, False)]
+        assert "No such file" in records[0]["conversations"][3]["value"]  # the hidden file came after the session
+        assert json.loads(records[1]["metadata"]["verifiers"])[0]["reason"] == "exit status 0"
