@@ -164,8 +164,9 @@ class ModelClient(abc.ABC):
 
 
 # The shell's own kill (Linux's kill(-1) spares the caller) ends every other process it may signal in its
-# PID namespace, its first process excepted.
-KILL_EVERY_OTHER_PROCESS = "kill -9 -1 2>/dev/null; exit 0"
+# PID namespace, its first process excepted; again while one was found (a child forked during a round is
+# not in it), a few rounds at most (zombies not yet reaped count as found).
+KILL_EVERY_OTHER_PROCESS = "for round in 1 2 3 4 5; do kill -9 -1 2>/dev/null || break; done; exit 0"
 STOP_PROCESSES_TIMEOUT_S = 30.0
 
 
