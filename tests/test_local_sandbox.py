@@ -50,6 +50,7 @@ def spec(index: int = 0, cwd=None, env=None) -> SandboxSpec:
 class TestLocalSandboxContract(SandboxContract):
     max_output_chars = 10_100  # the limit below, plus the omission notice
     options: dict = {}  # the backend's options besides max_output_bytes
+    stops_processes = True
 
     @staticmethod
     def check_launcher(launcher) -> None:
@@ -136,6 +137,7 @@ class TestLocalSandboxContractBashHelper(TestLocalSandboxContract):
 
     options = {"helper": "bash"}
     not_applicable = NO_BOUNDARY
+    stops_processes = False  # the helper's own subshells share the namespace: a kill -9 -1 would end them too
 
     @staticmethod
     def check_launcher(launcher) -> None:

@@ -135,43 +135,35 @@ def test_a_tool_that_prints_something_else_sends_exactly_the_remainder(tmp_path,
     assert records(runner.folder())[prompt]["metadata"]["replayed_turns"] == 4
 
 
-@pytest.mark.slow  # runs of hermes-batch in child processes
-def test_ctrl_c_at_turn_boundaries_resumes_without_paying_again(tmp_path, runner, model_server):
-    prompts = [f"task {k}: list the files" for k in (1, 4, 9)]
-    stop = {p: int(p.split()[1].rstrip(":")) for p in prompts}
+def cut_off_and_resume(tmp_path, runner, model_server, turns, options, signum, status, resume_options=()):
+    """Prompt "task k" is cut off (``signum``) waiting for its answer of turn k, then resumed: each sends only
+    turns k and on, and its record says k turns were replayed."""
+    prompts = [f"task {k}: list the files" for k in turns]
+    stop = dict(zip(prompts, turns))
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
     released = threading.Event()
     server = model_server(priced(SCRIPT), hang=hang_at(stop, released))
-    code, err = cut_off(runner, server, data, prompts, stop, ("--num_workers", "3"), signum=signal.SIGINT)
-    assert code == 130, err
+    code, err = cut_off(runner, server, data, prompts, stop, options, signum=signum)
+    assert code == status, err
     released.set()
     before = len(server.requests)
-    result = runner.invoke(data, *BASE, "--resume", server=server)
+    result = runner.invoke(data, *BASE, *resume_options, "--resume", server=server)
     assert result.exit_code == 0, result.output
     saved = records(runner.folder())
     for prompt, k in stop.items():
         assert turns_asked(server, prompt, before) == list(range(k, TURNS))
         assert saved[prompt]["metadata"]["replayed_turns"] == k
+
+
+@pytest.mark.slow  # runs of hermes-batch in child processes
+def test_ctrl_c_at_turn_boundaries_resumes_without_paying_again(tmp_path, runner, model_server):
+    cut_off_and_resume(tmp_path, runner, model_server, (1, 4, 9), ("--num_workers", "3"), signal.SIGINT, 130)
 
 
 @pytest.mark.slow  # runs of hermes-batch in child processes
 def test_processes_executor_replays_through_its_driver(tmp_path, runner, model_server):
-    prompts = [f"task {k}: list the files" for k in (2, 6)]
-    stop = {p: int(p.split()[1].rstrip(":")) for p in prompts}
-    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
-    released = threading.Event()
-    server = model_server(priced(SCRIPT), hang=hang_at(stop, released))
     processes = ("--executor", "processes", "-E", "workers=2", "--num_workers", "2")
-    code, err = cut_off(runner, server, data, prompts, stop, processes)
-    assert code == -signal.SIGKILL, err
-    released.set()
-    before = len(server.requests)
-    result = runner.invoke(data, *BASE, *processes, "--resume", server=server)
-    assert result.exit_code == 0, result.output
-    saved = records(runner.folder())
-    for prompt, k in stop.items():
-        assert turns_asked(server, prompt, before) == list(range(k, TURNS))
-        assert saved[prompt]["metadata"]["replayed_turns"] == k
+    cut_off_and_resume(tmp_path, runner, model_server, (2, 6), processes, signal.SIGKILL, -signal.SIGKILL, processes)
 
 
 @pytest.mark.slow  # runs of hermes-batch in child processes

@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 import hermes_batch
-from hermes_batch.testing import Reply, RoutedScript, write_dataset
+from hermes_batch.testing import Reply, RoutedScript, VerifierContract, write_dataset
 
 
 def solves(content: str):
@@ -212,6 +212,10 @@ def solves_with(command: str):
         return Reply(content=f"Ran: {request.tool_results[-1][:200]}", reasoning="Done.")
 
     return script
+
+
+class TestLocalVerification(VerifierContract):
+    """The verification every backend carries, in the local sandbox: a daemon the session left cannot forge a pass."""
 
 
 def test_the_row_s_test_files_reach_the_sandbox_only_after_the_session(runner, model_server, tmp_path):

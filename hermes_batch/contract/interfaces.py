@@ -163,6 +163,13 @@ class ModelClient(abc.ABC):
 # --- sandboxes ---------------------------------------------------------------
 
 
+# The shell's own kill (Linux's kill(-1) spares the caller) ends every other process it may signal in its
+# PID namespace, its first process excepted; again while one was found (a child forked during a round is
+# not in it), a few rounds at most (zombies not yet reaped count as found).
+KILL_EVERY_OTHER_PROCESS = "for round in 1 2 3 4 5; do kill -9 -1 2>/dev/null || break; done; exit 0"
+STOP_PROCESSES_TIMEOUT_S = 30.0
+
+
 class Sandbox(abc.ABC):
     """The isolated environment of one prompt.
 
@@ -221,6 +228,26 @@ class Sandbox(abc.ABC):
         running in the background, which live until now.  After it, ``exec``
         raises ``SandboxError``.
         """
+
+    #: Whether the sandbox is one PID namespace of its own (a container's), in which a command's
+    #: ``kill -9 -1`` ends every process but the namespace's first and the command itself: the default
+    #: :meth:`stop_processes` then does that.
+    own_pid_namespace: ClassVar[bool] = False
+
+    async def stop_processes(self) -> bool:
+        """End every process the prompt's commands left running, keeping the sandbox's files and commands.
+
+        Background jobs, daemons that forked twice or left their session: after
+        it none of them runs, and ``exec`` works as before.  The session's end
+        calls it before the verifiers, so that nothing the model left behind can
+        change the tests' files or write their reward while they run.  Returns
+        False when the backend cannot (the default, unless
+        :attr:`own_pid_namespace`); raises ``SandboxError`` like ``exec``.
+        """
+        if not self.own_pid_namespace:
+            return False
+        result = await self.exec(KILL_EVERY_OTHER_PROCESS, STOP_PROCESSES_TIMEOUT_S)
+        return result.exit_code == 0
 
     async def ready(self) -> "Sandbox":
         """The sandbox once it can run commands; raises SandboxError when it cannot be opened.

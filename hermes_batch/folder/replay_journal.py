@@ -66,8 +66,6 @@ def canonical_json(value: Any) -> bytes:
     return _encoder.encode(value).encode("ascii")
 
 
-_dumps = canonical_json
-
 
 def message_form(message: Message) -> list:
     """A message as JSON types, every field in a fixed order."""
@@ -146,10 +144,7 @@ class ResponseJournal:
             self._pending.setdefault(key, {})[request] = answer
         kept = [line for key_lines in lines.values() for line in key_lines]
         if sum(map(len, kept)) != len(data):  # ended sessions' lines: dropped before anything is appended
-            try:
-                atomic_write_lines(self.path, (line.decode("utf-8", "replace") for line in kept))
-            except RunFolderWriteError:
-                raise
+            atomic_write_lines(self.path, (line.decode("utf-8", "replace") for line in kept))
         offset = 0
         for key, key_lines in lines.items():
             spans = self._spans.setdefault(key, [])
@@ -180,13 +175,13 @@ class ResponseJournal:
 
     def write(self, key: str, request_hash: str, response: ModelResponse) -> None:
         """Keep ``response`` to the request ``request_hash`` of the session ``key``; one write, before it is used."""
-        self._append(key, _dumps({"p": key, "h": request_hash, "r": encode_response(response)}) + b"\n")
+        self._append(key, canonical_json({"p": key, "h": request_hash, "r": encode_response(response)}) + b"\n")
 
     def relay(self, entry: dict) -> None:
         """Write an answer a worker process journaled (``{"p", "h", "r"}``)."""
         key = entry.get("p")
         if isinstance(key, str):
-            self._append(key, _dumps(entry) + b"\n")
+            self._append(key, canonical_json(entry) + b"\n")
 
     def _append(self, key: str, data: bytes) -> None:
         if self._fd is None:
@@ -215,7 +210,7 @@ class ResponseJournal:
         if not spans or self._fd is None:
             return
         self._live -= sum(length for _, length in spans)
-        self._write(_dumps({"end": key}) + b"\n")
+        self._write(canonical_json({"end": key}) + b"\n")
         if self._size > COMPACT_BYTES and self._size > 2 * self._live:
             self.compact()
 

@@ -33,7 +33,7 @@ import attrs
 import hermes_batch
 
 from ..errors import ConfigError, SandboxError
-from ..contract.interfaces import Sandbox, SandboxBackend
+from ..contract.interfaces import KILL_EVERY_OTHER_PROCESS, STOP_PROCESSES_TIMEOUT_S, Sandbox, SandboxBackend
 from ..formats.records import ExecResult, SandboxSpec
 from ..session.threads import in_daemon_thread
 from .control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
@@ -564,6 +564,30 @@ class LocalSandbox(Sandbox):
         self._check_open()
         await in_daemon_thread(self._folder.write, path, data, name="hermes-batch-local-file")
 
+    async def stop_processes(self) -> bool:
+        """Kill every process the prompt's commands left running; the namespace and the folder stay."""
+        self._check_open()
+        if self._namespace is not None:
+            if not self._launcher.compiled:
+                # bash's helper and nsenter's idle first process keep subshells of their own in the namespace
+                return False
+            # a command's kill -9 -1 in the prompt's PID namespace: the compiled helper is its one first process
+            result = await self.exec(KILL_EVERY_OTHER_PROCESS, STOP_PROCESSES_TIMEOUT_S)
+            return result.exit_code == 0
+        await self._kill_marked()
+        return True
+
+    async def _kill_marked(self) -> None:
+        """Process mode: kill the processes marked with the prompt's folder, then reap the sessions' leaders."""
+        sessions = {child.pid for child in self._held}
+        await in_daemon_thread(kill_prompt_processes, str(self.root), self._marker, sessions, self._opened)
+        self._reap_held()
+
+    def _reap_held(self) -> None:
+        for child in self._held:
+            child.reap()  # only now: their sessions' members are dead
+        self._held.clear()
+
     async def close(self) -> None:
         """Kill every process the prompt started and remove the folder unless ``keep``."""
         if self._closed:
@@ -575,12 +599,9 @@ class LocalSandbox(Sandbox):
             await asyncio.wait((self._starting,))
         if self._namespace is not None:
             await self._namespace.kill()
+            self._reap_held()
         else:
-            sessions = {child.pid for child in self._held}
-            await in_daemon_thread(kill_prompt_processes, str(self.root), self._marker, sessions, self._opened)
-        for child in self._held:
-            child.reap()  # only now: their sessions' members are dead
-        self._held.clear()
+            await self._kill_marked()
         self._folder.close()
         # The helper's control folders hold only FIFOs and scripts, so they go even when the prompt folder is
         # kept, in the same thread as the prompt folder otherwise.

@@ -96,6 +96,11 @@ class OpeningSandbox(Sandbox):
     async def write_file(self, path: str, data: bytes, *args, **kwargs) -> None:
         return await (await self.ready()).write_file(path, data, *args, **kwargs)
 
+    async def stop_processes(self) -> bool:
+        if self._task is None:
+            return True  # never opened: no command ran
+        return await (await self.ready()).stop_processes()
+
     async def close(self) -> None:
         if self._closed:
             return

@@ -1,5 +1,8 @@
 """A sample's verification: each --verifier in turn, in the sample's sandbox, each on its own clock.
 
+First every process the session left running in the sandbox is ended (``Sandbox.stop_processes``):
+the verifiers see the files the session made, never a process of the model's still at work.
+
 A verifier that raises or outlasts its timeout gives an entry with ``error`` and
 reward 0.0; the sample is then not verified (so it cannot pass), and the run goes
 on.  Only the run's own stop (Ctrl-C, a fatal model or folder error) passes through.
@@ -15,7 +18,7 @@ import time
 import attrs
 
 from ..contract.interfaces import VerifierContext
-from ..errors import FatalModelError, RunFolderWriteError
+from ..errors import FatalModelError, RunFolderWriteError, SandboxError
 from ..formats.endpoint_numbers import checked_usage
 from ..formats.records import Trajectory, VerifierResult
 
@@ -40,6 +43,7 @@ async def verify(processor, sandbox, row, trajectory: Trajectory, state) -> Traj
         if not journaled and processor.client.journal is not None:
             processor.client.journal.tool_usage(usage)
 
+    await _stop_processes(sandbox)
     ctx = VerifierContext(sandbox, row, trajectory, processor.client, report_usage, state.calls)
     calls_before = len(state.calls)
     results = [await _one(verifier, ctx) for verifier in processor.verifiers]
@@ -54,6 +58,23 @@ async def verify(processor, sandbox, row, trajectory: Trajectory, state) -> Traj
         verifiers=tuple(results), usage=usage, calls=meta.calls + tuple(state.calls[calls_before:]),
     )
     return attrs.evolve(trajectory, metadata=meta)
+
+
+_said_cannot_stop: set = set()  # backends warned about once
+
+
+async def _stop_processes(sandbox) -> None:
+    """End what the session left running, so that a daemon of the model's cannot rewrite the tests or the reward."""
+    try:
+        stopped = await sandbox.stop_processes()
+    except SandboxError as exc:  # the verifiers' commands fail the same way, each with its entry
+        log.warning("could not end the session's processes before verification: %s", exc)
+        return
+    kind = type(getattr(sandbox, "opened", None) or sandbox).__name__
+    if not stopped and kind not in _said_cannot_stop:
+        _said_cannot_stop.add(kind)
+        log.warning("%s cannot end the processes a session left running; a process the model left behind can "
+                    "change what the verifiers see.", kind)
 
 
 async def _one(verifier, ctx: VerifierContext) -> VerifierResult:

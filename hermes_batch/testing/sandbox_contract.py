@@ -43,7 +43,10 @@ of the path) and never block; ``read_file(path, max_bytes)`` returns at most
 ``max_bytes`` and keeps the runner's memory bounded on a 1 GiB file; links,
 however swapped, never lead the file API to the runner's own files; and every
 process a prompt started dies at ``close``, also one that left its session
-with ``setsid`` or forked twice and changed folder like a daemon.
+with ``setsid`` or forked twice and changed folder like a daemon, and at
+``stop_processes`` (which verification calls) while the files stay and commands
+still run (:attr:`SandboxContract.stops_processes`: set it True, or False where
+the backend says it cannot).
 
 The boundary classes, for a hostile model: a sandbox cannot read a neighbour's
 files, a marker in the invoking user's home (a temporary ``HOME`` set for the
@@ -152,6 +155,9 @@ class SandboxContract:
     #: sandbox), processes, bytes a file and the sandbox's files in all may take; None where the backend has no such limit (say why in
     #: ``not_applicable``).
     limits: dict = {"memory": None, "pids": None, "disk": None}
+    #: Whether ``Sandbox.stop_processes`` ends what the commands left running (False: it must say it cannot;
+    #: None: the test is skipped when it says so).
+    stops_processes: Optional[bool] = None
     #: Boundary classes that do not apply to this backend, with the reason: "neighbours", "home", "run_folder",
     #: "write_outside", "setuid", "memory", "pids", "disk", "network".
     not_applicable: dict = {}
@@ -563,6 +569,37 @@ class SandboxContract:
         await sandbox.close()
         for marker in markers:
             assert await self._eventually(lambda m=marker: self._gone(m)), f"{marker} outlived close"
+
+    async def test_stop_processes_ends_what_the_commands_left_and_keeps_the_rest(self, open_sandbox: OpenSandbox):
+        sandbox = await open_sandbox()
+        markers = [unique_marker() for _ in range(3)]
+        started = await sandbox.exec(
+            # left the session and writes on; forked twice like a daemon; an ordinary background job
+            f"setsid sh -c 'while :; do echo x >> ticks; sleep 0.02; done; :' {markers[0]} > /dev/null 2>&1 & "
+            f"(setsid sh -c 'sleep 600; :' {markers[1]} > /dev/null 2>&1 &) ; "
+            f"sh -c 'sleep 600; :' {markers[2]} > /dev/null 2>&1 & echo started",
+            30,
+        )
+        assert started.output == "started\n"
+        for marker in markers:
+            assert await self._eventually(lambda m=marker: self.processes_with(m)), f"{marker} never started"
+        await sandbox.write_file("kept.txt", b"kept")
+        stopped = await sandbox.stop_processes()
+        if self.stops_processes is None and stopped is False:
+            await sandbox.close()
+            pytest.skip("the backend cannot stop a sandbox's processes (stop_processes returned False)")
+        assert stopped is bool(self.stops_processes)  # False: said, so that verification warns
+        if not stopped:
+            await sandbox.close()
+            return
+        for marker in markers:
+            assert await self._eventually(lambda m=marker: self._gone(m)), f"{marker} outlived stop_processes"
+        ticks = await sandbox.read_file("ticks")
+        await asyncio.sleep(0.3)
+        assert await sandbox.read_file("ticks") == ticks  # nothing writes on
+        assert await sandbox.read_file("kept.txt") == b"kept"
+        assert (await sandbox.exec("echo alive", 30)).output == "alive\n"
+        await sandbox.close()
 
     async def _gone(self, marker: str) -> bool:
         return not await self.processes_with(marker)

@@ -15,8 +15,9 @@ image only a fixture knows) come from a ``run_options`` fixture::
 What it checks: ``--verifier command`` runs a row's ``tests`` in the sample's
 own sandbox after its session (its ``test_files`` placed only then), samples
 per prompt each get a sandbox of their own, ``--stop_on_success`` ends a row at
-its first pass, and a reward the tests write to ``$HERMES_REWARD_FILE`` is the
-sample's reward.
+its first pass, a reward the tests write to ``$HERMES_REWARD_FILE`` is the
+sample's reward, and a process the session left running (a daemon that keeps
+writing a full reward and a passing test file) is ended before the tests run.
 """
 
 from __future__ import annotations
@@ -39,6 +40,22 @@ def writes(content: str):
             command = f"ls data/hidden.txt; printf '%s' '{content}' > answer.txt"
             return Reply(reasoning="I will write it.", tool_calls=[("terminal", {"command": command})])
         return Reply(content="Written.", reasoning="Done.")
+
+    return script
+
+
+# A daemon out of the command's session that keeps writing a full reward and a passing test file.
+FORGER = ("setsid sh -c 'while :; do echo 1.0 > .hermes_batch_reward; echo \"exit 0\" > hidden_test.sh; "
+          "sleep 0.01; done' > /dev/null 2>&1 & echo started")
+
+
+def runs(command: str):
+    """A script that runs ``command`` with the terminal tool, then stops."""
+
+    def script(request):
+        if request.turn == 0:
+            return Reply(reasoning="Working.", tool_calls=[("terminal", {"command": command})])
+        return Reply(content="Done.", reasoning="Done.")
 
     return script
 
@@ -70,3 +87,15 @@ class VerifierContract:
                         (1, 2, 0.5, False)]
         assert "No such file" in records[0]["conversations"][3]["value"]  # the hidden file came after the session
         assert json.loads(records[1]["metadata"]["verifiers"])[0]["reason"] == "exit status 0"
+
+    def test_a_process_the_session_left_cannot_forge_the_reward(self, tmp_path, runner, model_server, run_options):
+        server = model_server(runs(FORGER))
+        row = {"prompt": "Cheat", "tests": "sleep 0.5; sh hidden_test.sh", "test_files": {"hidden_test.sh": "exit 1\n"}}
+        dataset = write_dataset(tmp_path / "data.jsonl", [row])
+        result = runner.invoke(dataset, "--verifier", "command", *run_options, server=server)
+        assert result.exit_code == 0, result.output
+        records = runner.records("trajectories.jsonl") + [d["trajectory"] for d in runner.records("discarded.jsonl")]
+        meta = records[0]["metadata"]
+        assert "started" in records[0]["conversations"][3]["value"]  # the daemon ran
+        assert (meta["reward"], meta["passed"]) == (0.0, False)
+        assert json.loads(meta["verifiers"])[0]["reason"] == "exit status 1"

@@ -17,6 +17,7 @@ class TestDockerSandboxContract(SandboxContract):
     image_marker = IMAGE_A
     timeout_slack = 3.0
     max_output_chars = 10_100  # the limit below, plus the omission notice
+    stops_processes = True
     race_reads = 40  # each file call is an exec or two
 
     @pytest.fixture

@@ -16,6 +16,7 @@ class TestModalSandboxContractAgainstStandIn(SandboxContract):
     image_marker = IMAGE_A
     timeout_slack = 3.0
     max_output_chars = 10_100  # the limit below, plus the omission notice
+    stops_processes = True
     race_reads = 40  # each file call is an exec through the stand-in server (about 90 ms): 160 calls, not 1,600
 
     @pytest.fixture

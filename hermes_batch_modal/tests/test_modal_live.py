@@ -28,6 +28,7 @@ class TestModalSandboxContractLive(SandboxContract):
     image = IMAGE
     timeout_slack = 5.0
     max_output_chars = 10_100
+    stops_processes = True
 
     @pytest.fixture
     async def backend(self, tmp_path, run_name):

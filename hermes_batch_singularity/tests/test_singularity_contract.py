@@ -14,6 +14,7 @@ from singularity_rig import IMAGE_A, instances_of
 class TestSingularitySandboxContract(SandboxContract):
     timeout_slack = 3.0
     max_output_chars = 10_100  # the limit below, plus the omission notice
+    stops_processes = True
     race_reads = 25  # each file call is an exec of its own (about 0.3 s): 25 rounds are 100 calls
     image_marker = IMAGE_A  # sif_a is made of it
 

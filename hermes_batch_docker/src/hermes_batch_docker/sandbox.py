@@ -68,6 +68,8 @@ class _Outcome:
 class DockerSandbox(Sandbox):
     """A container of its own; each command is a ``/bin/sh -c`` exec with the container's environment only."""
 
+    own_pid_namespace = True  # its container: stop_processes is a command's kill -9 -1
+
     def __init__(
         self, backend: "DockerBackend", container_id: str, name: str, workdir: str, prompt_index: int, image: str = "",
         env: Optional[dict] = None,

@@ -104,6 +104,8 @@ class _Capped:
 class ModalSandbox(Sandbox):
     """A Modal Sandbox of its own; each command is a ``/bin/sh -c`` exec with the sandbox's environment only."""
 
+    own_pid_namespace = True  # its Modal Sandbox: stop_processes is a command's kill -9 -1
+
     def __init__(self, backend: "ModalBackend", sandbox: modal.Sandbox, workdir: str, prompt_index: int, image: str = ""):
         self.modal_sandbox = sandbox
         self._image = image

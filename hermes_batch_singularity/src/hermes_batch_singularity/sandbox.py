@@ -140,6 +140,8 @@ async def _drain(stream: asyncio.StreamReader, output: BoundedOutput) -> None:
 class SingularitySandbox(Sandbox):
     """An instance of its own; each command is an ``exec`` of ``/bin/sh -c`` with the sandbox's variables only."""
 
+    own_pid_namespace = True  # its instance (--containall: --pid): stop_processes is a command's kill -9 -1
+
     def __init__(self, backend: "SingularityBackend", name: str, workdir: str, prompt_index: int, env: dict,
                  image: str = ""):
         self.name = name

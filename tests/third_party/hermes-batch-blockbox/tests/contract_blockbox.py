@@ -8,6 +8,8 @@ from hermes_batch_blockbox import BlockboxBackend
 
 
 class TestBlockboxContract(SandboxContract):
+    stops_processes = True
+
     @pytest.fixture
     async def backend(self, tmp_path):
         backend = BlockboxBackend(BlockboxBackend.Config(), RunContext("contract", tmp_path / "run", seed=0))

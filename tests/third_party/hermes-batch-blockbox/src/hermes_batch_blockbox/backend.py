@@ -43,6 +43,8 @@ class BlockboxBackend(SandboxBackend):
 
 
 class Blockbox(Sandbox):
+    own_pid_namespace = True  # the namespace's first process is INIT alone: stop_processes ends the rest
+
     def __init__(self, root: Path, cwd: Path, env: dict):
         self.root, self.cwd, self.env = root, cwd, env
         self.folder = SandboxFolder(str(root), str(cwd))  # link-safe paths, FIFOs and devices refused
