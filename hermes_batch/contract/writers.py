@@ -38,6 +38,7 @@ class Sink(abc.ABC):
         self.count = 0  # trajectories written
         self.skipped = 0  # trajectories the format cannot hold (see the writer's docs)
         self.repaired = 0  # trajectories written with U+FFFD for text that is not Unicode (see scrub)
+        self.notes: dict = {}  # what the format counts besides its lines (dpo: rows that give no pair), for export
         self._done = False
         self._sealed = False
 
@@ -147,6 +148,8 @@ class FileWriter(Writer):
 
     filename: ClassVar[str]  # its file in the run folder, for --writer
     suffix: ClassVar[str]  # ".jsonl", ".parquet": export names its files with it
+    include: ClassVar[str] = "kept"  # the records export writes unless --include says: kept, discarded or all
+    unit: ClassVar[str] = "trajectories"  # what one of its lines is, in export's summary (pairs, rows)
 
     @abc.abstractmethod
     def open(self, path: os.PathLike) -> Sink:

@@ -54,7 +54,6 @@ class GroupSink(Sink):
     def __init__(self, path, encode_group):
         super().__init__(path)
         self.encode_group = encode_group
-        self.notes: dict = {}  # what the format counts besides its lines (rows that give no pair)
         self._row: Optional[tuple] = None
         self._samples: list[Trajectory] = []
 

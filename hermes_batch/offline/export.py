@@ -125,7 +125,7 @@ def export(folders, writer: FileWriter, *, output: Optional[Path] = None, includ
     every line listing the tools of all of them.  Whole-run filters (near-duplicates) compare across runs.
     """
     folders = [folders] if isinstance(folders, RunFolder) else list(folders)
-    include = include or getattr(writer, "include", "kept")
+    include = include or writer.include
     if include not in INCLUDE:
         raise UsageError(f"--include {include!r} is not one of {', '.join(INCLUDE)}; choose one of them.")
     from .refilter import pending
@@ -189,10 +189,10 @@ def _export(folders, writer, target, include, splits, filters, force) -> ExportR
         if plan.staging != target.folder:
             remove_if_empty(plan.staging)
         raise
-    unit = getattr(writer, "unit", "trajectories")
+    unit = writer.unit
     notes: dict = {}
     for sink in sinks.values():
-        for what, count in getattr(sink, "notes", {}).items():
+        for what, count in sink.notes.items():
             notes[what] = notes.get(what, 0) + count
     info = {
         "format": writer.name,
