@@ -553,12 +553,12 @@ class SandboxContract:
 
     # --- processes that try to outlive their prompt ------------------------------------------------
 
-    async def test_processes_that_left_the_session_die_at_close(self, open_sandbox: OpenSandbox):
-        sandbox = await open_sandbox()
+    async def _leave_processes(self, sandbox: Sandbox, first: str) -> list:
+        """Start, and see running, three processes that outlive their command: ``first`` (a shell's code) out of its
+        session; one forked twice and in another folder like a daemon; an ordinary background job.  Their markers."""
         markers = [unique_marker() for _ in range(3)]
         started = await sandbox.exec(
-            # left the session; forked twice and changed folder like a daemon; an ordinary background job
-            f"setsid sh -c 'sleep 600; :' {markers[0]} > /dev/null 2>&1 & "
+            f"setsid sh -c '{first}; :' {markers[0]} > /dev/null 2>&1 & "
             f"(cd / && setsid sh -c 'sleep 600; :' {markers[1]} > /dev/null 2>&1 &) ; "
             f"sh -c 'sleep 600; :' {markers[2]} > /dev/null 2>&1 & echo started",
             30,
@@ -566,23 +566,18 @@ class SandboxContract:
         assert started.output == "started\n"
         for marker in markers:
             assert await self._eventually(lambda m=marker: self.processes_with(m)), f"{marker} never started"
+        return markers
+
+    async def test_processes_that_left_the_session_die_at_close(self, open_sandbox: OpenSandbox):
+        sandbox = await open_sandbox()
+        markers = await self._leave_processes(sandbox, "sleep 600")
         await sandbox.close()
         for marker in markers:
             assert await self._eventually(lambda m=marker: self._gone(m)), f"{marker} outlived close"
 
     async def test_stop_processes_ends_what_the_commands_left_and_keeps_the_rest(self, open_sandbox: OpenSandbox):
         sandbox = await open_sandbox()
-        markers = [unique_marker() for _ in range(3)]
-        started = await sandbox.exec(
-            # left the session and writes on; forked twice like a daemon; an ordinary background job
-            f"setsid sh -c 'while :; do echo x >> ticks; sleep 0.02; done; :' {markers[0]} > /dev/null 2>&1 & "
-            f"(setsid sh -c 'sleep 600; :' {markers[1]} > /dev/null 2>&1 &) ; "
-            f"sh -c 'sleep 600; :' {markers[2]} > /dev/null 2>&1 & echo started",
-            30,
-        )
-        assert started.output == "started\n"
-        for marker in markers:
-            assert await self._eventually(lambda m=marker: self.processes_with(m)), f"{marker} never started"
+        markers = await self._leave_processes(sandbox, "while :; do echo x >> ticks; sleep 0.02; done")  # writes on
         await sandbox.write_file("kept.txt", b"kept")
         stopped = await sandbox.stop_processes()
         if self.stops_processes is None and stopped is False:
