@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Optional
 import attrs
 
 from hermes_batch import BoundedOutput, ExecResult, FirstBytes, Sandbox, SandboxError
+from hermes_batch.contract.interfaces import STOP_PROCESSES_TIMEOUT_S
 
+from . import agent as agents
 from .engine import docker, engine_errors, requests_exceptions
 from .streams import ExecStream
 
@@ -50,6 +52,12 @@ READ_TIMEOUT_S = 120.0
 DEATH_NOTICE_POLLS = 60  # times 50 ms
 MAX_READ_BYTES = 256 * 1024 * 1024
 READ_ATTEMPTS = 3  # reads change nothing, so one whose output the engine lost is made again
+AGENT_STARTS = 4  # command runners a sandbox starts at most (one with its container, again when one died)
+AGENT_READY_S = 10.0
+AGENT_DIED_NOTICE = (
+    "[The sandbox's command runner was killed while this command ran (by a kill of every process?): the "
+    "command's output after that and its exit status are lost; status 137 stands for it.]\n"
+)
 LOST_NOTICE = (
     "[The command ran and exited 0, but the Docker engine lost its output (a race of dockerd with short "
     "commands); run it again to see it.]\n"
@@ -72,7 +80,7 @@ class DockerSandbox(Sandbox):
 
     def __init__(
         self, backend: "DockerBackend", container_id: str, name: str, workdir: str, prompt_index: int, image: str = "",
-        env: Optional[dict] = None,
+        env: Optional[dict] = None, agent: Optional[agents.Agent] = None,
     ):
         self.id = container_id
         self.name = name
@@ -85,6 +93,11 @@ class DockerSandbox(Sandbox):
         self._closed = False
         # A pooled container was made before its prompt was known: the prompt's environment goes with each exec.
         self._exec_env = {"environment": env} if env else {}
+        # The command runner (-S runner=agent): started with the container; None with -S runner=exec.
+        self._agent = agent
+        self._agent_starts = 1 if agent is not None else 0
+        self._agent_starting = False
+        self._use_agent = backend.config.runner == "agent"
 
     @property
     def workdir(self) -> str:
@@ -151,6 +164,122 @@ class DockerSandbox(Sandbox):
 
     async def _run(self, argv: list, timeout: float, stdout: BoundedOutput, stderr: Optional[BoundedOutput] = None) -> _Outcome:
         self._check_open()
+        nonce = agents.new_nonce()
+        line = agents.request_line(nonce, "X", argv)
+        agent = await self._free_agent() if line is not None else None
+        if agent is not None:
+            request = agent.submit(nonce, stdout, stderr)
+            outcome = await self._run_agent(agent, request, line, timeout, stdout, stderr)
+            if outcome is not None:
+                return outcome
+        return await self._run_exec(argv, timeout, stdout, stderr)
+
+    async def _free_agent(self) -> Optional[agents.Agent]:
+        """The sandbox's command runner if it is free (started first if it has none or it died), else None."""
+        agent = self._agent
+        if agent is not None and agent.usable():
+            return agent
+        if not self._use_agent or self._agent_starting or (agent is not None and not agent.dead):
+            return None
+        if self._agent_starts >= AGENT_STARTS:
+            return None
+        self._agent_starting = True
+        self._agent_starts += 1
+        try:
+            loop = asyncio.get_running_loop()
+            self._agent = await self._backend.blocking(
+                self._backend.start_agent, self.id, self._workdir, loop, self._exec_env.get("environment")
+            )
+        except (*engine_errors(), SandboxError) as exc:
+            log.debug("no command runner in %s: %s", self.name, exc)
+            return None
+        finally:
+            self._agent_starting = False
+        if self._closed:
+            self._agent.close()
+            return None
+        return self._agent if self._agent.usable() else None
+
+    async def set_env(self, env: dict) -> bool:
+        """Give a pooled container's runner the prompt's environment; False when it cannot take it."""
+        agent = self._agent
+        if not env:
+            return True
+        if agent is None or not agent.usable() or not all(agents.ENV_NAME.match(key) for key in env):
+            return False
+        pairs = [f"{key}={value}" for key, value in env.items()]
+        for start in range(0, len(pairs), agents.MAX_ARGS):
+            nonce = agents.new_nonce()
+            line = agents.request_line(nonce, "E", pairs[start:start + agents.MAX_ARGS])
+            if line is None or not agent.usable():
+                return False
+            request = agent.submit(nonce, BoundedOutput(1024))
+            try:
+                await self._backend.blocking(agent.send, line)
+                if await asyncio.wait_for(asyncio.shield(request.done), AGENT_READY_S) != 0:
+                    return False
+            except (OSError, asyncio.TimeoutError):
+                agent.close()
+                return False
+        return True
+
+    def drop_agent(self) -> None:
+        """Run every command as an exec from now on."""
+        if self._agent is not None:
+            self._agent.close()
+            self._agent = None
+        self._use_agent = False
+
+    async def _run_agent(self, agent, request, line: bytes, timeout: float, stdout, stderr) -> Optional[_Outcome]:
+        """Run a request through the runner; None when it never reached the runner (run it as an exec)."""
+        try:
+            await self._backend.blocking(agent.send, line)
+        except OSError:
+            agent.close()
+            await asyncio.wait({request.done}, timeout=PID_WAIT_S)
+            if request.pid is None:
+                return None
+        settled = False  # False while a cancellation could still hit us
+        try:
+            done, _ = await asyncio.wait({request.done}, timeout=max(timeout, 0.0))
+            settled = True
+            if not done:
+                recovered = await self._kill(request)
+                await asyncio.wait({request.done}, timeout=POST_KILL_DRAIN_S)
+                return _Outcome(None, True, recovered=recovered)
+        finally:
+            if not settled:  # cancelled: stop the command, but do not wait for it
+                self._kill_soon(request)
+        status = request.done.result()
+        if status is None:  # the runner died
+            if request.pid is None:
+                return None  # before it started the command: run it as an exec
+            recovered = await self._raise_if_dead("while a command ran")
+            stdout.add(AGENT_DIED_NOTICE.encode())
+            return _Outcome(137, False, recovered=recovered)
+        if stderr is not None and status != 0:
+            stderr.add(stdout.value())  # the runner merges stderr: on failure what came is the message
+        if request.pid is None and status != 0:
+            return _Outcome(status, False, not_started=True)
+        return _Outcome(status, False)
+
+    async def stop_processes(self) -> bool:
+        """Kill every process but the runner (and PID 1) from the runner itself, else with an exec."""
+        self._check_open()
+        agent = await self._free_agent()
+        if agent is not None:
+            nonce = agents.new_nonce()
+            request = agent.submit(nonce, BoundedOutput(1024))
+            try:
+                await self._backend.blocking(agent.send, agents.request_line(nonce, "K", []))
+                status = await asyncio.wait_for(asyncio.shield(request.done), STOP_PROCESSES_TIMEOUT_S)
+                if status is not None:
+                    return status == 0
+            except (OSError, asyncio.TimeoutError):
+                agent.close()
+        return await super().stop_processes()
+
+    async def _run_exec(self, argv: list, timeout: float, stdout: BoundedOutput, stderr: Optional[BoundedOutput] = None) -> _Outcome:
         api = self._backend.api
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
@@ -351,6 +480,8 @@ class DockerSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
+        if self._agent is not None:
+            self._agent.close()
         await self._backend.remove(self)
 
     def _check_open(self) -> None:
