@@ -73,3 +73,32 @@ class TestDockerPooledSandboxContract(TestDockerSandboxContract):
         await backend.start()
         yield backend
         await backend.shutdown()
+
+
+class TestDockerExecRunnerSandboxContract(TestDockerSandboxContract):
+    """The same contract with one docker exec per command (-S runner=exec) instead of the container's runner."""
+
+    @pytest.fixture
+    async def backend(self, tmp_path, run_name, docker_api):
+        async for backend in _backend(tmp_path / "run", run_name):
+            yield backend
+
+    @pytest.fixture
+    async def limited_backend(self, tmp_path, run_name, docker_api):
+        async for backend in _backend(tmp_path / "limited", run_name, memory="64m", pids_limit=32):
+            yield backend
+
+    @pytest.fixture
+    async def offline_backend(self, tmp_path, run_name, docker_api):
+        async for backend in _backend(tmp_path / "offline", run_name, network="none"):
+            yield backend
+
+
+async def _backend(run_dir, run_name, **options):
+    config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, runner="exec", **options)
+    backend = DockerBackend(config, RunContext(run_name, run_dir, seed=0))
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        await backend.shutdown()

@@ -56,7 +56,7 @@ AGENT_STARTS = 4  # command runners a sandbox starts at most (one with its conta
 AGENT_READY_S = 10.0
 AGENT_DIED_NOTICE = (
     "[The sandbox's command runner was killed while this command ran (by a kill of every process?): the "
-    "command's output after that and its exit status are lost; status 137 stands for it.]\n"
+    "command's output from about then on and its exit status are lost; status 137 stands for it.]\n"
 )
 LOST_NOTICE = (
     "[The command ran and exited 0, but the Docker engine lost its output (a race of dockerd with short "
