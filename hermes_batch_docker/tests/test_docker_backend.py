@@ -35,6 +35,7 @@ DEAD_PID = "2147483646"  # above any pid_max: no process has it
 
 def make_backend(tmp_path, run_name, **options) -> DockerBackend:
     options.setdefault("image", IMAGE_A)
+    options.setdefault("pool", 0)  # each container made when its prompt asks, unless a test says otherwise
     return DockerBackend(DockerConfig(**options), RunContext(run_name, tmp_path / "run", seed=0))
 
 

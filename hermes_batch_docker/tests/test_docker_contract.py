@@ -22,7 +22,9 @@ class TestDockerSandboxContract(SandboxContract):
 
     @pytest.fixture
     async def backend(self, tmp_path, run_name, docker_api):
-        backend = DockerBackend(DockerConfig(image=IMAGE_A, max_output_bytes=10_000), RunContext(run_name, tmp_path / "run", seed=0))
+        # pool=0: each container made when its prompt asks (the pooled class below covers -S pool=)
+        config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, pool=0)
+        backend = DockerBackend(config, RunContext(run_name, tmp_path / "run", seed=0))
         await backend.start()
         yield backend
         await backend.shutdown()
@@ -41,7 +43,7 @@ class TestDockerSandboxContract(SandboxContract):
 
     @pytest.fixture
     async def limited_backend(self, tmp_path, run_name, docker_api):
-        config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, memory="64m", pids_limit=32)
+        config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, memory="64m", pids_limit=32, pool=0)
         backend = DockerBackend(config, RunContext(run_name, tmp_path / "limited", seed=0))
         await backend.start()
         yield backend
@@ -49,7 +51,7 @@ class TestDockerSandboxContract(SandboxContract):
 
     @pytest.fixture
     async def offline_backend(self, tmp_path, run_name, docker_api):
-        config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, network="none")
+        config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, network="none", pool=0)
         backend = DockerBackend(config, RunContext(run_name, tmp_path / "offline", seed=0))
         await backend.start()
         yield backend
@@ -95,7 +97,7 @@ class TestDockerExecRunnerSandboxContract(TestDockerSandboxContract):
 
 
 async def _backend(run_dir, run_name, **options):
-    config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, runner="exec", **options)
+    config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, runner="exec", pool=0, **options)
     backend = DockerBackend(config, RunContext(run_name, run_dir, seed=0))
     await backend.start()
     try:

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.docker
 
 def make_backend(tmp_path, run_name, **options) -> DockerBackend:
     options.setdefault("image", IMAGE_A)
+    options.setdefault("pool", 0)  # each container made when its prompt asks, unless a test says otherwise
     return DockerBackend(DockerConfig(**options), RunContext(run_name, tmp_path / "run", seed=0))
 
 
