@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Optional
 import attrs
 
 from hermes_batch import BoundedOutput, ExecResult, FirstBytes, Sandbox, SandboxError
-from hermes_batch.contract.interfaces import STOP_PROCESSES_TIMEOUT_S
 
 from . import agent as agents
 from .engine import docker, engine_errors, requests_exceptions
@@ -54,6 +53,7 @@ MAX_READ_BYTES = 256 * 1024 * 1024
 READ_ATTEMPTS = 3  # reads change nothing, so one whose output the engine lost is made again
 AGENT_STARTS = 4  # command runners a sandbox starts at most (one with its container, again when one died)
 AGENT_READY_S = 10.0
+STOP_PROCESSES_TIMEOUT_S = 30.0  # as Sandbox.stop_processes gives its kill command
 AGENT_DIED_NOTICE = (
     "[The sandbox's command runner was killed while this command ran (by a kill of every process?): the "
     "command's output from about then on and its exit status are lost; status 137 stands for it.]\n"
