@@ -17,7 +17,7 @@ Needs a Docker engine on this machine and the test image (``scripts/docker.sh`` 
 To compare with other code side by side, run it once more with that code first on
 PYTHONPATH (``--pools 0`` for code without pools), e.g. a ``git worktree`` of main:
 
-    python bench/bench_docker.py [--prompts 200] [--workers 32] [--latency 0.5] [--rounds 3] [--pools 0,auto]
+    python bench/bench_docker.py [--prompts 200] [--workers 32] [--latency 0.5] [--rounds 3] [--pools 0,auto] [--runner exec]
     PYTHONPATH=/tmp/base/hermes_batch_docker/src python bench/bench_docker.py --pools 0
 """
 
@@ -153,11 +153,12 @@ def pool_option(value: str):
     return value if value == "auto" else int(value)
 
 
-async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_starting, pool_size) -> tuple:
+async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_starting, pool_size, runner=None) -> tuple:
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=at_once + 4)
     options = {"image": IMAGE} | ({"max_starting": max_starting} if max_starting else {})
-    if pool_size:
-        options["pool"] = pool_size
+    options["pool"] = pool_size  # 0 too: the default may be a pool
+    if runner:
+        options["runner"] = runner
     backend = DockerBackend(DockerConfig(**options), RunContext(f"bench-docker-{at_once}", tmp / f"run{at_once}", 0, thread_pool=pool))
     await backend.start()
     await backend.prepare_image(IMAGE)
@@ -196,7 +197,7 @@ async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_start
     return latencies, engine_s / len(latencies), memory
 
 
-def run_args(dataset: Path, out: str, url: str, workers: int, sandbox: str, pool=0) -> list:
+def run_args(dataset: Path, out: str, url: str, workers: int, sandbox: str, pool=0, runner=None) -> list:
     args = [
         "run", "--dataset_file", str(dataset), "--batch_size", "50", "--run_name", f"bench-{sandbox}-{pool}",
         "--output_dir", out, "--base_url", url, "--model", "bench-model", "--api_key", "bench",
@@ -205,8 +206,10 @@ def run_args(dataset: Path, out: str, url: str, workers: int, sandbox: str, pool
     ]
     if sandbox == "docker":
         args += ["-S", f"image={IMAGE}"]
-    if pool:
-        args += ["-S", f"pool={pool}"]
+    if sandbox == "docker":
+        args += ["-S", f"pool={pool}"]  # 0 too: the default may be a pool
+    if sandbox == "docker" and runner:
+        args += ["-S", f"runner={runner}"]
     return args
 
 
@@ -218,18 +221,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the start-latency measurement")
     parser.add_argument("--max_starting", type=int, default=None, help="-S max_starting (default: the backend's)")
     parser.add_argument("--pools", default="0,auto", help="-S pool= values to measure, comma-separated (0: no pool)")
+    parser.add_argument("--runner", default=None, help="-S runner= (agent or exec; default: the backend's)")
     args = parser.parse_args()
     pools = [pool_option(value) for value in args.pools.split(",")]
     calls_per_prompt = 3
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        print(f"docker sandbox, image {IMAGE}, max_starting {args.max_starting or DockerConfig().max_starting}")
+        runner = args.runner or getattr(DockerConfig(), "runner", "exec (one docker exec per command)")
+        print(f"docker sandbox, image {IMAGE}, max_starting {args.max_starting or DockerConfig().max_starting}, runner {runner}")
         print("time from open() to the first command's output:")
         for pool_size in pools:
             for at_once, rounds in ((1, max(10, 5 * args.rounds)), (32, args.rounds)):
                 values, engine_s, memory = asyncio.run(
-                    first_output_latencies(tmp_path, at_once, rounds, args.max_starting, pool_size)
+                    first_output_latencies(tmp_path, at_once, rounds, args.max_starting, pool_size, args.runner)
                 )
                 print(
                     f"  pool={pool_size!s:<4} {at_once:>2} at once: median {1000 * statistics.median(values):6.0f} ms, "
@@ -245,7 +250,7 @@ def main() -> None:
             dataset = write_prompts(tmp_path / "prompts.jsonl", args.prompts)
             for sandbox, pool_size in [("local", 0)] + [("docker", p) for p in pools]:
                 with EngineCPU() as cpu:
-                    result = measure_run(run_args(dataset, tmp, url, args.workers, sandbox, pool_size))
+                    result = measure_run(run_args(dataset, tmp, url, args.workers, sandbox, pool_size, args.runner))
                 label = f"{sandbox} pool={pool_size}" if sandbox == "docker" else sandbox
                 print(
                     f"  --sandbox {label:<16}  wall {result['wall_s']:6.1f} s  (x{result['wall_s'] / ideal:.2f} of ideal), "
