@@ -5,8 +5,8 @@ inspect: about 40 ms of engine CPU and 65 ms of waiting on 2 cores, and for a
 prompt of a few commands more than the model's tool calls themselves.  The
 runner is one exec, started with its container, whose stdin takes requests and
 whose stdout carries their output: a command through it costs no call to the
-engine.  It is ``/bin/sh`` (busybox is enough: ``setsid``, ``cat``,
-``printf %b``, ``set -o pipefail``), so it needs nothing in the image.
+engine.  It is ``/bin/sh`` (POSIX: busybox ash or dash; with ``setsid``, ``cat``
+and ``printf %b``), so it needs nothing in the image.
 
 Each command runs exactly as an exec would run it: the same wrapper, started by
 ``setsid`` (its own session and process group, whose pid the wrapper prints
@@ -44,9 +44,11 @@ _STDERR = 2
 # seven arguments, each "x" followed by its bytes with everything but [A-Za-z0-9._,:=+%@/-] as \0ooo.
 # X runs its arguments (an argv) as an exec would; E exports its arguments (NAME=value); K kills every
 # process of the container's user but the runner (kill -1 spares its caller; the container's PID 1 is
-# immune).  Exit 97/98: the shell or the image lacks what it needs (the sandbox then uses execs).
+# immune).  A command's status comes back on fd 4 and its output through cat to fd 3 (the runner's stdout),
+# which the command does not inherit: POSIX sh (busybox ash, dash, bash) with no pipefail.
+# Exit 98: the image has no setsid or cat (the sandbox then uses execs).
 AGENT_SCRIPT = r"""set -f
-set -o pipefail 2>/dev/null || exit 97
+exec 3>&1
 s=$(command -v setsid) && c=$(command -v cat) || exit 98
 w=$1
 echo "$$"
@@ -57,12 +59,13 @@ for v in "$f1" "$f2" "$f3" "$f4" "$f5" "$f6" "$f7"; do
 v=$(printf '%bx' "${v#x}"); set -- "$@" "${v%x}"
 done
 case $o in
-X) cd "$w" 2>/dev/null; "$s" "$@" </dev/null 2>&1 | "$c"; r=$? ;;
+X) cd "$w" 2>/dev/null
+r=$( { { "$s" "$@" </dev/null 2>&1 3>&- 4>&-; echo "$?" >&4; } | "$c" >&3 3>&- 4>&-; } 4>&1 ) ;;
 E) for v do export "$v"; done; r=0 ;;
 K) for v in 1 2 3 4 5; do kill -9 -1 2>/dev/null || break; done; r=0 ;;
 *) r=99 ;;
 esac
-printf '\036%s %s\n' "$n" "$r"
+printf '\036%s %s\n' "$n" "${r:-255}"
 done
 """
 MAX_ARGS = 7
