@@ -68,13 +68,20 @@ async def test_commands_and_files_cost_no_exec_once_the_container_runs(backend, 
     sandbox = await backend.open(spec(run_name))
     try:
         calls = EngineCalls(backend, monkeypatch)
+        archives = []
+        monkeypatch.setattr(backend, "put_archive", lambda *args: archives.append(args))
         assert (await sandbox.exec("echo hi; echo err >&2; exit 4", 10)).output == "hi\nerr\n"
         await sandbox.write_file("d/f.bin", bytes(range(256)))
         assert await sandbox.read_file("d/f.bin") == bytes(range(256))
         with pytest.raises(FileNotFoundError):
             await sandbox.read_file("missing")
+        with pytest.raises(IsADirectoryError):
+            await sandbox.write_file("d", b"not over a folder")
+        await sandbox.exec("chmod 755 d/f.bin", 10)
+        await sandbox.write_file("d/f.bin", b"#!/bin/sh\necho run\n")  # in place: its mode is kept
+        assert (await sandbox.exec("./d/f.bin", 10)).output == "run\n"
         assert await sandbox.stop_processes()
-        assert calls.count == 0
+        assert calls.count == 0 and archives == []
     finally:
         await sandbox.close()
 

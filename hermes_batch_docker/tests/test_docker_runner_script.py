@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
 import pytest
 
 from hermes_batch_docker.agent import AGENT_SCRIPT, request_line
-from hermes_batch_docker.sandbox import RUN_WRAPPER
+from hermes_batch_docker.sandbox import RUN_WRAPPER, WRITE_WRAPPER
 
 SHELLS = [name for name in ("dash", "bash", "busybox") if shutil.which(name)]
 
@@ -25,8 +26,8 @@ def test_the_runner_script_runs_commands_as_an_exec_would(shell, tmp_path):
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
     )
 
-    def request(nonce: str, op: str, args: list) -> bytes:
-        runner.stdin.write(request_line(nonce, op, args))
+    def request(nonce: str, op: str, args: list, data: bytes = b"") -> bytes:
+        runner.stdin.write(request_line(nonce, op, args) + data)
         runner.stdin.flush()
         out = b""
         while not (b"\x1e" + nonce.encode() + b" " in out and out.endswith(b"\n")):
@@ -54,6 +55,21 @@ def test_the_runner_script_runs_commands_as_an_exec_would(shell, tmp_path):
         assert (body, status) == (b"now\nlate\n", 0)
         assert request("n4", "E", ["ODD=a b\n'c\"$x"]) == b"\x1en4 0\n"
         assert run("n5", 'printf %s "$ODD"')[1:] == (b"a b\n'c\"$x", 0)
+
+        def write(nonce: str, path: str, data: bytes) -> int:
+            out = request(nonce, "I", ["/bin/sh", "-c", WRITE_WRAPPER, "sh", str(tmp_path / path), str(len(data))], data)
+            return int(out.rpartition(b"\x1e" + nonce.encode() + b" ")[2])
+
+        content = bytes(range(256)) * 300 + b"\nX n6 xecho\n"  # a line that would be a request, were it read as one
+        assert write("w1", "new/deeper/file.bin", content) == 0
+        assert (tmp_path / "new/deeper/file.bin").read_bytes() == content
+        (tmp_path / "folder").mkdir()
+        os.mkfifo(tmp_path / "fifo")
+        assert write("w2", "folder", content) == 21  # refused, and every byte read all the same
+        assert write("w3", "fifo", content) == 22
+        assert write("w4", "new/deeper/file.bin", b"short") == 0
+        assert (tmp_path / "new/deeper/file.bin").read_bytes() == b"short"
+        assert run("n7", "echo still in step")[1:] == (b"still in step\n", 0)
     finally:
         runner.stdin.close()
         runner.wait(10)

@@ -43,6 +43,16 @@ WRITE_CHECK = (
     'd=$(dirname -- "$1"); mkdir -p -- "$d" || exit 1; '
     'if [ -e "$1" ]; then [ -w "$1" ] || exit 13; else [ -w "$d" ] || exit 13; fi; exit 0'
 )
+# A write through the command runner: exactly $2 bytes come on stdin and are all read whatever happens
+# (so that the runner's next request line is not in them), after the checks of WRITE_CHECK, as the
+# container's user; a new file gets 0666 less the umask, an existing one keeps its mode and owner.
+WRITE_WRAPPER = (
+    'echo "$$"; head -c "$2" | { e=0; if [ -d "$1" ]; then e=21; elif [ -e "$1" ] && [ ! -f "$1" ]; then e=22; '
+    'else d=$(dirname -- "$1"); mkdir -p -- "$d" || e=1; if [ "$e" = 0 ]; then '
+    'if [ -e "$1" ]; then [ -w "$1" ] || e=13; else [ -w "$d" ] || e=13; fi; fi; fi; '
+    'if [ "$e" = 0 ]; then cat > "$1" || e=1; fi; [ "$e" = 0 ] || cat > /dev/null; exit "$e"; }'
+)
+MAX_RUNNER_WRITE = 64 * 1024 * 1024  # larger files go through the engine's archive API
 KILL_GROUP = 'kill -9 -"$1" 2>/dev/null || kill -9 "$1" 2>/dev/null; exit 0'
 # After the kill, only processes that left the group can still hold the output open.
 POST_KILL_DRAIN_S = 0.5
@@ -448,6 +458,10 @@ class DockerSandbox(Sandbox):
         full = self._path(path)
         if full == "/":
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if len(data) <= MAX_RUNNER_WRITE:
+            written = await self._write_through_runner(path, full, data)
+            if written is not None:
+                return
         # The archive API would replace a FIFO or a device by a file; refuse it as every backend does.
         await self._check_file(path, full, WRITE_CHECK)
         archive = _tar_one(full.lstrip("/"), data)
@@ -472,6 +486,45 @@ class DockerSandbox(Sandbox):
                 await self._backend.blocking(self._backend.chown, self.id, full)
             except engine_errors() as exc:
                 raise self._error_sync(exc, "while a file was written") from exc
+
+    async def _write_through_runner(self, path: str, full: str, data: bytes) -> Optional[bool]:
+        """Write with the command runner (no engine call); None when it cannot (use the archive API).
+
+        The archive API costs the engine about 0.2 s of CPU per file (dockerd extracts in a process of its own).
+        """
+        nonce = agents.new_nonce()
+        line = agents.request_line(nonce, "I", [SHELL, "-c", WRITE_WRAPPER, "sh", full, str(len(data))])
+        agent = await self._free_agent() if line is not None else None
+        if agent is None:
+            return None
+        output = BoundedOutput(64 * 1024)
+        request = agent.submit(nonce, output)
+        settled = False
+        try:
+            try:
+                await self._backend.blocking(agent.send, line + data)
+            except OSError:
+                agent.close()
+            done, _ = await asyncio.wait({request.done}, timeout=READ_TIMEOUT_S)
+            settled = True
+        finally:
+            if not settled or not request.done.done():
+                # Part of the content may still be unread: the runner must never take it for requests.
+                agent.close()
+                self._kill_soon(request)
+        if not done:
+            raise OSError(errno.ETIMEDOUT, f"writing took longer than {READ_TIMEOUT_S:g} s", path)
+        status = request.done.result()
+        if request.pid is None:
+            # The runner died, or could not start the write (its pids limit): the archive API.  What it
+            # did not read of the content must never be taken for requests.
+            agent.close()
+            return None
+        if status is None:
+            raise OSError(errno.EIO, "the sandbox's command runner was killed while the file was written", path)
+        if status != 0:
+            raise self._file_error(path, status, output.text())
+        return True
 
     # --- life and death ------------------------------------------------------------------------
 
