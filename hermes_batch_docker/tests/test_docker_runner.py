@@ -103,10 +103,12 @@ async def test_a_command_that_kills_every_process_loses_its_runner_and_the_next_
 ):
     sandbox = await backend.open(spec(run_name))
     try:
-        result = await sandbox.exec("echo before; kill -9 -1; sleep 1; echo after", 20)
+        assert sandbox._agent is not None and sandbox._agent.usable()
+        result = await sandbox.exec("echo ran >> runs; kill -9 -1; sleep 1; echo after", 20)
         assert result.output.endswith(AGENT_DIED_NOTICE) and "after" not in result.output
         assert result.exit_code == 137
         calls = EngineCalls(backend, monkeypatch)
+        assert await sandbox.read_file("runs") == b"ran\n"  # never run again, even when its pid line was lost
         assert (await sandbox.exec("echo again", 10)).output == "again\n"
         assert calls.count == 1  # the new runner's exec
         assert (await sandbox.exec("echo and again", 10)).output == "and again\n"

@@ -71,6 +71,7 @@ esac
 printf '\036%s %s\n' "$n" "${r:-255}"
 done
 """
+NO_STATUS = 255  # what the runner says when the command's subshell gave no status (it could not fork)
 MAX_ARGS = 7
 MAX_LINE = 64 * 1024  # longer requests run as execs: the shell reads a line a byte at a time
 _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._,:=+%@/-")

@@ -245,10 +245,8 @@ class DockerSandbox(Sandbox):
         try:
             await self._backend.blocking(agent.send, line)
         except OSError:
-            agent.close()
-            await asyncio.wait({request.done}, timeout=PID_WAIT_S)
-            if request.pid is None:
-                return None
+            agent.close()  # the runner is gone and took no whole line: the command did not run
+            return None
         settled = False  # False while a cancellation could still hit us
         try:
             done, _ = await asyncio.wait({request.done}, timeout=max(timeout, 0.0))
@@ -261,16 +259,16 @@ class DockerSandbox(Sandbox):
             if not settled:  # cancelled: stop the command, but do not wait for it
                 self._kill_soon(request)
         status = request.done.result()
-        if status is None:  # the runner died
-            if request.pid is None:
-                return None  # before it started the command: run it as an exec
+        if status is None:
+            # The runner died after it took the request: whether the command ran is not known (even its pid
+            # line may have died in the pipe), so it is never run again.
             recovered = await self._raise_if_dead("while a command ran")
             stdout.add(AGENT_DIED_NOTICE.encode())
             return _Outcome(137, False, recovered=recovered)
         if stderr is not None and status != 0:
             stderr.add(stdout.value())  # the runner merges stderr: on failure what came is the message
-        if request.pid is None and status != 0:
-            return _Outcome(status, False, not_started=True)
+        if request.pid is None and status == agents.NO_STATUS:
+            return _Outcome(status, False, not_started=True)  # the runner could not start it (no fork)
         return _Outcome(status, False)
 
     async def stop_processes(self) -> bool:
