@@ -162,6 +162,7 @@ class Agent:
         self.exec_id = exec_id
         self.pid: Optional[int] = None
         self.ready = threading.Event()  # its first line (its pid) came, or it died
+        self.started = loop.create_future()  # the same, for the event loop: its pid, or None when it died
         self.dead = False
         self.busy = False  # a request is out (set and cleared on the event loop)
         self._request: Optional[Request] = None
@@ -229,6 +230,7 @@ class Agent:
                 self.dead = True
                 request, self._request = self._request, None
             self.ready.set()
+            self._tell_started()
             if request is not None:
                 request.lost()
             for closable in (self.sock, self.raw):
@@ -236,6 +238,25 @@ class Agent:
                     closable.close()
                 except OSError:
                     pass
+
+    def _tell_started(self) -> None:
+        def tell() -> None:
+            if not self.started.done():
+                self.started.set_result(self.pid)
+
+        try:
+            self.loop.call_soon_threadsafe(tell)
+        except RuntimeError:  # the event loop is gone
+            pass
+
+    async def until_started(self, timeout: float) -> bool:
+        """Wait until its first line came; False when it died or did not answer in ``timeout``."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.started), timeout)
+        except asyncio.TimeoutError:
+            self.close()
+            return False
+        return self.pid is not None
 
     def _payload(self, kind: int, data: bytes) -> None:
         if kind == _STDERR:  # the runner's own complaints (its commands' stderr goes to stdout)
@@ -253,6 +274,7 @@ class Agent:
                 raise ValueError(f"the command runner did not start: {line[:200]!r}")
             self.pid = int(line)
             self.ready.set()
+            self._tell_started()
         while data:
             with self._lock:
                 request = self._request

@@ -348,17 +348,21 @@ class DockerBackend(SandboxBackend):
         return (image_info.get("Config") or {}).get("WorkingDir") or DEFAULT_WORKDIR
 
     def _create(self, name: str, image: str, workdir: str, env: dict, labels: dict, loop=None) -> tuple:
-        """Create and start a container; (its id, its command runner or None)."""
+        """Create and start a container; (its id, its command runner or None).
+
+        The runner is started, not waited for: its first answer is awaited by its first request, so that a
+        creation does not hold its ``max_starting`` place for it.
+        """
         container_id = self._create_container(name, image, workdir, env, labels)
         agent = None
         if self.config.runner == "agent" and loop is not None:
             try:
-                agent = self.start_agent(container_id, workdir, loop)
+                agent = self.start_agent(container_id, workdir, loop, wait=False)
             except (*engine_errors(), SandboxError) as exc:  # its commands run as execs
                 log.debug("No command runner in %s: %s", name, exc)
         return container_id, agent
 
-    def start_agent(self, container_id: str, workdir: str, loop, env: Optional[dict] = None) -> Agent:
+    def start_agent(self, container_id: str, workdir: str, loop, env: Optional[dict] = None, wait: bool = True) -> Agent:
         """Start a container's command runner (blocking); SandboxError when it does not answer."""
         created = self.api.exec_create(
             container_id, [SHELL, "-c", AGENT_SCRIPT, "hermes-batch-runner", workdir], stdin=True, stdout=True,
@@ -366,7 +370,7 @@ class DockerBackend(SandboxBackend):
         )
         sock = self.api.exec_start(created["Id"], socket=True)
         agent = Agent(sock, loop, created["Id"])
-        if not agent.wait_ready(AGENT_READY_S):
+        if wait and not agent.wait_ready(AGENT_READY_S):
             agent.close()
             raise SandboxError("the command runner did not start (the image lacks setsid or a POSIX sh?)")
         return agent

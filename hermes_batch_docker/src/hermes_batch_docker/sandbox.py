@@ -187,6 +187,10 @@ class DockerSandbox(Sandbox):
     async def _free_agent(self) -> Optional[agents.Agent]:
         """The sandbox's command runner if it is free (started first if it has none or it died), else None."""
         agent = self._agent
+        if agent is not None and agent.pid is None and not agent.dead and not agent.busy:
+            await agent.until_started(AGENT_READY_S)  # started with its container, not yet waited for
+            if self._agent is not agent:
+                return await self._free_agent()
         if agent is not None and agent.usable():
             return agent
         if not self._use_agent or self._agent_starting or (agent is not None and not agent.dead):
@@ -212,9 +216,9 @@ class DockerSandbox(Sandbox):
 
     async def set_env(self, env: dict) -> bool:
         """Give a pooled container's runner the prompt's environment; False when it cannot take it."""
-        agent = self._agent
         if not env:
             return True
+        agent = await self._free_agent() if self._agent is not None else None
         if agent is None or not agent.usable() or not all(agents.ENV_NAME.match(key) for key in env):
             return False
         pairs = [f"{key}={value}" for key, value in env.items()]
