@@ -13,11 +13,11 @@ from typing import Optional
 import attrs
 import pluggy
 
-from ..folder import durable, offloop, record_index, reindex, rowkeys
-from . import cleanup, distributions, limits, notices, run_settings, samples, selection
+from ..folder import durable, offloop, record_index, rowkeys
+from . import cleanup, distributions, limits, notices, resume_scan, run_settings, selection
 from ..formats import endpoint_numbers
 from ..folder import unfinished
-from .checkpoint import Checkpoints, load_checkpoint, repair_torn_tails, write_run_json
+from .checkpoint import Checkpoints, load_checkpoint, write_run_json
 from .config import RunConfig
 from ..errors import (
     EXIT_FAILED_PROMPTS,
@@ -173,22 +173,19 @@ class RunEngine:
         fresh = not self.folder.has_outputs()
         endpoint_numbers.reset_warning()  # one warning per run for numbers no call can have
         self.index = record_index.RecordIndex(self.folder)
-        self.sampling = cfg.samples_per_prompt > 1
+        self.sampling = resume_scan.sampling(cfg)
         self.later_samples: dict[int, tuple] = {}  # --stop_on_success: prompt_index -> its samples still to run
-        if self.sampling:
-            per_row, limit = cfg.samples_per_prompt, cfg.max_samples
-            total = sum(samples.count(index, per_row, limit) for index in self.validated.keys.indexes)
-            self.resume_plan = samples.SampleMatch(None, 0, 0, total=total)
-        else:
-            self.resume_plan = rowkeys.match_finished(self.validated.keys, None)
+        self.resume_plan = resume_scan.nothing_finished(cfg, self.validated.keys)
         if cfg.resume:
             try:
                 # off the event loop, like the merge: reading a big run folder must not make Ctrl-C wait
-                self.resume_plan = await run_off_loop(self._read_run_folder)
+                self.resume_plan = await run_off_loop(
+                    resume_scan.read_run_folder, self.folder, cfg, plan, self.validated.keys, self.checkpoints,
+                    self.index)
             except (asyncio.CancelledError, Stopped):
                 return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
         self.checkpoints.previously_finished = self.resume_plan.finished
-        to_run = (self.resume_plan.to_run if self.sampling else plan.dataset.valid - self.resume_plan.skipped)
+        to_run = resume_scan.prompts_to_run(self.resume_plan, cfg, plan)
         if to_run:
             try:  # before any prompt is leased, and before the preflight: a full disk costs nothing to fix
                 durable.check_free_space(self.folder, self._space_needed(to_run))
@@ -397,41 +394,6 @@ class RunEngine:
             f"{not_started} prompt(s) were not started{failed}; run the same command with --resume and a higher "
             "--max_cost to continue."
         )
-
-    def _read_run_folder(self) -> rowkeys.ResumeMatch:
-        """What a resume starts from, the folder repaired: the rows left, from the indexes and the row keys."""
-        unfinished.recover_files(self.folder)  # an interrupted refilter's files, before anything reads them
-        if reindex.recover(self.folder):  # it drops the indexes of the files it rewrote
-            self.checkpoints.renumbered()
-        repair_torn_tails(self.folder)
-        self._reindex()
-        keys = self.validated.keys
-        if self.sampling:
-            cfg = self.config
-            passed = samples.passed_digests(self.folder) if cfg.stop_on_success else None
-            plan = samples.match(keys, self.index.finished_digests(), cfg.samples_per_prompt, cfg.max_samples, passed)
-        else:
-            plan = rowkeys.match_finished(keys, self.index.finished_digests())
-        size = self.config.batch_size
-        self.checkpoints.completed_batches |= rowkeys.batches_finished(keys, plan.left, size)
-        if plan.left is not None:  # a batch with a prompt to run again (it failed) is not complete
-            self.checkpoints.not_complete(index // size for index in offloop.stoppable(plan.left, 1 << 16))
-        return plan
-
-    def _reindex(self) -> None:
-        # prompt_index stays "the row of the current file": renumber the records if the file changed
-        cfg = self.config
-        if not reindex.needs_check(self.folder, self.plan.dataset_fingerprint, cfg.batch_size):
-            return
-        if reindex.same_dataset(self.folder, self.plan.dataset_fingerprint):
-            # only --batch_size changed: the records keep their prompt_index and move to their new batch files
-            result = reindex.refile(self.folder, cfg.batch_size)
-            log.info("--batch_size %d: %d record(s) moved to the batch files of that size.", cfg.batch_size, result.moved)
-        else:
-            result = reindex.reindex(self.folder, cfg.dataset_file, cfg.batch_size)
-            reindex.warn(result)
-        if result.rewritten:  # the records moved (their indexes were dropped with the old files)
-            self.checkpoints.renumbered()
 
     def _jobs(self, rows):
         size = self.config.batch_size
