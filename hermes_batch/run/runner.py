@@ -14,7 +14,7 @@ import attrs
 import pluggy
 
 from ..folder import durable, offloop, record_index, rowkeys
-from . import cleanup, distributions, limits, notices, resume_scan, run_settings, selection
+from . import budget, cleanup, distributions, limits, notices, resume_scan, run_settings, selection
 from ..formats import endpoint_numbers
 from ..folder import unfinished
 from .checkpoint import Checkpoints, load_checkpoint, write_run_json
@@ -49,7 +49,7 @@ from ..contract.run_context import RunContext
 from ..folder.runfolder import RunFolder, validate_run_name
 from ..folder.offloop import Stopped, run_off_loop
 from ..folder.durable import atomic_write_text
-from ..folder.statistics import RunInfo, build_statistics, render_statistics, reported_cost
+from ..folder.statistics import RunInfo, build_statistics, render_statistics
 
 log = logging.getLogger("hermes_batch.run")
 
@@ -74,7 +74,7 @@ class RunEngine:
         self.all_recorded = False  # every prompt of the run has its record: responses.jsonl goes
         self.recorder: Optional[Recorder] = None  # writes the outcomes, once the prompts run
         self.client = None
-        self.previous_cost = 0.0
+        self.budget = budget.Budget(config.max_cost)
         self.lock: Optional[RunFolderLock] = None
         # Whatever a sandbox read (a key included) is redacted before anything is written.
         self.redactor = Redactor.for_run(config)
@@ -195,8 +195,7 @@ class RunEngine:
                                   pool)
         processor = build_processor(plan, self.context, self.registry, self.runtimes)
         self.client = processor.client
-        if cfg.resume and cfg.max_cost is not None:
-            self.previous_cost = reported_cost(self.folder, self.index.journal_totals())
+        self.budget = budget.Budget.of_run(cfg, self.folder, self.index)
         stopped = await self._start(processor, to_run)
         if stopped is None:
             stopped = self._open_folder(processor)
@@ -237,7 +236,7 @@ class RunEngine:
             await processor.backend.check()
             if starting.done():
                 starting.result()  # a cluster that cannot be reached says so before the preflight is paid for
-            if to_run and self.config.preflight and not self._over_budget():
+            if to_run and self.config.preflight and not self.budget.reached():
                 await processor.client.preflight()
             if to_run and isinstance(processor.client, BatchingClient):
                 await processor.client.check_batch_api()  # an endpoint without one says so before any prompt
@@ -258,7 +257,7 @@ class RunEngine:
                            {"name": backend.name, "isolation": backend.isolation, **backend.isolation_details})
             rowkeys.save(self.folder, self.validated, cfg.max_rows)
             self.validated.keys.digests = self.validated.keys.indexes = None  # matched: 16 bytes a row less
-            processor.client.journal = self.journal = CallJournal(
+            processor.client.journal = self.journal = self.budget.journal = CallJournal(
                 journal_path(self.folder.dir), self.checkpoints.session_number)
             self.responses = ResponseJournal(replay_journal_path(self.folder.dir))
             processor.replayer = Replayer(self.responses, processor.client, open_cache(cfg.response_cache))
@@ -351,22 +350,14 @@ class RunEngine:
             return RunResult(EXIT_INTERRUPTED, statistics, "Interrupted; finished prompts are saved, run again with --resume to continue.")
         status = EXIT_FAILED_PROMPTS if self.counts["failed"] else EXIT_OK
         if self.jobs.halted:
-            return RunResult(status, statistics, self._budget_message(to_run))
-        limiter = self.client.limiter
-        journaled = self.journal.cost if self.journal is not None else None  # a judge's own endpoint's too
-        if self.config.max_cost is not None and limiter.cost is None and journaled is None and limiter.requests:
-            log.warning("The endpoint reported no cost, so --max_cost had no effect.")
+            return RunResult(status, statistics, self.budget.message(to_run, self.counts))
+        self.budget.warn_if_unreported(self.client.limiter)
         return RunResult(status, statistics)
 
     @property
     def counts(self) -> collections.Counter:
         """Prompts of this session that ended, by kind (kept, discarded, failed)."""
         return self.recorder.counts if self.recorder is not None else collections.Counter()
-
-    def _cost_so_far(self) -> float:
-        # the journal counts every request of this session and the model calls tools made on other endpoints
-        journaled = self.journal.cost if self.journal is not None else None
-        return self.previous_cost + (journaled or 0.0)
 
     def _space_needed(self, to_run: int) -> int:
         """Bytes the records of the prompts that run at once take: as big as this run's records so far."""
@@ -382,19 +373,6 @@ class RunEngine:
         if self.journal is not None:
             self.journal.stop(error)
 
-    def _over_budget(self) -> bool:
-        return self.config.max_cost is not None and self._cost_so_far() >= self.config.max_cost
-
-    def _budget_message(self, to_run: int) -> str:
-        cfg = self.config
-        not_started = to_run - sum(self.counts.values())
-        failed = f" and {self.counts['failed']} prompt(s) failed (see failed.jsonl)" if self.counts["failed"] else ""
-        return (
-            f"The cost budget --max_cost {cfg.max_cost:g} was reached (${self._cost_so_far():.4f} reported), so "
-            f"{not_started} prompt(s) were not started{failed}; run the same command with --resume and a higher "
-            "--max_cost to continue."
-        )
-
     def _jobs(self, rows):
         size = self.config.batch_size
         available = frozenset(self.plan.toolsets)
@@ -405,9 +383,7 @@ class RunEngine:
                 break  # a write failed: the run stops, and no prompt is leased that it could not save
             if self.responses.stopped is not None:
                 break
-            if self._over_budget():
-                self.jobs.halt()
-                log.warning("The cost budget --max_cost %g is reached; no new prompt is started.", self.config.max_cost)
+            if self.budget.halt_if_reached(self.jobs):
                 break
             batch = row.prompt_index // size
             if not self.sampling:
@@ -423,9 +399,7 @@ class RunEngine:
                 self.later_samples[row.prompt_index] = left[1:]
                 left = left[:1]
             for i, sample in enumerate(left):
-                if i and self._over_budget():
-                    self.jobs.halt()
-                    log.warning("The cost budget --max_cost %g is reached; no new prompt is started.", self.config.max_cost)
+                if i and self.budget.halt_if_reached(self.jobs):
                     break
                 self.recorder.tracker.dispatched(batch)
                 self.progress.dispatched()
@@ -459,9 +433,7 @@ class RunEngine:
             left = self.later_samples.get(job.row.prompt_index, ())
             passed = getattr(getattr(outcome, "metadata", None), "passed", False)
             go_on = bool(left) and not passed and not self.jobs.halted
-            if go_on and self._over_budget():
-                self.jobs.halt()
-                log.warning("The cost budget --max_cost %g is reached; no new prompt is started.", self.config.max_cost)
+            if go_on and self.budget.halt_if_reached(self.jobs):
                 go_on = False
             if not go_on:
                 self.later_samples.pop(job.row.prompt_index, None)
