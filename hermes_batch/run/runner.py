@@ -29,8 +29,6 @@ from ..errors import (
     RunFolderWriteError,
 )
 from ..contract.interfaces import PromptJob, PromptJobs
-from ..folder.journal import CallJournal, journal_path
-from ..folder.replay_journal import ResponseJournal, replay_journal_path
 from ..formats.jsonguard import finite_dumps
 from ..folder.lock import RunFolderLock
 from ..folder.merge import merge_run
@@ -39,10 +37,9 @@ from ..contract.plugins import collect, describe_plugins, get_plugin_manager
 from .batch_client import BatchingClient
 from .plan import RunPlan, build_processor, make_plan
 from ..session.processor import quietly
-from ..session.replay import Replayer, replay_key
-from ..folder.response_cache import open_cache
 from .progress import Progress
 from .recorder import Recorder
+from .session_journals import SessionJournals
 from ..formats.redaction import Redactor
 from ..formats.records import Checkpoint, SessionInfo
 from ..contract.run_context import RunContext
@@ -69,9 +66,7 @@ class RunEngine:
         self.config = config
         self.pm = pm or get_plugin_manager()
         self.jobs = PromptJobs(())  # the session's, once it runs; halted when --max_cost stopped it
-        self.journal: Optional[CallJournal] = None  # calls.jsonl, opened with the run folder
-        self.responses: Optional[ResponseJournal] = None  # responses.jsonl (replay on --resume), opened with it
-        self.all_recorded = False  # every prompt of the run has its record: responses.jsonl goes
+        self.journals = SessionJournals()  # calls.jsonl and responses.jsonl, opened with the run folder
         self.recorder: Optional[Recorder] = None  # writes the outcomes, once the prompts run
         self.client = None
         self.budget = budget.Budget(config.max_cost)
@@ -257,16 +252,9 @@ class RunEngine:
                            {"name": backend.name, "isolation": backend.isolation, **backend.isolation_details})
             rowkeys.save(self.folder, self.validated, cfg.max_rows)
             self.validated.keys.digests = self.validated.keys.indexes = None  # matched: 16 bytes a row less
-            processor.client.journal = self.journal = self.budget.journal = CallJournal(
-                journal_path(self.folder.dir), self.checkpoints.session_number)
-            self.responses = ResponseJournal(replay_journal_path(self.folder.dir))
-            processor.replayer = Replayer(self.responses, processor.client, open_cache(cfg.response_cache))
-            if self.responses.cut_off:
-                log.info("%d prompt(s) cut off before replay their recorded model answers.", self.responses.cut_off)
-            if isinstance(processor.client, BatchingClient):
-                left = self.resume_plan.left
-                processor.client.open_journal(self.folder.dir, self.checkpoints.session_number,
-                                              None if left is None else set(left))
+            self.journals.open(self.folder, self.checkpoints.session_number, processor, cfg.response_cache,
+                               self.resume_plan.left)
+            self.budget.journal = self.journals.calls
             notices.skipped_lines(plan.dataset, self.folder, cfg.dataset_file, cfg.max_rows)
             # on record from the start, so a session killed before its first batch completes still counts
             self._save_checkpoint(interrupted=False)
@@ -290,7 +278,7 @@ class RunEngine:
         self.recorder = Recorder(
             self.folder, self.index, self.checkpoints, self.filters, self.redactor, self.progress, self.pm.hook,
             self.context, self.plugin_failures, on_batch_complete=lambda: self._save_checkpoint(interrupted=False),
-            on_write_failed=self._write_failed,
+            on_write_failed=self.journals.write_failed,
         )
         self.pm.hook.run_started(run=self.context)
         interrupted, fatal = False, None
@@ -303,7 +291,7 @@ class RunEngine:
             if self.sampling and cfg.stop_on_success:
                 on_outcome = self._record_and_sample_on(processor)
             await self.executor.run(self.jobs, processor, on_outcome, self.concurrency)
-            self.all_recorded = self.jobs.exhausted and not self.jobs.halted
+            self.journals.all_recorded = self.jobs.exhausted and not self.jobs.halted
         except asyncio.CancelledError:
             interrupted = True
         except HermesBatchError as exc:
@@ -320,16 +308,11 @@ class RunEngine:
         await processor.aclose()
         if self.recorder is not None:
             await self.recorder.close()
-        if self.journal is not None:
-            self.journal.close()
-        if self.responses is not None:
-            self.responses.close(finished=self.all_recorded)
-        if processor.replayer is not None and processor.replayer.cache is not None:
-            processor.replayer.cache.close()
+        self.journals.close()
 
     async def _record(self, job: PromptJob, outcome) -> None:
         await self.recorder.record(job, outcome)
-        self.responses.end(replay_key(job))  # its answers are in its record now
+        self.journals.recorded(job)  # its answers are in its record now
 
     async def _result(self, interrupted: bool, fatal: Optional[HermesBatchError], to_run: int) -> RunResult:
         """Merge, count and say how the run ended."""
@@ -368,21 +351,14 @@ class RunEngine:
         per_record = written // finished if finished and written else durable.RECORD_BYTES
         return min(self.concurrency, to_run) * per_record
 
-    def _write_failed(self, error: RunFolderWriteError) -> None:
-        # in the writing thread, at once: no model request goes out after a write of the run folder failed
-        if self.journal is not None:
-            self.journal.stop(error)
-
     def _jobs(self, rows):
         size = self.config.batch_size
         available = frozenset(self.plan.toolsets)
         for row in rows:
             if self.jobs.halted:
                 break
-            if self.journal is not None and self.journal.stopped is not None:
+            if self.journals.stopped:
                 break  # a write failed: the run stops, and no prompt is leased that it could not save
-            if self.responses.stopped is not None:
-                break
             if self.budget.halt_if_reached(self.jobs):
                 break
             batch = row.prompt_index // size
@@ -391,7 +367,7 @@ class RunEngine:
                 toolsets = distributions.sample_toolsets(self.plan.distribution, available, rng)
                 self.recorder.tracker.dispatched(batch)
                 self.progress.dispatched()
-                yield self._with_replay(PromptJob(row, batch, toolsets))
+                yield self.journals.with_replay(PromptJob(row, batch, toolsets))
                 continue
             left = self.resume_plan.of(row.prompt_index, self.config.samples_per_prompt, self.config.max_samples)
             if self.config.stop_on_success and len(left) > 1:
@@ -407,17 +383,11 @@ class RunEngine:
         self.jobs.exhausted = True
         self.recorder.tracker.end_of_jobs()
 
-    def _with_replay(self, job: PromptJob) -> PromptJob:
-        """``job`` with the answers its cut-off session got, on a resume that found some."""
-        if not self.responses.cut_off:
-            return job
-        return attrs.evolve(job, replay=self.responses.recorded(replay_key(job)))
-
     def _sample_job(self, row, batch: int, sample: int, available: frozenset) -> PromptJob:
         """The job of a row's sample: a toolset sample of its own, drawn from the sample's key."""
         job = PromptJob(row, batch, (), sample)
         rng = distributions.rng_for(self.plan.seed, job.content_key)
-        return self._with_replay(
+        return self.journals.with_replay(
             attrs.evolve(job, toolsets=distributions.sample_toolsets(self.plan.distribution, available, rng)))
 
     def _record_and_sample_on(self, processor):
