@@ -24,7 +24,6 @@ from ..errors import (
     PluginError,
     RunFolderWriteError,
 )
-from ..contract.interfaces import PromptJob, PromptJobs
 from ..formats.jsonguard import finite_dumps
 from ..folder.merge import merge_run
 from ..contract.plugins import describe_plugins, get_plugin_manager
@@ -33,6 +32,7 @@ from .plan import RunPlan, build_processor
 from ..session.processor import quietly
 from .progress import Progress
 from .recorder import Recorder
+from .scheduler import Scheduler
 from .session_journals import SessionJournals
 from ..formats.redaction import Redactor
 from ..formats.records import Checkpoint, SessionInfo
@@ -58,7 +58,7 @@ class RunEngine:
     def __init__(self, config: RunConfig, pm: Optional[pluggy.PluginManager] = None):
         self.config = config
         self.pm = pm or get_plugin_manager()
-        self.jobs = PromptJobs(())  # the session's, once it runs; halted when --max_cost stopped it
+        self.scheduler: Optional[Scheduler] = None  # leases the prompts to the executor, once the run starts
         self.journals = SessionJournals()  # calls.jsonl and responses.jsonl, opened with the run folder
         self.recorder: Optional[Recorder] = None  # writes the outcomes, once the prompts run
         self.client = None
@@ -93,8 +93,6 @@ class RunEngine:
         fresh = not self.prepared.folder.has_outputs()
         endpoint_numbers.reset_warning()  # one warning per run for numbers no call can have
         self.index = record_index.RecordIndex(self.prepared.folder)
-        self.sampling = resume_scan.sampling(cfg)
-        self.later_samples: dict[int, tuple] = {}  # --stop_on_success: prompt_index -> its samples still to run
         self.resume_plan = resume_scan.nothing_finished(cfg, self.prepared.validated.keys)
         if cfg.resume:
             try:
@@ -116,6 +114,8 @@ class RunEngine:
         processor = build_processor(plan, self.context, self.prepared.registry, self.prepared.runtimes)
         self.client = processor.client
         self.budget = budget.Budget.of_run(cfg, self.prepared.folder, self.index)
+        self.scheduler = Scheduler(cfg, plan, self.prepared.executor, self.prepared.concurrency, self.resume_plan,
+                                   self.budget, self.journals)
         preflight = cfg.preflight and not self.budget.reached()
         stopped = await preparation.start(self.prepared.executor, processor, to_run, preflight)
         if stopped is None:
@@ -175,25 +175,10 @@ class RunEngine:
             on_write_failed=self.journals.write_failed,
         )
         self.pm.hook.run_started(run=self.context)
-        interrupted, fatal = False, None
         try:
-            await processor.start()
-            self.progress.start()
-            rows = rowkeys.rows_left(cfg.dataset_file, cfg.max_rows, self.resume_plan.left)
-            self.jobs = PromptJobs(self._jobs(rows))
-            on_outcome = self._record
-            if self.sampling and cfg.stop_on_success:
-                on_outcome = self._record_and_sample_on(processor)
-            await self.prepared.executor.run(self.jobs, processor, on_outcome, self.prepared.concurrency)
-            self.journals.all_recorded = self.jobs.exhausted and not self.jobs.halted
-        except asyncio.CancelledError:
-            interrupted = True
-        except HermesBatchError as exc:
-            fatal = exc
+            return await self.scheduler.run(processor, self.recorder, self.progress)
         finally:
-            self.progress.stop()
             await self._shut_down(processor)
-        return interrupted, fatal
 
     async def _shut_down(self, processor) -> None:
         """The one way a session ends, whatever ended it: the executor's workers, then the toolsets' runtimes,
@@ -203,10 +188,6 @@ class RunEngine:
         if self.recorder is not None:
             await self.recorder.close()
         self.journals.close()
-
-    async def _record(self, job: PromptJob, outcome) -> None:
-        await self.recorder.record(job, outcome)
-        self.journals.recorded(job)  # its answers are in its record now
 
     async def _result(self, interrupted: bool, fatal: Optional[HermesBatchError], to_run: int) -> RunResult:
         """Merge, count and say how the run ended."""
@@ -226,7 +207,7 @@ class RunEngine:
         if interrupted:
             return RunResult(EXIT_INTERRUPTED, statistics, "Interrupted; finished prompts are saved, run again with --resume to continue.")
         status = EXIT_FAILED_PROMPTS if self.counts["failed"] else EXIT_OK
-        if self.jobs.halted:
+        if self.budget_reached:
             return RunResult(status, statistics, self.budget.message(to_run, self.counts))
         self.budget.warn_if_unreported(self.client.limiter)
         return RunResult(status, statistics)
@@ -245,73 +226,10 @@ class RunEngine:
         per_record = written // finished if finished and written else durable.RECORD_BYTES
         return min(self.prepared.concurrency, to_run) * per_record
 
-    def _jobs(self, rows):
-        size = self.config.batch_size
-        available = frozenset(self.prepared.plan.toolsets)
-        for row in rows:
-            if self.jobs.halted:
-                break
-            if self.journals.stopped:
-                break  # a write failed: the run stops, and no prompt is leased that it could not save
-            if self.budget.halt_if_reached(self.jobs):
-                break
-            batch = row.prompt_index // size
-            if not self.sampling:
-                rng = distributions.rng_for(self.prepared.plan.seed, row.content_key)
-                toolsets = distributions.sample_toolsets(self.prepared.plan.distribution, available, rng)
-                self.recorder.tracker.dispatched(batch)
-                self.progress.dispatched()
-                yield self.journals.with_replay(PromptJob(row, batch, toolsets))
-                continue
-            left = self.resume_plan.of(row.prompt_index, self.config.samples_per_prompt, self.config.max_samples)
-            if self.config.stop_on_success and len(left) > 1:
-                # one after another: the next sample of the row starts only when this one did not pass
-                self.later_samples[row.prompt_index] = left[1:]
-                left = left[:1]
-            for i, sample in enumerate(left):
-                if i and self.budget.halt_if_reached(self.jobs):
-                    break
-                self.recorder.tracker.dispatched(batch)
-                self.progress.dispatched()
-                yield self._sample_job(row, batch, sample, available)
-        self.jobs.exhausted = True
-        self.recorder.tracker.end_of_jobs()
-
-    def _sample_job(self, row, batch: int, sample: int, available: frozenset) -> PromptJob:
-        """The job of a row's sample: a toolset sample of its own, drawn from the sample's key."""
-        job = PromptJob(row, batch, (), sample)
-        rng = distributions.rng_for(self.prepared.plan.seed, job.content_key)
-        return self.journals.with_replay(
-            attrs.evolve(job, toolsets=distributions.sample_toolsets(self.prepared.plan.distribution, available, rng)))
-
-    def _record_and_sample_on(self, processor):
-        """The executor's ``on_outcome`` under --stop_on_success: record a sample, then run the row's next one
-        in the same worker unless this one passed (or the budget is spent).
-
-        The next sample is counted as dispatched before this one is recorded, so its batch is not complete
-        in between; a sample is recorded before the next starts, so a killed run pays for none of them twice.
-        """
-        available = frozenset(self.prepared.plan.toolsets)
-
-        async def on_outcome(job: PromptJob, outcome) -> None:
-            left = self.later_samples.get(job.row.prompt_index, ())
-            passed = getattr(getattr(outcome, "metadata", None), "passed", False)
-            go_on = bool(left) and not passed and not self.jobs.halted
-            if go_on and self.budget.halt_if_reached(self.jobs):
-                go_on = False
-            if not go_on:
-                self.later_samples.pop(job.row.prompt_index, None)
-            else:
-                self.recorder.tracker.hold(job.batch_num)
-            await self._record(job, outcome)
-            if not go_on:
-                return
-            self.later_samples[job.row.prompt_index] = left[1:]
-            self.progress.dispatched()
-            following = self._sample_job(job.row, job.batch_num, left[0], available)
-            await on_outcome(following, await processor.process(following))
-
-        return on_outcome
+    @property
+    def budget_reached(self) -> bool:
+        """--max_cost stopped the session's jobs."""
+        return self.scheduler is not None and self.scheduler.jobs.halted
 
     # --- bookkeeping -------------------------------------------------------------------------
 
@@ -332,7 +250,7 @@ class RunEngine:
             concurrency_min=limiter.min_limit,
             concurrency_final=limiter.limit,
             cost=None if limiter.cost is None else round(limiter.cost, 6),
-            budget_reached=self.jobs.halted,
+            budget_reached=self.budget_reached,
         )
 
     async def _finish(self, interrupted: bool) -> dict:
