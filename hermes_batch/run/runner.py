@@ -1,4 +1,11 @@
-"""One invocation of ``hermes-batch run``: validate, plan, execute, merge, report."""
+"""One invocation of ``hermes-batch run``: prepare, scan, start, run the prompts, shut down, merge, report.
+
+``RunEngine`` is the pipeline; each stage is a module of ``run/`` (docs/internals.md, "How a run goes
+through the code"): ``preparation`` (the plan, the run folder taken, the engine and preflight),
+``resume_scan`` (which prompts are finished), ``budget`` (--max_cost), ``session_journals`` (calls.jsonl,
+responses.jsonl), ``scheduler`` (the prompts leased to the executor) and ``recorder`` (each outcome
+written); here they are put together, the session shut down one way, the run folder merged and counted.
+"""
 
 from __future__ import annotations
 
@@ -11,38 +18,33 @@ from typing import Optional
 import attrs
 import pluggy
 
+from ..contract.plugins import describe_plugins, get_plugin_manager
+from ..contract.run_context import RunContext
+from ..errors import EXIT_FAILED_PROMPTS, EXIT_INTERRUPTED, EXIT_OK, HermesBatchError, PluginError, RunFolderWriteError
 from ..folder import durable, offloop, record_index, rowkeys
-from . import budget, cleanup, distributions, notices, preparation, resume_scan, run_settings
+from ..folder.durable import atomic_write_text
+from ..folder.merge import merge_run
+from ..folder.offloop import Stopped, run_off_loop
+from ..folder.statistics import RunInfo, build_statistics, render_statistics
 from ..formats import endpoint_numbers
+from ..formats.jsonguard import finite_dumps
+from ..formats.records import Checkpoint, SessionInfo
+from ..formats.redaction import Redactor
+from ..session.processor import quietly
+from . import cleanup, distributions, limits, notices, preparation, resume_scan, run_settings
+from .batch_client import BatchingClient
+from .budget import Budget
 from .checkpoint import write_run_json
 from .config import RunConfig
-from ..errors import (
-    EXIT_FAILED_PROMPTS,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    HermesBatchError,
-    PluginError,
-    RunFolderWriteError,
-)
-from ..formats.jsonguard import finite_dumps
-from ..folder.merge import merge_run
-from ..contract.plugins import describe_plugins, get_plugin_manager
-from .batch_client import BatchingClient
 from .plan import RunPlan, build_processor
-from ..session.processor import quietly
 from .progress import Progress
 from .recorder import Recorder
 from .scheduler import Scheduler
 from .session_journals import SessionJournals
-from ..formats.redaction import Redactor
-from ..formats.records import Checkpoint, SessionInfo
-from ..contract.run_context import RunContext
-from ..folder.offloop import Stopped, run_off_loop
-from ..folder.durable import atomic_write_text
-from ..folder.statistics import RunInfo, build_statistics, render_statistics
 
 log = logging.getLogger("hermes_batch.run")
 
+NOTHING_RAN = "Interrupted before any prompt ran."
 
 
 @attrs.frozen
@@ -58,14 +60,17 @@ class RunEngine:
     def __init__(self, config: RunConfig, pm: Optional[pluggy.PluginManager] = None):
         self.config = config
         self.pm = pm or get_plugin_manager()
-        self.scheduler: Optional[Scheduler] = None  # leases the prompts to the executor, once the run starts
-        self.journals = SessionJournals()  # calls.jsonl and responses.jsonl, opened with the run folder
-        self.recorder: Optional[Recorder] = None  # writes the outcomes, once the prompts run
-        self.client = None
-        self.budget = budget.Budget(config.max_cost)
-        self.prepared: Optional[preparation.Prepared] = None  # the plan, its plugins and the run folder, by prepare
         # Whatever a sandbox read (a key included) is redacted before anything is written.
         self.redactor = Redactor.for_run(config)
+        self.prepared: Optional[preparation.Prepared] = None  # the plan, its plugins, the run folder: prepare
+        # the session's parts, made by _execute
+        self.index: Optional[record_index.RecordIndex] = None
+        self.context: Optional[RunContext] = None
+        self.client = None
+        self.budget = Budget(config.max_cost)
+        self.journals = SessionJournals()  # calls.jsonl and responses.jsonl, opened with the run folder
+        self.scheduler: Optional[Scheduler] = None
+        self.recorder: Optional[Recorder] = None  # writes the outcomes, once the prompts run
 
     # --- before any model call -------------------------------------------------------------
 
@@ -88,68 +93,84 @@ class RunEngine:
             self.close()
 
     async def _execute(self) -> RunResult:
-        cfg, plan = self.config, self.prepared.plan
-        pool = preparation.thread_pools(self.prepared.concurrency)
-        fresh = not self.prepared.folder.has_outputs()
+        cfg, prepared = self.config, self.prepared
+        pool = preparation.thread_pools(prepared.concurrency)
+        fresh = not prepared.folder.has_outputs()
         endpoint_numbers.reset_warning()  # one warning per run for numbers no call can have
-        self.index = record_index.RecordIndex(self.prepared.folder)
-        self.resume_plan = resume_scan.nothing_finished(cfg, self.prepared.validated.keys)
-        if cfg.resume:
-            try:
-                # off the event loop, like the merge: reading a big run folder must not make Ctrl-C wait
-                self.resume_plan = await run_off_loop(
-                    resume_scan.read_run_folder, self.prepared.folder, cfg, plan, self.prepared.validated.keys, self.prepared.checkpoints,
-                    self.index)
-            except (asyncio.CancelledError, Stopped):
-                return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
-        self.prepared.checkpoints.previously_finished = self.resume_plan.finished
-        to_run = resume_scan.prompts_to_run(self.resume_plan, cfg, plan)
+        self.index = record_index.RecordIndex(prepared.folder)
+        try:
+            match = await self._scan()
+        except (asyncio.CancelledError, Stopped):
+            return RunResult(EXIT_INTERRUPTED, None, NOTHING_RAN)
+        to_run = resume_scan.prompts_to_run(match, cfg, prepared.plan)
         if to_run:
             try:  # before any prompt is leased, and before the preflight: a full disk costs nothing to fix
-                durable.check_free_space(self.prepared.folder, self._space_needed(to_run))
+                needed = limits.space_needed(prepared.folder, match.finished, prepared.concurrency, to_run)
+                durable.check_free_space(prepared.folder, needed)
             except RunFolderWriteError as exc:
                 return RunResult(exc.exit_code, None, str(exc))
-        self.context = RunContext(cfg.run_name, self.prepared.folder.dir, plan.seed, cfg.verbose, cfg.log_prefix_chars,
-                                  pool)
-        processor = build_processor(plan, self.context, self.prepared.registry, self.prepared.runtimes)
+        self.context = RunContext(cfg.run_name, prepared.folder.dir, prepared.plan.seed, cfg.verbose,
+                                  cfg.log_prefix_chars, pool)
+        processor = build_processor(prepared.plan, self.context, prepared.registry, prepared.runtimes)
         self.client = processor.client
-        self.budget = budget.Budget.of_run(cfg, self.prepared.folder, self.index)
-        self.scheduler = Scheduler(cfg, plan, self.prepared.executor, self.prepared.concurrency, self.resume_plan,
-                                   self.budget, self.journals)
-        preflight = cfg.preflight and not self.budget.reached()
-        stopped = await preparation.start(self.prepared.executor, processor, to_run, preflight)
-        if stopped is None:
-            stopped = self._open_folder(processor)
+        self.budget = Budget.of_run(cfg, prepared.folder, self.index)
+        self.scheduler = Scheduler(cfg, prepared.plan, prepared.executor, prepared.concurrency, match, self.budget,
+                                   self.journals)
+        stopped, interrupted, fatal = await self._session(processor, to_run)
         if stopped is not None:
-            await self._shut_down(processor)
-            if isinstance(stopped, RunFolderWriteError) and fresh:
-                cleanup.remove_outputs(self.prepared.folder, kept=False)
-            if isinstance(stopped, asyncio.CancelledError):
-                return RunResult(EXIT_INTERRUPTED, None, "Interrupted before any prompt ran.")
-            return RunResult(stopped.exit_code, None, str(stopped))
-        interrupted, fatal = await self._run_prompts(processor, to_run)
+            return self._stopped_before_any_prompt(stopped, fresh)
         if fatal is not None and fresh and not self.counts:
             # Nothing was achieved: leave nothing of this run behind, so the corrected command runs as typed.
             # Only the files it wrote: the folder may hold the user's own (the lock removes the folder if
             # this run created it).
-            cleanup.remove_outputs(self.prepared.folder, self.prepared.writer_files(), kept=False)
+            cleanup.remove_outputs(prepared.folder, prepared.writer_files(), kept=False)
             return RunResult(fatal.exit_code, None, str(fatal))
         return await self._result(interrupted, fatal, to_run)
 
-    def _open_folder(self, processor) -> Optional[RunFolderWriteError]:
-        """Write run.json, the row keys and the first checkpoint, open the call journal; a failed write, else None."""
-        cfg, plan = self.config, self.prepared.plan
+    async def _scan(self) -> resume_scan.Match:
+        """The prompts finished before (none unless --resume), read off the event loop."""
+        cfg, prepared = self.config, self.prepared
+        keys = prepared.validated.keys
+        match = resume_scan.nothing_finished(cfg, keys)
+        if cfg.resume:
+            # off the event loop, like the merge: reading a big run folder must not make Ctrl-C wait
+            match = await run_off_loop(resume_scan.read_run_folder, prepared.folder, cfg, prepared.plan, keys,
+                                       prepared.checkpoints, self.index)
+        prepared.checkpoints.previously_finished = match.finished
+        return match
+
+    async def _session(self, processor, to_run: int) -> tuple[Optional[BaseException], bool, Optional[HermesBatchError]]:
+        """Start, open the run folder and run the prompts, then shut down whatever ended the session.
+
+        (what stopped it before any prompt ran, else None; interrupted; the fatal error, else None).
+        """
         try:
-            self.prepared.folder.create()
+            preflight = self.config.preflight and not self.budget.reached()
+            stopped = await preparation.start(self.prepared.executor, processor, to_run, preflight)
+            if stopped is None:
+                stopped = self._open_folder(processor)
+            if stopped is not None:
+                return stopped, False, None
+            interrupted, fatal = await self._run_prompts(processor, to_run)
+            return None, interrupted, fatal
+        finally:
+            await self._shut_down(processor)
+
+    def _open_folder(self, processor) -> Optional[RunFolderWriteError]:
+        """Write run.json, the row keys and the first checkpoint, open the journals; a failed write, else None."""
+        cfg, prepared = self.config, self.prepared
+        folder, validated = prepared.folder, prepared.validated
+        try:
+            folder.create()
             backend = processor.backend
-            write_run_json(self.prepared.folder, plan, describe_plugins(self.pm), self.redactor, self.prepared.settings_history,
+            write_run_json(folder, prepared.plan, describe_plugins(self.pm), self.redactor, prepared.settings_history,
                            {"name": backend.name, "isolation": backend.isolation, **backend.isolation_details})
-            rowkeys.save(self.prepared.folder, self.prepared.validated, cfg.max_rows)
-            self.prepared.validated.keys.digests = self.prepared.validated.keys.indexes = None  # matched: 16 bytes a row less
-            self.journals.open(self.prepared.folder, self.prepared.checkpoints.session_number, processor, cfg.response_cache,
-                               self.resume_plan.left)
+            rowkeys.save(folder, validated, cfg.max_rows)
+            validated.keys.digests = validated.keys.indexes = None  # matched: 16 bytes a row less
+            self.journals.open(folder, prepared.checkpoints.session_number, processor, cfg.response_cache,
+                               self.scheduler.match.left)
             self.budget.journal = self.journals.calls
-            notices.skipped_lines(plan.dataset, self.prepared.folder, cfg.dataset_file, cfg.max_rows)
+            notices.skipped_lines(prepared.plan.dataset, folder, cfg.dataset_file, cfg.max_rows)
             # on record from the start, so a session killed before its first batch completes still counts
             self._save_checkpoint(interrupted=False)
         except RunFolderWriteError as exc:
@@ -158,27 +179,26 @@ class RunEngine:
 
     async def _run_prompts(self, processor, to_run: int) -> tuple[bool, Optional[HermesBatchError]]:
         """Lease every prompt left to the executor and record the outcomes; (interrupted, fatal error)."""
-        cfg, plan = self.config, self.prepared.plan
+        cfg, prepared = self.config, self.prepared
+        plan = prepared.plan
         # uninstalled toolsets first (one warning naming the plugins), then installed but unconfigured ones
-        warning = distributions.unavailable_warning(plan.distribution, self.prepared.registry.names("toolsets"))
+        warning = distributions.unavailable_warning(plan.distribution, prepared.registry.names("toolsets"))
         if warning:
             log.warning("%s", warning)
         for name, reason in plan.unconfigured.items():
             log.warning("Toolset %s is left out of sampling: %s", name, reason)
-        self.progress = Progress(total=to_run, enabled=cfg.progress)
-        self.progress.watch(processor.client.limiter.summary)
+        progress = Progress(total=to_run, enabled=cfg.progress)
+        progress.watch(processor.client.limiter.summary)
         if isinstance(processor.client, BatchingClient):
-            self.progress.watch(processor.client.batcher.summary)
+            progress.watch(processor.client.batcher.summary)
         self.recorder = Recorder(
-            self.prepared.folder, self.index, self.prepared.checkpoints, self.prepared.filters, self.redactor, self.progress, self.pm.hook,
-            self.context, self.prepared.plugin_failures, on_batch_complete=lambda: self._save_checkpoint(interrupted=False),
+            prepared.folder, self.index, prepared.checkpoints, prepared.filters, self.redactor, progress,
+            self.pm.hook, self.context, prepared.plugin_failures,
+            on_batch_complete=lambda: self._save_checkpoint(interrupted=False),
             on_write_failed=self.journals.write_failed,
         )
         self.pm.hook.run_started(run=self.context)
-        try:
-            return await self.scheduler.run(processor, self.recorder, self.progress)
-        finally:
-            await self._shut_down(processor)
+        return await self.scheduler.run(processor, self.recorder, progress)
 
     async def _shut_down(self, processor) -> None:
         """The one way a session ends, whatever ended it: the executor's workers, then the toolsets' runtimes,
@@ -188,6 +208,13 @@ class RunEngine:
         if self.recorder is not None:
             await self.recorder.close()
         self.journals.close()
+
+    def _stopped_before_any_prompt(self, stopped: BaseException, fresh: bool) -> RunResult:
+        if isinstance(stopped, RunFolderWriteError) and fresh:
+            cleanup.remove_outputs(self.prepared.folder, kept=False)
+        if isinstance(stopped, asyncio.CancelledError):
+            return RunResult(EXIT_INTERRUPTED, None, NOTHING_RAN)
+        return RunResult(stopped.exit_code, None, str(stopped))
 
     async def _result(self, interrupted: bool, fatal: Optional[HermesBatchError], to_run: int) -> RunResult:
         """Merge, count and say how the run ended."""
@@ -217,15 +244,6 @@ class RunEngine:
         """Prompts of this session that ended, by kind (kept, discarded, failed)."""
         return self.recorder.counts if self.recorder is not None else collections.Counter()
 
-    def _space_needed(self, to_run: int) -> int:
-        """Bytes the records of the prompts that run at once take: as big as this run's records so far."""
-        written = sum(path.stat().st_size for _num, path in self.prepared.folder.iter_batch_files())
-        if self.prepared.folder.discarded.exists():
-            written += self.prepared.folder.discarded.stat().st_size
-        finished = self.resume_plan.finished
-        per_record = written // finished if finished and written else durable.RECORD_BYTES
-        return min(self.prepared.concurrency, to_run) * per_record
-
     @property
     def budget_reached(self) -> bool:
         """--max_cost stopped the session's jobs."""
@@ -234,13 +252,13 @@ class RunEngine:
     # --- bookkeeping -------------------------------------------------------------------------
 
     def _save_checkpoint(self, interrupted: bool) -> Checkpoint:
-        return self.prepared.checkpoints.save(self.counts, self._session(interrupted))
+        return self.prepared.checkpoints.save(self.counts, self._session_info(interrupted))
 
-    def _session(self, interrupted: bool) -> SessionInfo:
-        limiter = self.client.limiter
+    def _session_info(self, interrupted: bool) -> SessionInfo:
+        limiter, checkpoints = self.client.limiter, self.prepared.checkpoints
         return SessionInfo(
-            started_at=self.prepared.checkpoints.started_at,
-            duration_s=round(time.monotonic() - self.prepared.checkpoints.started, 3),
+            started_at=checkpoints.started_at,
+            duration_s=round(time.monotonic() - checkpoints.started, 3),
             prompts_run=sum(self.counts.values()),
             invalid_skipped=self.prepared.plan.dataset.invalid,
             seed=self.prepared.plan.seed,
@@ -261,31 +279,33 @@ class RunEngine:
         return stats
 
     def _merge_and_count(self, checkpoint: Checkpoint) -> dict:
+        prepared, cfg = self.prepared, self.config
+        folder, plan = prepared.folder, prepared.plan
         self.index.close()
         aggregate, finish_times, batches = self.index.totals()
         try:
-            merge_run(self.prepared.folder, self.prepared.writers, batches=batches, who=lambda name: self.prepared.plugin_failures.who("writers", name))
+            merge_run(folder, prepared.writers, batches=batches, who=lambda name: prepared.plugin_failures.who("writers", name))
         except OSError as exc:  # a writer plugin's own write
-            raise durable.write_error(self.prepared.folder.dir, exc) from exc
+            raise durable.write_error(folder.dir, exc) from exc
         stats = build_statistics(
-            self.prepared.folder,
+            folder,
             totals=(aggregate, finish_times),
             journal=self.index.journal_totals(),
-            filters_run=tuple(f.name for f in self.prepared.filters),
+            filters_run=tuple(f.name for f in prepared.filters),
             sessions=checkpoint.sessions,
-            invalid_skipped_total=self.prepared.plan.dataset.invalid,
+            invalid_skipped_total=plan.dataset.invalid,
             run=RunInfo(
-                model=self.config.model, distribution=self.config.distribution, batch_size=self.config.batch_size,
-                total_prompts=self.prepared.plan.dataset.valid, total_lines=self.prepared.plan.dataset.total,
-                models=tuple(run_settings.distinct(self.prepared.settings_history, "model")),
-                distributions=tuple(run_settings.distinct(self.prepared.settings_history, "distribution")),
+                model=cfg.model, distribution=cfg.distribution, batch_size=cfg.batch_size,
+                total_prompts=plan.dataset.valid, total_lines=plan.dataset.total,
+                models=tuple(run_settings.distinct(prepared.settings_history, "model")),
+                distributions=tuple(run_settings.distinct(prepared.settings_history, "distribution")),
             ),
         )
         if isinstance(self.client, BatchingClient):
             stats["batch_api"] = self.client.statistics()  # this session's batches
         offloop.check_stop()
         stats = self.redactor.data(stats)
-        atomic_write_text(self.prepared.folder.statistics, finite_dumps(stats, indent=2) + "\n")
+        atomic_write_text(folder.statistics, finite_dumps(stats, indent=2) + "\n")
         return stats
 
 
