@@ -139,7 +139,8 @@ class RunEngine:
         prepared.checkpoints.previously_finished = match.finished
         return match
 
-    async def _session(self, processor, to_run: int) -> tuple[Optional[BaseException], bool, Optional[HermesBatchError]]:
+    async def _session(self, processor,
+                       to_run: int) -> tuple[Optional[BaseException], bool, Optional[HermesBatchError]]:
         """Start, open the run folder and run the prompts, then shut down whatever ended the session.
 
         (what stopped it before any prompt ran, else None; interrupted; the fatal error, else None).
@@ -284,7 +285,8 @@ class RunEngine:
         self.index.close()
         aggregate, finish_times, batches = self.index.totals()
         try:
-            merge_run(folder, prepared.writers, batches=batches, who=lambda name: prepared.plugin_failures.who("writers", name))
+            merge_run(folder, prepared.writers, batches=batches,
+                      who=lambda name: prepared.plugin_failures.who("writers", name))
         except OSError as exc:  # a writer plugin's own write
             raise durable.write_error(folder.dir, exc) from exc
         stats = build_statistics(
