@@ -24,6 +24,8 @@ from hermes_batch.testing import (
 COMMAND = 'echo "{prompt_hash}-{turn}" >> log.txt && cat log.txt'
 FAST = ("--batch_api", "--batch_api_max_wait", "0.3", "--batch_api_poll_interval", "0.1")
 CLIENTS = {"openai": (), "anthropic": ("--model_client", "anthropic")}
+# the driver submits and collects, the workers run the sessions (hermes_batch/executors/batch_relay.py)
+EXECUTORS = {"local": (), "processes": ("--executor", "processes", "-E", "workers=2")}
 
 
 def script(**options) -> ToolLoopScript:
@@ -201,13 +203,16 @@ async def test_a_refused_key_at_the_batch_endpoints_is_fatal_and_a_missing_api_s
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("executor", sorted(EXECUTORS))
 @pytest.mark.parametrize("client", sorted(CLIENTS))
-def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, client):
-    """200 prompts of three turns each: the same turns and tool outputs, every prompt kept, no request twice."""
+def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, client, executor):
+    """200 prompts of three turns each: the same turns and tool outputs, every prompt kept, no request twice;
+    under --executor processes the batches hold the requests of both workers' sessions."""
     data = dataset(tmp_path, 200)
     with ScriptedModelServer(script(), api_key=TEST_API_KEY, record=False,
                              batches=BatchSettings(delay=0.2)) as server:
-        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "100", *CLIENTS[client]))
+        runner = Runner(tmp_path, server=server,
+                        options=run_options("--num_workers", "100", *CLIENTS[client], *EXECUTORS[executor]))
         sync = runner.invoke(data, run_name="sync")
         assert sync.exit_code == 0, sync.output
         assert server.batches.created == 0
@@ -216,6 +221,8 @@ def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, clien
         no_request_twice(server)
         assert server.batches.requests_processed == 600  # 200 prompts x 3 turns, the preflight synchronous
         assert max(server.batches.batch_sizes) <= 80
+        if executor == "processes":  # a worker runs 50 sessions: batches hold both workers' requests
+            assert max(server.batches.batch_sizes) > 50
     expected = shapes(runner.records("trajectories.jsonl", run_name="sync"))
     got = shapes(runner.records("trajectories.jsonl", run_name="batched"))
     assert len(expected) == 200 and got == expected
@@ -303,13 +310,21 @@ def test_an_endpoint_without_batches_stops_the_run_at_start(tmp_path):
     assert not runner.folder().exists()
 
 
-def test_batch_api_refuses_the_process_executor(tmp_path):
-    data = dataset(tmp_path, 2)
-    with ScriptedModelServer(script(), api_key=TEST_API_KEY) as server:
-        result = Runner(tmp_path, server=server).invoke(data, *FAST, "--executor", "processes")
-        assert result.exit_code == 2
-        assert "--batch_api runs under the local executor only" in result.output
-        assert server.request_count == 0
+def test_batch_api_refuses_a_model_client_without_a_batch_api():
+    from hermes_batch.contract.interfaces import ModelClient
+    from hermes_batch.default_plugins.openai_client import OpenAIClient
+    from hermes_batch.errors import UsageError
+    from hermes_batch.run.plan import _check_batch_api
+
+    class Plain(ModelClient):
+        name = "plain"
+
+        async def send(self, messages, tools):
+            raise AssertionError("not called")
+
+    _check_batch_api(OpenAIClient)
+    with pytest.raises(UsageError, match="'plain' has no batch API; run without --batch_api"):
+        _check_batch_api(Plain)
 
 
 def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path):
@@ -367,13 +382,14 @@ def _submitted(runner: Runner) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
-def test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again(tmp_path, procs, how):
-    """The driver is stopped while its batches are processed; --resume collects them and pays nothing twice."""
+@pytest.mark.parametrize("how, executor", [("SIGKILL", "local"), ("SIGINT", "local"), ("SIGKILL", "processes")])
+def test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again(tmp_path, procs, how, executor):
+    """The driver is stopped while its batches are processed; --resume collects them and pays nothing twice.
+    Under --executor processes the SIGKILLed driver's workers end with it (their pipes close)."""
     data = dataset(tmp_path, 8)
     # batches end 3 s after creation: time to stop the driver between submission and collection
     with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(delay=3.0)) as server:
-        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "8"))
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "8", *EXECUTORS[executor]))
         proc = runner.spawn(data, *FAST)
         procs.append(proc)
         wait_for(lambda: runner.folder().joinpath("batches.jsonl").exists() and _submitted(runner) >= 1, 60,
