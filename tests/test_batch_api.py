@@ -327,12 +327,13 @@ def test_batch_api_refuses_a_model_client_without_a_batch_api():
         _check_batch_api(Plain)
 
 
-def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path):
+@pytest.mark.parametrize("executor", sorted(EXECUTORS))
+def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path, executor):
     data = dataset(tmp_path, 4)
     # the first turn's batch ends at once, the second's never within the test
     settings = BatchSettings(delay=lambda number: 0.1 if number == 1 else 60)
     with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=settings) as server:
-        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "4"))
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "4", *EXECUTORS[executor]))
         started = time.monotonic()
         result = runner.invoke(data, *FAST, "--batch_api_max_requests", "4", "--prompt_timeout", "4")
         assert time.monotonic() - started < 30, result.output
@@ -340,6 +341,21 @@ def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path):
     ended = runner.records("trajectories.jsonl") + runner.records("discarded.jsonl")
     assert len(ended) == 4
     assert {(r["partial"], r["metadata"]["end_reason"]) for r in ended} == {(True, "timeout")}
+
+
+@pytest.mark.parametrize("executor", sorted(EXECUTORS))
+def test_a_request_cut_off_by_prompt_timeout_leaves_the_batch_being_filled(tmp_path, executor):
+    """One session at a time: the first prompt's request waits for its batch (due at 3 s) past its --prompt_timeout
+    (2 s); the batch then goes out with the second prompt's request alone."""
+    data = dataset(tmp_path, 2)
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(delay=0.1)) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "1", *EXECUTORS[executor]))
+        result = runner.invoke(data, *FAST, "--batch_api_max_wait", "3", "--prompt_timeout", "2")
+        assert result.exit_code == 3, result.output
+        assert server.batches.batch_sizes == [1] and server.batches.requests_processed == 1
+    assert [r["prompt"] for r in runner.records("failed.jsonl")] == ["Task 0: look around"]
+    pending = [line["requests"] for line in runner.records("batches.jsonl") if line["event"] == "pending"]
+    assert [[prompt for _id, prompt, _turn in requests] for requests in pending] == [[1]]
 
 
 def test_prompt_timeout_before_the_first_answer_fails_the_prompt(tmp_path):
