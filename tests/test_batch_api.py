@@ -398,7 +398,8 @@ def _submitted(runner: Runner) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how, executor", [("SIGKILL", "local"), ("SIGINT", "local"), ("SIGKILL", "processes")])
+@pytest.mark.parametrize("how, executor", [("SIGKILL", "local"), ("SIGINT", "local"), ("SIGKILL", "processes"),
+                                           ("SIGINT", "processes")])
 def test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again(tmp_path, procs, how, executor):
     """The driver is stopped while its batches are processed; --resume collects them and pays nothing twice.
     Under --executor processes the SIGKILLed driver's workers end with it (their pipes close)."""
@@ -421,9 +422,12 @@ def test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again(t
         assert result.exit_code == 0, result.output
         no_request_twice(server)
         assert server.batches.requests_processed == 24  # 8 prompts x 3 turns, each once
-        stats = json.loads((runner.folder() / "statistics.json").read_text())["batch_api"]
+        full = json.loads((runner.folder() / "statistics.json").read_text())
+        stats = full["batch_api"]
         assert stats["replayed"] >= 8  # the first turns, from the batch of the stopped session
         assert server.batches.created - first == stats["batches"]
+    # each request counted once: the stopped session's requests left in its batch ended with the resume's collection
+    assert full["model_requests"]["requests"] == 24 and full["model_requests"]["errors"] == 0, full["model_requests"]
     got = shapes(runner.records("trajectories.jsonl"))
     assert len(got) == 8
     for _roles, outputs, completed in got.values():

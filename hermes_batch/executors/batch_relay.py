@@ -32,6 +32,10 @@ from .dispatch import WorkerLink, WorkerLost
 
 log = logging.getLogger("hermes_batch.executors.batch_relay")
 
+LEFT_IN_BATCH = "left in batch"
+"""The outcome the driver sends for a request its stop left in a batch at the provider: not an answer, but the
+mark the worker's session, cut off next, gives its CancelledError (``left_in_batch``, see CallJournal.complete)."""
+
 
 class BatchRelay:
     """A worker's stand-in for the Batcher: its calls are made by the driver's (see the module docstring)."""
@@ -43,6 +47,7 @@ class BatchRelay:
         self._emit = emit
         self._ids = itertools.count()
         self._waiting: dict = {}  # id -> the future of its outcome
+        self._left: set = set()  # ids of requests the driver's stop left in a batch (LEFT_IN_BATCH)
         self.counts = BatchCounts()  # the driver's counts are the run's; a worker's stay empty
 
     async def send(self, messages: tuple, tools: tuple, prompt: int = -1):
@@ -61,9 +66,11 @@ class BatchRelay:
         self._emit(("batch", key, op, args))
         try:
             outcome = await future
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if self._waiting.pop(key, None) is not None:
                 self._emit(("batch", key, "cancel", ()))
+            if key in self._left:
+                exc.left_in_batch = True
             raise
         if isinstance(outcome, BaseException):
             raise outcome
@@ -71,6 +78,9 @@ class BatchRelay:
 
     def answer(self, key: int, outcome) -> None:
         """The driver's ``("batched", key, outcome)``."""
+        if isinstance(outcome, str):  # LEFT_IN_BATCH: the session is about to be cut off, still waiting
+            self._left.add(key)
+            return
         future = self._waiting.pop(key, None)
         if future is not None and not future.done():
             future.set_result(outcome)
@@ -107,6 +117,13 @@ class BatchService:
         call = self.batcher.send if op == "send" else self.batcher.earlier
         try:
             outcome = await call(*args)
+        except asyncio.CancelledError as exc:
+            if getattr(exc, "left_in_batch", False):  # before the worker's stop, which comes after on its channel
+                try:
+                    await link.send(("batched", key, LEFT_IN_BATCH))
+                except WorkerLost:
+                    pass
+            raise
         except Exception as exc:  # noqa: BLE001 - the worker's session raises it, as the local one would
             outcome = _picklable(exc)
         finally:

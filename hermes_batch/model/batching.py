@@ -164,6 +164,10 @@ class Batcher:
         self._enqueue(request)
         try:
             return await request.future
+        except asyncio.CancelledError as exc:
+            if request.custom_id:  # journaled as pending: a batch at the provider may hold it (CallJournal.complete)
+                exc.left_in_batch = True
+            raise
         finally:
             if not request.future.done():  # the session was cancelled (--prompt_timeout, Ctrl-C)
                 request.future.cancel()
