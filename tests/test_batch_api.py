@@ -26,6 +26,8 @@ FAST = ("--batch_api", "--batch_api_max_wait", "0.3", "--batch_api_poll_interval
 CLIENTS = {"openai": (), "anthropic": ("--model_client", "anthropic")}
 # the driver submits and collects, the workers run the sessions (hermes_batch/executors/batch_relay.py)
 EXECUTORS = {"local": (), "processes": ("--executor", "processes", "-E", "workers=2")}
+# worker processes take seconds to start: the default run keeps the local executor's
+BOTH = ["local", pytest.param("processes", marks=pytest.mark.slow)]
 
 
 def script(**options) -> ToolLoopScript:
@@ -327,7 +329,7 @@ def test_batch_api_refuses_a_model_client_without_a_batch_api():
         _check_batch_api(Plain)
 
 
-@pytest.mark.parametrize("executor", sorted(EXECUTORS))
+@pytest.mark.parametrize("executor", BOTH)
 def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path, executor):
     data = dataset(tmp_path, 4)
     # the first turn's batch ends at once, the second's never within the test
@@ -343,7 +345,7 @@ def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path, exe
     assert {(r["partial"], r["metadata"]["end_reason"]) for r in ended} == {(True, "timeout")}
 
 
-@pytest.mark.parametrize("executor", sorted(EXECUTORS))
+@pytest.mark.parametrize("executor", BOTH)
 def test_a_request_cut_off_by_prompt_timeout_leaves_the_batch_being_filled(tmp_path, executor):
     """One session at a time: the first prompt's request waits for its batch (due at 3 s) past its --prompt_timeout
     (2 s); the batch then goes out with the second prompt's request alone."""
@@ -593,6 +595,47 @@ async def test_an_earlier_batch_whose_first_check_fails_is_checked_again_not_pai
     assert answer.message.content == "q0" and api.polls == 2
     assert api.submitted == [] and batcher.counts.replayed == 1
     await batcher.aclose()
+
+
+async def test_the_relay_gives_each_worker_session_its_answer_or_error_and_a_cancelled_request_leaves_the_batch():
+    """A worker's BatchRelay and the driver's BatchService, every message pickled on its way as the executors'
+    channels do: answers and errors (with their fields) reach the session that asked; a request whose session
+    stopped waiting is not in the batch."""
+    import pickle
+
+    from hermes_batch.errors import ModelOutcome
+    from hermes_batch.executors.batch_relay import BatchRelay, BatchService
+    from hermes_batch.formats.records import Message
+    from hermes_batch.model.batching import Batcher, BatchOptions
+
+    class TooLong(FakeBatches):
+        async def results(self, batch_id):
+            found = await super().results(batch_id)
+            return {custom_id: ModelOutcome("context too long", reason="context_length", status=400)
+                    if answer.message.content == "long" else answer for custom_id, answer in found.items()}
+
+    api = TooLong()
+    service = BatchService(Batcher(api, BatchOptions(max_requests=10, max_wait=0.3, poll_interval=0.01)))
+
+    class Link:  # the driver's end of the worker's channel
+        async def send(self, message):
+            _kind, key, outcome = pickle.loads(pickle.dumps(message))
+            relay.answer(key, outcome)
+
+    link = Link()
+    relay = BatchRelay(lambda message: service.handle(link, pickle.loads(pickle.dumps(message))))
+    answer = asyncio.ensure_future(relay.send((Message("user", "q0"),), (), 0))
+    refused = asyncio.ensure_future(relay.send((Message("user", "long"),), (), 1))
+    gone = asyncio.ensure_future(relay.send((Message("user", "q2"),), (), 2))
+    await asyncio.sleep(0.05)
+    gone.cancel()
+    assert (await asyncio.wait_for(answer, 10)).message.content == "q0"
+    with pytest.raises(ModelOutcome) as raised:  # a TimeoutError: the error did not survive the trip
+        await asyncio.wait_for(refused, 10)
+    assert (raised.value.reason, raised.value.status) == ("context_length", 400)
+    assert api.submitted == [[b"q0", b"long"]]  # not the cancelled one
+    await service.aclose()
+    await service.batcher.aclose()
 
 
 def test_the_batch_journal_names_the_batches_to_collect_and_warns_of_requests_without_one(tmp_path, caplog):
