@@ -16,6 +16,11 @@ is sent back) and ``cancel`` (the session stopped waiting, at its
 filled).  Everything else of a call stays with the worker, as with the local
 executor: its retries and limits, its lines of calls.jsonl (relayed like any
 other), its record.
+
+A worker that is lost leaves its requests in their batches: the dispatcher
+leases its prompts to other workers, which run them again from their first
+turn, and a request sent again with the same body takes the lost session's
+answer (``Batcher.adopt``) instead of being paid again.
 """
 
 from __future__ import annotations
@@ -100,6 +105,8 @@ class BatchService:
     def __init__(self, batcher):
         self.batcher = batcher
         self._tasks: dict = {}  # (link, id) -> the task waiting for its outcome
+        self._calls: dict = {}  # (link, id) -> (op, args) of that task
+        self._orphans: set = set()  # the tasks of lost workers' requests, whose answers are adopted
 
     def handle(self, link: WorkerLink, message: tuple) -> None:
         _kind, key, op, args = message
@@ -112,8 +119,9 @@ class BatchService:
         else:
             task = asyncio.ensure_future(self._answer(link, key, op, args))
             self._tasks[(link, key)] = task
+            self._calls[(link, key)] = (op, args)
 
-    async def _answer(self, link: WorkerLink, key: int, op: str, args: tuple) -> None:
+    async def _answer(self, link: WorkerLink, key: int, op: str, args: tuple):
         call = self.batcher.send if op == "send" else self.batcher.earlier
         try:
             outcome = await call(*args)
@@ -129,23 +137,45 @@ class BatchService:
         finally:
             if self._tasks.get((link, key)) is asyncio.current_task():
                 del self._tasks[(link, key)]
+                self._calls.pop((link, key), None)
         try:
             await link.send(("batched", key, outcome))
         except WorkerLost:
             pass  # its sessions went with it; the dispatcher re-leases its prompts
+        return outcome
 
     def drop(self, link: WorkerLink) -> None:
-        """``link``'s worker is gone: stop waiting for its requests (those not submitted leave their batch)."""
-        for (owner, key) in [k for k in self._tasks if k[0] is link]:
-            self._tasks.pop((owner, key)).cancel()
+        """``link``'s worker is gone: its requests stay in their batches, their answers for the sessions that run
+        its prompts again (``Batcher.adopt``)."""
+        for found in [k for k in self._tasks if k[0] is link]:
+            task = self._tasks.pop(found)
+            op, args = self._calls.pop(found)
+            if op != "send":
+                task.cancel()
+                continue
+            answer = asyncio.get_running_loop().create_future()
+            task.add_done_callback(lambda done, answer=answer: answer.set_result(_answer_of(done)))
+            self._orphans.add(task)
+            task.add_done_callback(self._orphans.discard)
+            messages, tools, _prompt = args
+            self.batcher.adopt(messages, tools, answer)
 
     async def aclose(self) -> None:
         """The workers are being stopped: their sessions stop waiting (batches in flight stay at the provider)."""
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._orphans]
         self._tasks.clear()
+        self._calls.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _answer_of(task: asyncio.Task):
+    """The answer a finished task of BatchService._answer brought, else None."""
+    if task.cancelled() or task.exception() is not None:
+        return None
+    outcome = task.result()
+    return None if isinstance(outcome, BaseException) else outcome
 
 
 def _picklable(exc: Exception) -> Exception:
