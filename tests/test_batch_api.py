@@ -445,7 +445,8 @@ def _journaled(runner: Runner) -> int:
 
 
 @pytest.mark.slow
-def test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight(tmp_path, procs):
+@pytest.mark.parametrize("executor", sorted(EXECUTORS))
+def test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight(tmp_path, procs, executor):
     """Killed while the second turns' batch is out, the first turns' answers already in responses.jsonl:
     --resume replays the first turns, collects the second from that batch, and pays and counts each answer once."""
     import attrs
@@ -462,7 +463,7 @@ def test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight(t
     # the second batch (the second turns) ends 6 s after creation: time to kill the driver while it is out
     settings = BatchSettings(delay=lambda number: 6.0 if number == 2 else 0.2)
     with ScriptedModelServer(priced, api_key=TEST_API_KEY, batches=settings) as server:
-        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", str(n)))
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", str(n), *EXECUTORS[executor]))
         proc = runner.spawn(data, *options)
         procs.append(proc)
         wait_for(lambda: runner.folder().joinpath("batches.jsonl").exists() and _submitted(runner) >= 2
