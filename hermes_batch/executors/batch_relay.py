@@ -75,6 +75,7 @@ class BatchRelay:
             if self._waiting.pop(key, None) is not None:
                 self._emit(("batch", key, "cancel", ()))
             if key in self._left:
+                self._left.discard(key)
                 exc.left_in_batch = True
             raise
         if isinstance(outcome, BaseException):
@@ -107,12 +108,14 @@ class BatchService:
         self._tasks: dict = {}  # (link, id) -> the task waiting for its outcome
         self._calls: dict = {}  # (link, id) -> (op, args) of that task
         self._orphans: set = set()  # the tasks of lost workers' requests, whose answers are adopted
+        self._closing = False
 
     def handle(self, link: WorkerLink, message: tuple) -> None:
         _kind, key, op, args = message
         if op == "forget":
             self.batcher.forget(*args)
         elif op == "cancel":
+            self._calls.pop((link, key), None)
             task = self._tasks.pop((link, key), None)
             if task is not None:
                 task.cancel()  # Batcher.send drops the request from the batch being filled
@@ -126,7 +129,8 @@ class BatchService:
         try:
             outcome = await call(*args)
         except asyncio.CancelledError as exc:
-            if getattr(exc, "left_in_batch", False):  # before the worker's stop, which comes after on its channel
+            # the run stops (aclose): the mark goes before the worker's stop, which comes after on its channel
+            if self._closing and getattr(exc, "left_in_batch", False):
                 try:
                     await link.send(("batched", key, LEFT_IN_BATCH))
                 except WorkerLost:
@@ -154,7 +158,7 @@ class BatchService:
                 task.cancel()
                 continue
             answer = asyncio.get_running_loop().create_future()
-            task.add_done_callback(lambda done, answer=answer: answer.set_result(_answer_of(done)))
+            task.add_done_callback(lambda done, answer=answer: _hand_over(done, answer))
             self._orphans.add(task)
             task.add_done_callback(self._orphans.discard)
             messages, tools, _prompt = args
@@ -162,6 +166,7 @@ class BatchService:
 
     async def aclose(self) -> None:
         """The workers are being stopped: their sessions stop waiting (batches in flight stay at the provider)."""
+        self._closing = True
         tasks = [*self._tasks.values(), *self._orphans]
         self._tasks.clear()
         self._calls.clear()
@@ -170,12 +175,14 @@ class BatchService:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _answer_of(task: asyncio.Task):
-    """The answer a finished task of BatchService._answer brought, else None."""
-    if task.cancelled() or task.exception() is not None:
-        return None
-    outcome = task.result()
-    return None if isinstance(outcome, BaseException) else outcome
+def _hand_over(task: asyncio.Task, answer: asyncio.Future) -> None:
+    """``answer`` gets the answer a finished task of BatchService._answer brought, else None."""
+    if answer.done():  # the session waiting for it was cancelled, and this with it
+        return
+    outcome = None
+    if not task.cancelled() and task.exception() is None and not isinstance(task.result(), BaseException):
+        outcome = task.result()
+    answer.set_result(outcome)
 
 
 def _picklable(exc: Exception) -> Exception:
