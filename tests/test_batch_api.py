@@ -218,7 +218,9 @@ def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, clien
         sync = runner.invoke(data, run_name="sync")
         assert sync.exit_code == 0, sync.output
         assert server.batches.created == 0
-        batched = runner.invoke(data, *FAST, "--batch_api_max_requests", "80", run_name="batched")
+        # under processes a longer wait: the two workers' sessions reach the driver over a wider spread
+        wait = ("--batch_api_max_wait", "1") if executor == "processes" else ()
+        batched = runner.invoke(data, *FAST, "--batch_api_max_requests", "80", *wait, run_name="batched")
         assert batched.exit_code == 0, batched.output
         no_request_twice(server)
         assert server.batches.requests_processed == 600  # 200 prompts x 3 turns, the preflight synchronous

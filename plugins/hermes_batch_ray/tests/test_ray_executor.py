@@ -253,7 +253,7 @@ def test_batch_api_the_driver_submits_and_collects_for_every_actor(tmp_path, run
 
     server = model_server(ToolLoopScript(tool_calls=2), batches=BatchSettings(delay=0.2))
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts_of(40)])
-    batch_api = ("--batch_api", "--batch_api_max_wait", "0.5", "--batch_api_poll_interval", "0.1")
+    batch_api = ("--batch_api", "--batch_api_max_wait", "1", "--batch_api_poll_interval", "0.1")
 
     sync = runner.invoke(data, *BASE, "--num_workers", "40", server=server, run_name="sync")
     assert sync.exit_code == 0, sync.output
