@@ -74,14 +74,15 @@ def test_observers_see_the_run(tmp_path, model_server):
 
 def test_a_slow_prompt_never_holds_up_the_others(tmp_path, model_server):
     server = model_server(ToolLoopScript(tool_calls=0), latency=lambda req: 3.0 if req.prompt == "slow" else 0.05)
-    rows = [{"prompt": "slow"}] + [{"prompt": f"fast {i}"} for i in range(40)]
+    rows = [{"prompt": "slow"}] + [{"prompt": f"fast {i}"} for i in range(20)]
     observer = Observer()
     result, wall = run_api(tmp_path, server, rows, observer, num_workers=4, batch_size=100)
     assert result.exit_code == 0
-    # 40 fast prompts on the 3 other slots take ~0.7 s; they all end before the slow one.
-    assert len(observer.finished_indexes) == 41
+    # 20 fast prompts on the 3 other slots take ~0.4 s idle (under 3 s on a machine loaded ten times over);
+    # they all end before the slow one.
+    assert len(observer.finished_indexes) == 21
     assert observer.finished_indexes[-1] == 0
-    assert wall < 3.0 + 2.5
+    assert wall < 3.0 + 4
     assert server.calls_for("slow") == 1
 
 

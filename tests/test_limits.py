@@ -103,3 +103,18 @@ def test_raising_the_soft_limit_in_this_process():
         assert limits.raise_soft_limit(resource.RLIMIT_NOFILE) == (hard, hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_disk_needed_is_the_records_so_far_per_prompt_times_the_prompts_at_once(tmp_path):
+    from hermes_batch.folder.durable import RECORD_BYTES
+    from hermes_batch.folder.runfolder import RunFolder
+
+    folder = RunFolder(tmp_path, "run")
+    # nothing written yet: a record is guessed at RECORD_BYTES, for the prompts that run at once
+    assert limits.space_needed(folder, finished=0, concurrency=8, to_run=100) == 8 * RECORD_BYTES
+    assert limits.space_needed(folder, finished=0, concurrency=8, to_run=3) == 3 * RECORD_BYTES
+    folder.dir.mkdir(parents=True)
+    (folder.dir / "batch_0.jsonl").write_bytes(b"x" * 3000)
+    (folder.dir / "batch_1.jsonl").write_bytes(b"x" * 1000)
+    folder.discarded.write_bytes(b"x" * 2000)  # discarded records count: they are written too
+    assert limits.space_needed(folder, finished=6, concurrency=4, to_run=100) == 4 * 1000

@@ -27,6 +27,7 @@ import pytest
 
 import hermes_batch
 from hermes_batch.folder import durable
+from hermes_batch.run import resume_scan
 from hermes_batch.run.cleanup import is_sandbox_folder
 from hermes_batch.run.config import RunConfig
 from hermes_batch.errors import RunFolderError, RunFolderWriteError
@@ -726,14 +727,14 @@ def test_ctrl_c_while_a_resume_reads_the_run_folder_is_heard_at_once(tmp_path, r
 
     scanning = threading.Event()
     scan_started = []
-    real_read = RunEngine._read_run_folder
+    real_read = resume_scan.read_run_folder
 
-    def read(self):  # the folder built by copying has no index yet: the resume reads every record
+    def read(*args):  # the folder built by copying has no index yet: the resume reads every record
         scan_started.append(time.perf_counter())
         scanning.set()
-        return real_read(self)
+        return real_read(*args)
 
-    monkeypatch.setattr(RunEngine, "_read_run_folder", read)
+    monkeypatch.setattr(resume_scan, "read_run_folder", read)
     config = RunConfig(
         dataset_file=data, batch_size=100_000, run_name="run", output_dir=runner.folder().parent, resume=True,
         base_url=model_server(FAST).base_url, model="scripted-model", api_key=API_KEY, distribution="terminal_only",

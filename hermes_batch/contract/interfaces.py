@@ -77,7 +77,7 @@ class ModelClient(abc.ABC):
     # Top-level packages its first request imports (its SDK): worker processes that start warm import them ahead.
     packages: ClassVar[tuple[str, ...]] = ()
     _limiter = None
-    journal = None  # the run's CallJournal (calls.jsonl), set by the runner
+    journal = None  # the run's CallJournal (calls.jsonl), set by run/session_journals.py
 
     def __init__(self, settings: ModelSettings):
         self.settings = settings
@@ -610,7 +610,7 @@ class PromptJobs(Iterator[PromptJob]):
     def __init__(self, jobs: Iterable[PromptJob]):
         self._jobs = iter(jobs)
         self.halted = False
-        self.exhausted = False  # set by the runner's jobs once every prompt left was handed out
+        self.exhausted = False  # set by run/scheduler.py's jobs once every prompt left was handed out
 
     def __next__(self) -> PromptJob:
         return next(self._jobs)

@@ -7,7 +7,8 @@ for it.  With the common default of 1024 open files, ``--num_workers 1000``
 would fail half its prompts with EMFILE after their first model call was paid.
 So at start the soft limits are raised to the hard limits, and where the run
 still cannot have what its concurrency needs it runs fewer prompts at a time,
-with a warning saying which ``ulimit`` gives it all.
+with a warning saying which ``ulimit`` gives it all.  The disk is checked too, before any prompt is
+leased: ``space_needed`` is what the records of the prompts that run at once take.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Callable, Optional
 import attrs
 
 from ..errors import UsageError
+from ..folder import durable
+from ..folder.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +137,15 @@ def describe(num_workers: int, fit: Fit) -> str:
         f"--num_workers {num_workers} needs more {names} than this process may have, so {fit.concurrency} prompts "
         f"run at a time instead; run '{fixes}' before hermes-batch to run them all at once."
     )
+
+
+def space_needed(folder: RunFolder, finished: int, concurrency: int, to_run: int) -> int:
+    """Bytes the records of the prompts that run at once take: as big as this run's records so far."""
+    written = sum(path.stat().st_size for _num, path in folder.iter_batch_files())
+    if folder.discarded.exists():
+        written += folder.discarded.stat().st_size
+    per_record = written // finished if finished and written else durable.RECORD_BYTES
+    return min(concurrency, to_run) * per_record
 
 
 def _round_up(value: int) -> int:

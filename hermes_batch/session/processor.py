@@ -59,7 +59,7 @@ class PromptProcessor:
     min_reward: float = 1.0  # what a verified sample's reward must reach to pass
     model_client: Optional[Callable] = None  # (name, ModelSettings) -> another installed client, for verifiers
     closer: SandboxCloser = attrs.field(factory=SandboxCloser, init=False)  # sandboxes closed once they are open
-    replayer: Optional[object] = None  # session.replay.Replayer: answers journaled, replayed on --resume (set by the runner)
+    replayer: Optional[object] = None  # session.replay.Replayer: answers journaled, replayed on --resume (set by run/session_journals.py)
 
     async def start(self) -> None:
         """Before the first prompt: start the sandbox backend, then the toolset runtimes."""

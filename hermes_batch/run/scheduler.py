@@ -1,0 +1,135 @@
+"""The session's prompts handed to the executor, as many at once as it runs, and each outcome recorded.
+
+The jobs are made lazily, one per row left (or per sample left, with --samples_per_prompt), each with
+its toolsets drawn from its content key and, on a resume, the answers its cut-off session got.  The
+jobs stop before the dataset's end when the budget is reached or a write of the run folder failed.
+With --stop_on_success a row's samples run one after another in the same worker, until one passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+import attrs
+
+from ..contract.interfaces import PromptJob, PromptJobs
+from ..errors import HermesBatchError
+from ..folder import rowkeys
+from . import distributions, resume_scan
+from .budget import Budget
+from .config import RunConfig
+from .plan import RunPlan
+from .progress import Progress
+from .recorder import Recorder
+from .session_journals import SessionJournals
+
+
+class Scheduler:
+    """Leases the prompts left to the executor and records their outcomes; ``jobs`` is halted by the budget."""
+
+    def __init__(self, config: RunConfig, plan: RunPlan, executor, concurrency: int, match: resume_scan.Match,
+                 budget: Budget, journals: SessionJournals):
+        self.config, self.plan, self.executor, self.concurrency = config, plan, executor, concurrency
+        self.match, self.budget, self.journals = match, budget, journals
+        self.sampling = resume_scan.sampling(config)
+        self.available = frozenset(plan.toolsets)
+        self.jobs = PromptJobs(())  # the session's, once it runs; halted when --max_cost stopped it
+        self.later_samples: dict[int, tuple] = {}  # --stop_on_success: prompt_index -> its samples still to run
+        self.recorder: Optional[Recorder] = None
+        self.progress: Optional[Progress] = None
+
+    async def run(self, processor, recorder: Recorder, progress: Progress) -> tuple[bool, Optional[HermesBatchError]]:
+        """Lease every prompt left and record the outcomes; (interrupted, fatal error).  The engine shuts down."""
+        cfg = self.config
+        self.recorder, self.progress = recorder, progress
+        interrupted, fatal = False, None
+        try:
+            await processor.start()
+            progress.start()
+            rows = rowkeys.rows_left(cfg.dataset_file, cfg.max_rows, self.match.left)
+            self.jobs = PromptJobs(self._jobs(rows))
+            on_outcome = self._record
+            if self.sampling and cfg.stop_on_success:
+                on_outcome = self._record_and_sample_on(processor)
+            await self.executor.run(self.jobs, processor, on_outcome, self.concurrency)
+            self.journals.all_recorded = self.jobs.exhausted and not self.jobs.halted
+        except asyncio.CancelledError:
+            interrupted = True
+        except HermesBatchError as exc:
+            fatal = exc
+        finally:
+            progress.stop()
+        return interrupted, fatal
+
+    def _jobs(self, rows):
+        size = self.config.batch_size
+        for row in rows:
+            if self.jobs.halted:
+                break
+            if self.journals.stopped:
+                break  # a write failed: the run stops, and no prompt is leased that it could not save
+            if self.budget.halt_if_reached(self.jobs):
+                break
+            batch = row.prompt_index // size
+            if not self.sampling:
+                yield self._dispatched(batch, PromptJob(row, batch, self._toolsets(row.content_key)))
+                continue
+            left = self.match.of(row.prompt_index, self.config.samples_per_prompt, self.config.max_samples)
+            if self.config.stop_on_success and len(left) > 1:
+                # one after another: the next sample of the row starts only when this one did not pass
+                self.later_samples[row.prompt_index] = left[1:]
+                left = left[:1]
+            for i, sample in enumerate(left):
+                if i and self.budget.halt_if_reached(self.jobs):
+                    break
+                yield self._dispatched(batch, self._sample_job(row, batch, sample))
+        self.jobs.exhausted = True
+        self.recorder.tracker.end_of_jobs()
+
+    def _dispatched(self, batch: int, job: PromptJob) -> PromptJob:
+        """``job``, counted as running (its batch is not complete until it is recorded), with its replay."""
+        self.recorder.tracker.dispatched(batch)
+        self.progress.dispatched()
+        return self.journals.with_replay(job)
+
+    def _toolsets(self, content_key: str) -> tuple:
+        rng = distributions.rng_for(self.plan.seed, content_key)
+        return distributions.sample_toolsets(self.plan.distribution, self.available, rng)
+
+    def _sample_job(self, row, batch: int, sample: int) -> PromptJob:
+        """The job of a row's sample: a toolset sample of its own, drawn from the sample's key."""
+        job = PromptJob(row, batch, (), sample)
+        return attrs.evolve(job, toolsets=self._toolsets(job.content_key))
+
+    async def _record(self, job: PromptJob, outcome) -> None:
+        await self.recorder.record(job, outcome)
+        self.journals.recorded(job)  # its answers are in its record now
+
+    def _record_and_sample_on(self, processor):
+        """The executor's ``on_outcome`` under --stop_on_success: record a sample, then run the row's next one
+        in the same worker unless this one passed (or the budget is spent).
+
+        The next sample is counted as dispatched before this one is recorded, so its batch is not complete
+        in between; a sample is recorded before the next starts, so a killed run pays for none of them twice.
+        """
+
+        async def on_outcome(job: PromptJob, outcome) -> None:
+            left = self.later_samples.get(job.row.prompt_index, ())
+            passed = getattr(getattr(outcome, "metadata", None), "passed", False)
+            go_on = bool(left) and not passed and not self.jobs.halted
+            if go_on and self.budget.halt_if_reached(self.jobs):
+                go_on = False
+            if not go_on:
+                self.later_samples.pop(job.row.prompt_index, None)
+            else:
+                self.recorder.tracker.hold(job.batch_num)
+            await self._record(job, outcome)
+            if not go_on:
+                return
+            self.later_samples[job.row.prompt_index] = left[1:]
+            self.progress.dispatched()
+            following = self.journals.with_replay(self._sample_job(job.row, job.batch_num, left[0]))
+            await on_outcome(following, await processor.process(following))
+
+        return on_outcome

@@ -1,0 +1,74 @@
+"""The journals a session keeps beside its records: calls.jsonl (every model call, its usage and cost) and
+responses.jsonl (the model answers of the prompts still running, replayed when a resume runs them again).
+
+They are opened with the run folder, before the first prompt, and closed by the engine's one shutdown.
+A write that fails stops them at once, from the writing thread, so that no model request goes out after
+it and no prompt is leased that the run could not save.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import attrs
+
+from ..contract.interfaces import PromptJob
+from ..errors import RunFolderWriteError
+from ..folder.journal import CallJournal, journal_path
+from ..folder.replay_journal import ResponseJournal, replay_journal_path
+from ..folder.response_cache import open_cache
+from ..folder.runfolder import RunFolder
+from ..session.replay import Replayer, replay_key
+from .batch_client import BatchingClient
+
+log = logging.getLogger("hermes_batch.run")
+
+
+class SessionJournals:
+    """calls.jsonl and responses.jsonl of this session, and the --response_cache; None until opened."""
+
+    def __init__(self):
+        self.calls: Optional[CallJournal] = None
+        self.responses: Optional[ResponseJournal] = None
+        self.replayer: Optional[Replayer] = None
+        self.all_recorded = False  # every prompt of the run has its record: responses.jsonl goes at close
+
+    def open(self, folder: RunFolder, session_number: int, processor, response_cache, left) -> None:
+        """Open the journals and give them to the processor's client and replayer (``left``: the rows to run)."""
+        processor.client.journal = self.calls = CallJournal(journal_path(folder.dir), session_number)
+        self.responses = ResponseJournal(replay_journal_path(folder.dir))
+        processor.replayer = self.replayer = Replayer(self.responses, processor.client, open_cache(response_cache))
+        if self.responses.cut_off:
+            log.info("%d prompt(s) cut off before replay their recorded model answers.", self.responses.cut_off)
+        if isinstance(processor.client, BatchingClient):
+            processor.client.open_journal(folder.dir, session_number, None if left is None else set(left))
+
+    @property
+    def stopped(self) -> bool:
+        """A write of a journal failed: the run stops."""
+        return any(journal is not None and journal.stopped is not None for journal in (self.calls, self.responses))
+
+    def write_failed(self, error: RunFolderWriteError) -> None:
+        # in the writing thread, at once: no model request goes out after a write of the run folder failed
+        if self.calls is not None:
+            self.calls.stop(error)
+
+    def with_replay(self, job: PromptJob) -> PromptJob:
+        """``job`` with the answers its cut-off session got, on a resume that found some."""
+        if not self.responses.cut_off:
+            return job
+        return attrs.evolve(job, replay=self.responses.recorded(replay_key(job)))
+
+    def recorded(self, job: PromptJob) -> None:
+        """The prompt's record is written: its answers need no replay any more."""
+        self.responses.end(replay_key(job))
+
+    def close(self) -> None:
+        """Close what was opened; responses.jsonl is removed once every prompt has its record."""
+        if self.calls is not None:
+            self.calls.close()
+        if self.responses is not None:
+            self.responses.close(finished=self.all_recorded)
+        if self.replayer is not None and self.replayer.cache is not None:
+            self.replayer.cache.close()
