@@ -1,5 +1,8 @@
 """The docker sandbox: sandbox start latency, and a whole run compared with the local sandbox.
 
+0. The engine's work for one prompt-like sandbox (``--commands`` commands, a
+   file written and read, ``stop_processes``, close), one after the other: its
+   CPU and the engine requests, by kind.
 1. Time from asking for a sandbox (``DockerBackend.open``) to the first command's
    output (``echo ready``), median and 95th percentile, with 1 and with 32 prompts
    asking at once (the image is already on the engine, as after the first prompt),
@@ -17,7 +20,7 @@ Needs a Docker engine on this machine and the test image (``scripts/docker.sh`` 
 To compare with other code side by side, run it once more with that code first on
 PYTHONPATH (``--pools 0`` for code without pools), e.g. a ``git worktree`` of main:
 
-    python bench/bench_docker.py [--prompts 200] [--workers 32] [--latency 0.5] [--rounds 3] [--pools 0,auto]
+    python bench/bench_docker.py [--prompts 200] [--workers 32] [--latency 0.5] [--rounds 3] [--pools 0,auto] [--runner exec]
     PYTHONPATH=/tmp/base/hermes_batch_docker/src python bench/bench_docker.py --pools 0
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import concurrent.futures
 import os
 import statistics
@@ -153,11 +157,12 @@ def pool_option(value: str):
     return value if value == "auto" else int(value)
 
 
-async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_starting, pool_size) -> tuple:
+async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_starting, pool_size, runner=None) -> tuple:
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=at_once + 4)
     options = {"image": IMAGE} | ({"max_starting": max_starting} if max_starting else {})
-    if pool_size:
-        options["pool"] = pool_size
+    options["pool"] = pool_size  # 0 too: the default may be a pool
+    if runner:
+        options["runner"] = runner
     backend = DockerBackend(DockerConfig(**options), RunContext(f"bench-docker-{at_once}", tmp / f"run{at_once}", 0, thread_pool=pool))
     await backend.start()
     await backend.prepare_image(IMAGE)
@@ -196,7 +201,58 @@ async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_start
     return latencies, engine_s / len(latencies), memory
 
 
-def run_args(dataset: Path, out: str, url: str, workers: int, sandbox: str, pool=0) -> list:
+class EngineRequests:
+    """Counts the HTTP requests the SDK makes to the engine, by method and path (ids left out)."""
+
+    def __init__(self):
+        import docker.api.client as client
+
+        self.counts: collections.Counter = collections.Counter()
+        self._client = client.APIClient
+        self._saved = {verb: getattr(client.APIClient, verb) for verb in ("_post", "_get", "_put", "_delete")}
+
+    def __enter__(self) -> "EngineRequests":
+        for verb, original in self._saved.items():
+            def counted(client, url, *args, _original=original, _verb=verb, **kwargs):
+                path = "/".join(part for part in url.split("/")[4:] if part and len(part) < 40)
+                self.counts[f"{_verb[1:].upper()} {path}"] += 1
+                return _original(client, url, *args, **kwargs)
+
+            setattr(self._client, verb, counted)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for verb, original in self._saved.items():
+            setattr(self._client, verb, original)
+
+
+async def prompt_work(tmp: Path, count: int, commands: int, pool_size, runner=None) -> tuple:
+    """Engine CPU, wall time and engine requests of one prompt-like sandbox (``commands`` commands, a file
+    written and read, stop_processes, close), sandboxes one after the other, with no pool refilling."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=12)
+    options = {"image": IMAGE, "pool": pool_size} | ({"runner": runner} if runner else {})
+    backend = DockerBackend(DockerConfig(**options), RunContext("bench-docker-work", tmp / "work", 0, thread_pool=pool))
+    await backend.start()
+    await backend.prepare_image(IMAGE)
+    try:
+        with EngineCPU() as cpu, EngineRequests() as requests:
+            started = time.perf_counter()
+            for index in range(count):
+                sandbox = await backend.open(SandboxSpec(backend.run.run_name, index, f"{index:016x}", image=IMAGE))
+                for number in range(commands):
+                    await sandbox.exec(f"echo {number} > out; cat out; ls", 30)
+                await sandbox.write_file("notes.txt", b"x" * 1000)
+                await sandbox.read_file("notes.txt")
+                await sandbox.stop_processes()
+                await sandbox.close()
+            wall = time.perf_counter() - started
+    finally:
+        await backend.shutdown()
+        pool.shutdown()
+    return cpu.seconds / count, wall / count, {key: value / count for key, value in sorted(requests.counts.items())}
+
+
+def run_args(dataset: Path, out: str, url: str, workers: int, sandbox: str, pool=0, runner=None) -> list:
     args = [
         "run", "--dataset_file", str(dataset), "--batch_size", "50", "--run_name", f"bench-{sandbox}-{pool}",
         "--output_dir", out, "--base_url", url, "--model", "bench-model", "--api_key", "bench",
@@ -205,8 +261,10 @@ def run_args(dataset: Path, out: str, url: str, workers: int, sandbox: str, pool
     ]
     if sandbox == "docker":
         args += ["-S", f"image={IMAGE}"]
-    if pool:
-        args += ["-S", f"pool={pool}"]
+    if sandbox == "docker":
+        args += ["-S", f"pool={pool}"]  # 0 too: the default may be a pool
+    if sandbox == "docker" and runner:
+        args += ["-S", f"runner={runner}"]
     return args
 
 
@@ -218,18 +276,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the start-latency measurement")
     parser.add_argument("--max_starting", type=int, default=None, help="-S max_starting (default: the backend's)")
     parser.add_argument("--pools", default="0,auto", help="-S pool= values to measure, comma-separated (0: no pool)")
+    parser.add_argument("--runner", default=None, help="-S runner= (agent or exec; default: the backend's)")
+    parser.add_argument("--commands", type=int, default=5, help="commands of the prompt-like sandbox of part 0")
+    parser.add_argument("--parts", default="0,1,2", help="parts to run: 0 engine work per prompt, 1 start latency, 2 runs")
     args = parser.parse_args()
     pools = [pool_option(value) for value in args.pools.split(",")]
     calls_per_prompt = 3
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        print(f"docker sandbox, image {IMAGE}, max_starting {args.max_starting or DockerConfig().max_starting}")
-        print("time from open() to the first command's output:")
-        for pool_size in pools:
+        runner = args.runner or getattr(DockerConfig(), "runner", "exec (one docker exec per command)")
+        print(f"docker sandbox, image {IMAGE}, max_starting {args.max_starting or DockerConfig().max_starting}, runner {runner}")
+        parts = args.parts.split(",")
+        if "0" in parts:
+            cpu_s, wall_s, requests = asyncio.run(prompt_work(tmp_path, 10, args.commands, 0, args.runner))
+            print(f"one prompt-like sandbox at a time, pool=0 ({args.commands} commands, a file written and read, "
+                  f"stop_processes, close): engine CPU {1000 * cpu_s:.0f} ms, wall {1000 * wall_s:.0f} ms per sandbox;")
+            print("  engine requests per sandbox: " + ", ".join(f"{key} {value:g}" for key, value in requests.items()))
+        if "1" in parts:
+            print("time from open() to the first command's output:")
+        for pool_size in pools if "1" in parts else []:
             for at_once, rounds in ((1, max(10, 5 * args.rounds)), (32, args.rounds)):
                 values, engine_s, memory = asyncio.run(
-                    first_output_latencies(tmp_path, at_once, rounds, args.max_starting, pool_size)
+                    first_output_latencies(tmp_path, at_once, rounds, args.max_starting, pool_size, args.runner)
                 )
                 print(
                     f"  pool={pool_size!s:<4} {at_once:>2} at once: median {1000 * statistics.median(values):6.0f} ms, "
@@ -237,6 +306,8 @@ def main() -> None:
                     f"engine CPU {1000 * engine_s:4.0f} ms per sandbox in the round"
                     + (f"; idle pooled container: shim {memory[0]:.1f} MB + cgroup {memory[1]:.1f} MB" if memory else "")
                 )
+        if "2" not in parts:
+            return
 
         ideal = ideal_seconds(args.prompts, args.workers, calls_per_prompt, args.latency)
         print(f"\n{args.prompts} prompts, --num_workers {args.workers}, {args.latency * 1000:.0f} ms per model call, "
@@ -245,7 +316,7 @@ def main() -> None:
             dataset = write_prompts(tmp_path / "prompts.jsonl", args.prompts)
             for sandbox, pool_size in [("local", 0)] + [("docker", p) for p in pools]:
                 with EngineCPU() as cpu:
-                    result = measure_run(run_args(dataset, tmp, url, args.workers, sandbox, pool_size))
+                    result = measure_run(run_args(dataset, tmp, url, args.workers, sandbox, pool_size, args.runner))
                 label = f"{sandbox} pool={pool_size}" if sandbox == "docker" else sandbox
                 print(
                     f"  --sandbox {label:<16}  wall {result['wall_s']:6.1f} s  (x{result['wall_s'] / ideal:.2f} of ideal), "

@@ -35,6 +35,7 @@ DEAD_PID = "2147483646"  # above any pid_max: no process has it
 
 def make_backend(tmp_path, run_name, **options) -> DockerBackend:
     options.setdefault("image", IMAGE_A)
+    options.setdefault("pool", 0)  # each container made when its prompt asks, unless a test says otherwise
     return DockerBackend(DockerConfig(**options), RunContext(run_name, tmp_path / "run", seed=0))
 
 
@@ -374,7 +375,19 @@ def lose_outputs(monkeypatch) -> list:
     return left
 
 
-async def test_output_the_engine_lost_is_said_for_a_command_and_read_again_for_a_file(sandbox, monkeypatch):
+@pytest.fixture
+async def exec_sandbox(tmp_path, run_name, docker_api):
+    """A sandbox whose commands are each a docker exec (-S runner=exec)."""
+    backend = make_backend(tmp_path, run_name, runner="exec")
+    await backend.start()
+    sandbox = await backend.open(spec(run_name))
+    yield sandbox
+    await sandbox.close()
+    await backend.shutdown()
+
+
+async def test_output_the_engine_lost_is_said_for_a_command_and_read_again_for_a_file(exec_sandbox, monkeypatch):
+    sandbox = exec_sandbox
     await sandbox.write_file("notes.txt", b"kept")
     lose = lose_outputs(monkeypatch)
     lose[0] = 1

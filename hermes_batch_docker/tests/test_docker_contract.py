@@ -22,7 +22,9 @@ class TestDockerSandboxContract(SandboxContract):
 
     @pytest.fixture
     async def backend(self, tmp_path, run_name, docker_api):
-        backend = DockerBackend(DockerConfig(image=IMAGE_A, max_output_bytes=10_000), RunContext(run_name, tmp_path / "run", seed=0))
+        # pool=0: each container made when its prompt asks (the pooled class below covers -S pool=)
+        config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, pool=0)
+        backend = DockerBackend(config, RunContext(run_name, tmp_path / "run", seed=0))
         await backend.start()
         yield backend
         await backend.shutdown()
@@ -41,7 +43,7 @@ class TestDockerSandboxContract(SandboxContract):
 
     @pytest.fixture
     async def limited_backend(self, tmp_path, run_name, docker_api):
-        config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, memory="64m", pids_limit=32)
+        config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, memory="64m", pids_limit=32, pool=0)
         backend = DockerBackend(config, RunContext(run_name, tmp_path / "limited", seed=0))
         await backend.start()
         yield backend
@@ -49,7 +51,7 @@ class TestDockerSandboxContract(SandboxContract):
 
     @pytest.fixture
     async def offline_backend(self, tmp_path, run_name, docker_api):
-        config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, network="none")
+        config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, network="none", pool=0)
         backend = DockerBackend(config, RunContext(run_name, tmp_path / "offline", seed=0))
         await backend.start()
         yield backend
@@ -72,4 +74,33 @@ class TestDockerPooledSandboxContract(TestDockerSandboxContract):
         backend = DockerBackend(config, RunContext(run_name, tmp_path / "run", seed=0))
         await backend.start()
         yield backend
+        await backend.shutdown()
+
+
+class TestDockerExecRunnerSandboxContract(TestDockerSandboxContract):
+    """The same contract with one docker exec per command (-S runner=exec) instead of the container's runner."""
+
+    @pytest.fixture
+    async def backend(self, tmp_path, run_name, docker_api):
+        async for backend in _backend(tmp_path / "run", run_name):
+            yield backend
+
+    @pytest.fixture
+    async def limited_backend(self, tmp_path, run_name, docker_api):
+        async for backend in _backend(tmp_path / "limited", run_name, memory="64m", pids_limit=32):
+            yield backend
+
+    @pytest.fixture
+    async def offline_backend(self, tmp_path, run_name, docker_api):
+        async for backend in _backend(tmp_path / "offline", run_name, network="none"):
+            yield backend
+
+
+async def _backend(run_dir, run_name, **options):
+    config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, runner="exec", pool=0, **options)
+    backend = DockerBackend(config, RunContext(run_name, run_dir, seed=0))
+    await backend.start()
+    try:
+        yield backend
+    finally:
         await backend.shutdown()

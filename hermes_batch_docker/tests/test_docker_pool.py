@@ -59,7 +59,8 @@ def test_the_pool_option_takes_a_number_or_auto():
 
     assert structure("auto").pool_size(32) == 32
     assert structure("3").pool_size(32) == 3
-    assert DockerConfig().pool_size(32) == 0  # strict by default: each container made when its prompt asks
+    assert DockerConfig().pool_size(32) == 32  # by default as many as the run works on at once
+    assert structure("0").pool_size(32) == 0  # each container made when its prompt asks
     for bad in ("some", -1, True):
         with pytest.raises(ConfigError, match="pool must be a number of containers"):
             structure(bad)

@@ -113,7 +113,8 @@ def test_a_container_killed_from_outside_fails_its_prompt_and_the_run_goes_on(
     victim = 2
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
     server = model_server(RoutedScript({prompts[victim]: SLEEPER}, default=FAST))
-    proc = runner.spawn(dataset, "--num_workers", "3", server=server)
+    # pool=0: the victim's container is found by the prompt label, which only a container made for it has
+    proc = runner.spawn(dataset, "--num_workers", "3", "-S", "pool=0", server=server)
     procs.append(proc)
 
     def victim_sleeping():

@@ -30,7 +30,8 @@ from .engine import (
     docker,
     engine_errors,
 )
-from .sandbox import SHELL, DockerSandbox
+from .agent import AGENT_SCRIPT, Agent
+from .sandbox import AGENT_READY_S, SHELL, DockerSandbox
 
 log = logging.getLogger("hermes_batch.docker")
 
@@ -259,28 +260,30 @@ class DockerBackend(SandboxBackend):
             pool = self._container_pool(image, info)
             taken = await pool.take()
             if taken is not None:
-                container_id, _pool_name = taken
+                container_id, _pool_name, agent = taken
                 # The name tells which prompt has it; the labels, set at creation, name none (see the README).
                 self.in_background(self.api.rename, container_id, name)
-                sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image, env=env)
+                sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image, env=env, agent=agent)
                 self._open.add(sandbox)
                 self._taken[sandbox] = pool
+                if not await sandbox.set_env(env):
+                    sandbox.drop_agent()  # its commands run as execs, which take the environment each
                 return sandbox
         labels = self._labels(spec.run_name) | {LABEL_PROMPT: str(spec.prompt_index), LABEL_CONTENT_KEY: spec.content_key}
         loop = asyncio.get_running_loop()
         async with self._starting:
             future = loop.run_in_executor(
-                self.run.thread_pool, functools.partial(self._create, name, image, workdir, env, labels)
+                self.run.thread_pool, functools.partial(self._create, name, image, workdir, env, labels, loop)
             )
             self._background.add(future)
             future.add_done_callback(self._background.discard)
             try:
-                container_id = await asyncio.shield(future)
+                container_id, agent = await asyncio.shield(future)
             except asyncio.CancelledError:
                 # The thread goes on and may still create the container: remove it when it does.
                 future.add_done_callback(self._remove_orphan)
                 raise
-        sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image)
+        sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image, agent=agent)
         self._open.add(sandbox)
         return sandbox
 
@@ -309,18 +312,20 @@ class DockerBackend(SandboxBackend):
                 loop = asyncio.get_running_loop()
                 async with self._starting:
                     future = loop.run_in_executor(
-                        self.run.thread_pool, functools.partial(self._create, name, image, workdir, {}, self._labels())
+                        self.run.thread_pool,
+                        functools.partial(self._create, name, image, workdir, {}, self._labels(), loop),
                     )
                     self._background.add(future)
                     future.add_done_callback(self._background.discard)
                     try:
-                        return await asyncio.shield(future), name
+                        container_id, agent = await asyncio.shield(future)
+                        return container_id, name, agent
                     except asyncio.CancelledError:
                         future.add_done_callback(self._remove_orphan)
                         raise
 
             pool = self._pools[(image, workdir)] = WarmPool(
-                image, workdir, size, create, lambda made: self.discard_container(made[0]), what="container", backend="docker"
+                image, workdir, size, create, lambda made: self.discard_container(made[0], made[2]), what="container", backend="docker"
             )
             pool.fill()
         return pool
@@ -329,8 +334,10 @@ class DockerBackend(SandboxBackend):
         """Containers started ahead of need and not yet handed to a prompt, over all images."""
         return sum(pool.ready for pool in self._pools.values())
 
-    def discard_container(self, container_id: str) -> None:
+    def discard_container(self, container_id: str, agent: Optional[Agent] = None) -> None:
         """Remove a container no prompt used (``shutdown`` waits for it)."""
+        if agent is not None:
+            agent.close()
         self.in_background(engine.remove_container, self.api, container_id)
 
     def _workdir(self, cwd: Optional[str], image_info: dict) -> str:
@@ -340,7 +347,35 @@ class DockerBackend(SandboxBackend):
             return self.config.workdir
         return (image_info.get("Config") or {}).get("WorkingDir") or DEFAULT_WORKDIR
 
-    def _create(self, name: str, image: str, workdir: str, env: dict, labels: dict) -> str:
+    def _create(self, name: str, image: str, workdir: str, env: dict, labels: dict, loop=None) -> tuple:
+        """Create and start a container; (its id, its command runner or None).
+
+        The runner is started, not waited for: its first answer is awaited by its first request, so that a
+        creation does not hold its ``max_starting`` place for it.
+        """
+        container_id = self._create_container(name, image, workdir, env, labels)
+        agent = None
+        if self.config.runner == "agent" and loop is not None:
+            try:
+                agent = self.start_agent(container_id, workdir, loop, wait=False)
+            except (*engine_errors(), SandboxError) as exc:  # its commands run as execs
+                log.debug("No command runner in %s: %s", name, exc)
+        return container_id, agent
+
+    def start_agent(self, container_id: str, workdir: str, loop, env: Optional[dict] = None, wait: bool = True) -> Agent:
+        """Start a container's command runner (blocking); SandboxError when it does not answer."""
+        created = self.api.exec_create(
+            container_id, [SHELL, "-c", AGENT_SCRIPT, "hermes-batch-runner", workdir], stdin=True, stdout=True,
+            stderr=True, tty=False, user=self.config.user or "", **({"environment": env} if env else {}),
+        )
+        sock = self.api.exec_start(created["Id"], socket=True)
+        agent = Agent(sock, loop, created["Id"])
+        if wait and not agent.wait_ready(AGENT_READY_S):
+            agent.close()
+            raise SandboxError("the command runner did not start (the image lacks setsid or a POSIX sh?)")
+        return agent
+
+    def _create_container(self, name: str, image: str, workdir: str, env: dict, labels: dict) -> str:
         config = self.config
         memory = config.memory_bytes
         host_config = self.api.create_host_config(
@@ -394,7 +429,8 @@ class DockerBackend(SandboxBackend):
 
     def _remove_orphan(self, future: asyncio.Future) -> None:
         if not future.cancelled() and future.exception() is None:
-            self.in_background(engine.remove_container, self.api, future.result())
+            container_id, agent = future.result()
+            self.discard_container(container_id, agent)
 
     async def remove(self, sandbox: DockerSandbox) -> None:
         """Kill and remove a sandbox's container (``shutdown`` sweeps what this misses)."""

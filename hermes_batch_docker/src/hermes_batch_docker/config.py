@@ -151,8 +151,12 @@ class DockerConfig:
     pull: str = attrs.field(default="missing", validator=attrs.validators.in_(("missing", "never")))
     max_starting: int = attrs.field(factory=default_max_starting, validator=_at_least(1, "max_starting"))
     max_output_bytes: int = attrs.field(default=1_000_000, validator=_at_least(1024, "max_output_bytes"))
-    # Containers started ahead of need per image, each still for one prompt only; 0: each made when asked for.
-    pool: Any = attrs.field(default=0, converter=_pool, validator=_check_pool)
+    # Containers started ahead of need per image, each still for one prompt only; 0: each made when asked for;
+    # auto (the default): as many as the run works on at once (--num_workers).
+    pool: Any = attrs.field(default="auto", converter=_pool, validator=_check_pool)
+    # How commands reach the container: "agent", one long-lived shell per container started with it
+    # (no engine call per command); "exec", one docker exec per command.
+    runner: str = attrs.field(default="agent", validator=attrs.validators.in_(("agent", "exec")))
 
     def pool_size(self, concurrency: int) -> int:
         """Containers kept started ahead of need per image: ``pool``, or with ``auto`` the run's concurrency."""

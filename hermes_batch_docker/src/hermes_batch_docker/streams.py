@@ -15,6 +15,57 @@ _STDERR = 2
 _MAX_PID_LINE = 32
 
 
+class OutputParser:
+    """A command's output after its wrapper's first line, the process id of its group (``pid``).
+
+    What came before a newline or too long to be a pid is output (the wrapper never ran).
+    ``add`` and ``flush`` may be called from any thread; the futures are set on ``loop``.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stdout: BoundedOutput, stderr: Optional[BoundedOutput] = None):
+        self.loop = loop
+        self.stdout = stdout
+        self.stderr = stderr if stderr is not None else stdout  # None: stderr merged into stdout
+        self.pid: Optional[int] = None
+        self.pid_known = loop.create_future()
+        self._pid_line = bytearray()
+
+    def add(self, data: bytes) -> None:
+        if self._pid_line is not None:
+            newline = data.find(b"\n")
+            if newline < 0:
+                self._pid_line += data
+                if len(self._pid_line) > _MAX_PID_LINE:
+                    self.flush()
+                return
+            self._pid_line += data[:newline]
+            data = data[newline + 1:]
+            line, self._pid_line = bytes(self._pid_line), None
+            if line.isdigit():
+                self.pid = int(line)
+            else:
+                self.stdout.add(line + b"\n")
+            self.tell(self.pid_known, self.pid)
+            if not data:
+                return
+        self.stdout.add(data)
+
+    def flush(self) -> None:
+        # The wrapper never printed its pid (the exec failed to start): what came is output.
+        if self._pid_line is None:
+            return
+        if self._pid_line:
+            self.stdout.add(bytes(self._pid_line))
+        self._pid_line = None
+        self.tell(self.pid_known, self.pid)
+
+    def tell(self, future: asyncio.Future, value) -> None:
+        try:
+            self.loop.call_soon_threadsafe(_set, future, value)
+        except RuntimeError:  # the event loop is gone (the process is exiting)
+            pass
+
+
 class ExecStream:
     """Collects an exec's output until the engine closes the stream or ``interrupt`` is called.
 
@@ -28,13 +79,9 @@ class ExecStream:
         self.sock = sock
         self.raw = getattr(sock, "_sock", sock)
         self.loop = loop
-        self.stdout = stdout
-        self.stderr = stderr if stderr is not None else stdout  # None: stderr merged into stdout
-        self.pid: Optional[int] = None
-        self.pid_known = loop.create_future()
+        self.parser = OutputParser(loop, stdout, stderr)
         self.done = loop.create_future()
         self.error: Optional[BaseException] = None
-        self._pid_line = bytearray()
         self._thread = threading.Thread(target=self._run, name="hermes-batch-docker-exec", daemon=True)
 
     def start(self) -> None:
@@ -74,51 +121,27 @@ class ExecStream:
         except (OSError, ValueError) as exc:  # a shut down or reset connection
             self.error = exc
         finally:
-            self._flush_pid_line()
+            self.parser.flush()
             for closable in (self.sock, self.raw):
                 try:
                     closable.close()
                 except OSError:
                     pass
-            self._tell(_set, self.done, None)
+            self.parser.tell(self.done, None)
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.parser.pid
+
+    @property
+    def pid_known(self) -> asyncio.Future:
+        return self.parser.pid_known
 
     def _payload(self, kind: int, data: bytes) -> None:
         if kind == _STDERR:
-            self.stderr.add(data)
-            return
-        if self._pid_line is not None:
-            newline = data.find(b"\n")
-            if newline < 0:
-                self._pid_line += data
-                if len(self._pid_line) > _MAX_PID_LINE:
-                    self._flush_pid_line()
-                return
-            self._pid_line += data[:newline]
-            data = data[newline + 1:]
-            line, self._pid_line = bytes(self._pid_line), None
-            if line.isdigit():
-                self.pid = int(line)
-            else:
-                self.stdout.add(line + b"\n")
-            self._tell(_set, self.pid_known, self.pid)
-            if not data:
-                return
-        self.stdout.add(data)
-
-    def _flush_pid_line(self) -> None:
-        # The wrapper never printed its pid (the exec failed to start): what came is output.
-        if self._pid_line is None:
-            return
-        if self._pid_line:
-            self.stdout.add(bytes(self._pid_line))
-        self._pid_line = None
-        self._tell(_set, self.pid_known, self.pid)
-
-    def _tell(self, *call) -> None:
-        try:
-            self.loop.call_soon_threadsafe(*call)
-        except RuntimeError:  # the event loop is gone (the process is exiting)
-            pass
+            self.parser.stderr.add(data)
+        else:
+            self.parser.add(data)
 
 
 def _set(future: asyncio.Future, value) -> None:
