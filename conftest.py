@@ -104,8 +104,6 @@ NEEDS_OF_TESTS = {
     "tests/test_local_sandbox.py::test_a_sandbox_closed_while_its_namespace_starts_leaves_no_process": ("slow",),
     "tests/test_local_sandbox.py::test_the_namespace_dies_with_a_runner_killed_by_sigkill": ("slow",),
     "tests/test_local_sandbox.py::test_a_folder_swapped_for_a_link_in_a_tight_loop_never_leads_out": ("slow",),
-    # (keeps: test_run_command_kills_the_whole_process_group_at_the_timeout)
-    "tests/test_sandbox_blocks.py::test_run_command_returns_when_the_command_ends_though_a_child_holds_its_output": ("slow",),
     # (keeps: test_the_first_model_request_does_not_wait_for_the_sandbox and the quick ones)
     "tests/test_sandbox_start.py::test_a_deadline_while_the_sandbox_opens_still_closes_it": ("slow",),
     "tests/test_sandbox_start.py::test_a_late_backend_opens_at_the_first_tool_call": ("slow",),
