@@ -127,7 +127,6 @@ async def test_openai_batches_expire_and_cancel():
         assert server.batches.requests_processed == 0  # neither processed a request
 
 
-@pytest.mark.slow
 async def test_anthropic_message_batches_through_the_sdk():
     import anthropic
 
@@ -200,7 +199,6 @@ async def test_a_refused_key_at_the_batch_endpoints_is_fatal_and_a_missing_api_s
 # --- runs ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("client", sorted(CLIENTS))
 def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, client):
     """200 prompts of three turns each: the same turns and tool outputs, every prompt kept, no request twice."""
@@ -228,7 +226,6 @@ def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, clien
     assert "batch_api" not in sync_stats
 
 
-@pytest.mark.slow
 def test_an_expired_batch_sends_its_requests_again(tmp_path):
     data = dataset(tmp_path, 6)
     settings = BatchSettings(delay=0.2, expire=lambda number: number == 1)
@@ -366,7 +363,6 @@ def _submitted(runner: Runner) -> int:
     return sum(1 for line in runner.records("batches.jsonl") if line["event"] == "submitted")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
 def test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again(tmp_path, procs, how):
     """The driver is stopped while its batches are processed; --resume collects them and pays nothing twice."""
@@ -406,7 +402,6 @@ def _journaled(runner: Runner) -> int:
     return path.read_text().count('"h":') if path.exists() else 0
 
 
-@pytest.mark.slow
 def test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight(tmp_path, procs):
     """Killed while the second turns' batch is out, the first turns' answers already in responses.jsonl:
     --resume replays the first turns, collects the second from that batch, and pays and counts each answer once."""

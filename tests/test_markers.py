@@ -97,3 +97,16 @@ def test_the_ray_tests_share_one_worker_and_so_one_cluster():
     NEEDS.pytest_collection_modifyitems(None, [fake])
     groups = [decorator.mark for decorator in added if not isinstance(decorator, str)]
     assert "ray" in added and [(g.name, g.args) for g in groups] == [("xdist_group", ("ray",))]
+
+
+def test_no_test_file_marks_what_it_needs_itself():
+    """The tables of the root conftest.py are the one place that says what a test needs: a `@pytest.mark.slow` in a
+    test file would be a second place to look (and one a reader of the tables would miss)."""
+    import re
+
+    inline = re.compile(r"\bmark\.(%s)\b" % "|".join(NEEDS.NEEDS))
+    folders = [REPO / "tests", *REPO.glob("plugins/*/tests"), *REPO.glob("hermes_batch_*/tests"), REPO / "hermes_batch"]
+    found = [f"{path.relative_to(REPO)}:{number}" for folder in folders for path in sorted(folder.rglob("*.py"))
+             if path.name != "test_markers.py"
+             for number, line in enumerate(path.read_text().splitlines(), 1) if inline.search(line)]
+    assert not found, f"mark these in NEEDS_OF_TESTS of the root conftest.py instead: {found}"
