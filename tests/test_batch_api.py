@@ -22,7 +22,7 @@ from hermes_batch.testing import (
 # Each tool call appends a line only a shell computes to the sandbox's log and prints it: the output
 # shows every earlier call of the prompt, so a session resumed on the wrong turn, or in another sandbox, shows.
 COMMAND = 'echo "{prompt_hash}-{turn}" >> log.txt && cat log.txt'
-FAST = ("--batch_api", "--batch_api_max_wait", "0.1", "--batch_api_poll_interval", "0.05")
+FAST = ("--batch_api", "--batch_api_max_wait", "0.3", "--batch_api_poll_interval", "0.1")
 CLIENTS = {"openai": (), "anthropic": ("--model_client", "anthropic")}
 
 
@@ -316,7 +316,7 @@ def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path):
     with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=settings) as server:
         runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "4"))
         started = time.monotonic()
-        result = runner.invoke(data, *FAST, "--batch_api_max_requests", "4", "--prompt_timeout", "3")
+        result = runner.invoke(data, *FAST, "--batch_api_max_requests", "4", "--prompt_timeout", "4")
         assert time.monotonic() - started < 30, result.output
         assert server.batches.batch_sizes == [4, 4] and server.batches.requests_processed == 4
     ended = runner.records("trajectories.jsonl") + runner.records("discarded.jsonl")
