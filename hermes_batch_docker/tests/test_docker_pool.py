@@ -39,6 +39,20 @@ def created_at(docker_api, container_id: str) -> float:
     return moment.timestamp() + float(f"0.{fraction or 0}")
 
 
+def sleeping_in(docker_api, run_name: str) -> int:
+    """How many of the run's running containers are running the scripted ``sleep 30``."""
+    count = 0
+    for container in containers_of(docker_api, run_name):
+        if container["State"] != "running":
+            continue
+        try:
+            processes = docker_api.top(container["Id"])["Processes"] or []
+        except Exception:  # removed meanwhile
+            continue
+        count += any("sleep 30" in " ".join(row) for row in processes)
+    return count
+
+
 def test_the_pool_option_takes_a_number_or_auto():
     def structure(value):
         return structure_config({"pool": value}, DockerConfig, "options for the docker sandbox (-S)")
@@ -167,11 +181,13 @@ def test_a_killed_run_leaves_pooled_containers_that_resume_removes(tmp_path, run
     dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(2)])
     proc = runner.spawn(dataset, "--num_workers", "2", "-S", "pool=3", server=model_server(ToolLoopScript(tool_calls=1, command="sleep 30")))
     procs.append(proc)
-    # two prompts in their containers, and the pool refilled behind them
-    wait_for(lambda: len(containers_of(docker_api, runner.run_name)) >= 5, 60, "the containers", proc)
+    # both prompts at their command in a pooled container, and the pool's third container idle beside them (a
+    # taken container is replaced only when its prompt ends)
+    wait_for(lambda: sleeping_in(docker_api, runner.run_name) == 2, 60, "both prompts at their command", proc)
+    assert len(containers_of(docker_api, runner.run_name)) == 3
     proc.kill()
     proc.communicate(timeout=30)
-    assert len(containers_of(docker_api, runner.run_name)) >= 5
+    assert len(containers_of(docker_api, runner.run_name)) == 3
 
     result = runner.invoke(dataset, "--resume", server=model_server(ToolLoopScript(tool_calls=1, command="echo fine")))
     assert result.exit_code == 0, result.output
