@@ -26,6 +26,12 @@ FAST = ("--batch_api", "--batch_api_max_wait", "0.3", "--batch_api_poll_interval
 CLIENTS = {"openai": (), "anthropic": ("--model_client", "anthropic")}
 
 
+def WHOLE_TURNS(n: int) -> tuple:  # noqa: N802 (options, like FAST)
+    """For n prompts at --num_workers n whose turns go in step: each turn's batch goes out once all n are in,
+    without waiting for --batch_api_max_wait."""
+    return ("--batch_api_max_requests", str(n), "--batch_api_max_wait", "5")
+
+
 def script(**options) -> ToolLoopScript:
     return ToolLoopScript(tool_calls=2, command=COMMAND, **options)
 
@@ -254,7 +260,7 @@ def test_the_cost_a_batch_reports_is_counted(tmp_path):
     data = dataset(tmp_path, 4)
     with ScriptedModelServer(priced, api_key=TEST_API_KEY, batches=BatchSettings(delay=0.05)) as server:
         runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "4"))
-        result = runner.invoke(data, *FAST)
+        result = runner.invoke(data, *FAST, *WHOLE_TURNS(4))
         assert result.exit_code == 0, result.output
     stats = json.loads((runner.folder() / "statistics.json").read_text())
     assert stats["cost"] == pytest.approx(12 * 0.0005)
@@ -342,7 +348,7 @@ def test_response_cache_answers_before_a_batch_is_made(tmp_path):
     cache = ("--response_cache", str(tmp_path / "cache"))
     with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(delay=0.05)) as server:
         runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "3"))
-        result = runner.invoke(data, *FAST, *cache)
+        result = runner.invoke(data, *FAST, *WHOLE_TURNS(3), *cache)
         assert result.exit_code == 0, result.output
         paid, created = server.batches.requests_processed, server.batches.created
         assert paid == 9
@@ -415,7 +421,7 @@ def test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight(t
         return attrs.evolve(loop(request), usage=Usage(prompt_tokens=100, completion_tokens=10, cost=cost))
 
     data = dataset(tmp_path, n)
-    options = (*FAST, "--batch_api_max_requests", str(n), "--batch_api_max_wait", "5")  # one full batch per turn
+    options = (*FAST, *WHOLE_TURNS(n))  # one full batch per turn
     # the second batch (the second turns) ends 6 s after creation: time to kill the driver while it is out
     settings = BatchSettings(delay=lambda number: 6.0 if number == 2 else 0.2)
     with ScriptedModelServer(priced, api_key=TEST_API_KEY, batches=settings) as server:
