@@ -121,6 +121,8 @@ NEEDS_OF_TESTS = {
     # (keeps: test_openai_batch_endpoints_through_the_sdk and test_a_request_failing_inside_a_batch_is_retried_in_a_later_one)
     "tests/test_batch_api.py::test_anthropic_message_batches_through_the_sdk": ("slow",),
     "tests/test_batch_api.py::test_an_expired_batch_sends_its_requests_again": ("slow",),
+    # (keeps: test_prompt_timeout_applies_to_a_session_waiting_for_its_batch)
+    "tests/test_batch_api.py::test_prompt_timeout_before_the_first_answer_fails_the_prompt": ("slow",),
     # (keeps: test_the_first_model_request_does_not_wait_for_the_sandbox and the quick ones)
     "tests/test_sandbox_start.py::test_a_deadline_while_the_sandbox_opens_still_closes_it": ("slow",),
     "tests/test_sandbox_start.py::test_a_late_backend_opens_at_the_first_tool_call": ("slow",),
