@@ -32,8 +32,8 @@ NEEDS_OF_FIXTURES = {
     "page": "browser",
 }
 
-# Tests (a file, file::name for every parametrisation of one test, file::Class or file::Class::name) -> what they
-# need that no fixture says:
+# Tests (a file, file::name for every parametrisation of one test, file::name[id] for one, file::Class or
+# file::Class::name) -> what they need that no fixture says:
 # the tests that drive Chromium without a fixture of it, long runs, and those that compare times.
 NEEDS_OF_TESTS = {
     "plugins/hermes_batch_toolbox/tests/test_browser.py": ("browser",),
@@ -121,6 +121,10 @@ NEEDS_OF_TESTS = {
     # (keeps: test_openai_batch_endpoints_through_the_sdk and test_a_request_failing_inside_a_batch_is_retried_in_a_later_one)
     "tests/test_batch_api.py::test_anthropic_message_batches_through_the_sdk": ("slow",),
     "tests/test_batch_api.py::test_an_expired_batch_sends_its_requests_again": ("slow",),
+    # (keeps: their runs under the local executor) worker processes take seconds to start
+    "tests/test_batch_api.py::test_prompt_timeout_applies_to_a_session_waiting_for_its_batch[processes]": ("slow",),
+    "tests/test_batch_api.py::test_a_request_cut_off_by_prompt_timeout_leaves_the_batch_being_filled[processes]":
+        ("slow",),
     # (keeps: test_prompt_timeout_applies_to_a_session_waiting_for_its_batch)
     "tests/test_batch_api.py::test_prompt_timeout_before_the_first_answer_fails_the_prompt": ("slow",),
     # (keeps: test_the_first_model_request_does_not_wait_for_the_sandbox and the quick ones)
@@ -254,6 +258,8 @@ def _needs(item) -> set:
     path = os.path.relpath(str(item.path), str(item.config.rootpath)).replace(os.sep, "/")
     name = getattr(item, "originalname", item.name)
     keys = [path, f"{path}::{name}"]
+    if item.name != name:  # one parametrisation: file::name[id]
+        keys.append(f"{path}::{item.name}")
     cls = getattr(item, "cls", None)
     if cls is not None:
         keys += [f"{path}::{cls.__name__}", f"{path}::{cls.__name__}::{name}"]

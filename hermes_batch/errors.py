@@ -86,6 +86,15 @@ class ModelCallError(Exception):
         self.status = status
         self.provider = provider
 
+    def __reduce__(self):
+        # pickled with its fields (a --batch_api answer goes from the driver to a worker's session): the default
+        # calls cls(*args), which loses the keyword-only fields or fails on a required one (ModelOutcome's reason)
+        return _rebuild, (type(self), self.args), self.__dict__
+
+
+def _rebuild(cls, args):
+    return cls.__new__(cls, *args)
+
 
 class RetryableModelError(ModelCallError):
     """Worth another attempt: 429, 5xx, timeout, dropped connection."""

@@ -24,6 +24,10 @@ from hermes_batch.testing import (
 COMMAND = 'echo "{prompt_hash}-{turn}" >> log.txt && cat log.txt'
 FAST = ("--batch_api", "--batch_api_max_wait", "0.3", "--batch_api_poll_interval", "0.1")
 CLIENTS = {"openai": (), "anthropic": ("--model_client", "anthropic")}
+# the driver submits and collects, the workers run the sessions (hermes_batch/executors/batch_relay.py)
+EXECUTORS = {"local": (), "processes": ("--executor", "processes", "-E", "workers=2")}
+# (the root conftest.py marks the processes executor's runs of the tests of both slow: its workers take seconds to start)
+BOTH = ["local", "processes"]
 
 
 def WHOLE_TURNS(n: int) -> tuple:  # noqa: N802 (options, like FAST)
@@ -205,21 +209,28 @@ async def test_a_refused_key_at_the_batch_endpoints_is_fatal_and_a_missing_api_s
 # --- runs ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("executor", sorted(EXECUTORS))
 @pytest.mark.parametrize("client", sorted(CLIENTS))
-def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, client):
-    """200 prompts of three turns each: the same turns and tool outputs, every prompt kept, no request twice."""
+def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, client, executor):
+    """200 prompts of three turns each: the same turns and tool outputs, every prompt kept, no request twice;
+    under --executor processes the batches hold the requests of both workers' sessions."""
     data = dataset(tmp_path, 200)
     with ScriptedModelServer(script(), api_key=TEST_API_KEY, record=False,
                              batches=BatchSettings(delay=0.2)) as server:
-        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "100", *CLIENTS[client]))
+        runner = Runner(tmp_path, server=server,
+                        options=run_options("--num_workers", "100", *CLIENTS[client], *EXECUTORS[executor]))
         sync = runner.invoke(data, run_name="sync")
         assert sync.exit_code == 0, sync.output
         assert server.batches.created == 0
-        batched = runner.invoke(data, *FAST, "--batch_api_max_requests", "80", run_name="batched")
+        # under processes a longer wait: the two workers' sessions reach the driver over a wider spread
+        wait = ("--batch_api_max_wait", "1") if executor == "processes" else ()
+        batched = runner.invoke(data, *FAST, "--batch_api_max_requests", "80", *wait, run_name="batched")
         assert batched.exit_code == 0, batched.output
         no_request_twice(server)
         assert server.batches.requests_processed == 600  # 200 prompts x 3 turns, the preflight synchronous
         assert max(server.batches.batch_sizes) <= 80
+        if executor == "processes":  # a worker runs 50 sessions: batches hold both workers' requests
+            assert max(server.batches.batch_sizes) > 50
     expected = shapes(runner.records("trajectories.jsonl", run_name="sync"))
     got = shapes(runner.records("trajectories.jsonl", run_name="batched"))
     assert len(expected) == 200 and got == expected
@@ -306,21 +317,30 @@ def test_an_endpoint_without_batches_stops_the_run_at_start(tmp_path):
     assert not runner.folder().exists()
 
 
-def test_batch_api_refuses_the_process_executor(tmp_path):
-    data = dataset(tmp_path, 2)
-    with ScriptedModelServer(script(), api_key=TEST_API_KEY) as server:
-        result = Runner(tmp_path, server=server).invoke(data, *FAST, "--executor", "processes")
-        assert result.exit_code == 2
-        assert "--batch_api runs under the local executor only" in result.output
-        assert server.request_count == 0
+def test_batch_api_refuses_a_model_client_without_a_batch_api():
+    from hermes_batch.contract.interfaces import ModelClient
+    from hermes_batch.default_plugins.openai_client import OpenAIClient
+    from hermes_batch.errors import UsageError
+    from hermes_batch.run.plan import _check_batch_api
+
+    class Plain(ModelClient):
+        name = "plain"
+
+        async def send(self, messages, tools):
+            raise AssertionError("not called")
+
+    _check_batch_api(OpenAIClient)
+    with pytest.raises(UsageError, match="'plain' has no batch API; run without --batch_api"):
+        _check_batch_api(Plain)
 
 
-def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path):
+@pytest.mark.parametrize("executor", BOTH)
+def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path, executor):
     data = dataset(tmp_path, 4)
     # the first turn's batch ends at once, the second's never within the test
     settings = BatchSettings(delay=lambda number: 0.1 if number == 1 else 60)
     with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=settings) as server:
-        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "4"))
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "4", *EXECUTORS[executor]))
         started = time.monotonic()
         result = runner.invoke(data, *FAST, "--batch_api_max_requests", "4", "--prompt_timeout", "4")
         assert time.monotonic() - started < 30, result.output
@@ -328,6 +348,21 @@ def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path):
     ended = runner.records("trajectories.jsonl") + runner.records("discarded.jsonl")
     assert len(ended) == 4
     assert {(r["partial"], r["metadata"]["end_reason"]) for r in ended} == {(True, "timeout")}
+
+
+@pytest.mark.parametrize("executor", BOTH)
+def test_a_request_cut_off_by_prompt_timeout_leaves_the_batch_being_filled(tmp_path, executor):
+    """One session at a time: the first prompt's request waits for its batch (due at 3 s) past its --prompt_timeout
+    (2 s); the batch then goes out with the second prompt's request alone."""
+    data = dataset(tmp_path, 2)
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(delay=0.1)) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "1", *EXECUTORS[executor]))
+        result = runner.invoke(data, *FAST, "--batch_api_max_wait", "3", "--prompt_timeout", "2")
+        assert result.exit_code == 3, result.output
+        assert server.batches.batch_sizes == [1] and server.batches.requests_processed == 1
+    assert [r["prompt"] for r in runner.records("failed.jsonl")] == ["Task 0: look around"]
+    pending = [line["requests"] for line in runner.records("batches.jsonl") if line["event"] == "pending"]
+    assert [[prompt for _id, prompt, _turn in requests] for requests in pending] == [[1]]
 
 
 def test_prompt_timeout_before_the_first_answer_fails_the_prompt(tmp_path):
@@ -369,13 +404,15 @@ def _submitted(runner: Runner) -> int:
     return sum(1 for line in runner.records("batches.jsonl") if line["event"] == "submitted")
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
-def test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again(tmp_path, procs, how):
-    """The driver is stopped while its batches are processed; --resume collects them and pays nothing twice."""
+@pytest.mark.parametrize("how, executor", [("SIGKILL", "local"), ("SIGINT", "local"), ("SIGKILL", "processes"),
+                                           ("SIGINT", "processes")])
+def test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again(tmp_path, procs, how, executor):
+    """The driver is stopped while its batches are processed; --resume collects them and pays nothing twice.
+    Under --executor processes the SIGKILLed driver's workers end with it (their pipes close)."""
     data = dataset(tmp_path, 8)
     # batches end 3 s after creation: time to stop the driver between submission and collection
     with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(delay=3.0)) as server:
-        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "8"))
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "8", *EXECUTORS[executor]))
         proc = runner.spawn(data, *FAST)
         procs.append(proc)
         wait_for(lambda: runner.folder().joinpath("batches.jsonl").exists() and _submitted(runner) >= 1, 60,
@@ -391,9 +428,12 @@ def test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again(t
         assert result.exit_code == 0, result.output
         no_request_twice(server)
         assert server.batches.requests_processed == 24  # 8 prompts x 3 turns, each once
-        stats = json.loads((runner.folder() / "statistics.json").read_text())["batch_api"]
+        full = json.loads((runner.folder() / "statistics.json").read_text())
+        stats = full["batch_api"]
         assert stats["replayed"] >= 8  # the first turns, from the batch of the stopped session
         assert server.batches.created - first == stats["batches"]
+    # each request counted once: the stopped session's requests left in its batch ended with the resume's collection
+    assert full["model_requests"]["requests"] == 24 and full["model_requests"]["errors"] == 0, full["model_requests"]
     got = shapes(runner.records("trajectories.jsonl"))
     assert len(got) == 8
     for _roles, outputs, completed in got.values():
@@ -408,7 +448,8 @@ def _journaled(runner: Runner) -> int:
     return path.read_text().count('"h":') if path.exists() else 0
 
 
-def test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight(tmp_path, procs):
+@pytest.mark.parametrize("executor", sorted(EXECUTORS))
+def test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight(tmp_path, procs, executor):
     """Killed while the second turns' batch is out, the first turns' answers already in responses.jsonl:
     --resume replays the first turns, collects the second from that batch, and pays and counts each answer once."""
     import attrs
@@ -425,7 +466,7 @@ def test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight(t
     # the second batch (the second turns) ends 6 s after creation: time to kill the driver while it is out
     settings = BatchSettings(delay=lambda number: 6.0 if number == 2 else 0.2)
     with ScriptedModelServer(priced, api_key=TEST_API_KEY, batches=settings) as server:
-        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", str(n)))
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", str(n), *EXECUTORS[executor]))
         proc = runner.spawn(data, *options)
         procs.append(proc)
         wait_for(lambda: runner.folder().joinpath("batches.jsonl").exists() and _submitted(runner) >= 2
@@ -558,6 +599,47 @@ async def test_an_earlier_batch_whose_first_check_fails_is_checked_again_not_pai
     assert answer.message.content == "q0" and api.polls == 2
     assert api.submitted == [] and batcher.counts.replayed == 1
     await batcher.aclose()
+
+
+async def test_the_relay_gives_each_worker_session_its_answer_or_error_and_a_cancelled_request_leaves_the_batch():
+    """A worker's BatchRelay and the driver's BatchService, every message pickled on its way as the executors'
+    channels do: answers and errors (with their fields) reach the session that asked; a request whose session
+    stopped waiting is not in the batch."""
+    import pickle
+
+    from hermes_batch.errors import ModelOutcome
+    from hermes_batch.executors.batch_relay import BatchRelay, BatchService
+    from hermes_batch.formats.records import Message
+    from hermes_batch.model.batching import Batcher, BatchOptions
+
+    class TooLong(FakeBatches):
+        async def results(self, batch_id):
+            found = await super().results(batch_id)
+            return {custom_id: ModelOutcome("context too long", reason="context_length", status=400)
+                    if answer.message.content == "long" else answer for custom_id, answer in found.items()}
+
+    api = TooLong()
+    service = BatchService(Batcher(api, BatchOptions(max_requests=10, max_wait=0.3, poll_interval=0.01)))
+
+    class Link:  # the driver's end of the worker's channel
+        async def send(self, message):
+            _kind, key, outcome = pickle.loads(pickle.dumps(message))
+            relay.answer(key, outcome)
+
+    link = Link()
+    relay = BatchRelay(lambda message: service.handle(link, pickle.loads(pickle.dumps(message))))
+    answer = asyncio.ensure_future(relay.send((Message("user", "q0"),), (), 0))
+    refused = asyncio.ensure_future(relay.send((Message("user", "long"),), (), 1))
+    gone = asyncio.ensure_future(relay.send((Message("user", "q2"),), (), 2))
+    await asyncio.sleep(0.05)
+    gone.cancel()
+    assert (await asyncio.wait_for(answer, 10)).message.content == "q0"
+    with pytest.raises(ModelOutcome) as raised:  # a TimeoutError: the error did not survive the trip
+        await asyncio.wait_for(refused, 10)
+    assert (raised.value.reason, raised.value.status) == ("context_length", 400)
+    assert api.submitted == [[b"q0", b"long"]]  # not the cancelled one
+    await service.aclose()
+    await service.batcher.aclose()
 
 
 def test_the_batch_journal_names_the_batches_to_collect_and_warns_of_requests_without_one(tmp_path, caplog):

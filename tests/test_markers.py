@@ -58,6 +58,7 @@ def test_every_test_of_the_table_exists(key):
         assert cls in defined_names(REPO / path), f"{key} is not a test: update NEEDS_OF_TESTS in the root conftest.py"
         assert any(method in defined_names(where) for where in [REPO / path, *KITS]), f"{key} is not a test"
     elif name:
+        name = name.split("[", 1)[0]  # file::name[id]: one parametrisation of it
         assert name in defined_names(REPO / path), f"{key} is not a test: update NEEDS_OF_TESTS in the root conftest.py"
 
 
@@ -84,6 +85,10 @@ def test_a_test_needs_what_its_fixtures_and_the_table_say():
     assert needs(item("tests/test_model_transport.py", "test_a_gzip_answer_is_capped_once_decompressed[httpx]",
                       ["backend"])) == {"perf"}  # every parametrisation
     assert needs(item("tests/test_model_transport.py", "test_something_else", ["backend"])) == set()
+    # one parametrisation, by its id
+    timeout = "test_prompt_timeout_applies_to_a_session_waiting_for_its_batch"
+    assert needs(item("tests/test_batch_api.py", f"{timeout}[processes]")) == {"slow"}
+    assert needs(item("tests/test_batch_api.py", f"{timeout}[local]")) == set()
     # a class, or one test of a class (inherited from a kit or not), by the class that collects it
     bash_helper = type("TestLocalSandboxContractBashHelper", (), {})
     assert needs(item("tests/test_local_sandbox.py", "test_exit_codes", cls=bash_helper)) == {"slow"}

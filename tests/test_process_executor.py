@@ -24,7 +24,9 @@ from hermes_batch.executors.dispatch import PREFETCH, WorkerError
 from hermes_batch.executors.forkserver import Forkserver
 from hermes_batch.executors.pipe_worker import PipeLink, frame
 from hermes_batch.formats.records import Usage
-from hermes_batch.testing import RoutedScript, ToolLoopScript, batch_records, steady, write_dataset
+from hermes_batch.testing import (
+    BatchSettings, RoutedScript, ScriptedModelServer, ToolLoopScript, batch_records, steady, write_dataset,
+)
 from hermes_batch.testing.fixtures import ended, wait_for
 from hermes_batch.testing.runner import TEST_API_KEY
 
@@ -144,6 +146,34 @@ def test_a_killed_worker_loses_only_its_prompts_in_flight(tmp_path, runner, mode
     # only the prompts in flight on the dead worker ran again: its 4 sessions' (the queued ones had not
     # started), with a margin for prompts that ended as it was killed, their outcomes not sent yet
     assert len(again) <= 4 + PREFETCH, again
+
+
+def test_batch_api_a_killed_workers_requests_stay_in_their_batch_for_the_prompts_run_again(tmp_path, runner, procs):
+    """--batch_api: a worker is killed while the first turns' batch is out; its prompts run again on the other
+    worker, whose first requests take the answers of the lost sessions' from that batch: none is paid twice."""
+    prompts = prompts_of(8)
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
+    batch_api = ("--batch_api", "--batch_api_max_requests", "8", "--batch_api_max_wait", "1",
+                 "--batch_api_poll_interval", "0.1")
+    with ScriptedModelServer(ToolLoopScript(tool_calls=2), api_key=TEST_API_KEY,
+                             batches=BatchSettings(delay=lambda number: 3.0 if number == 1 else 0.2)) as server:
+        proc = runner.spawn(data, *BASE, *PROCESSES, "--num_workers", "8", *batch_api, server=server)
+        procs.append(proc)
+        workers = wait_for(lambda: len(workers_of(proc.pid)) == 2 and workers_of(proc.pid), 60, "two workers", proc)
+        wait_for(lambda: sum(server.batches.batch_sizes) == 8, 60, "every first turn in a batch", proc)
+        assert server.batches.requests_processed == 0
+        os.kill(workers[0], signal.SIGKILL)
+        _out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-3000:]
+        assert "was lost (killed by signal 9)" in err
+        assert max(server.batches.processed.values()) == 1, "a request processed twice"
+        assert server.batches.requests_processed == 8 * CALLS
+    trajectories = runner.records("trajectories.jsonl")
+    assert Counter(human(t) for t in trajectories) == Counter(prompts)
+    assert all(t["completed"] and t["api_calls"] == CALLS for t in trajectories)
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["batch_api"]["replayed"] == 4  # the lost worker's four first turns
+    assert stats["model_requests"]["requests"] == 8 * CALLS
 
 
 def test_driver_killed_then_resume_loses_nothing_finished(tmp_path, runner, model_server, procs):

@@ -38,6 +38,7 @@ from typing import Awaitable, Callable, Iterator, Optional
 from ..formats.endpoint_numbers import stored_cost
 from ..errors import HermesBatchError
 from ..contract.interfaces import PromptJob, PromptJobs
+from ..run.batch_client import BatchingClient
 
 log = logging.getLogger("hermes_batch.executors.dispatch")
 
@@ -64,7 +65,8 @@ class WorkerLink(abc.ABC):
 
     @abc.abstractmethod
     async def send(self, message: tuple) -> None:
-        """Send ``("lease", [(lease, job), ...])`` or ``("return",)``; raise WorkerLost when the worker is gone."""
+        """Send ``("lease", [(lease, job), ...])``, ``("return",)`` or ``("batched", id, outcome)`` (batch_relay.py);
+        raise WorkerLost when the worker is gone."""
 
     @abc.abstractmethod
     async def receive(self) -> list:
@@ -115,6 +117,7 @@ class Dispatcher:
         self._recording: set[asyncio.Future] = set()  # outcomes being written while the leasing goes on
         self._receivers: list[asyncio.Task] = []
         self.responses = None  # the run's ResponseJournal, which the workers' answers are written to
+        self.batches = None  # under --batch_api, the BatchService that runs the workers' batch calls (batch_relay.py)
 
     async def run(self) -> None:
         """Lease every job and record every outcome; then call ``close``, also when this raises or is cancelled."""
@@ -144,6 +147,8 @@ class Dispatcher:
         outcome that arrives meanwhile is recorded.  The error of an outcome
         that could not be written (disk full) is raised.
         """
+        if self.batches is not None:  # as Ctrl-C does to the local executor's sessions: their batches stay out
+            await self.batches.aclose()
         closing = asyncio.ensure_future(close_all(self.started_links))
         try:
             await self._drain(closing, grace)
@@ -230,6 +235,9 @@ class Dispatcher:
             for other in list(self.links):
                 if other is not link:
                     await self._fill(other)
+        elif kind == "batch":
+            if self.batches is not None:
+                self.batches.handle(link, message)
         elif kind == "limits":
             self._limits[link] = message[1:]
             # summed once every worker has reported: one worker's limit alone is not the run's
@@ -241,6 +249,8 @@ class Dispatcher:
     async def _lost(self, link: WorkerLink, why: WorkerLost) -> None:
         orphans = self.leased.pop(link, {})
         self.links.remove(link)
+        if self.batches is not None:
+            self.batches.drop(link)
         self._limits.pop(link, None)
         self.asked.discard(link)
         self.again.extendleft(reversed(list(orphans.values())))
@@ -345,6 +355,10 @@ async def drive(links: list, jobs, processor, on_outcome) -> None:
         queue = PREFETCH if processor.plan.config.max_cost is not None else None
         dispatcher = Dispatcher(links, jobs, on_outcome, relay, limits, queue)
         dispatcher.responses = getattr(processor.replayer, "journal", None)
+        if isinstance(processor.client, BatchingClient):  # the driver submits and collects every worker's batches
+            from .batch_relay import BatchService
+
+            dispatcher.batches = BatchService(processor.client.batcher)
         await dispatcher.run()
     finally:
         if dispatcher is not None:

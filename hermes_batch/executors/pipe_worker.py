@@ -6,8 +6,8 @@ pipes of the protocol (the worker moves them aside at once and points fd 1 at
 stderr, so a stray print cannot corrupt a message).  A message
 is a 4-byte big-endian length and a pickle; the worker batches everything that
 happened in one turn of its event loop into one message (a list).  The first
-message from the driver is a WorkerSetup, then ``("lease", [...])`` and
-``("return",)`` messages and finally ``("stop",)``.  End of input means the
+message from the driver is a WorkerSetup, then ``("lease", [...])``,
+``("return",)`` and ``("batched", id, outcome)`` messages and finally ``("stop",)``.  End of input means the
 driver is gone (SIGKILL, say): the worker stops the same way, closing its
 sandboxes.
 
@@ -179,6 +179,8 @@ async def serve(read_fd: int, write_fd: int, api_key: Optional[str]) -> None:
                 break  # the driver is gone
             if message[0] == "lease":
                 worker.lease(message[1])
+            elif message[0] == "batched":
+                worker.batched(message[1], message[2])
             elif message[0] == "return":
                 worker.take_back()
             elif message[0] == "stop":

@@ -11,8 +11,10 @@ entry)`` per line of calls.jsonl, ``("responses", entry)`` per line of
 responses.jsonl (a live model answer), ``("outcome", lease, outcome)`` per prompt,
 ``("limits", in_flight, limit, min_limit)`` with each batch of
 messages, ``("returned", [lease, ...])`` when the driver asks for the prompts
-not started yet (``take_back``), and ``("fatal", error)`` when the run must
-stop (a refused key, a sandbox backend that cannot start).
+not started yet (``take_back``), ``("batch", id, op, args)`` for a call of the
+driver's Batcher under ``--batch_api`` (answered with ``("batched", id,
+outcome)``: ``batched``, see batch_relay.py), and ``("fatal", error)`` when the
+run must stop (a refused key, a sandbox backend that cannot start).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any, Callable, Optional
 import attrs
 
 from ..errors import HermesBatchError
+from .batch_relay import BatchRelay
 from ..contract.interfaces import stop_if_cancelled
 from ..folder.journal import CallJournal
 from ..folder.replay_journal import encode_response
@@ -130,6 +133,7 @@ class PromptWorker:
         self.tasks: list[asyncio.Task] = []
         self.processor = None
         self.failed = False
+        self.batches = BatchRelay(emit) if self.plan.config.batch_api else None
 
     @staticmethod
     def environment(api_key: Optional[str]) -> dict:
@@ -158,7 +162,7 @@ class PromptWorker:
         cfg = plan.config
         run = RunContext(cfg.run_name, Path(setup.run_dir), plan.seed, cfg.verbose, cfg.log_prefix_chars, pool)
         try:
-            self.processor = build_processor(plan, run, self.registry)
+            self.processor = build_processor(plan, run, self.registry, batcher=self.batches)
             self.processor.client.journal = RelayJournal(self.emit, setup.session)
             # the driver writes responses.jsonl; a prompt's recorded answers come with its job
             self.processor.replayer = Replayer(RelayResponses(self.emit), self.processor.client,
@@ -175,6 +179,11 @@ class PromptWorker:
         """Queue ``(lease, PromptJob)`` pairs; the driver leases at most as many again as the concurrency."""
         for item in leases:
             self.queue.put_nowait(item)
+
+    def batched(self, key: int, outcome) -> None:
+        """The driver's outcome of the batch call ``key`` (``("batched", key, outcome)``)."""
+        if self.batches is not None:
+            self.batches.answer(key, outcome)
 
     def take_back(self) -> None:
         """Hand the driver back every leased prompt not started yet: emits ``("returned", [lease, ...])``."""

@@ -128,16 +128,23 @@ class CallJournal:
             self.sent()
             return await client.send(messages, tools)
 
-        response = None
+        response, left = None, False
         try:
             response = await client.limiter.call(send, messages, tools, calls=attempts)
             return response
+        except BaseException as exc:
+            # --batch_api: cut off (Ctrl-C) while a batch at the provider holds it, the request's end is that
+            # batch's, written when a --resume collects it (as after a SIGKILL), else it stays unanswered
+            left = getattr(exc, "left_in_batch", False)
+            raise
         finally:
             # the limiter appends a CallRecord per attempt, the last one answered when a response came
             ended = attempts[first:]
             for i, call in enumerate(ended):
-                answered = response is not None and i == len(ended) - 1
-                self.done(call, response.usage if answered else None)
+                last = i == len(ended) - 1
+                if left and last:
+                    continue
+                self.done(call, response.usage if response is not None and last else None)
 
     def relay(self, entry: dict) -> None:
         """Write a line another process journaled (a worker of the processes or Ray executor); its cost counts."""

@@ -120,7 +120,7 @@ class BatchCounts:
     requeued: int = 0  # not processed by an expired or cancelled batch: sent again in a later one
     expired: int = 0  # batches
     cancelled: int = 0  # batches
-    replayed: int = 0  # requests answered by a batch an earlier session submitted
+    replayed: int = 0  # requests answered by a batch an earlier session (or a lost worker's session) submitted
     wait_s: float = 0.0  # summed over the requests: from queued to answered
 
     def as_dict(self) -> dict:
@@ -164,6 +164,10 @@ class Batcher:
         self._enqueue(request)
         try:
             return await request.future
+        except asyncio.CancelledError as exc:
+            if request.custom_id:  # journaled as pending: a batch at the provider may hold it (CallJournal.complete)
+                exc.left_in_batch = True
+            raise
         finally:
             if not request.future.done():  # the session was cancelled (--prompt_timeout, Ctrl-C)
                 request.future.cancel()
@@ -333,6 +337,12 @@ class Batcher:
         task = loop.create_task(self._collect_earlier(batch_id, futures))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def adopt(self, messages: tuple, tools: tuple, outcome: asyncio.Future) -> None:
+        """The session that sent this call is gone (its worker was lost) but its request stays in its batch: the
+        answer (``outcome``'s result, None if there is none) goes to the next session that sends the same request,
+        as an earlier session's batch's would (a prompt run again from its first turn sends it again)."""
+        self._earlier.setdefault(digest(self.api.body(messages, tools)), []).append(outcome)
 
     async def _collect_earlier(self, batch_id: str, futures: dict) -> None:
         results: dict = {}

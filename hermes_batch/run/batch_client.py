@@ -6,6 +6,10 @@ errors classified by it, and its limiter (retries, budgets) and the run's call
 journal see every call as they would see a synchronous one.  Only ``send``
 differs: it waits for the call's batch.  Tools that consult a model
 (``for_model``) call it synchronously.
+
+Under an executor with workers the driver holds the run's one Batcher (and its
+journal); each worker's client is a BatchingClient whose batcher is a relay to
+the driver's (``hermes_batch.executors.batch_relay``).
 """
 
 from __future__ import annotations
@@ -37,15 +41,17 @@ def has_batch_api(client_class: type) -> bool:
 class BatchingClient(ModelClient):
     """``inner`` with every call sent in a batch; see the module docstring."""
 
-    def __init__(self, inner: ModelClient, options: BatchOptions):
+    def __init__(self, inner: ModelClient, options: BatchOptions, batcher=None):
         super().__init__(inner.settings)
-        api = inner.batch_api()
-        if api is None:
-            raise ConfigError(f"The model client {inner.name!r} has no batch API; run without --batch_api.")
+        if batcher is None:  # else a worker's relay to the driver's Batcher, with the same methods
+            api = inner.batch_api()
+            if api is None:
+                raise ConfigError(f"The model client {inner.name!r} has no batch API; run without --batch_api.")
+            batcher = Batcher(api, options)
         self.inner = inner
         self.name = inner.name
         self.packages = inner.packages
-        self.batcher = Batcher(api, options)
+        self.batcher = batcher
 
     @property
     def limiter(self):

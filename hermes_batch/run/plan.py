@@ -98,7 +98,7 @@ def make_plan(
     config.check_verifier_needs()  # again: a resume's --verifier is the run's, taken from run.json
     executor = selection.executor(registry, config.executor, config.executor_options)
     if config.batch_api:
-        _check_batch_api(client_cls, executor.name)
+        _check_batch_api(client_cls)
     prefill = load_prefill(config.prefill_messages_file)
     notices.routing_elsewhere(config)
 
@@ -137,16 +137,12 @@ def make_plan(
     return plan, {name: runtimes[name] for name in plan.toolsets}
 
 
-def _check_batch_api(client_cls: type, executor: str) -> None:
+def _check_batch_api(client_cls: type) -> None:
     from .batch_client import has_batch_api
 
     if not has_batch_api(client_cls):
         raise UsageError(f"The model client {client_cls.name!r} has no batch API; run without --batch_api, or with "
                          "--model_client openai or anthropic.")
-    if executor != "local":
-        # the driver would have to submit and collect for every worker's sessions: not built yet
-        raise UsageError(f"--batch_api runs under the local executor only, not --executor {executor}; "
-                         "drop --executor (a batch run waits on the provider, not on this machine's cores).")
 
 
 def _choose_seed(config: RunConfig, folder: RunFolder) -> int:
@@ -164,7 +160,7 @@ def _choose_seed(config: RunConfig, folder: RunFolder) -> int:
 
 
 def build_processor(
-    plan: RunPlan, run: RunContext, registry: Registry, runtimes: Optional[Mapping] = None,
+    plan: RunPlan, run: RunContext, registry: Registry, runtimes: Optional[Mapping] = None, batcher: Any = None,
 ) -> PromptProcessor:
     """The prompt processor of ``plan``: a new model client and sandbox backend, neither started.
 
@@ -172,7 +168,9 @@ def build_processor(
     include those the plan names); ``runtimes`` are the toolset runtimes
     ``make_plan`` returned, in the runner's process, else new ones are built.
     Start the processor with ``processor.start()`` before the first prompt and
-    end it with ``processor.aclose()`` after the last.
+    end it with ``processor.aclose()`` after the last.  ``batcher``: under
+    ``--batch_api``, what the client's calls go to instead of a Batcher of its
+    own (a worker's relay to the driver's).
     """
     if runtimes is None:
         runtimes = {
@@ -182,7 +180,7 @@ def build_processor(
     if plan.config.batch_api:
         from .batch_client import BatchingClient, batch_options
 
-        client = BatchingClient(client, batch_options(plan.config))
+        client = BatchingClient(client, batch_options(plan.config), batcher)
     return PromptProcessor(
         run_name=run.run_name,
         model=plan.config.model,

@@ -242,3 +242,32 @@ def test_driver_killed_mid_session_replays_the_journaled_answers_on_resume(tmp_p
         assert saved[prompt]["metadata"]["replayed_turns"] == k
         assert saved[prompt]["api_calls"] == TURNS and saved[prompt]["completed"]
     assert not (folder / "responses.jsonl").exists()  # every prompt has its record
+
+
+def test_batch_api_the_driver_submits_and_collects_for_every_actor(tmp_path, runner, model_server, ray_cluster):
+    """--batch_api: the actors' sessions relay their requests to the driver, whose batches hold both actors'
+    requests; the trajectories are a synchronous local run's, and no request is processed twice."""
+    from hermes_batch.testing import BatchSettings, tool_outputs
+
+    server = model_server(ToolLoopScript(tool_calls=2), batches=BatchSettings(delay=0.2))
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts_of(40)])
+    batch_api = ("--batch_api", "--batch_api_max_wait", "1", "--batch_api_poll_interval", "0.1")
+
+    sync = runner.invoke(data, *BASE, "--num_workers", "40", server=server, run_name="sync")
+    assert sync.exit_code == 0, sync.output
+    batched = runner.invoke(data, *BASE, *ray_options(ray_cluster, "-E", "workers=2"), "--num_workers", "40",
+                            *batch_api, server=server, run_name="batched")
+    assert batched.exit_code == 0, batched.output[-3000:]
+
+    assert server.batches.requests_processed == 40 * CALLS
+    assert max(server.batches.processed.values()) == 1
+    assert max(server.batches.batch_sizes) > 20  # an actor runs 20 sessions: batches hold both actors' requests
+
+    def shapes(run_name):
+        return {human(t): ([turn["from"] for turn in t["conversations"]], tool_outputs(t))
+                for t in runner.records("trajectories.jsonl", run_name)}
+
+    assert len(shapes("batched")) == 40 and shapes("batched") == shapes("sync")
+    stats = json.loads((runner.folder("batched") / "statistics.json").read_text())
+    assert stats["batch_api"]["requests"] == 40 * CALLS
+    assert stats["model_requests"]["requests"] == 40 * CALLS

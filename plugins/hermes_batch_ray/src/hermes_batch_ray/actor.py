@@ -57,6 +57,10 @@ class PromptActor:
     async def lease(self, leases: list) -> None:
         self.worker.lease(leases)
 
+    async def batched(self, key: int, outcome) -> None:
+        """Under --batch_api: the outcome of a session's batch call, which the driver made."""
+        self.worker.batched(key, outcome)
+
     async def take_back(self) -> None:
         """Hand back the prompts not started yet (``("returned", [...])`` in the next poll)."""
         self.worker.take_back()

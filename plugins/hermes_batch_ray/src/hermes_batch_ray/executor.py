@@ -168,6 +168,8 @@ class RayLink(WorkerLink):
                 await self.actor.lease.remote(message[1])
             elif message[0] == "return":
                 await self.actor.take_back.remote()
+            elif message[0] == "batched":  # --batch_api: the driver's answer to a session's batch call
+                await self.actor.batched.remote(message[1], message[2])
         except ray.exceptions.RayError as exc:
             raise WorkerLost(_first_line(exc)) from None
 
