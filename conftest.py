@@ -32,16 +32,30 @@ NEEDS_OF_FIXTURES = {
     "page": "browser",
 }
 
-# Tests (a file, file::name for every parametrisation of one test, file::Class or file::Class::name) -> what they
-# need that no fixture says:
+# Tests (a file, file::name for every parametrisation of one test, file::name[id] for one, file::Class or
+# file::Class::name) -> what they need that no fixture says:
 # the tests that drive Chromium without a fixture of it, long runs, and those that compare times.
 NEEDS_OF_TESTS = {
     "plugins/hermes_batch_toolbox/tests/test_browser.py": ("browser",),
     "plugins/hermes_batch_toolbox/tests/test_end_to_end.py::test_thirty_prompts_with_every_toolset": ("browser",),
-    "plugins/hermes_batch_toolbox/tests/test_open_files.py": ("browser", "slow"),
     "tests/test_view_guard.py::test_a_rebound_name_reads_nothing_in_chromium": ("browser",),
     # slow: runs of hermes-batch in child processes, worker processes, big files (more than ~5 s on a busy machine)
     "tests/test_record_schema.py": ("slow",),  # a run of 2,900 prompts, made once for the module
+    "tests/test_replay_journal.py::test_sigkill_at_every_turn_boundary_resumes_without_paying_again": ("slow",),
+    "tests/test_replay_journal.py::test_a_tool_that_prints_something_else_sends_exactly_the_remainder": ("slow",),
+    "tests/test_replay_journal.py::test_ctrl_c_at_turn_boundaries_resumes_without_paying_again": ("slow",),
+    "tests/test_replay_journal.py::test_processes_executor_replays_through_its_driver": ("slow",),
+    "tests/test_replay_journal.py::test_a_journal_torn_by_a_kill_is_read_up_to_its_last_whole_entry": ("slow",),
+    "tests/test_replay_journal.py::test_response_cache_answers_a_second_run_folder": ("slow",),
+    "tests/test_batch_api.py::test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again": ("slow",),
+    "tests/test_batch_api.py::test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight": ("slow",),
+    "plugins/hermes_batch_ray/tests/test_ray_executor.py::test_driver_killed_mid_session_replays_the_journaled_answers_on_resume":
+        ("slow",),  # two runs of ten-turn sessions in child processes, about two minutes
+    # slow: many prompts
+    "tests/test_batch_api.py::test_a_batch_run_makes_the_trajectories_of_a_synchronous_run": ("slow",),  # 2 x 200 prompts
+    "plugins/hermes_batch_toolbox/tests/test_open_files.py": ("browser", "slow"),  # 1000 prompts, 200 with a browser
+    # slow: a user made for the test runs pytest again
+    "tests/test_local_boundary.py::test_the_hostile_classes_hold_for_a_runner_without_root": ("slow",),
     "tests/test_process_executor.py": ("slow",),  # every test starts worker processes
     "tests/test_accounting.py::test_sigkill_then_resume_counts_every_request_the_endpoint_served": ("slow",),
     "tests/test_engine.py::test_hundreds_of_sessions_at_once": ("slow", "perf"),  # 300 sessions within 20 s
@@ -104,8 +118,15 @@ NEEDS_OF_TESTS = {
     "tests/test_local_sandbox.py::test_a_sandbox_closed_while_its_namespace_starts_leaves_no_process": ("slow",),
     "tests/test_local_sandbox.py::test_the_namespace_dies_with_a_runner_killed_by_sigkill": ("slow",),
     "tests/test_local_sandbox.py::test_a_folder_swapped_for_a_link_in_a_tight_loop_never_leads_out": ("slow",),
-    # (keeps: test_run_command_kills_the_whole_process_group_at_the_timeout)
-    "tests/test_sandbox_blocks.py::test_run_command_returns_when_the_command_ends_though_a_child_holds_its_output": ("slow",),
+    # (keeps: test_openai_batch_endpoints_through_the_sdk and test_a_request_failing_inside_a_batch_is_retried_in_a_later_one)
+    "tests/test_batch_api.py::test_anthropic_message_batches_through_the_sdk": ("slow",),
+    "tests/test_batch_api.py::test_an_expired_batch_sends_its_requests_again": ("slow",),
+    # (keeps: their runs under the local executor) worker processes take seconds to start
+    "tests/test_batch_api.py::test_prompt_timeout_applies_to_a_session_waiting_for_its_batch[processes]": ("slow",),
+    "tests/test_batch_api.py::test_a_request_cut_off_by_prompt_timeout_leaves_the_batch_being_filled[processes]":
+        ("slow",),
+    # (keeps: test_prompt_timeout_applies_to_a_session_waiting_for_its_batch)
+    "tests/test_batch_api.py::test_prompt_timeout_before_the_first_answer_fails_the_prompt": ("slow",),
     # (keeps: test_the_first_model_request_does_not_wait_for_the_sandbox and the quick ones)
     "tests/test_sandbox_start.py::test_a_deadline_while_the_sandbox_opens_still_closes_it": ("slow",),
     "tests/test_sandbox_start.py::test_a_late_backend_opens_at_the_first_tool_call": ("slow",),
@@ -237,6 +258,8 @@ def _needs(item) -> set:
     path = os.path.relpath(str(item.path), str(item.config.rootpath)).replace(os.sep, "/")
     name = getattr(item, "originalname", item.name)
     keys = [path, f"{path}::{name}"]
+    if item.name != name:  # one parametrisation: file::name[id]
+        keys.append(f"{path}::{item.name}")
     cls = getattr(item, "cls", None)
     if cls is not None:
         keys += [f"{path}::{cls.__name__}", f"{path}::{cls.__name__}::{name}"]

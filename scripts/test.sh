@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suite.
 #
-#   scripts/test.sh [pytest arguments]         the contributor's run: about 1.5 minutes on 2 cores, no root, no services
+#   scripts/test.sh [pytest arguments]         the contributor's run: about a minute on 2 idle cores, no root, no services
 #   scripts/test.sh --all [pytest arguments]   every test, with the services they need (what .ci/run calls)
 #
 # Both make the virtual environment $HERMES_BATCH_VENV (default .venv) and install this checkout and its

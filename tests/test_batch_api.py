@@ -26,8 +26,14 @@ FAST = ("--batch_api", "--batch_api_max_wait", "0.3", "--batch_api_poll_interval
 CLIENTS = {"openai": (), "anthropic": ("--model_client", "anthropic")}
 # the driver submits and collects, the workers run the sessions (hermes_batch/executors/batch_relay.py)
 EXECUTORS = {"local": (), "processes": ("--executor", "processes", "-E", "workers=2")}
-# worker processes take seconds to start: the default run keeps the local executor's
-BOTH = ["local", pytest.param("processes", marks=pytest.mark.slow)]
+# (the root conftest.py marks the processes executor's runs of the tests of both slow: its workers take seconds to start)
+BOTH = ["local", "processes"]
+
+
+def WHOLE_TURNS(n: int) -> tuple:  # noqa: N802 (options, like FAST)
+    """For n prompts at --num_workers n whose turns go in step: each turn's batch goes out once all n are in,
+    without waiting for --batch_api_max_wait."""
+    return ("--batch_api_max_requests", str(n), "--batch_api_max_wait", "5")
 
 
 def script(**options) -> ToolLoopScript:
@@ -131,7 +137,6 @@ async def test_openai_batches_expire_and_cancel():
         assert server.batches.requests_processed == 0  # neither processed a request
 
 
-@pytest.mark.slow
 async def test_anthropic_message_batches_through_the_sdk():
     import anthropic
 
@@ -204,7 +209,6 @@ async def test_a_refused_key_at_the_batch_endpoints_is_fatal_and_a_missing_api_s
 # --- runs ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("executor", sorted(EXECUTORS))
 @pytest.mark.parametrize("client", sorted(CLIENTS))
 def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, client, executor):
@@ -239,7 +243,6 @@ def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, clien
     assert "batch_api" not in sync_stats
 
 
-@pytest.mark.slow
 def test_an_expired_batch_sends_its_requests_again(tmp_path):
     data = dataset(tmp_path, 6)
     settings = BatchSettings(delay=0.2, expire=lambda number: number == 1)
@@ -268,7 +271,7 @@ def test_the_cost_a_batch_reports_is_counted(tmp_path):
     data = dataset(tmp_path, 4)
     with ScriptedModelServer(priced, api_key=TEST_API_KEY, batches=BatchSettings(delay=0.05)) as server:
         runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "4"))
-        result = runner.invoke(data, *FAST)
+        result = runner.invoke(data, *FAST, *WHOLE_TURNS(4))
         assert result.exit_code == 0, result.output
     stats = json.loads((runner.folder() / "statistics.json").read_text())
     assert stats["cost"] == pytest.approx(12 * 0.0005)
@@ -380,7 +383,7 @@ def test_response_cache_answers_before_a_batch_is_made(tmp_path):
     cache = ("--response_cache", str(tmp_path / "cache"))
     with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(delay=0.05)) as server:
         runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "3"))
-        result = runner.invoke(data, *FAST, *cache)
+        result = runner.invoke(data, *FAST, *WHOLE_TURNS(3), *cache)
         assert result.exit_code == 0, result.output
         paid, created = server.batches.requests_processed, server.batches.created
         assert paid == 9
@@ -401,7 +404,6 @@ def _submitted(runner: Runner) -> int:
     return sum(1 for line in runner.records("batches.jsonl") if line["event"] == "submitted")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("how, executor", [("SIGKILL", "local"), ("SIGINT", "local"), ("SIGKILL", "processes"),
                                            ("SIGINT", "processes")])
 def test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again(tmp_path, procs, how, executor):
@@ -446,7 +448,6 @@ def _journaled(runner: Runner) -> int:
     return path.read_text().count('"h":') if path.exists() else 0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("executor", sorted(EXECUTORS))
 def test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight(tmp_path, procs, executor):
     """Killed while the second turns' batch is out, the first turns' answers already in responses.jsonl:
@@ -461,7 +462,7 @@ def test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight(t
         return attrs.evolve(loop(request), usage=Usage(prompt_tokens=100, completion_tokens=10, cost=cost))
 
     data = dataset(tmp_path, n)
-    options = (*FAST, "--batch_api_max_requests", str(n), "--batch_api_max_wait", "5")  # one full batch per turn
+    options = (*FAST, *WHOLE_TURNS(n))  # one full batch per turn
     # the second batch (the second turns) ends 6 s after creation: time to kill the driver while it is out
     settings = BatchSettings(delay=lambda number: 6.0 if number == 2 else 0.2)
     with ScriptedModelServer(priced, api_key=TEST_API_KEY, batches=settings) as server:

@@ -227,7 +227,6 @@ def test_without_user_namespaces_auto_names_what_is_missing_and_namespace_refuse
         assert gap in warnings[0]
 
 
-@pytest.mark.slow
 def test_the_hostile_classes_hold_for_a_runner_without_root(tmp_path):
     # The contract's boundary classes, run by pytest itself as a user made for the test (user namespaces).
     if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("setpriv"):

@@ -58,6 +58,7 @@ def test_every_test_of_the_table_exists(key):
         assert cls in defined_names(REPO / path), f"{key} is not a test: update NEEDS_OF_TESTS in the root conftest.py"
         assert any(method in defined_names(where) for where in [REPO / path, *KITS]), f"{key} is not a test"
     elif name:
+        name = name.split("[", 1)[0]  # file::name[id]: one parametrisation of it
         assert name in defined_names(REPO / path), f"{key} is not a test: update NEEDS_OF_TESTS in the root conftest.py"
 
 
@@ -65,7 +66,9 @@ def test_every_test_of_the_table_exists(key):
 def test_every_fixture_of_the_table_exists(fixture):
     folders = [REPO / "tests", *REPO.glob("plugins/*/tests"), *REPO.glob("hermes_batch_*/tests")]
     files = [path for folder in folders for path in folder.glob("*.py")]
-    assert any(fixture in defined_names(path) for path in files), f"no fixture {fixture}: update NEEDS_OF_FIXTURES"
+    # parsed only where the name is in the text: parsing every test file takes a second
+    assert any(fixture in defined_names(path) for path in files if fixture in path.read_text()), \
+        f"no fixture {fixture}: update NEEDS_OF_FIXTURES"
 
 
 def item(path: str, name: str, fixtures=(), cls=None):
@@ -82,6 +85,10 @@ def test_a_test_needs_what_its_fixtures_and_the_table_say():
     assert needs(item("tests/test_model_transport.py", "test_a_gzip_answer_is_capped_once_decompressed[httpx]",
                       ["backend"])) == {"perf"}  # every parametrisation
     assert needs(item("tests/test_model_transport.py", "test_something_else", ["backend"])) == set()
+    # one parametrisation, by its id
+    timeout = "test_prompt_timeout_applies_to_a_session_waiting_for_its_batch"
+    assert needs(item("tests/test_batch_api.py", f"{timeout}[processes]")) == {"slow"}
+    assert needs(item("tests/test_batch_api.py", f"{timeout}[local]")) == set()
     # a class, or one test of a class (inherited from a kit or not), by the class that collects it
     bash_helper = type("TestLocalSandboxContractBashHelper", (), {})
     assert needs(item("tests/test_local_sandbox.py", "test_exit_codes", cls=bash_helper)) == {"slow"}
@@ -97,3 +104,16 @@ def test_the_ray_tests_share_one_worker_and_so_one_cluster():
     NEEDS.pytest_collection_modifyitems(None, [fake])
     groups = [decorator.mark for decorator in added if not isinstance(decorator, str)]
     assert "ray" in added and [(g.name, g.args) for g in groups] == [("xdist_group", ("ray",))]
+
+
+def test_no_test_file_marks_what_it_needs_itself():
+    """The tables of the root conftest.py are the one place that says what a test needs: a `@pytest.mark.slow` in a
+    test file would be a second place to look (and one a reader of the tables would miss)."""
+    import re
+
+    inline = re.compile(r"\bmark\.(%s)\b" % "|".join(NEEDS.NEEDS))
+    folders = [REPO / "tests", *REPO.glob("plugins/*/tests"), *REPO.glob("hermes_batch_*/tests"), REPO / "hermes_batch"]
+    found = [f"{path.relative_to(REPO)}:{text.count(chr(10), 0, match.start()) + 1}"
+             for folder in folders for path in sorted(folder.rglob("*.py")) if path.name != "test_markers.py"
+             for text in [path.read_text()] for match in inline.finditer(text)]
+    assert not found, f"mark these in NEEDS_OF_TESTS of the root conftest.py instead: {found}"

@@ -178,15 +178,15 @@ def test_requests_per_minute_spaces_the_calls(model_server, runner, tmp_path):
 
 
 async def test_tokens_per_minute_holds_calls_until_the_budget_refills():
-    limiter = CallLimiter(limit=8, tokens_per_minute=60_000)  # 1000 tokens/s, 10 s (10 000 tokens) at once
+    limiter = CallLimiter(limit=8, tokens_per_minute=240_000)  # 4000 tokens/s, 10 s (40 000 tokens) at once
 
     async def send(messages, tools):
         return ModelResponse(Message("assistant", "ok"), usage=Usage(prompt_tokens=900, completion_tokens=100))
 
     started = time.monotonic()
-    for _ in range(13):  # 13 000 tokens: the last calls wait for about two seconds of refill
+    for _ in range(43):  # 43 000 tokens: the last two calls wait for a quarter of a second of refill each
         await limiter.call(send, (Message("user", "hi"),), ())
-    assert 1.5 <= time.monotonic() - started < 5
+    assert 0.4 <= time.monotonic() - started < 4
 
 
 async def test_aimd_halves_once_per_round_and_grows_back_by_one_per_round():

@@ -690,7 +690,7 @@ async def test_an_anthropic_answer_may_hold_any_field_name():
 
 
 async def test_the_connection_pool_opens_one_connection_per_call_the_run_allows_in_flight(backend, model_server):
-    server = model_server(lambda r: Reply(content="ok"), latency=0.3)
+    server = model_server(lambda r: Reply(content="ok"), latency=0.15)
     with CuttingProxy(server.port) as proxy:
         settings = ModelSettings("scripted-model", proxy.url + "/v1", api_key=TEST_API_KEY,
                                  max_concurrent_requests=3, http_backend=backend)

@@ -74,7 +74,7 @@ def test_ended_names_the_processes_that_still_hold_a_runs_output():
                             stderr=subprocess.PIPE, text=True)
     try:
         with pytest.raises(pytest.fail.Exception, match=rf"1 processes still held the output .*sleep {marker}"):
-            ended(proc, timeout=1)
+            ended(proc, timeout=0.3)
     finally:
         subprocess.run(["pkill", "-f", f"^sleep {marker}"])
     out, _err = ended(proc)

@@ -24,7 +24,6 @@ from hermes_batch.formats.serialization import from_json, to_json_line
 from hermes_batch.testing import Reply
 
 pa_json = pytest.importorskip("pyarrow.json")
-pytestmark = pytest.mark.slow  # a run of 2,900 prompts: a couple of minutes
 
 RECORD_DOC = Path(__file__).resolve().parent.parent / "docs" / "run-folder.md"
 PROMPT_TIMEOUT = 2.0

@@ -80,7 +80,6 @@ def hang_at(stop, released):
     return lambda r: not released.is_set() and r.prompt in stop and r.turn == stop[r.prompt]
 
 
-@pytest.mark.slow  # runs of hermes-batch in child processes
 @pytest.mark.parametrize("client", ["openai", "anthropic"])
 def test_sigkill_at_every_turn_boundary_resumes_without_paying_again(tmp_path, runner, model_server, client):
     prompts = [f"task {k}: list the files" for k in range(TURNS)]
@@ -117,7 +116,6 @@ def test_sigkill_at_every_turn_boundary_resumes_without_paying_again(tmp_path, r
     assert stats["model_requests"]["requests"] == answered + TURNS  # plus the ten hung requests, unanswered
 
 
-@pytest.mark.slow  # runs of hermes-batch in child processes
 def test_a_tool_that_prints_something_else_sends_exactly_the_remainder(tmp_path, runner, model_server):
     prompt = "task: list the files"
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": prompt}])
@@ -155,18 +153,15 @@ def cut_off_and_resume(tmp_path, runner, model_server, turns, options, signum, s
         assert saved[prompt]["metadata"]["replayed_turns"] == k
 
 
-@pytest.mark.slow  # runs of hermes-batch in child processes
 def test_ctrl_c_at_turn_boundaries_resumes_without_paying_again(tmp_path, runner, model_server):
     cut_off_and_resume(tmp_path, runner, model_server, (1, 4, 9), ("--num_workers", "3"), signal.SIGINT, 130)
 
 
-@pytest.mark.slow  # runs of hermes-batch in child processes
 def test_processes_executor_replays_through_its_driver(tmp_path, runner, model_server):
     processes = ("--executor", "processes", "-E", "workers=2", "--num_workers", "2")
     cut_off_and_resume(tmp_path, runner, model_server, (2, 6), processes, signal.SIGKILL, -signal.SIGKILL, processes)
 
 
-@pytest.mark.slow  # runs of hermes-batch in child processes
 def test_a_journal_torn_by_a_kill_is_read_up_to_its_last_whole_entry(tmp_path, runner, model_server):
     prompt = "task: list the files"
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": prompt}])
@@ -188,7 +183,6 @@ def test_a_journal_torn_by_a_kill_is_read_up_to_its_last_whole_entry(tmp_path, r
     assert records(runner.folder())[prompt]["metadata"]["replayed_turns"] == 5
 
 
-@pytest.mark.slow  # runs of hermes-batch in child processes
 def test_response_cache_answers_a_second_run_folder(tmp_path, runner, model_server):
     prompts = [f"task {k}: list the files" for k in range(3)]
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])

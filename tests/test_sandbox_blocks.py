@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import signal
 import stat
 import time
 from pathlib import Path
@@ -94,20 +95,29 @@ async def test_run_command_merges_output_and_reports_the_exit_status(tmp_path):
 
 async def test_run_command_kills_the_whole_process_group_at_the_timeout(tmp_path):
     started = time.monotonic()
-    result = await run_command(["/bin/sh", "-c", "echo before; (sleep 2; touch late) & sleep 30"], 1, cwd=str(tmp_path))
+    result = await run_command(["/bin/sh", "-c", "echo before; sleep 30 & echo $! > background; sleep 30"], 1,
+                               cwd=str(tmp_path))
     assert result.timed_out and result.exit_code is None and result.output == "before\n"
     assert time.monotonic() - started < 5
-    await asyncio.sleep(2.5)
-    assert not (tmp_path / "late").exists()  # the background job in its group died with it
+    background = int((tmp_path / "background").read_text())
+    for _ in range(100):
+        if not _alive(background):
+            break
+        await asyncio.sleep(0.05)
+    assert not _alive(background)  # the background job in its group died with it
 
 
 async def test_run_command_returns_when_the_command_ends_though_a_child_holds_its_output(tmp_path):
     started = time.monotonic()
-    result = await run_command(["/bin/sh", "-c", "(sleep 3; touch lived) & echo started"], 20, cwd=str(tmp_path))
+    result = await run_command(["/bin/sh", "-c", "sleep 30 & echo $! > background; echo started"], 20, cwd=str(tmp_path))
     assert time.monotonic() - started < 2
     assert (result.output, result.exit_code, result.timed_out) == ("started\n", 0, False)
-    await asyncio.sleep(3.5)
-    assert (tmp_path / "lived").exists()  # not killed: background processes live on
+    background = int((tmp_path / "background").read_text())
+    try:
+        await asyncio.sleep(0.2)
+        assert _alive(background)  # not killed: background processes live on
+    finally:
+        os.kill(background, signal.SIGKILL)
 
 
 async def test_run_command_bounds_its_output():

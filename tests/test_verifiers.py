@@ -541,24 +541,25 @@ def test_a_sample_killed_during_its_verification_runs_again_whole_and_nothing_fi
 
     runner.server = model_server(script)
     prompt = "Kill me while verifying"
-    tests = "if [ -f slow ]; then sleep 120; fi; true"
+    # the third sample's tests say that they started, then wait (at most 2 minutes) until the test opens the gate,
+    # which it does before the resume, so that the resume's verification of that sample passes at once
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    gate.chmod(0o777)  # as root the commands run as a user of their own
+    tests = (f"if [ -f slow ]; then touch {gate}/verifying; "
+             f"for i in $(seq 1200); do [ -e {gate}/open ] && break; sleep 0.1; done; fi; true")
     dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": prompt, "tests": tests}])
     proc = runner.spawn(dataset, "--verifier", "command", "--samples_per_prompt", "4", "--num_workers", "1",
-                        start_new_session=True)
+                        "-S", f"expose={gate}:rw", start_new_session=True)
     procs.append(proc)
     batch = runner.folder() / "batch_0.jsonl"
 
-    def verifying_the_third():
-        lines = batch.read_text().count("\n") if batch.exists() else 0
-        return lines == 2 and runner.server.calls_for(prompt) == 6  # two samples recorded, the third's session over
-
-    wait_for(verifying_the_third, 120, "the third sample's verification", proc)
-    import time
-
-    time.sleep(1.0)
+    wait_for((gate / "verifying").exists, 120, "the third sample's verification", proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
-    assert runner.server.sessions_for(prompt) == 3
+    assert batch.read_text().count("\n") == 2  # two samples recorded, the third's session over
+    assert runner.server.sessions_for(prompt) == 3 and runner.server.calls_for(prompt) == 6
+    (gate / "open").touch()
     result = runner.invoke(dataset, "--resume")
     assert result.exit_code == 0, result.output
     assert [r["metadata"]["sample_index"] for r in kept(runner)] == [0, 1, 2, 3]

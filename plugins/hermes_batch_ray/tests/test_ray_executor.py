@@ -10,7 +10,6 @@ import threading
 from collections import Counter
 
 import attrs
-import pytest
 
 from hermes_batch import Usage
 from hermes_batch.testing import TEST_API_KEY, ToolLoopScript, batch_records, ended, steady, wait_for, write_dataset
@@ -207,7 +206,6 @@ def journaled(folder) -> int:
     return sum(1 for line in path.read_bytes().split(b"\n") if line.startswith(b'{"p"')) if path.exists() else 0
 
 
-@pytest.mark.slow  # two runs of ten-turn sessions in child processes, about two minutes
 def test_driver_killed_mid_session_replays_the_journaled_answers_on_resume(tmp_path, runner, model_server, procs,
                                                                            ray_cluster):
     script = ToolLoopScript(tool_calls=TURNS - 1)

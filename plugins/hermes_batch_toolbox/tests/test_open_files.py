@@ -25,7 +25,6 @@ from hermes_batch_toolbox.testing import LocalWebsite
 
 pytestmark = [
     pytest.mark.skipif(not os.access("/usr/bin/chromium", os.X_OK), reason="needs Debian's chromium"),
-    pytest.mark.slow,  # 1000 prompts, 200 of them with a browser context: three minutes on 2 busy cores
     pytest.mark.timeout(1800),
 ]
 
