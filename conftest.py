@@ -36,6 +36,7 @@ NEEDS_OF_FIXTURES = {
 # file::Class::name) -> what they need that no fixture says:
 # the tests that drive Chromium without a fixture of it, long runs, and those that compare times.
 NEEDS_OF_TESTS = {
+    "hermes_batch_docker/tests/test_docker_runner.py": ("docker",),  # backends made in the test, not docker_api
     "plugins/hermes_batch_toolbox/tests/test_browser.py": ("browser",),
     "plugins/hermes_batch_toolbox/tests/test_end_to_end.py::test_thirty_prompts_with_every_toolset": ("browser",),
     "tests/test_view_guard.py::test_a_rebound_name_reads_nothing_in_chromium": ("browser",),

@@ -13,8 +13,6 @@ from hermes_batch_docker.sandbox import AGENT_DIED_NOTICE
 
 from docker_rig import IMAGE_A
 
-pytestmark = pytest.mark.docker
-
 
 def make_backend(tmp_path, run_name, **options) -> DockerBackend:
     options.setdefault("image", IMAGE_A)
@@ -80,8 +78,22 @@ async def test_commands_and_files_cost_no_exec_once_the_container_runs(backend, 
         await sandbox.exec("chmod 755 d/f.bin", 10)
         await sandbox.write_file("d/f.bin", b"#!/bin/sh\necho run\n")  # in place: its mode is kept
         assert (await sandbox.exec("./d/f.bin", 10)).output == "run\n"
-        assert await sandbox.stop_processes()
         assert calls.count == 0 and archives == []
+    finally:
+        await sandbox.close()
+
+
+async def test_stop_processes_ends_the_runner_too_and_later_commands_are_execs(backend, run_name, monkeypatch):
+    # what runs after it (a verifier's checks) must not go through a process the session's commands could reach
+    sandbox = await backend.open(spec(run_name))
+    try:
+        await sandbox.exec("sleep 300 >/dev/null 2>&1 &", 10)
+        assert "hermes-batch-runner" in (await sandbox.exec("ps -o args", 10)).output
+        assert await sandbox.stop_processes()
+        calls = EngineCalls(backend, monkeypatch)
+        listing = (await sandbox.exec("ps -o args", 10)).output
+        assert "sleep 300" not in listing and "hermes-batch-runner" not in listing
+        assert calls.count == 1  # that command's exec
     finally:
         await sandbox.close()
 

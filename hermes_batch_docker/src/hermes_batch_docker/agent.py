@@ -43,9 +43,8 @@ _STDERR = 2
 # The runner: $1 is the working folder.  Each request is one line: a nonce, an operation and at most
 # seven arguments, each "x" followed by its bytes with everything but [A-Za-z0-9._,:=+%@/-] as \0ooo.
 # X runs its arguments (an argv) as an exec would; I likewise, but with the runner's stdin, from which the
-# command must read exactly the bytes the line announces (a file's content follows its line); E exports its arguments (NAME=value); K kills every
-# process of the container's user but the runner (kill -1 spares its caller; the container's PID 1 is
-# immune).  A command's status comes back on fd 4 and its output through cat to fd 3 (the runner's stdout),
+# command must read exactly the bytes the line announces (a file's content follows its line); E exports its arguments (NAME=value).
+# (Sandbox.stop_processes does not use it: its kill is an exec that ends the runner too.)  A command's status comes back on fd 4 and its output through cat to fd 3 (the runner's stdout),
 # which the command does not inherit: POSIX sh (busybox ash, dash, bash) with no pipefail.
 # Exit 98: the image has no setsid or cat (the sandbox then uses execs).
 AGENT_SCRIPT = r"""set -f
@@ -65,7 +64,6 @@ r=$( { { "$s" "$@" </dev/null 2>&1 3>&- 4>&-; echo "$?" >&4; } | "$c" >&3 3>&- 4
 I) cd "$w" 2>/dev/null
 r=$( { { "$s" "$@" 2>&1 3>&- 4>&-; echo "$?" >&4; } | "$c" >&3 3>&- 4>&-; } 4>&1 ) ;;
 E) for v do export "$v"; done; r=0 ;;
-K) for v in 1 2 3 4 5; do kill -9 -1 2>/dev/null || break; done; r=0 ;;
 *) r=99 ;;
 esac
 printf '\036%s %s\n' "$n" "${r:-255}"

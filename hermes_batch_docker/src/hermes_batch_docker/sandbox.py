@@ -276,19 +276,13 @@ class DockerSandbox(Sandbox):
         return _Outcome(status, False)
 
     async def stop_processes(self) -> bool:
-        """Kill every process but the runner (and PID 1) from the runner itself, else with an exec."""
+        """Kill every process but PID 1 with an exec, the runner too, and run every later command as an exec.
+
+        What runs after this (a verifier's checks) must not go through a process the session's commands could reach:
+        they ran beside the runner, as its user, and could write to its output or its memory.
+        """
         self._check_open()
-        agent = await self._free_agent()
-        if agent is not None:
-            nonce = agents.new_nonce()
-            request = agent.submit(nonce, BoundedOutput(1024))
-            try:
-                await self._backend.blocking(agent.send, agents.request_line(nonce, "K", []))
-                status = await asyncio.wait_for(asyncio.shield(request.done), STOP_PROCESSES_TIMEOUT_S)
-                if status is not None:
-                    return status == 0
-            except (OSError, asyncio.TimeoutError):
-                agent.close()
+        self.drop_agent()
         return await super().stop_processes()
 
     async def _run_exec(self, argv: list, timeout: float, stdout: BoundedOutput, stderr: Optional[BoundedOutput] = None) -> _Outcome:
