@@ -30,16 +30,13 @@ import logging
 import re
 import secrets
 import socket
-import struct
 import threading
 from typing import Optional
 
-from .streams import OutputParser
+from .streams import STDERR_STREAM, OutputParser, close_quietly, read_frames, tell
 
 log = logging.getLogger("hermes_batch.docker")
 
-_HEADER = struct.Struct(">BxxxL")
-_STDERR = 2
 # The runner: $1 is the working folder.  Each request is one line: a nonce, an operation and at most
 # seven arguments, each "x" followed by its bytes with everything but [A-Za-z0-9._,:=+%@/-] as \0ooo.
 # X runs its arguments (an argv) as an exec would; I likewise, but with the runner's stdin, from which the
@@ -193,34 +190,17 @@ class Agent:
 
     def close(self) -> None:
         """Close its stdin and stream: the runner reads end of input and exits (or dies with its container)."""
-        for how in (socket.SHUT_RDWR,):
-            try:
-                self.raw.shutdown(how)
-            except OSError:
-                pass
+        try:
+            self.raw.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def wait_ready(self, timeout: float) -> bool:
         return self.ready.wait(timeout) and self.pid is not None
 
     def _read(self) -> None:
         try:
-            if hasattr(self.raw, "settimeout"):
-                self.raw.settimeout(None)
-            pending = bytearray()
-            while True:
-                chunk = self.sock.recv(65536) if hasattr(self.sock, "recv") else self.sock.read(65536)
-                if not chunk:
-                    break
-                pending += chunk
-                offset = 0
-                while len(pending) - offset >= _HEADER.size:
-                    kind, size = _HEADER.unpack_from(pending, offset)
-                    end = offset + _HEADER.size + size
-                    if len(pending) < end:
-                        break
-                    self._payload(kind, bytes(pending[offset + _HEADER.size:end]))
-                    offset = end
-                del pending[:offset]
+            read_frames(self.sock, self._payload)
         except (OSError, ValueError):
             pass
         finally:
@@ -228,24 +208,10 @@ class Agent:
                 self.dead = True
                 request, self._request = self._request, None
             self.ready.set()
-            self._tell_started()
+            tell(self.loop, self.started, self.pid)
             if request is not None:
                 request.lost()
-            for closable in (self.sock, self.raw):
-                try:
-                    closable.close()
-                except OSError:
-                    pass
-
-    def _tell_started(self) -> None:
-        def tell() -> None:
-            if not self.started.done():
-                self.started.set_result(self.pid)
-
-        try:
-            self.loop.call_soon_threadsafe(tell)
-        except RuntimeError:  # the event loop is gone
-            pass
+            close_quietly(self.sock)
 
     async def until_started(self, timeout: float) -> bool:
         """Wait until its first line came; False when it died or did not answer in ``timeout``."""
@@ -257,7 +223,7 @@ class Agent:
         return self.pid is not None
 
     def _payload(self, kind: int, data: bytes) -> None:
-        if kind == _STDERR:  # the runner's own complaints (its commands' stderr goes to stdout)
+        if kind == STDERR_STREAM:  # the runner's own complaints (its commands' stderr goes to stdout)
             log.debug("docker command runner: %s", data[:500].decode(errors="replace").strip())
             return
         if self.pid is None:
@@ -272,7 +238,7 @@ class Agent:
                 raise ValueError(f"the command runner did not start: {line[:200]!r}")
             self.pid = int(line)
             self.ready.set()
-            self._tell_started()
+            tell(self.loop, self.started, self.pid)
         while data:
             with self._lock:
                 request = self._request

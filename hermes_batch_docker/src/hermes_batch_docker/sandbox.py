@@ -251,17 +251,9 @@ class DockerSandbox(Sandbox):
         except OSError:
             agent.close()  # the runner is gone and took no whole line: the command did not run
             return None
-        settled = False  # False while a cancellation could still hit us
-        try:
-            done, _ = await asyncio.wait({request.done}, timeout=max(timeout, 0.0))
-            settled = True
-            if not done:
-                recovered = await self._kill(request)
-                await asyncio.wait({request.done}, timeout=POST_KILL_DRAIN_S)
-                return _Outcome(None, True, recovered=recovered)
-        finally:
-            if not settled:  # cancelled: stop the command, but do not wait for it
-                self._kill_soon(request)
+        timed_out = await self._wait_or_kill(request, timeout)
+        if timed_out is not None:
+            return timed_out
         status = request.done.result()
         if status is None:
             # The runner died after it took the request: whether the command ran is not known (even its pid
@@ -305,19 +297,9 @@ class DockerSandbox(Sandbox):
             raise await self._backend.blocking(self._error_sync, exc, "while a command ran") from exc
         stream = ExecStream(sock, loop, stdout, stderr)
         stream.start()
-        settled = False  # False while a cancellation could still hit us
-        try:
-            done, _ = await asyncio.wait({stream.done}, timeout=max(timeout, 0.0))
-            settled = True
-            if not done:
-                recovered = await self._kill(stream)
-                await asyncio.wait({stream.done}, timeout=POST_KILL_DRAIN_S)
-                return _Outcome(None, True, recovered=recovered)
-        finally:
-            if not stream.done.done():
-                stream.interrupt()
-            if not settled:  # cancelled: stop the command, but do not wait for it
-                self._kill_soon(stream)
+        timed_out = await self._wait_or_kill(stream, timeout)
+        if timed_out is not None:
+            return timed_out
         exit_code = await self._exit_code(exec_id, deadline)
         if exit_code is None:  # the command closed its output but ran on until the timeout
             recovered = await self._kill(stream)
@@ -333,6 +315,24 @@ class DockerSandbox(Sandbox):
             recovered = await self._raise_if_dead("while a command ran")
             return _Outcome(exit_code, False, recovered=recovered)
         return _Outcome(exit_code, False)
+
+    async def _wait_or_kill(self, stream, timeout: float) -> Optional[_Outcome]:
+        """Wait for the end of ``stream`` (an ExecStream or a runner's Request); at ``timeout`` kill its process group
+        and return the timed-out outcome, else None.  Cancelled, it stops the command without waiting for it."""
+        settled = False  # False while a cancellation could still hit us
+        try:
+            done, _ = await asyncio.wait({stream.done}, timeout=max(timeout, 0.0))
+            settled = True
+            if not done:
+                recovered = await self._kill(stream)
+                await asyncio.wait({stream.done}, timeout=POST_KILL_DRAIN_S)
+                return _Outcome(None, True, recovered=recovered)
+            return None
+        finally:
+            if not stream.done.done():
+                stream.interrupt()  # an exec's reader stops; a runner stays busy until the command's end
+            if not settled:
+                self._kill_soon(stream)
 
     async def _exit_code(self, exec_id: str, deadline: float) -> Optional[int]:
         loop = asyncio.get_running_loop()

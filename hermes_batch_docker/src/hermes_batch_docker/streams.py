@@ -6,12 +6,12 @@ import asyncio
 import socket
 import struct
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 from hermes_batch import BoundedOutput
 
 _HEADER = struct.Struct(">BxxxL")  # stream (1 stdout, 2 stderr), 3 bytes padding, payload size
-_STDERR = 2
+STDERR_STREAM = 2
 _MAX_PID_LINE = 32
 
 
@@ -60,10 +60,7 @@ class OutputParser:
         self.tell(self.pid_known, self.pid)
 
     def tell(self, future: asyncio.Future, value) -> None:
-        try:
-            self.loop.call_soon_threadsafe(_set, future, value)
-        except RuntimeError:  # the event loop is gone (the process is exiting)
-            pass
+        tell(self.loop, future, value)
 
 
 class ExecStream:
@@ -94,39 +91,14 @@ class ExecStream:
         except OSError:
             pass
 
-    def _recv(self, size: int) -> bytes:
-        if hasattr(self.sock, "recv"):
-            return self.sock.recv(size)
-        return self.sock.read(size)
-
     def _run(self) -> None:
         try:
-            if hasattr(self.raw, "settimeout"):
-                self.raw.settimeout(None)  # the API timeout must not cut a quiet command short
-            pending = bytearray()
-            while True:
-                chunk = self._recv(65536)
-                if not chunk:
-                    break
-                pending += chunk
-                offset = 0
-                while len(pending) - offset >= _HEADER.size:
-                    kind, size = _HEADER.unpack_from(pending, offset)
-                    end = offset + _HEADER.size + size
-                    if len(pending) < end:
-                        break
-                    self._payload(kind, bytes(pending[offset + _HEADER.size:end]))
-                    offset = end
-                del pending[:offset]
+            read_frames(self.sock, self._payload)
         except (OSError, ValueError) as exc:  # a shut down or reset connection
             self.error = exc
         finally:
             self.parser.flush()
-            for closable in (self.sock, self.raw):
-                try:
-                    closable.close()
-                except OSError:
-                    pass
+            close_quietly(self.sock)
             self.parser.tell(self.done, None)
 
     @property
@@ -138,10 +110,53 @@ class ExecStream:
         return self.parser.pid_known
 
     def _payload(self, kind: int, data: bytes) -> None:
-        if kind == _STDERR:
+        if kind == STDERR_STREAM:
             self.parser.stderr.add(data)
         else:
             self.parser.add(data)
+
+
+def read_frames(sock, on_frame: Callable[[int, bytes], None]) -> None:
+    """Blocking: read an exec's multiplexed stream to its end, calling ``on_frame(stream, payload)`` per frame.
+
+    Raises OSError when the connection is shut down or reset (and what ``on_frame`` raises).
+    """
+    raw = getattr(sock, "_sock", sock)
+    if hasattr(raw, "settimeout"):
+        raw.settimeout(None)  # the API timeout must not cut a quiet command short
+    recv = sock.recv if hasattr(sock, "recv") else sock.read
+    pending = bytearray()
+    while True:
+        chunk = recv(65536)
+        if not chunk:
+            return
+        pending += chunk
+        offset = 0
+        while len(pending) - offset >= _HEADER.size:
+            kind, size = _HEADER.unpack_from(pending, offset)
+            end = offset + _HEADER.size + size
+            if len(pending) < end:
+                break
+            on_frame(kind, bytes(pending[offset + _HEADER.size:end]))
+            offset = end
+        del pending[:offset]
+
+
+def close_quietly(sock) -> None:
+    """Close an exec's socket and the raw socket under it."""
+    for closable in (sock, getattr(sock, "_sock", sock)):
+        try:
+            closable.close()
+        except OSError:
+            pass
+
+
+def tell(loop: asyncio.AbstractEventLoop, future: asyncio.Future, value) -> None:
+    """From any thread: set ``future``'s result on ``loop`` (unless it is done, or the loop is gone)."""
+    try:
+        loop.call_soon_threadsafe(_set, future, value)
+    except RuntimeError:  # the event loop is gone (the process is exiting)
+        pass
 
 
 def _set(future: asyncio.Future, value) -> None:
