@@ -14,7 +14,7 @@ import pytest
 from hermes_batch.testing import Runner
 from hermes_batch_docker.engine import LABEL_RUN
 
-from docker_rig import IMAGE_A, SESSION, containers_of, engine_problem
+from docker_rig import IMAGE_A, SESSION, containers_of, engine_problem, make_backend
 
 
 _counter = itertools.count()
@@ -57,3 +57,12 @@ def runner(tmp_path, run_name):
     return Runner(tmp_path, run_name=run_name, options=(
         "--distribution", "terminal_only", "--sandbox", "docker", "-S", f"image={IMAGE_A}",
     ))
+
+
+@pytest.fixture
+async def backend(tmp_path, run_name, docker_api):
+    """A started backend with the defaults of ``make_backend``; shut down after the test."""
+    backend = make_backend(tmp_path, run_name)
+    await backend.start()
+    yield backend
+    await backend.shutdown()

@@ -10,6 +10,8 @@ from typing import Optional
 import docker
 from docker.utils import kwargs_from_env
 
+from hermes_batch import RunContext, SandboxSpec
+from hermes_batch_docker import DockerBackend, DockerConfig
 from hermes_batch_docker.engine import LABEL_RUN
 
 IMAGE_A = "hermes-batch-test/busybox-a:1"
@@ -17,6 +19,17 @@ IMAGE_B = "hermes-batch-test/busybox-b:1"
 MISSING_IMAGE = "hermes-batch-test/no-such-image:1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SESSION = uuid.uuid4().hex[:6]  # run names of this test session start with hbtest-SESSION-
+
+
+def make_backend(tmp_path, run_name, **options) -> DockerBackend:
+    """A backend of the test image, each container made when its prompt asks unless ``pool=`` says otherwise."""
+    options.setdefault("image", IMAGE_A)
+    options.setdefault("pool", 0)
+    return DockerBackend(DockerConfig(**options), RunContext(run_name, tmp_path / "run", seed=0))
+
+
+def spec(run_name, index=0, image=None, cwd=None, env=None) -> SandboxSpec:
+    return SandboxSpec(run_name, index, f"{index:08d}c0ffee", image=image, cwd=cwd, env=dict(env or {}))
 
 
 def containers_of(client, run_name: str) -> list:

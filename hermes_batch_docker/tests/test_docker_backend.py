@@ -12,7 +12,7 @@ import docker.errors
 import pytest
 
 import hermes_batch
-from hermes_batch import ConfigError, ExecResult, RunContext, SandboxError, SandboxSpec, structure_config
+from hermes_batch import ConfigError, ExecResult, SandboxError, structure_config
 from hermes_batch_docker import DockerBackend, DockerConfig
 from hermes_batch_docker.config import BASE_CAPABILITIES, default_max_starting
 from hermes_batch_docker.engine import (
@@ -28,27 +28,9 @@ from hermes_batch_docker.engine import (
 from hermes_batch_docker.sandbox import LOST_NOTICE
 from hermes_batch_docker.streams import ExecStream
 
-from docker_rig import IMAGE_A, IMAGE_B, MISSING_IMAGE, containers_of
+from docker_rig import IMAGE_A, IMAGE_B, MISSING_IMAGE, containers_of, make_backend, spec
 
 DEAD_PID = "2147483646"  # above any pid_max: no process has it
-
-
-def make_backend(tmp_path, run_name, **options) -> DockerBackend:
-    options.setdefault("image", IMAGE_A)
-    options.setdefault("pool", 0)  # each container made when its prompt asks, unless a test says otherwise
-    return DockerBackend(DockerConfig(**options), RunContext(run_name, tmp_path / "run", seed=0))
-
-
-def spec(run_name, index=0, image=None, cwd=None, env=None) -> SandboxSpec:
-    return SandboxSpec(run_name, index, f"{index:08d}c0ffee", image=image, cwd=cwd, env=dict(env or {}))
-
-
-@pytest.fixture
-async def backend(tmp_path, run_name, docker_api):
-    backend = make_backend(tmp_path, run_name)
-    await backend.start()
-    yield backend
-    await backend.shutdown()
 
 
 @pytest.fixture

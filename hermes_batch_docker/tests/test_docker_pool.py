@@ -8,21 +8,12 @@ import time
 
 import pytest
 
-from hermes_batch import ConfigError, RunContext, SandboxSpec, structure_config
+from hermes_batch import ConfigError, structure_config
 from hermes_batch.testing import ToolLoopScript, tool_outputs, wait_for, write_dataset
 from hermes_batch_docker import DockerBackend, DockerConfig
 from hermes_batch_docker.engine import LABEL_PROMPT, LABEL_SESSION, LIVE_SESSIONS
 
-from docker_rig import IMAGE_A, IMAGE_B, containers_of
-
-
-def make_backend(tmp_path, run_name, **options) -> DockerBackend:
-    options.setdefault("image", IMAGE_A)
-    return DockerBackend(DockerConfig(**options), RunContext(run_name, tmp_path / "run", seed=0))
-
-
-def spec(run_name, index=0, image=None, cwd=None, env=None) -> SandboxSpec:
-    return SandboxSpec(run_name, index, f"{index:08d}c0ffee", image=image, cwd=cwd, env=dict(env or {}))
+from docker_rig import IMAGE_A, IMAGE_B, containers_of, make_backend, spec
 
 
 async def until_pooled(backend: DockerBackend, count: int, timeout: float = 60) -> None:

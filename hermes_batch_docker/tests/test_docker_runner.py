@@ -6,22 +6,12 @@ import asyncio
 
 import pytest
 
-from hermes_batch import ConfigError, RunContext, SandboxSpec, structure_config
+from hermes_batch import ConfigError, structure_config
 from hermes_batch_docker import DockerBackend, DockerConfig
 from hermes_batch_docker.agent import encode_arg, request_line
 from hermes_batch_docker.sandbox import AGENT_DIED_NOTICE
 
-from docker_rig import IMAGE_A
-
-
-def make_backend(tmp_path, run_name, **options) -> DockerBackend:
-    options.setdefault("image", IMAGE_A)
-    options.setdefault("pool", 0)  # each container made when its prompt asks, unless a test says otherwise
-    return DockerBackend(DockerConfig(**options), RunContext(run_name, tmp_path / "run", seed=0))
-
-
-def spec(run_name, index=0, env=None) -> SandboxSpec:
-    return SandboxSpec(run_name, index, f"{index:08d}c0ffee", env=dict(env or {}))
+from docker_rig import IMAGE_A, make_backend, spec
 
 
 class EngineCalls:
@@ -36,14 +26,6 @@ class EngineCalls:
             return original(*args, **kwargs)
 
         monkeypatch.setattr(backend.api, "exec_create", counted)
-
-
-@pytest.fixture
-async def backend(tmp_path, run_name, docker_api):
-    backend = make_backend(tmp_path, run_name)
-    await backend.start()
-    yield backend
-    await backend.shutdown()
 
 
 def test_the_runner_option_takes_agent_or_exec():
