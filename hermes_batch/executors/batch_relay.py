@@ -105,8 +105,7 @@ class BatchService:
 
     def __init__(self, batcher):
         self.batcher = batcher
-        self._tasks: dict = {}  # (link, id) -> the task waiting for its outcome
-        self._calls: dict = {}  # (link, id) -> (op, args) of that task
+        self._pending: dict = {}  # (link, id) -> (the task waiting for its outcome, op, args)
         self._orphans: set = set()  # the tasks of lost workers' requests, whose answers are adopted
         self._closing = False
 
@@ -115,14 +114,12 @@ class BatchService:
         if op == "forget":
             self.batcher.forget(*args)
         elif op == "cancel":
-            self._calls.pop((link, key), None)
-            task = self._tasks.pop((link, key), None)
-            if task is not None:
-                task.cancel()  # Batcher.send drops the request from the batch being filled
+            pending = self._pending.pop((link, key), None)
+            if pending is not None:
+                pending[0].cancel()  # Batcher.send drops the request from the batch being filled
         else:
             task = asyncio.ensure_future(self._answer(link, key, op, args))
-            self._tasks[(link, key)] = task
-            self._calls[(link, key)] = (op, args)
+            self._pending[(link, key)] = (task, op, args)
 
     async def _answer(self, link: WorkerLink, key: int, op: str, args: tuple):
         call = self.batcher.send if op == "send" else self.batcher.earlier
@@ -139,9 +136,8 @@ class BatchService:
         except Exception as exc:  # noqa: BLE001 - the worker's session raises it, as the local one would
             outcome = _picklable(exc)
         finally:
-            if self._tasks.get((link, key)) is asyncio.current_task():
-                del self._tasks[(link, key)]
-                self._calls.pop((link, key), None)
+            if self._pending.get((link, key), (None,))[0] is asyncio.current_task():
+                del self._pending[(link, key)]
         try:
             await link.send(("batched", key, outcome))
         except WorkerLost:
@@ -151,9 +147,8 @@ class BatchService:
     def drop(self, link: WorkerLink) -> None:
         """``link``'s worker is gone: its requests stay in their batches, their answers for the sessions that run
         its prompts again (``Batcher.adopt``)."""
-        for found in [k for k in self._tasks if k[0] is link]:
-            task = self._tasks.pop(found)
-            op, args = self._calls.pop(found)
+        for found in [k for k in self._pending if k[0] is link]:
+            task, op, args = self._pending.pop(found)
             if op != "send":
                 task.cancel()
                 continue
@@ -167,9 +162,8 @@ class BatchService:
     async def aclose(self) -> None:
         """The workers are being stopped: their sessions stop waiting (batches in flight stay at the provider)."""
         self._closing = True
-        tasks = [*self._tasks.values(), *self._orphans]
-        self._tasks.clear()
-        self._calls.clear()
+        tasks = [task for task, _op, _args in self._pending.values()] + list(self._orphans)
+        self._pending.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

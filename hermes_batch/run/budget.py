@@ -37,10 +37,14 @@ class Budget:
             previous = reported_cost(folder, index.journal_totals())
         return cls(config.max_cost, previous)
 
+    @property
+    def journaled(self) -> Optional[float]:
+        """This session's reported cost (None: none reported)."""
+        return self.journal.cost if self.journal is not None else None
+
     def spent(self) -> float:
         """The cost reported so far, this session's and the earlier ones'."""
-        journaled = self.journal.cost if self.journal is not None else None
-        return self.previous + (journaled or 0.0)
+        return self.previous + (self.journaled or 0.0)
 
     def reached(self) -> bool:
         return self.max_cost is not None and self.spent() >= self.max_cost
@@ -65,6 +69,5 @@ class Budget:
 
     def warn_if_unreported(self, limiter) -> None:
         """A budget no endpoint reported a cost against (a judge's own endpoint counts) had no effect: say so."""
-        journaled = self.journal.cost if self.journal is not None else None
-        if self.max_cost is not None and limiter.cost is None and journaled is None and limiter.requests:
+        if self.max_cost is not None and limiter.cost is None and self.journaled is None and limiter.requests:
             log.warning("The endpoint reported no cost, so --max_cost had no effect.")
