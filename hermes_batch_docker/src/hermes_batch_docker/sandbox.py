@@ -650,10 +650,14 @@ class DockerSandbox(Sandbox):
                 self.id, self._argv([SHELL, "-c", "exit 0"]), stdout=True, stderr=True, user=self._exec_user,
                 **self._exec_env,
             )
-            api.exec_start(created["Id"])
-            return api.exec_inspect(created["Id"]).get("ExitCode") == 0
+            output = api.exec_start(created["Id"])
+            status = api.exec_inspect(created["Id"]).get("ExitCode")
         except engine_errors():
             return False
+        said = BoundedOutput(4096)
+        said.add(output or b"")
+        self._raise_if_view_ended(status, said)
+        return status == 0
 
     def _error_sync(self, exc: BaseException, when: str) -> SandboxError:
         reason = None
