@@ -195,6 +195,20 @@ class Agent:
         except OSError:
             pass
 
+    def finish(self, timeout: float) -> bool:
+        """Blocking: close its stdin only and wait up to ``timeout`` for its exec's stream to end; True when it did.
+
+        In a reused container (see views.py) the stream ends once every process of the prompt's view is gone.
+        """
+        try:
+            self.raw.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self._thread.join(timeout)
+        ended = not self._thread.is_alive()
+        self.close()
+        return ended
+
     def wait_ready(self, timeout: float) -> bool:
         return self.ready.wait(timeout) and self.pid is not None
 
@@ -224,7 +238,9 @@ class Agent:
 
     def _payload(self, kind: int, data: bytes) -> None:
         if kind == STDERR_STREAM:  # the runner's own complaints (its commands' stderr goes to stdout)
-            log.debug("docker command runner: %s", data[:500].decode(errors="replace").strip())
+            said = data[:500].decode(errors="replace").strip()
+            # the namespace helper of a view (-S reuse=namespace) says why it could not make or keep it
+            (log.warning if said.startswith("hermes-batch-namespace:") else log.debug)("docker command runner: %s", said)
             return
         if self.pid is None:
             self._first += data
