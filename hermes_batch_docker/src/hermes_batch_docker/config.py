@@ -186,8 +186,8 @@ class DockerConfig:
                     or (name == "NET_ADMIN" and self.network != "none")]
             if held:
                 raise ValueError(
-                    f"cap_add={','.join(held)} cannot be combined with reuse=namespace, whose prompts share a container "
-                    "and must never hold the capabilities that keep them apart; use reuse=none for such tasks"
+                    f"cap_add={','.join(held)} cannot be combined with reuse=namespace, whose prompts share a "
+                    "container and must never hold the capabilities that keep them apart; use reuse=none for such tasks"
                 )
 
     def pool_size(self, concurrency: int) -> int:
