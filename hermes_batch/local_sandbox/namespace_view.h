@@ -21,8 +21,10 @@
  * -J joins the namespaces of TAG's first process (checking its start time, so a pid used again is
  * never joined) and runs ARGV there, lowered the same way, as a fresh exec whose output stream no
  * process of the prompt holds; -X instead makes TAG.stopped (so the first process outlives the
- * end of ARGV) and kills every process of the namespace but its first.
+ * end of ARGV) and kills every process of the namespace but its first (without a new process in
+ * it when it is at its pids limit).
  */
+#include <dirent.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -30,6 +32,9 @@
 
 #ifndef CLONE_NEWCGROUP
 #define CLONE_NEWCGROUP 0x02000000
+#endif
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
 #endif
 #ifndef CLONE_NEWTIME
 #define CLONE_NEWTIME 0x00000080
@@ -410,6 +415,30 @@ static pid_t tagged_first(const char *tag, unsigned long long *started) {
     return start_time(pid) == *started ? pid : -1;
 }
 
+/* -X in a view at its pids limit (a fork bomb), where no process can be started in it to kill from inside: every
+ * process its /proc shows but its first (the joined mount namespace's /proc is the view's) is killed through its
+ * /proc/PID folder, which names that process and never a later one given its pid; until none is left. */
+static int stop_without_fork(void) {
+    for (int round = 0; round < 1000; round++) {
+        DIR *proc = opendir("/proc");
+        if (proc == NULL) return 125;
+        int signalled = 0;
+        struct dirent *entry;
+        while ((entry = readdir(proc)) != NULL) {
+            const char *name = entry->d_name;
+            if (strspn(name, "0123456789") != strlen(name) || strcmp(name, "1") == 0) continue;
+            int fd = openat(dirfd(proc), name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (fd < 0) continue;
+            if (syscall(SYS_pidfd_send_signal, fd, SIGKILL, NULL, 0) == 0) signalled++;
+            close(fd);
+        }
+        closedir(proc);
+        if (signalled == 0) return 0;
+        usleep(1000);
+    }
+    return 1;
+}
+
 static int container_join(const char *tag, int stop, uint64_t keep, const char *dir, char **command) {
     static const char *kinds[] = {"ipc", "uts", "net", "pid", "mnt"};
     int fds[5];
@@ -441,6 +470,7 @@ static int container_join(const char *tag, int stop, uint64_t keep, const char *
     sigaddset(&handled, SIGCHLD);
     sigprocmask(SIG_BLOCK, &handled, &mask);
     pid_t child = fork();
+    if (child < 0 && stop && errno == EAGAIN) return stop_without_fork();
     if (child < 0) fail("fork");
     if (child == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);

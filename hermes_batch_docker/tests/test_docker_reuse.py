@@ -6,16 +6,20 @@ Real containers of a real engine; every hostile command runs in its own prompt's
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import uuid
 
+import docker
 import pytest
 
-from hermes_batch import ConfigError, SandboxError
+from hermes_batch import ConfigError, SandboxError, structure_config
 
 from hermes_batch_docker import DockerConfig
+from hermes_batch_docker.config import BASE_CAPABILITIES, CAPABILITY_NUMBERS, HELPER_CAPABILITIES
+from hermes_batch_docker.views import files_bytes
 
-from docker_rig import make_backend, spec
+from docker_rig import IMAGE_A, make_backend, spec
 
 
 def reuse_backend(tmp_path, run_name, **options):
@@ -30,6 +34,15 @@ async def reused(tmp_path, run_name, docker_api):
     await backend.start()
     yield backend
     await backend.shutdown()
+
+
+async def until_ready(backend, timeout: float = 60) -> None:
+    """Until the pool holds a container (with reuse, one whose next view is made)."""
+    for _ in range(int(timeout / 0.05)):
+        if backend.pooled():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the pool never held a container")
 
 
 def unique_marker() -> str:
@@ -185,3 +198,254 @@ async def test_without_a_c_compiler_the_mode_is_refused_in_one_sentence(tmp_path
     backend = reuse_backend(tmp_path, run_name)
     with pytest.raises(ConfigError, match=r"no C compiler was found.*leave -S reuse=none"):
         await backend.start()
+
+
+# --- -S user=, cap_add and the environment, as the strict mode has them ----------------------------------------
+
+# What a command sees of its user, capabilities and home; the same in both modes.
+WHO = "id -u; id -g; grep -E '^Cap(Eff|Prm|Amb)' /proc/self/status; echo HOME=$HOME; stat -c '%u:%g' ."
+# What it says as 1234:2345, a user the image's /etc/passwd does not name (Docker gives it HOME=/)
+AS_1234 = ["1234", "2345", "CapPrm:", "0" * 16, "CapEff:", "0" * 16, "CapAmb:", "0" * 16, "HOME=/", "1234:2345"]
+
+
+@pytest.mark.parametrize("reuse", ["none", "namespace"])
+async def test_user_option_runs_commands_files_and_checks_as_that_user_in_both_modes(
+    tmp_path, run_name, docker_api, reuse
+):
+    backend = make_backend(tmp_path, run_name, user="1234:2345", reuse=reuse, pool=1)
+    await backend.start()
+    try:
+        await backend.prepare_image(IMAGE_A)  # the pool starts filling
+        containers = set()
+        for cwd in ("/work/project", None):  # a folder the row names (made for it), and the image's working folder
+            await until_ready(backend)  # (a prompt that comes while the view is being made gets a new container)
+            sandbox = await backend.open(spec(run_name, 0, cwd=cwd))
+            containers.add(sandbox.id)
+            assert (await sandbox.exec(WHO, 10)).output.split() == AS_1234
+            assert (await sandbox.exec("echo x > made-here && cat made-here", 10)).output == "x\n"
+            await sandbox.write_file("deep/new/file.txt", b"mine")
+            owners = await sandbox.exec("stat -c '%u:%g %a' deep deep/new deep/new/file.txt", 10)
+            assert owners.output.split() == ["1234:2345", "755"] * 2 + ["1234:2345", "644"]
+            appended = await sandbox.exec("echo more >> deep/new/file.txt && cat deep/new/file.txt", 10)
+            assert appended.output == "minemore\n"
+            with pytest.raises(PermissionError):
+                await sandbox.write_file("/etc/hermes-image", b"x")
+            # the checks of a verifier, after stop_processes: as that user too, seeing the prompt's files
+            assert await sandbox.stop_processes() is True
+            assert (await sandbox.exec(WHO, 10)).output.split() == AS_1234
+            assert (await sandbox.exec("cat deep/new/file.txt", 10)).output == "minemore\n"
+            await sandbox.write_file("after-stop.txt", b"checked")
+            assert (await sandbox.exec("stat -c '%u:%g' after-stop.txt", 10)).output == "1234:2345\n"
+            await sandbox.close()
+        await until_ready(backend)
+        clean = await backend.open(spec(run_name, 1))  # the next prompt starts clean
+        assert (await clean.exec("ls -A; ls -A /work/project 2>/dev/null; echo end", 10)).output == "end\n"
+        assert (await clean.exec(WHO, 10)).output.split() == AS_1234
+        if reuse == "namespace":
+            assert containers == {clean.id}  # each prompt in turn in the same container
+        await clean.close()
+    finally:
+        await backend.shutdown()
+
+
+async def test_the_images_user_runs_a_views_commands_as_docker_runs_the_strict_modes(tmp_path, run_name, docker_api):
+    # The test images name no USER: the backend is given the image's description with one (Docker's exec, which
+    # the strict mode's commands are, runs as it; the helper runs as root and must lower every command to it).
+    info = docker_api.inspect_image(IMAGE_A)
+    info["Config"] = dict(info.get("Config") or {}, User="1234:2345")
+    backend = reuse_backend(tmp_path, run_name)
+    described = asyncio.get_running_loop().create_future()
+    described.set_result(info)
+    backend._images[IMAGE_A] = described
+    await backend.start()
+    try:
+        sandbox = await backend.open(spec(run_name, 0, cwd="/work/project"))
+        assert (await sandbox.exec(WHO, 10)).output.split() == AS_1234
+        assert await sandbox.stop_processes() is True
+        assert (await sandbox.exec(WHO, 10)).output.split() == AS_1234
+        await sandbox.close()
+    finally:
+        await backend.shutdown()
+
+
+def capability_mask(names) -> int:
+    return sum(1 << CAPABILITY_NUMBERS[name] for name in names)
+
+
+async def test_cap_add_is_the_mask_a_prompt_keeps_and_none_of_the_helpers(tmp_path, run_name, docker_api):
+    backend = reuse_backend(tmp_path, run_name, cap_add="NET_RAW,SYS_NICE")
+    await backend.start()
+    try:
+        mask = capability_mask(BASE_CAPABILITIES + ("NET_RAW", "SYS_NICE"))
+        assert backend.config.prompt_capability_mask == mask
+        assert mask & capability_mask(HELPER_CAPABILITIES) == 0
+        sandbox = await backend.open(spec(run_name))
+        # the runner's commands and, after stop_processes, the checks' execs
+        for _ in range(2):
+            seen = await sandbox.exec("grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status", 10)
+            assert seen.output == f"CapPrm:\t{mask:016x}\nCapEff:\t{mask:016x}\nCapBnd:\t{mask:016x}\n", seen
+            assert await sandbox.stop_processes() is True
+        await sandbox.close()
+    finally:
+        await backend.shutdown()
+
+
+def test_cap_add_of_what_keeps_prompts_apart_is_refused_with_reuse():
+    def structure(**options):
+        return structure_config(options, DockerConfig, "options for the docker sandbox (-S)")
+
+    for name in ("SYS_PTRACE", "SYS_CHROOT", "SETPCAP", "NET_ADMIN"):
+        with pytest.raises(ConfigError, match=f"cap_add={name} cannot be combined with reuse=namespace"):
+            structure(reuse="namespace", cap_add=name)
+        assert structure(cap_add=name).cap_add == (name,)  # the strict mode grants it
+    with pytest.raises(ConfigError, match="SYS_ADMIN would let commands reach past the container"):
+        structure(reuse="namespace", cap_add="SYS_ADMIN")
+    # with network=none each view has a network namespace of its own: NET_ADMIN changes nothing the next prompt sees
+    assert structure(reuse="namespace", network="none", cap_add="NET_ADMIN").cap_add == ("NET_ADMIN",)
+
+
+@pytest.mark.parametrize("names", ["runner", "exec"])  # names the runner exports, and one it cannot (the view gets it)
+async def test_a_prompts_environment_reaches_its_commands_and_checks_and_never_the_next_prompt(reused, run_name, names):
+    env = {"HB_SECRET": "prompt-0", "HB_SPACES": "a b  c"}
+    # a name no shell exports makes the prompt's view start with its environment (which /bin/sh then drops, as
+    # it does in the strict mode)
+    first = await reused.open(spec(run_name, 0, env=env | ({"hb-odd.name": "odd"} if names == "exec" else {})))
+    container = first.id
+    show = "env | grep '^HB' | sort"
+    expected = "HB_SECRET=prompt-0\nHB_SPACES=a b  c\n"
+    assert (await first.exec(show, 10)).output == expected
+    await first.exec("export HB_EXPORTED=1; echo HB_FILE=1 >> /etc/environment", 10)
+    assert await first.stop_processes() is True
+    assert (await first.exec(show, 10)).output == expected
+    await first.close()
+    second = await reused.open(spec(run_name, 1))
+    assert second.id == container
+    seen = await second.exec(f"{show}; cat /etc/environment 2>/dev/null | grep -c HB_; echo end", 10)
+    assert seen.output == "0\nend\n"
+    assert await second.stop_processes() is True
+    assert (await second.exec(f"{show}; echo end", 10)).output == "end\n"
+    await second.close()
+
+
+# --- hostile prompts -----------------------------------------------------------------------------------------
+
+
+async def test_a_prompt_that_fills_its_memory_file_system_gets_no_space_and_the_next_starts_clean(
+    tmp_path, run_name, docker_api
+):
+    backend = reuse_backend(tmp_path, run_name, memory="256m")
+    await backend.start()
+    try:
+        first = await backend.open(spec(run_name, 0))
+        container = first.id
+        filled = await first.exec("dd if=/dev/zero of=big bs=1M; echo status=$?; df -k / | tail -1", 60)
+        assert "No space left on device" in filled.output and "status=1" in filled.output, filled
+        size_kib = int(filled.output.split()[-5])  # df: the file system's size
+        assert size_kib * 1024 == files_bytes(256 * 1024**2)
+        with pytest.raises(OSError) as raised:
+            await first.write_file("more.bin", b"x" * (8 * 1024**2))
+        assert raised.value.errno == errno.ENOSPC
+        assert (await first.exec("echo alive", 10)).output == "alive\n"  # no process was killed for memory
+        await first.close()
+        second = await backend.open(spec(run_name, 1))
+        assert second.id == container
+        written = await second.exec("ls -A; dd if=/dev/zero of=fresh bs=1M count=64 2>/dev/null && echo wrote", 30)
+        assert written.output == "wrote\n", written
+        await second.close()
+    finally:
+        await backend.shutdown()
+
+
+# Fills the pids limit and holds it (as in test_docker_backend.py); and a command that starts 2000 processes.
+FILL_AND_HOLD = "(while :; do sleep 1000 & done) 2>/dev/null; sleep 1000 & exec sleep 1000"
+TWO_THOUSAND = "for i in $(seq 2000); do sleep 1000 & done 2>/dev/null; wait"
+
+
+@pytest.mark.parametrize("command", [FILL_AND_HOLD, TWO_THOUSAND], ids=["fill-and-hold", "two-thousand"])
+async def test_a_prompt_at_its_pids_limit_goes_on_and_its_container_serves_the_next_prompt_clean(
+    tmp_path, run_name, docker_api, command
+):
+    backend = reuse_backend(tmp_path, run_name, pool=2, pids_limit=64)
+    await backend.start()
+    try:
+        hostile, other = await asyncio.gather(backend.open(spec(run_name, 0)), backend.open(spec(run_name, 1)))
+        await hostile.write_file("notes.txt", b"kept")
+        stuck = await hostile.exec(command, 3)
+        assert stuck.timed_out and stuck.exit_code is None, stuck
+        # as in the strict mode: every process of the prompt stopped (by the timeout's kill, or, where that could
+        # not start, by the helper), its files kept, and its commands go on
+        after = await hostile.exec("ps -o args | grep -c '^sleep 1000'; cat notes.txt", 30)
+        assert after.output == "0\nkept", after
+        assert (await other.exec("echo unaffected", 10)).output == "unaffected\n"
+        await asyncio.gather(hostile.close(), other.close())
+        again = await backend.open(spec(run_name, 2))
+        assert again.id in (hostile.id, other.id)  # no container was given up
+        assert (await again.exec("ls -A; ps -o args | grep -c '^sleep'; echo clean", 10)).output == "0\nclean\n"
+        await again.close()
+    finally:
+        await backend.shutdown()
+
+
+class _FullEngine:
+    """Stands in for engines whose runtime cannot start a process in a container at its pids limit (as in
+    test_docker_backend.py): from ``full`` on, every exec fails to start, the helper's too, until the container's
+    limit is raised (``starts_with_headroom``), or whatever is done."""
+
+    def __init__(self, backend, monkeypatch, starts_with_headroom: bool):
+        self.full = False
+        self.limits = []  # what the container's pids limit was set to
+        real_start, real_set = backend.api.exec_start, backend.set_pids_limit
+
+        def exec_start(*args, **kwargs):
+            if self.full:
+                raise docker.errors.APIError(
+                    "500 Server Error", explanation="OCI runtime exec failed: exec failed: unable to start container "
+                    "process: read init-p: connection reset by peer: unknown",
+                )
+            return real_start(*args, **kwargs)
+
+        def set_pids_limit(container_id, limit):
+            self.limits.append(limit)
+            real_set(container_id, limit)
+            if starts_with_headroom and limit > backend.config.pids_limit:
+                self.full = False
+
+        monkeypatch.setattr(backend.api, "exec_start", exec_start)
+        monkeypatch.setattr(backend, "set_pids_limit", set_pids_limit)
+
+
+@pytest.mark.parametrize("starts_with_headroom", [True, False], ids=["stopped-with-headroom", "cannot-be-stopped"])
+async def test_a_view_the_runtime_cannot_start_a_process_in_is_stopped_or_fails_its_prompt_alone_simulated(
+    tmp_path, run_name, docker_api, monkeypatch, starts_with_headroom
+):
+    backend = reuse_backend(tmp_path, run_name, pool=2, pids_limit=64)
+    await backend.start()
+    try:
+        engine = _FullEngine(backend, monkeypatch, starts_with_headroom)
+        hostile, other = await asyncio.gather(backend.open(spec(run_name, 0)), backend.open(spec(run_name, 1)))
+        await hostile.write_file("notes.txt", b"kept")
+        task = asyncio.ensure_future(hostile.exec("sleep 1000", 2))
+        await asyncio.sleep(1)
+        engine.full = True  # its kill cannot start, nor the helper's stop (until the limit is raised)
+        if starts_with_headroom:
+            stuck = await task
+            assert stuck.timed_out and "process limit (-S pids_limit=64)" in stuck.output
+            after = await hostile.exec("ps -o args | grep -c '^sleep 1000'; cat notes.txt", 30)
+            assert after.output == "0\nkept", after
+        else:
+            with pytest.raises(SandboxError, match=r"pids limit 64 reached.*could not be stopped.*--resume"):
+                await task
+        engine.full = False
+        assert engine.limits == [64 + 16, 64]  # raised for the helper's stop, then put back
+        assert docker_api.inspect_container(hostile.id)["HostConfig"]["PidsLimit"] == 64
+        assert (await other.exec("echo unaffected", 10)).output == "unaffected\n"
+        await asyncio.gather(hostile.close(), other.close())
+        gone = not [c for c in docker_api.containers(all=True) if c["Id"] == hostile.id]
+        assert gone is not starts_with_headroom  # a view that could not be stopped: its container is removed
+        # two containers serve again (the one made in place of a removed one too), each clean
+        serving = await asyncio.gather(backend.open(spec(run_name, 2)), backend.open(spec(run_name, 3)))
+        for sandbox in serving:
+            assert (await sandbox.exec("ls -A; ps -o args | grep -c '^sleep'; echo works", 10)).output == "0\nworks\n"
+            await sandbox.close()
+    finally:
+        await backend.shutdown()

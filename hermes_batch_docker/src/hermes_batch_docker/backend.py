@@ -32,7 +32,7 @@ from .engine import (
 )
 from .agent import AGENT_SCRIPT, ENV_NAME, Agent
 from .sandbox import AGENT_READY_S, SHELL, DockerSandbox
-from .views import HELPER, VIEW_END_S, VIEW_FOLDER, new_view
+from .views import HELPER, IDENTITY_SCRIPT, VIEW_END_S, VIEW_FOLDER, new_view, parse_identity
 
 log = logging.getLogger("hermes_batch.docker")
 
@@ -313,7 +313,7 @@ class DockerBackend(SandboxBackend):
             if agent is None or agent.dead or view.workdir != workdir or not _fits_runner(env):
                 if agent is not None:
                     await self.blocking(agent.finish, VIEW_END_S)
-                view = new_view(self.config, workdir)
+                view = new_view(self.config, workdir, view.user)
                 try:
                     agent = await self.blocking(self._start_view, container_id, view, env)
                 except (*engine_errors(), SandboxError) as exc:  # it died while idle (killed from outside)
@@ -342,7 +342,9 @@ class DockerBackend(SandboxBackend):
 
     def _start_view(self, container_id: str, view, env: Optional[dict] = None) -> Agent:
         """Start a view in a container (blocking): one exec, the helper with the view's runner."""
-        return self.start_agent(container_id, view.workdir, self._loop, env or None, False, view.open_argv, "0")
+        return self.start_agent(
+            container_id, view.workdir, self._loop, {**view.env, **(env or {})} or None, False, view.open_argv, "0"
+        )
 
     async def recycle(self, sandbox: DockerSandbox, agent: Optional[Agent], reusable: bool) -> None:
         """End a prompt's view and give its container, with a new view, to the next prompt; remove it if the
@@ -355,7 +357,7 @@ class DockerBackend(SandboxBackend):
         pool = self._taken.pop(sandbox, None)
         ended = agent is not None and await self.blocking(agent.finish, VIEW_END_S)
         if ended and reusable and pool is not None and not pool.closed:
-            task = asyncio.ensure_future(self._next_view(pool, sandbox.id, sandbox.name))
+            task = asyncio.ensure_future(self._next_view(pool, sandbox.id, sandbox.name, sandbox.view.user))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             return
@@ -364,8 +366,8 @@ class DockerBackend(SandboxBackend):
             pool.release()
         await asyncio.shield(future)
 
-    async def _next_view(self, pool: WarmPool, container_id: str, name: str) -> None:
-        view = new_view(self.config, pool.workdir)
+    async def _next_view(self, pool: WarmPool, container_id: str, name: str, user: Optional[tuple]) -> None:
+        view = new_view(self.config, pool.workdir, user)
         try:
             agent = await self.blocking(self._start_view, container_id, view)
         except (*engine_errors(), SandboxError) as exc:
@@ -410,8 +412,8 @@ class DockerBackend(SandboxBackend):
         loop = asyncio.get_running_loop()
         if self.config.reuse == "namespace":
             container_id, _, _ = await self._make_container_only(image, workdir, name, None)
-            view = new_view(self.config, workdir)
             try:
+                view = new_view(self.config, workdir, await self.blocking(self._identity, container_id, image))
                 agent = await self.blocking(self._start_view, container_id, view)
             except (*engine_errors(), SandboxError) as exc:
                 self.discard_container(container_id)
@@ -434,6 +436,27 @@ class DockerBackend(SandboxBackend):
             except asyncio.CancelledError:
                 future.add_done_callback(self._remove_orphan)
                 raise
+
+    def _identity(self, container_id: str, image: str) -> Optional[tuple]:
+        """(uid, gid, home) of the user a reused container's commands run as (-S user=, else the image's USER), or
+        None for its root (blocking): the helper runs as root and lowers every command of the views to it."""
+        future = self._images.get(image)
+        info = future.result() if future is not None and future.done() else self.api.inspect_image(image)
+        user = self.config.user or (info.get("Config") or {}).get("User") or ""
+        if not user:
+            return None
+        created = self.api.exec_create(
+            container_id, [SHELL, "-c", IDENTITY_SCRIPT], user=user, stdout=True, stderr=True
+        )
+        output = self.api.exec_start(created["Id"]).decode(errors="replace")
+        try:
+            if self.api.exec_inspect(created["Id"]).get("ExitCode") == 0:
+                return parse_identity(output)
+        except ValueError:
+            pass
+        raise SandboxError(
+            f"the user {user} of the container's commands could not be looked up ({output.strip()[:200]})"
+        )
 
     def pooled(self) -> int:
         """Containers started ahead of need and not yet handed to a prompt, over all images."""
@@ -571,6 +594,12 @@ class DockerBackend(SandboxBackend):
         if state.get("Paused"):
             return "was paused from outside"
         return f"was killed or stopped from outside (exit status {state.get('ExitCode')})"
+
+    def set_pids_limit(self, container_id: str, limit: int) -> None:
+        """Change a running container's pids limit (the SDK's update_container has no such parameter)."""
+        api = self.api
+        response = api._post_json(api._url("/containers/{0}/update", container_id), data={"PidsLimit": limit})
+        api._raise_for_status(response)
 
     def put_archive(self, container_id: str, archive: bytes) -> None:
         # The SDK's put_archive cannot refuse to replace a folder by a file (noOverwriteDirNonDir),

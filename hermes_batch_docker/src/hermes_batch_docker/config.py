@@ -179,6 +179,16 @@ class DockerConfig:
     def __attrs_post_init__(self) -> None:
         if self.reuse == "namespace" and self.runner != "agent":
             raise ValueError("reuse=namespace runs each prompt's commands through its command runner; drop runner=exec")
+        if self.reuse == "namespace":
+            # The helper's capabilities are what keeps a prompt in its view: no prompt may hold one. NET_ADMIN would
+            # let a prompt change the container's network, which the prompts after it share (unless network=none).
+            held = [name for name in self.cap_add if name in HELPER_CAPABILITIES
+                    or (name == "NET_ADMIN" and self.network != "none")]
+            if held:
+                raise ValueError(
+                    f"cap_add={','.join(held)} cannot be combined with reuse=namespace, whose prompts share a "
+                    "container and must never hold the capabilities that keep them apart; use reuse=none for such tasks"
+                )
 
     def pool_size(self, concurrency: int) -> int:
         """Containers kept started ahead of need per image: ``pool``, or with ``auto`` the run's concurrency."""

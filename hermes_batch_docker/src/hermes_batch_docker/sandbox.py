@@ -66,6 +66,7 @@ READ_ATTEMPTS = 3  # reads change nothing, so one whose output the engine lost i
 AGENT_STARTS = 4  # command runners a sandbox starts at most (one with its container, again when one died)
 AGENT_READY_S = 10.0
 STOP_PROCESSES_TIMEOUT_S = 30.0  # as Sandbox.stop_processes gives its kill command
+PIDS_HEADROOM = 16  # processes a view at its pids limit is allowed for a moment, so that the helper can stop it
 AGENT_DIED_NOTICE = (
     "[The sandbox's command runner was killed while this command ran (by a kill of every process?): the "
     "command's output from about then on and its exit status are lost; status 137 stands for it.]\n"
@@ -103,7 +104,9 @@ class DockerSandbox(Sandbox):
         self._max_output = backend.config.max_output_bytes
         self._user = backend.config.user or ""  # commands run as -S user= (PID 1 stays root); "" the image's user
         self._closed = False
-        # A pooled container was made before its prompt was known: the prompt's environment goes with each exec.
+        # A pooled container was made before its prompt was known: the prompt's environment goes with each exec
+        # (in a view, after the user's HOME, which the helper's exec as root would not give).
+        env = {**(view.env if view is not None else {}), **(env or {})}
         self._exec_env = {"environment": env} if env else {}
         # The command runner (-S runner=agent): started with the container; None with -S runner=exec.
         self._agent = agent
@@ -181,19 +184,51 @@ class DockerSandbox(Sandbox):
 
     async def _recover(self) -> None:
         if self._view is not None:
-            # A restart would end every prompt's processes in the container, this view too: the prompt fails.
-            self._spoiled = True
-            raise SandboxError(
-                f"The container {self.name} of prompt {self.prompt_index} could not start a process (its pids limit "
-                f"{self._backend.config.pids_limit} reached?); with -S reuse=namespace its view cannot be restarted: "
-                "run again with --resume to retry the prompt."
-            )
+            await self._recover_view()
+            return
         log.warning(
             "The container %s of prompt %d could not start a process (its pids limit %d reached?); restarting it, "
             "which stops every process in it and keeps its files.", self.name, self.prompt_index,
             self._backend.config.pids_limit,
         )
         await self._call(self._backend.api.restart, self.id, timeout=0)
+
+    async def _recover_view(self) -> None:
+        """A view's ``_recover``: a restart would end the view, so every process of the view but its first is killed
+        (as ``stop_processes`` does, without starting a process in the view) and its later commands run as execs
+        that join it.  Where even that cannot run, the prompt fails and its container is removed."""
+        log.warning(
+            "The view of prompt %d in the container %s could not start a process (its pids limit %d reached?); "
+            "stopping every process of the view, which keeps its files.", self.prompt_index, self.name,
+            self._backend.config.pids_limit,
+        )
+        self._use_agent = False  # the runner is one of the processes stopped
+        said = BoundedOutput(4096)
+        outcome = await self._run_exec(self._view.stop_argv(), STOP_PROCESSES_TIMEOUT_S, said, wrap=False)
+        if outcome.not_started:
+            # The runtime could not start even the helper (it starts a process of its own in the container): with
+            # a few more processes allowed for a moment it can, and the helper then starts none; the limit is
+            # put back after, else the container never serves another prompt.
+            limit = self._backend.config.pids_limit
+            try:
+                await self._call(self._backend.set_pids_limit, self.id, limit + PIDS_HEADROOM)
+                try:
+                    said = BoundedOutput(4096)
+                    outcome = await self._run_exec(self._view.stop_argv(), STOP_PROCESSES_TIMEOUT_S, said, wrap=False)
+                finally:
+                    await self._call(self._backend.set_pids_limit, self.id, limit)
+            except SandboxError:
+                self._spoiled = True
+                raise
+        if outcome.exit_code == 0:
+            return
+        self._spoiled = True
+        raise SandboxError(
+            f"The container {self.name} of prompt {self.prompt_index} could not start a process (its pids limit "
+            f"{self._backend.config.pids_limit} reached?) and the processes of the prompt's view could not be "
+            f"stopped (exit status {outcome.exit_code}: {said.text().strip()[:200]}); run again with --resume to "
+            "retry the prompt."
+        )
 
     async def _run(self, argv: list, timeout: float, stdout: BoundedOutput, stderr: Optional[BoundedOutput] = None) -> _Outcome:
         self._check_open()
@@ -494,6 +529,8 @@ class DockerSandbox(Sandbox):
             return PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
         if "not a directory" in lowered:
             return NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        if "no space left" in lowered:
+            return OSError(errno.ENOSPC, message, path)
         return OSError(errno.EIO, message or f"reading exited with status {exit_code}", path)
 
     async def write_file(self, path: str, data: bytes) -> None:

@@ -40,6 +40,16 @@ HELPER = VIEW_FOLDER + "/helper"
 VIEW_ENDED = "the prompt's view of the container has ended"  # what the helper says when a view is gone
 VIEW_READY_S = 60.0  # a view's runner not started by then (a loaded engine) is given up, which ends the view
 VIEW_END_S = 10.0  # a closed view's processes are gone by then, or its container is removed instead
+# A view's files live in memory, counted in the container's memory limit: they may take that limit less this
+# (at most half of it), so that a prompt that fills them gets "No space left on device" before its processes
+# run out of memory (the kernel would kill them, its runner too, which ends the view).
+MEMORY_FOR_PROCESSES = 512 * 1024 * 1024
+# Run as the commands' user (-S user=, else the image's USER): its uid, gid and the HOME Docker gives it
+# (from the image's /etc/passwd, else /), which the helper, run as root, gives every command of the views.
+IDENTITY_SCRIPT = (
+    'while read -r key real _; do case "$key" in Uid:) u=$real;; Gid:) g=$real;; esac; done < /proc/self/status; '
+    'printf "%s %s %s" "$u" "$g" "$HOME"'
+)
 
 
 @attrs.frozen
@@ -49,9 +59,14 @@ class View:
     tag: str
     mask: int  # the capabilities its processes keep
     workdir: str
-    user: Optional[tuple]  # (uid, gid) of -S user=, else None (the container's root)
+    user: Optional[tuple]  # (uid, gid, home) of -S user= or the image's USER, else None (the container's root)
     own_network: bool  # -S network=none: a network namespace of its own, loopback only
     memory_bytes: int  # its files' memory file system (counted in the container's memory limit)
+
+    @property
+    def env(self) -> dict:
+        """What every exec of the view gets besides the prompt's environment: the user's HOME, as Docker gives it."""
+        return {"HOME": self.user[2]} if self.user and self.user[2] else {}
 
     def _options(self) -> list:
         user = ["-i", f"{self.user[0]}:{self.user[1]}"] if self.user else []
@@ -71,8 +86,20 @@ class View:
         return [HELPER, "-J", self.tag, "-X"]
 
 
-def new_view(config: DockerConfig, workdir: str) -> View:
+def files_bytes(memory: int) -> int:
+    """The size of a view's memory file system in a container of ``memory`` bytes (see MEMORY_FOR_PROCESSES)."""
+    return memory - min(memory // 2, MEMORY_FOR_PROCESSES)
+
+
+def parse_identity(output: str) -> tuple:
+    """(uid, gid, home) from what IDENTITY_SCRIPT printed; ValueError when it is not that."""
+    uid, gid, home = output.split(" ", 2)
+    return int(uid), int(gid), home
+
+
+def new_view(config: DockerConfig, workdir: str, user: Optional[tuple]) -> View:
+    """A new view for a container whose commands run as ``user`` ((uid, gid, home), or None for its root)."""
     return View(
         tag=f"{VIEW_FOLDER}/{new_nonce()}", mask=config.prompt_capability_mask, workdir=workdir,
-        user=config.uid_gid, own_network=config.network == "none", memory_bytes=config.memory_bytes,
+        user=user, own_network=config.network == "none", memory_bytes=files_bytes(config.memory_bytes),
     )
