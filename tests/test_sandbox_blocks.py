@@ -246,6 +246,25 @@ async def test_what_is_given_back_serves_the_next_prompt_and_is_discarded_once_t
     assert sorted(made.discarded) == [1, 1, 2]
 
 
+async def test_a_prompt_waits_for_one_expected_back_instead_of_making_more():
+    made = Made()
+    pool = hermes_batch.WarmPool("image", "/work", 1, made.create, made.discard)
+    pool.fill()
+    await settled()
+    first = await pool.take()
+    pool.expect_back()  # its prompt ended; its next view is being made
+    waiting = asyncio.ensure_future(pool.take())
+    await settled()
+    assert made.count == 1 and not waiting.done()  # no second container for a prompt that can wait for the first
+    pool.give_back(first)
+    assert await waiting == first
+    pool.expect_back()
+    pool.not_back()  # it could not serve again: discarded, so its replacement is made
+    await settled()
+    assert (pool.ready, made.count) == (1, 2)
+    pool.close()
+
+
 async def test_a_prompt_that_finds_the_pool_empty_gets_the_next_one_made():
     made = Made()
     made.gate.clear()

@@ -44,6 +44,7 @@ class WarmPool:
         self._ready: collections.deque = collections.deque()
         self._waiters: collections.deque = collections.deque()  # futures of prompts waiting for one
         self._creating: set[asyncio.Task] = set()
+        self._returning = 0  # given back soon (expect_back): prompts wait for them rather than make more
         self.broken: Optional[BaseException] = None  # a creation failed: prompts make their own
         self.closed = False
 
@@ -51,9 +52,10 @@ class WarmPool:
         """Start making what is missing for the waiting prompts and, at most ``most`` of them, for ``size`` ready."""
         if self.closed or self.broken is not None:
             return
-        missing = len(self._waiters) + self.size - len(self._ready) - len(self._creating)
+        coming = len(self._creating) + self._returning
+        missing = len(self._waiters) + self.size - len(self._ready) - coming
         if most is not None:
-            missing = min(missing, max(0, len(self._waiters) - len(self._creating)) + most)
+            missing = min(missing, max(0, len(self._waiters) - coming) + most)
         for _ in range(max(0, missing)):
             task = asyncio.get_running_loop().create_task(self._create_one())
             self._creating.add(task)
@@ -63,9 +65,20 @@ class WarmPool:
         """A prompt gave back (removed) what it took: start its replacement now that the prompt's work is done."""
         self.fill(most=1)
 
+    def expect_back(self) -> None:
+        """What a prompt took will be given back (``give_back``) or given up (``not_back``) soon: until then the
+        prompts that ask wait for it instead of making one more (a container costs far more than its next view)."""
+        self._returning += 1
+
+    def not_back(self) -> None:
+        """What ``expect_back`` announced was discarded instead: its replacement is made now."""
+        self._returning = max(0, self._returning - 1)
+        self.release()
+
     def give_back(self, made) -> None:
         """What a prompt took, ready to serve the next prompt (for backends that reuse one, such as Docker's
         ``-S reuse=namespace``, which make each prompt's view in it afresh); discarded once the pool is closed."""
+        self._returning = max(0, self._returning - 1)
         self._give(made)
 
     @property

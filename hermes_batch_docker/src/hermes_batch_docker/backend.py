@@ -357,6 +357,7 @@ class DockerBackend(SandboxBackend):
         pool = self._taken.pop(sandbox, None)
         ended = agent is not None and await self.blocking(agent.finish, VIEW_END_S)
         if ended and reusable and pool is not None and not pool.closed:
+            pool.expect_back()
             task = asyncio.ensure_future(self._next_view(pool, sandbox.id, sandbox.name, sandbox.view.user))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
@@ -373,7 +374,7 @@ class DockerBackend(SandboxBackend):
         except (*engine_errors(), SandboxError) as exc:
             log.info("The container %s could not start a view (%s); it is replaced.", name, _explain(exc))
             self.discard_container(container_id)
-            pool.release()
+            pool.not_back()
             return
         pool.give_back((container_id, name, agent, view))
 
