@@ -15,7 +15,8 @@ from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec,
 from . import instances, runtime
 from .config import DEFAULT_WORKDIR, SingularityConfig
 from .images import ImageCache
-from .sandbox import SingularitySandbox
+from .runner import NO_WORKDIR, START_SCRIPT, Runner
+from .sandbox import SHELL, SingularitySandbox
 
 log = logging.getLogger("hermes_batch.singularity")
 
@@ -159,7 +160,8 @@ class SingularityBackend(SandboxBackend):
             pool = self._instance_pool(image, path)
             taken = await pool.take()
             if taken is not None:
-                sandbox = SingularitySandbox(self, taken, workdir, spec.prompt_index, env, image)
+                name, runner = taken
+                sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image, runner)
                 self._open.add(sandbox)
                 self._taken[sandbox] = pool
                 return sandbox
@@ -176,11 +178,43 @@ class SingularityBackend(SandboxBackend):
         sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image)
         self._open.add(sandbox)
         try:
-            await self._make_workdir(sandbox)
+            sandbox.attach_runner(await self._runner_or_workdir(name, workdir))
         except BaseException:
             await sandbox.close()
             raise
         return sandbox
+
+    async def _runner_or_workdir(self, name: str, workdir: str) -> Optional[Runner]:
+        """A new instance's command runner, which makes the working folder; without one, the folder made by an exec."""
+        runner = await self.start_runner(name, workdir) if self.config.runner == "agent" else None
+        if runner is None:
+            await self._make_workdir_of(name, workdir)
+        return runner
+
+    async def start_runner(self, name: str, workdir: str) -> Optional[Runner]:
+        """Start the command runner of an instance and wait for its first line; None when it does not run there.
+
+        SandboxError when it could not make the working folder.
+        """
+        argv = [
+            *self.exec_prefix("/"), f"instance://{name}", SHELL, "-c", START_SCRIPT, "hermes-batch-runner", workdir,
+        ]
+        try:
+            runner = await Runner.start(argv, self.env)
+        except OSError as exc:
+            log.debug("No command runner in %s: %s", name, exc)
+            return None
+        try:
+            started = await runner.until_started(self.config.start_timeout)
+        except BaseException:
+            runner.close()
+            raise
+        if started:
+            return runner
+        if runner.proc.returncode == NO_WORKDIR:
+            raise SandboxError(f"Could not make the working folder {workdir} in the instance {name}.")
+        log.debug("No command runner in %s: %s", name, runner.exit_reason())
+        return None
 
     def _instance_pool(self, image: str, path: str) -> WarmPool:
         workdir = self._workdir(None)
@@ -199,13 +233,16 @@ class SingularityBackend(SandboxBackend):
                         starting.add_done_callback(functools.partial(self._stop_if_started, name))
                         raise
                 try:
-                    await asyncio.shield(self.in_background(self._make_workdir_of(name, workdir)))
+                    runner = await asyncio.shield(self.in_background(self._runner_or_workdir(name, workdir)))
                 except BaseException:
                     self.in_background(self._stop_name(name))
                     raise
-                return name
+                return name, runner
 
-            def discard(name: str) -> None:
+            def discard(made: tuple) -> None:
+                name, runner = made
+                if runner is not None:
+                    runner.close()
                 self.in_background(self._stop_name(name))
 
             pool = self._pools[(image, workdir)] = WarmPool(image, workdir, size, start, discard, what="instance", backend="singularity")
@@ -239,9 +276,6 @@ class SingularityBackend(SandboxBackend):
     def _stop_if_started(self, name: str, future: asyncio.Future) -> None:
         if not future.cancelled() and future.exception() is None:
             self.in_background(self._stop_name(name))
-
-    async def _make_workdir(self, sandbox: SingularitySandbox) -> None:
-        await self._make_workdir_of(sandbox.name, sandbox.workdir)
 
     async def _make_workdir_of(self, name: str, workdir: str) -> None:
         argv = [*self.exec_prefix("/"), f"instance://{name}", "/bin/sh", "-c", MKDIR, "sh", workdir]

@@ -94,6 +94,9 @@ class SingularityConfig:
     convert_timeout: float = attrs.field(default=3600.0, validator=_at_least(1, "convert_timeout"))  # one image
     # Instances started ahead of need per image, each still for one prompt only; 0: each started when asked for.
     pool: Any = attrs.field(default=0, converter=_pool, validator=_check_pool)
+    # agent: each prompt's commands and files through one command runner in its instance (one exec for the
+    # prompt); exec: each through an `apptainer exec` of its own.
+    runner: str = attrs.field(default="agent", validator=attrs.validators.in_(("agent", "exec")))
 
     def pool_size(self, concurrency: int) -> int:
         """Instances kept started ahead of need per image: ``pool``, or with ``auto`` the run's concurrency."""
