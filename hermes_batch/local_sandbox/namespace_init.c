@@ -5,6 +5,9 @@
  * a bash helper, which do the same in three programs.  It speaks the same
  * protocol as that helper (launchers.HELPER):
  *
+ * Inside a container it is also the first process of each prompt's own view of
+ * the container (-O and -J, see namespace_view.h).
+ *
  *   hermes-batch-namespace-... [-u] [-k CAPS] [-m MAX] [-i UID:GID] [-n]
  *       [-r ROOT [-t BYTES] [-h PATH]... [-e PATH[:rw]]...] [-M BYTES] [-P COUNT] [-F BYTES] [-C SECONDS]
  *       CONTROL CWD SPILL
@@ -456,7 +459,10 @@ static int size_option(const char *text, rlim_t *value) {
     return 0;
 }
 
+#include "namespace_view.h"
+
 int main(int argc, char **argv) {
+    if (argc > 1 && (strcmp(argv[1], "-O") == 0 || strcmp(argv[1], "-J") == 0)) return container_main(argc, argv);
     int user = 0, lower = 0, network = 0;
     uint64_t keep = 0;
     const char *root = NULL;

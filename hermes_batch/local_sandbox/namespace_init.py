@@ -31,13 +31,14 @@ from .control import not_ours_alone
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("namespace_init.c")
+SOURCES = (SOURCE, Path(__file__).with_name("namespace_view.h"))  # the second is included by the first
 BUILD_TIMEOUT_S = 120.0
 WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 
 
 def program_path(folder: Path, name: str = "hermes-batch-namespace") -> Path:
     """Where in ``folder`` the program built from this version of the source, for this machine's type, is."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES)).hexdigest()[:16]
     return Path(folder) / f"{name}-{digest}-{platform.machine() or 'unknown'}"
 
 
@@ -56,8 +57,11 @@ def compiler() -> Optional[list]:
     return [found] if found else None
 
 
-def build(folder: Optional[Path] = None, name: str = "hermes-batch-namespace") -> tuple:
+def build(folder: Optional[Path] = None, name: str = "hermes-batch-namespace", static: bool = False) -> tuple:
     """(path of the built program, None), built now unless it already was; (None, why not) where it cannot be.
+
+    With ``static`` only a statically linked program will do (one that runs in any
+    container image, whatever its C library), under its own name.
 
     The program is looked for, and built, in ``folder`` (default
     :func:`cache_dir`), which must be a folder of this user's that nobody else
@@ -65,7 +69,7 @@ def build(folder: Optional[Path] = None, name: str = "hermes-batch-namespace") -
     sandbox of this user runs as the first process of its namespace.
     """
     folder = Path(folder) if folder is not None else cache_dir()
-    target = program_path(folder, name)
+    target = program_path(folder, name + ("-static" if static else ""))
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         why = not_ours_alone(folder, stat.S_ISDIR, WRITABLE_BY_OTHERS)
@@ -83,7 +87,7 @@ def build(folder: Optional[Path] = None, name: str = "hermes-batch-namespace") -
     os.close(fd)
     try:
         errors = ""
-        for flags in (["-static"], []):  # static where the C library has an archive: a third of the start
+        for flags in (["-static"],) if static else (["-static"], []):  # static where the C library has an archive: a third of the start
             try:
                 done = subprocess.run(
                     [*argv, "-O2", *flags, "-o", partial, str(SOURCE)], capture_output=True,

@@ -7,7 +7,8 @@ command waits only for its exec.  A pooled sandbox is new from the image like an
 other: it has run nothing but its idle first process, is handed to exactly one
 prompt and removed when that prompt ends, so a pool of N costs N sandboxes more
 than the run's prompts (discarded unused at the end) and N idle ones meanwhile.
-The Docker and Singularity backends use it for ``-S pool=``.
+The Docker and Singularity backends use it for ``-S pool=``; Docker's ``-S reuse=namespace``
+gives each container back (``give_back``) when its prompt ends, for the next prompt.
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ class WarmPool:
     def release(self) -> None:
         """A prompt gave back (removed) what it took: start its replacement now that the prompt's work is done."""
         self.fill(most=1)
+
+    def give_back(self, made) -> None:
+        """What a prompt took, ready to serve the next prompt (for backends that reuse one, such as Docker's
+        ``-S reuse=namespace``, which make each prompt's view in it afresh); discarded once the pool is closed."""
+        self._give(made)
 
     @property
     def ready(self) -> int:

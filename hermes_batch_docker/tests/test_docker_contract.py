@@ -97,10 +97,41 @@ class TestDockerExecRunnerSandboxContract(TestDockerSandboxContract):
 
 
 async def _backend(run_dir, run_name, **options):
-    config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, runner="exec", pool=0, **options)
+    options = {"runner": "exec", "pool": 0, **options}
+    config = DockerConfig(image=IMAGE_A, max_output_bytes=10_000, **options)
     backend = DockerBackend(config, RunContext(run_name, run_dir, seed=0))
     await backend.start()
     try:
         yield backend
     finally:
         await backend.shutdown()
+
+
+class TestDockerReusedSandboxContract(TestDockerSandboxContract):
+    """The same contract when containers serve prompts one after another, each in a view of its own (-S reuse=namespace)."""
+
+    @pytest.fixture
+    async def backend(self, tmp_path, run_name, docker_api):
+        async for backend in _backend(tmp_path / "run", run_name, reuse="namespace", runner="agent", pool=2):
+            yield backend
+
+    @pytest.fixture
+    async def limited_backend(self, tmp_path, run_name, docker_api):
+        async for backend in _backend(tmp_path / "limited", run_name, reuse="namespace", runner="agent", pool=2,
+                                      memory="64m", pids_limit=32):
+            yield backend
+
+    @pytest.fixture
+    async def offline_backend(self, tmp_path, run_name, docker_api):
+        async for backend in _backend(tmp_path / "offline", run_name, reuse="namespace", runner="agent", pool=2,
+                                      network="none"):
+            yield backend
+
+    async def sandbox_exists(self, sandbox: DockerSandbox) -> bool:
+        """Its view's tag, which the helper removes once every process of the view is gone."""
+        try:
+            created = self.api.exec_create(sandbox.id, ["test", "-e", sandbox.view.tag])
+        except docker.errors.APIError:  # the container is gone, or does not run
+            return False
+        self.api.exec_start(created["Id"])
+        return self.api.exec_inspect(created["Id"])["ExitCode"] == 0

@@ -93,6 +93,20 @@ class Agent:
         except OSError:
             pass
 
+    def finish(self, timeout: float) -> bool:
+        """Blocking: close its stdin only and wait up to ``timeout`` for its exec's stream to end; True when it did.
+
+        In a reused container (see views.py) the stream ends once every process of the prompt's view is gone.
+        """
+        try:
+            self.raw.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self._thread.join(timeout)
+        ended = not self._thread.is_alive()
+        self.close()
+        return ended
+
     def wait_ready(self, timeout: float) -> bool:
         return self.ready.wait(timeout) and self.pid is not None
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Optional
 
 
-from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec, WarmPool
+from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec, WarmPool, build_namespace_helper
 
 from . import engine
-from .config import BASE_CAPABILITIES, DEFAULT_DISK, DEFAULT_WORKDIR, DockerConfig, parse_size
+from .config import BASE_CAPABILITIES, DEFAULT_DISK, DEFAULT_WORKDIR, HELPER_CAPABILITIES, DockerConfig, parse_size
 from .engine import (
     LABEL_CONTENT_KEY,
     LABEL_HOST,
@@ -32,6 +32,7 @@ from .engine import (
 )
 from .agent import AGENT_SCRIPT, Agent
 from .sandbox import AGENT_READY_S, SHELL, DockerSandbox
+from .views import HELPER, VIEW_END_S, VIEW_FOLDER, new_view
 
 log = logging.getLogger("hermes_batch.docker")
 
@@ -69,7 +70,8 @@ class DockerBackend(SandboxBackend):
         self._open: set[DockerSandbox] = set()
         self._background: set[asyncio.Future] = set()  # creations, removals and kills still running in threads
         self._pools: dict[tuple, WarmPool] = {}  # (image, working folder) -> containers started ahead (-S pool=)
-        self._taken: dict[DockerSandbox, WarmPool] = {}  # open sandboxes of a pool, replaced when closed
+        self._taken: dict[DockerSandbox, WarmPool] = {}  # open sandboxes of a pool, replaced (or given back) when closed
+        self.helper: Optional[str] = None  # -S reuse=namespace: the static namespace helper on this machine
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -106,6 +108,8 @@ class DockerBackend(SandboxBackend):
             self.nano_cpus = int(self._cpus(info.get("NCPU") or os.cpu_count() or 1) * 1e9)
             self.storage_opt = self._storage_opt(info)
             await self._check_network(api)
+            if self.config.reuse == "namespace":
+                self.helper = await self.blocking(_namespace_helper)
         except BaseException:
             api.close()
             raise
@@ -256,6 +260,8 @@ class DockerBackend(SandboxBackend):
         workdir = self._workdir(spec.cwd, info)
         name = self._name(spec.prompt_index, spec.run_name)
         env = {str(key): str(value) for key, value in spec.env.items()}
+        if self.config.reuse == "namespace":
+            return await self._open_view(spec, image, info, workdir, env)
         if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0:
             pool = self._container_pool(image, info)
             taken = await pool.take()
@@ -287,6 +293,52 @@ class DockerBackend(SandboxBackend):
         self._open.add(sandbox)
         return sandbox
 
+    async def _open_view(self, spec: SandboxSpec, image: str, info: dict, workdir: str, env: dict) -> DockerSandbox:
+        """A prompt's own view in a container of the image's pool (-S reuse=namespace): one exec, no new container."""
+        pool = self._container_pool(image, info)
+        loop = asyncio.get_running_loop()
+        for _attempt in range(3):
+            taken = await pool.take()
+            if taken is None:  # the pool cannot make containers: this prompt makes its own, removed after it
+                taken = await self._make_container(image, self._workdir(None, info), self._name(spec.prompt_index))
+                pool = None
+            container_id, name, _agent = taken
+            view = new_view(self.config, workdir)
+            try:
+                agent = await self.blocking(
+                    self.start_agent, container_id, workdir, loop, env or None, False, view.open_argv, "0"
+                )
+            except (*engine_errors(), SandboxError) as exc:  # it died while idle (killed from outside): replaced
+                log.info("The container %s could not start a prompt's view (%s); using another.", name, _explain(exc))
+                self.discard_container(container_id)
+                if pool is None:
+                    raise SandboxError(f"Could not start a view in a container of the image {image!r}: {_explain(exc)}.") from exc
+                pool.release()
+                continue
+            sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image, env=env, agent=agent, view=view)
+            self._open.add(sandbox)
+            if pool is not None:
+                self._taken[sandbox] = pool
+            return sandbox
+        raise SandboxError(f"Three containers of the image {image!r} in a row could not start a prompt's view; see the log.")
+
+    async def recycle(self, sandbox: DockerSandbox, agent: Optional[Agent], reusable: bool) -> None:
+        """End a prompt's view and give its container to the next prompt; remove it if the view did not end cleanly.
+
+        Closing the runner's input ends the view: its first process exits and the kernel kills what is left in its
+        namespaces; the exec's stream ends once every one of them is gone.
+        """
+        self._open.discard(sandbox)
+        pool = self._taken.pop(sandbox, None)
+        ended = agent is not None and await self.blocking(agent.finish, VIEW_END_S)
+        if ended and reusable and pool is not None and not pool.closed:
+            pool.give_back((sandbox.id, sandbox.name, None))
+            return
+        future = self.in_background(engine.remove_container, self.api, sandbox.id)
+        if pool is not None:
+            pool.release()
+        await asyncio.shield(future)
+
     def _name(self, prompt_index, run_name: Optional[str] = None) -> str:
         run_part = _NAME_UNSAFE.sub("-", run_name or self.run.run_name)[:60]
         return f"hermes-batch-{run_part}-p{prompt_index}-{uuid.uuid4().hex[:8]}"
@@ -308,27 +360,31 @@ class DockerBackend(SandboxBackend):
             size = self.config.pool_size(self.concurrency())
 
             async def create() -> tuple:
-                name = self._name("pool")
-                loop = asyncio.get_running_loop()
-                async with self._starting:
-                    future = loop.run_in_executor(
-                        self.run.thread_pool,
-                        functools.partial(self._create, name, image, workdir, {}, self._labels(), loop),
-                    )
-                    self._background.add(future)
-                    future.add_done_callback(self._background.discard)
-                    try:
-                        container_id, agent = await asyncio.shield(future)
-                        return container_id, name, agent
-                    except asyncio.CancelledError:
-                        future.add_done_callback(self._remove_orphan)
-                        raise
+                return await self._make_container(image, workdir, self._name("pool"))
 
             pool = self._pools[(image, workdir)] = WarmPool(
                 image, workdir, size, create, lambda made: self.discard_container(made[0], made[2]), what="container", backend="docker"
             )
             pool.fill()
         return pool
+
+    async def _make_container(self, image: str, workdir: str, name: str) -> tuple:
+        """(id, name, its runner or None) of a container made and started for a pool (no runner with reuse)."""
+        loop = asyncio.get_running_loop()
+        runner_loop = None if self.config.reuse == "namespace" else loop  # each view starts its own runner
+        async with self._starting:
+            future = loop.run_in_executor(
+                self.run.thread_pool,
+                functools.partial(self._create, name, image, workdir, {}, self._labels(), runner_loop),
+            )
+            self._background.add(future)
+            future.add_done_callback(self._background.discard)
+            try:
+                container_id, agent = await asyncio.shield(future)
+                return container_id, name, agent
+            except asyncio.CancelledError:
+                future.add_done_callback(self._remove_orphan)
+                raise
 
     def pooled(self) -> int:
         """Containers started ahead of need and not yet handed to a prompt, over all images."""
@@ -362,11 +418,17 @@ class DockerBackend(SandboxBackend):
                 log.debug("No command runner in %s: %s", name, exc)
         return container_id, agent
 
-    def start_agent(self, container_id: str, workdir: str, loop, env: Optional[dict] = None, wait: bool = True) -> Agent:
-        """Start a container's command runner (blocking); SandboxError when it does not answer."""
+    def start_agent(self, container_id: str, workdir: str, loop, env: Optional[dict] = None, wait: bool = True,
+                    wrap=None, user: Optional[str] = None) -> Agent:
+        """Start a container's command runner (blocking); SandboxError when it does not answer.
+
+        ``wrap`` turns the runner's argv into the exec's (a view's helper), which runs as ``user``.
+        """
+        argv = [SHELL, "-c", AGENT_SCRIPT, "hermes-batch-runner", workdir]
         created = self.api.exec_create(
-            container_id, [SHELL, "-c", AGENT_SCRIPT, "hermes-batch-runner", workdir], stdin=True, stdout=True,
-            stderr=True, tty=False, user=self.config.user or "", **({"environment": env} if env else {}),
+            container_id, wrap(argv) if wrap else argv, stdin=True, stdout=True,
+            stderr=True, tty=False, user=user if user is not None else self.config.user or "",
+            **({"environment": env} if env else {}),
         )
         sock = self.api.exec_start(created["Id"], socket=True)
         agent = Agent(sock, loop, created["Id"])
@@ -378,9 +440,14 @@ class DockerBackend(SandboxBackend):
     def _create_container(self, name: str, image: str, workdir: str, env: dict, labels: dict) -> str:
         config = self.config
         memory = config.memory_bytes
+        views, helper_capabilities = {}, ()
+        if config.reuse == "namespace":  # only the helper holds HELPER_CAPABILITIES; each prompt drops them
+            views = {"tmpfs": {VIEW_FOLDER: "size=1m,mode=0700"}, "binds": [f"{self.helper}:{HELPER}:ro"]}
+            # with network=none each view has a network namespace of its own, whose loopback the helper brings up
+            helper_capabilities = HELPER_CAPABILITIES + (("NET_ADMIN",) if config.network == "none" else ())
         host_config = self.api.create_host_config(
             cap_drop=["ALL"],
-            cap_add=list(BASE_CAPABILITIES + config.cap_add),
+            cap_add=list(BASE_CAPABILITIES + config.cap_add + helper_capabilities),
             security_opt=["no-new-privileges"],
             privileged=False,
             pids_limit=config.pids_limit,
@@ -389,6 +456,7 @@ class DockerBackend(SandboxBackend):
             nano_cpus=self.nano_cpus,
             network_mode=config.network,
             storage_opt=self.storage_opt,
+            **views,
         )
         try:
             created = self.api.create_container(
@@ -462,6 +530,16 @@ class DockerBackend(SandboxBackend):
         url = api._url("/containers/{0}/archive", container_id)
         response = api._put(url, params={"path": "/", "noOverwriteDirNonDir": True}, data=archive)
         api._raise_for_status(response)
+
+
+def _namespace_helper() -> str:
+    path, why = build_namespace_helper(static=True)
+    if path is None:
+        raise ConfigError(
+            f"-S reuse=namespace needs hermes-batch's namespace helper built statically, and it could not be ({why}); "
+            "install a C compiler and a static C library (gcc and libc6-dev), or leave -S reuse=none."
+        )
+    return path
 
 
 def _run_dir(run) -> str:

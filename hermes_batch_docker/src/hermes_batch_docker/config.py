@@ -16,6 +16,20 @@ DEFAULT_WORKDIR = "/workspace"  # when neither the row nor the image names one
 # (package managers drop privileges), signal its own processes, bind low ports.
 BASE_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE")
 
+# The helper of -S reuse=namespace makes each prompt's namespaces in the container with these; every
+# process of the prompt drops them (see hermes_batch's namespace_view.h).
+HELPER_CAPABILITIES = ("SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE", "SETPCAP")
+# Linux's numbers of the capabilities (linux/capability.h), for the helper's mask of what a prompt keeps.
+CAPABILITY_NUMBERS = {
+    name: number for number, name in enumerate(
+        """CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE
+        NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO SYS_CHROOT
+        SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE
+        AUDIT_WRITE AUDIT_CONTROL SETFCAP MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ
+        PERFMON BPF CHECKPOINT_RESTORE""".split()
+    )
+}
+
 KNOWN_CAPABILITIES = frozenset(
     """AUDIT_CONTROL AUDIT_READ AUDIT_WRITE BLOCK_SUSPEND BPF CHECKPOINT_RESTORE CHOWN DAC_OVERRIDE
     DAC_READ_SEARCH FOWNER FSETID IPC_LOCK IPC_OWNER KILL LEASE LINUX_IMMUTABLE MAC_ADMIN MAC_OVERRIDE
@@ -157,10 +171,23 @@ class DockerConfig:
     # How commands reach the container: "agent", one long-lived shell per container started with it
     # (no engine call per command); "exec", one docker exec per command.
     runner: str = attrs.field(default="agent", validator=attrs.validators.in_(("agent", "exec")))
+    # What a container serves: "none", one prompt and then it is removed (the strict mode); "namespace", prompts
+    # one after another, each in new namespaces of its own inside it with a fresh view of the image's files
+    # (see the README of hermes-batch-docker for what each guarantees).
+    reuse: str = attrs.field(default="none", validator=attrs.validators.in_(("none", "namespace")))
+
+    def __attrs_post_init__(self) -> None:
+        if self.reuse == "namespace" and self.runner != "agent":
+            raise ValueError("reuse=namespace runs each prompt's commands through its command runner; drop runner=exec")
 
     def pool_size(self, concurrency: int) -> int:
         """Containers kept started ahead of need per image: ``pool``, or with ``auto`` the run's concurrency."""
         return max(1, concurrency) if self.pool == "auto" else self.pool
+
+    @property
+    def prompt_capability_mask(self) -> int:
+        """The capabilities a prompt's processes keep (BASE_CAPABILITIES and cap_add) as a bit mask."""
+        return sum(1 << CAPABILITY_NUMBERS[name] for name in BASE_CAPABILITIES + self.cap_add)
 
     @property
     def memory_bytes(self) -> int:

@@ -19,9 +19,11 @@ from hermes_batch import BoundedOutput, ExecResult, FirstBytes, Sandbox, Sandbox
 from . import agent as agents
 from .engine import docker, engine_errors, requests_exceptions
 from .streams import ExecStream
+from .views import VIEW_ENDED
 
 if TYPE_CHECKING:
     from .backend import DockerBackend
+    from .views import View
 
 log = logging.getLogger("hermes_batch.docker")
 
@@ -90,7 +92,7 @@ class DockerSandbox(Sandbox):
 
     def __init__(
         self, backend: "DockerBackend", container_id: str, name: str, workdir: str, prompt_index: int, image: str = "",
-        env: Optional[dict] = None, agent: Optional[agents.Agent] = None,
+        env: Optional[dict] = None, agent: Optional[agents.Agent] = None, view: Optional["View"] = None,
     ):
         self.id = container_id
         self.name = name
@@ -108,6 +110,14 @@ class DockerSandbox(Sandbox):
         self._agent_starts = 1 if agent is not None else 0
         self._agent_starting = False
         self._use_agent = backend.config.runner == "agent"
+        # -S reuse=namespace: the prompt's view in a reused container; every exec joins it through the helper,
+        # as root (the helper lowers the command to the prompt's user and capabilities).
+        self._view = view
+        self._exec_user = "0" if view is not None else self._user
+        self._spoiled = False  # its container must not serve another prompt
+
+    def _argv(self, argv: list) -> list:
+        return self._view.join_argv(argv) if self._view is not None else argv
 
     @property
     def workdir(self) -> str:
@@ -116,6 +126,11 @@ class DockerSandbox(Sandbox):
     @property
     def image(self) -> str:
         return self._image
+
+    @property
+    def view(self) -> Optional["View"]:
+        """The prompt's view in a reused container (-S reuse=namespace), else None."""
+        return self._view
 
     # --- commands ------------------------------------------------------------------------
 
@@ -165,6 +180,14 @@ class DockerSandbox(Sandbox):
         return outcome, stdout, stderr
 
     async def _recover(self) -> None:
+        if self._view is not None:
+            # A restart would end every prompt's processes in the container, this view too: the prompt fails.
+            self._spoiled = True
+            raise SandboxError(
+                f"The container {self.name} of prompt {self.prompt_index} could not start a process (its pids limit "
+                f"{self._backend.config.pids_limit} reached?); with -S reuse=namespace its view cannot be restarted: "
+                "run again with --resume to retry the prompt."
+            )
         log.warning(
             "The container %s of prompt %d could not start a process (its pids limit %d reached?); restarting it, "
             "which stops every process in it and keeps its files.", self.name, self.prompt_index,
@@ -186,6 +209,8 @@ class DockerSandbox(Sandbox):
 
     async def _free_agent(self) -> Optional[agents.Agent]:
         """The sandbox's command runner if it is free (started first if it has none or it died), else None."""
+        if not self._use_agent:
+            return None
         agent = self._agent
         if agent is not None and agent.pid is None and not agent.dead and not agent.busy:
             await agent.until_started(AGENT_READY_S)  # started with its container, not yet waited for
@@ -201,8 +226,10 @@ class DockerSandbox(Sandbox):
         self._agent_starts += 1
         try:
             loop = asyncio.get_running_loop()
+            wrap = self._view.join_argv if self._view is not None else None
             self._agent = await self._backend.blocking(
-                self._backend.start_agent, self.id, self._workdir, loop, self._exec_env.get("environment")
+                self._backend.start_agent, self.id, self._workdir, loop, self._exec_env.get("environment"), True,
+                wrap, self._exec_user,
             )
         except (*engine_errors(), SandboxError) as exc:
             log.debug("no command runner in %s: %s", self.name, exc)
@@ -274,16 +301,25 @@ class DockerSandbox(Sandbox):
         they ran beside the runner, as its user, and could write to its output or its memory.
         """
         self._check_open()
+        if self._view is not None:
+            # Its runner's stream stays open until close (closing it ends the view); the helper kills every
+            # process of the view but its first, which then outlives the runner.
+            self._use_agent = False
+            outcome = await self._run_exec(
+                self._view.stop_argv(), STOP_PROCESSES_TIMEOUT_S, BoundedOutput(4096), wrap=False
+            )
+            return outcome.exit_code == 0
         self.drop_agent()
         return await super().stop_processes()
 
-    async def _run_exec(self, argv: list, timeout: float, stdout: BoundedOutput, stderr: Optional[BoundedOutput] = None) -> _Outcome:
+    async def _run_exec(self, argv: list, timeout: float, stdout: BoundedOutput, stderr: Optional[BoundedOutput] = None,
+                        wrap: bool = True) -> _Outcome:
         api = self._backend.api
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
         created = await self._call(
-            api.exec_create, self.id, argv, stdout=True, stderr=True, stdin=False, tty=False, user=self._user,
-            **self._exec_env,
+            api.exec_create, self.id, self._argv(argv) if wrap else argv, stdout=True, stderr=True, stdin=False,
+            tty=False, user=self._exec_user, **self._exec_env,
         )
         exec_id = created["Id"]
         try:
@@ -301,6 +337,7 @@ class DockerSandbox(Sandbox):
         if timed_out is not None:
             return timed_out
         exit_code = await self._exit_code(exec_id, deadline)
+        self._raise_if_view_ended(exit_code, stdout)
         if exit_code is None:  # the command closed its output but ran on until the timeout
             recovered = await self._kill(stream)
             return _Outcome(None, True, recovered=recovered)
@@ -315,6 +352,13 @@ class DockerSandbox(Sandbox):
             recovered = await self._raise_if_dead("while a command ran")
             return _Outcome(exit_code, False, recovered=recovered)
         return _Outcome(exit_code, False)
+
+    def _raise_if_view_ended(self, exit_code: Optional[int], output: BoundedOutput) -> None:
+        if self._view is not None and exit_code == 125 and VIEW_ENDED in output.text():
+            raise SandboxError(
+                f"The view of prompt {self.prompt_index} in the container {self.name} has ended (a command killed its "
+                "command runner, which ends the view with -S reuse=namespace); run again with --resume to retry the prompt."
+            )
 
     async def _wait_or_kill(self, stream, timeout: float) -> Optional[_Outcome]:
         """Wait for the end of ``stream`` (an ExecStream or a runner's Request); at ``timeout`` kill its process group
@@ -369,8 +413,8 @@ class DockerSandbox(Sandbox):
         api = self._backend.api
         try:
             created = api.exec_create(
-                self.id, [SHELL, "-c", KILL_GROUP, "sh", str(pid)], stdout=False, stderr=False, user=self._user,
-                **self._exec_env,
+                self.id, self._argv([SHELL, "-c", KILL_GROUP, "sh", str(pid)]), stdout=False, stderr=False,
+                user=self._exec_user, **self._exec_env,
             )
             api.exec_start(created["Id"], detach=True)
             if not wait:
@@ -454,10 +498,13 @@ class DockerSandbox(Sandbox):
         full = self._path(path)
         if full == "/":
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        if len(data) <= MAX_RUNNER_WRITE:
+        if len(data) <= MAX_RUNNER_WRITE or self._view is not None:
             written = await self._write_through_runner(path, full, data)
             if written is not None:
                 return
+        if self._view is not None:  # the archive API would write the container's root, under every view
+            await self._write_through_exec(path, full, data)
+            return
         # The archive API would replace a FIFO or a device by a file; refuse it as every backend does.
         await self._check_file(path, full, WRITE_CHECK)
         archive = _tar_one(full.lstrip("/"), data)
@@ -482,6 +529,35 @@ class DockerSandbox(Sandbox):
                 await self._backend.blocking(self._backend.chown, self.id, full)
             except engine_errors() as exc:
                 raise self._error_sync(exc, "while a file was written") from exc
+
+    async def _write_through_exec(self, path: str, full: str, data: bytes) -> None:
+        """Write with an exec inside the view that reads the content on its stdin (WRITE_WRAPPER)."""
+        api = self._backend.api
+        loop = asyncio.get_running_loop()
+        argv = self._argv([SHELL, "-c", WRITE_WRAPPER, "sh", full, str(len(data))])
+        created = await self._call(
+            api.exec_create, self.id, argv, stdout=True, stderr=True, stdin=True, tty=False, user=self._exec_user,
+            **self._exec_env,
+        )
+        try:
+            sock = await self._backend.blocking(api.exec_start, created["Id"], socket=True)
+        except engine_errors() as exc:
+            raise await self._backend.blocking(self._error_sync, exc, "while a file was written") from exc
+        output = BoundedOutput(64 * 1024)
+        stream = ExecStream(sock, loop, output)
+        stream.start()
+        try:
+            await self._backend.blocking(getattr(sock, "_sock", sock).sendall, data)
+        except OSError:
+            pass  # the exec ended early: its status says why
+        done, _ = await asyncio.wait({stream.done}, timeout=READ_TIMEOUT_S)
+        if not done:
+            stream.interrupt()
+            raise OSError(errno.ETIMEDOUT, f"writing took longer than {READ_TIMEOUT_S:g} s", path)
+        status = await self._exit_code(created["Id"], loop.time() + READ_TIMEOUT_S)
+        self._raise_if_view_ended(status, output)
+        if status != 0:
+            raise self._file_error(path, status, output.text())
 
     async def _write_through_runner(self, path: str, full: str, data: bytes) -> Optional[bool]:
         """Write with the command runner (no engine call); None when it cannot (use the archive API).
@@ -529,6 +605,9 @@ class DockerSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
+        if self._view is not None:
+            await self._backend.recycle(self, self._agent, not self._spoiled)
+            return
         if self._agent is not None:
             self._agent.close()
         await self._backend.remove(self)
@@ -568,12 +647,17 @@ class DockerSandbox(Sandbox):
         api = self._backend.api
         try:
             created = api.exec_create(
-                self.id, [SHELL, "-c", "exit 0"], stdout=True, stderr=True, user=self._user, **self._exec_env
+                self.id, self._argv([SHELL, "-c", "exit 0"]), stdout=True, stderr=True, user=self._exec_user,
+                **self._exec_env,
             )
-            api.exec_start(created["Id"])
-            return api.exec_inspect(created["Id"]).get("ExitCode") == 0
+            output = api.exec_start(created["Id"])
+            status = api.exec_inspect(created["Id"]).get("ExitCode")
         except engine_errors():
             return False
+        said = BoundedOutput(4096)
+        said.add(output or b"")
+        self._raise_if_view_ended(status, said)
+        return status == 0
 
     def _error_sync(self, exc: BaseException, when: str) -> SandboxError:
         reason = None
