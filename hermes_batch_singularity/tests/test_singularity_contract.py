@@ -62,3 +62,16 @@ class TestSingularityPooledSandboxContract(TestSingularitySandboxContract):
         await backend.start()
         yield backend
         await backend.shutdown()
+
+
+class TestSingularityExecRunnerContract(TestSingularitySandboxContract):
+    """The shared contract with -S runner=exec: every command and file an apptainer exec of its own."""
+
+    @pytest.fixture
+    async def backend(self, tmp_path, run_name, images):
+        config = SingularityConfig(image=images.sif_a, cache_dir=str(tmp_path / "cache"), max_output_bytes=10_000,
+                                   runner="exec")
+        backend = SingularityBackend(config, RunContext(run_name, tmp_path / "run", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()
