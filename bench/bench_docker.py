@@ -21,6 +21,11 @@ To compare with other code side by side, run it once more with that code first o
 PYTHONPATH (``--pools 0`` for code without pools), e.g. a ``git worktree`` of main:
 
     python bench/bench_docker.py [--prompts 200] [--workers 32] [--latency 0.5] [--rounds 3] [--pools 0,auto] [--runner exec]
+        [--reuse namespace]
+
+``--reuse namespace`` measures ``-S reuse=namespace`` (with ``-S pool=auto``) beside the pools, each
+part once more; for code without it, leave it out.  Part 1 also gives the memory of an open sandbox
+(after its first command: its container's shim RSS plus its cgroup's memory).
     PYTHONPATH=/tmp/base/hermes_batch_docker/src python bench/bench_docker.py --pools 0
 """
 
@@ -153,14 +158,24 @@ def idle_container_mb(api, container_ids: list) -> tuple:
     return sum(shims) / count, sum(groups) / count
 
 
+def label_of(pool_size, reuse: str) -> str:
+    return f"pool={pool_size}" + (f" reuse={reuse}" if reuse != "none" else "")
+
+
 def pool_option(value: str):
     return value if value == "auto" else int(value)
 
 
-async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_starting, pool_size, runner=None) -> tuple:
+def mode_options(pool_size, reuse: str) -> dict:
+    """The -S options of a measured mode: its pool (0 too: the default may be a pool), and reuse= only when asked."""
+    return {"pool": pool_size} | ({"reuse": reuse} if reuse != "none" else {})
+
+
+async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_starting, pool_size, runner=None,
+                                 reuse: str = "none") -> tuple:
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=at_once + 4)
     options = {"image": IMAGE} | ({"max_starting": max_starting} if max_starting else {})
-    options["pool"] = pool_size  # 0 too: the default may be a pool
+    options |= mode_options(pool_size, reuse)
     if runner:
         options["runner"] = runner
     backend = DockerBackend(DockerConfig(**options), RunContext(f"bench-docker-{at_once}", tmp / f"run{at_once}", 0, thread_pool=pool))
@@ -168,6 +183,7 @@ async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_start
     await backend.prepare_image(IMAGE)
     latencies = []
     memory = None
+    open_memory = []
     engine_s = 0.0
 
     async def pool_full() -> None:
@@ -183,13 +199,15 @@ async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_start
             result = await sandbox.exec("echo ready", 30)
             assert result.output == "ready\n", result
             latencies.append(time.perf_counter() - started)
+            if at_once > 1 and len(open_memory) < 4:  # an open sandbox: its container with the prompt in it
+                open_memory.append(idle_container_mb(backend.api, [sandbox.id]))
         finally:
             await sandbox.close()
 
     try:
         for round_ in range(rounds):
             await pool_full()
-            if memory is None and pool_size:
+            if memory is None and pool_size and reuse == "none":
                 ids = [c["Id"] for c in backend.api.containers(filters={"label": f"org.hermes-batch.session={backend.session}"})]
                 memory = idle_container_mb(backend.api, ids)
             with EngineCPU() as cpu:  # the round's sandboxes: their exec and removal (their creation with no pool)
@@ -198,6 +216,8 @@ async def first_output_latencies(tmp: Path, at_once: int, rounds: int, max_start
     finally:
         await backend.shutdown()
         pool.shutdown()
+    if open_memory:
+        memory = tuple(statistics.mean(values) for values in zip(*open_memory))
     return latencies, engine_s / len(latencies), memory
 
 
@@ -226,11 +246,11 @@ class EngineRequests:
             setattr(self._client, verb, original)
 
 
-async def prompt_work(tmp: Path, count: int, commands: int, pool_size, runner=None) -> tuple:
+async def prompt_work(tmp: Path, count: int, commands: int, pool_size, runner=None, reuse: str = "none") -> tuple:
     """Engine CPU, wall time and engine requests of one prompt-like sandbox (``commands`` commands, a file
     written and read, stop_processes, close), sandboxes one after the other, with no pool refilling."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=12)
-    options = {"image": IMAGE, "pool": pool_size} | ({"runner": runner} if runner else {})
+    options = {"image": IMAGE} | mode_options(pool_size, reuse) | ({"runner": runner} if runner else {})
     backend = DockerBackend(DockerConfig(**options), RunContext("bench-docker-work", tmp / "work", 0, thread_pool=pool))
     await backend.start()
     await backend.prepare_image(IMAGE)
@@ -252,9 +272,9 @@ async def prompt_work(tmp: Path, count: int, commands: int, pool_size, runner=No
     return cpu.seconds / count, wall / count, {key: value / count for key, value in sorted(requests.counts.items())}
 
 
-def run_args(dataset: Path, out: str, url: str, workers: int, sandbox: str, pool=0, runner=None) -> list:
+def run_args(dataset: Path, out: str, url: str, workers: int, sandbox: str, pool=0, runner=None, reuse="none") -> list:
     args = [
-        "run", "--dataset_file", str(dataset), "--batch_size", "50", "--run_name", f"bench-{sandbox}-{pool}",
+        "run", "--dataset_file", str(dataset), "--batch_size", "50", "--run_name", f"bench-{sandbox}-{pool}-{reuse}",
         "--output_dir", out, "--base_url", url, "--model", "bench-model", "--api_key", "bench",
         "--num_workers", str(workers), "--distribution", "terminal_only", "--sandbox", sandbox,
         "--no-progress", "--seed", "1",
@@ -265,6 +285,8 @@ def run_args(dataset: Path, out: str, url: str, workers: int, sandbox: str, pool
         args += ["-S", f"pool={pool}"]  # 0 too: the default may be a pool
     if sandbox == "docker" and runner:
         args += ["-S", f"runner={runner}"]
+    if sandbox == "docker" and reuse != "none":
+        args += ["-S", f"reuse={reuse}"]
     return args
 
 
@@ -276,11 +298,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the start-latency measurement")
     parser.add_argument("--max_starting", type=int, default=None, help="-S max_starting (default: the backend's)")
     parser.add_argument("--pools", default="0,auto", help="-S pool= values to measure, comma-separated (0: no pool)")
+    parser.add_argument("--reuse", default="", help="-S reuse= modes measured too, with pool=auto (e.g. namespace)")
     parser.add_argument("--runner", default=None, help="-S runner= (agent or exec; default: the backend's)")
     parser.add_argument("--commands", type=int, default=5, help="commands of the prompt-like sandbox of part 0")
     parser.add_argument("--parts", default="0,1,2", help="parts to run: 0 engine work per prompt, 1 start latency, 2 runs")
     args = parser.parse_args()
     pools = [pool_option(value) for value in args.pools.split(",")]
+    modes = [(pool, "none") for pool in pools] + [("auto", reuse) for reuse in args.reuse.split(",") if reuse and reuse != "none"]
     calls_per_prompt = 3
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -288,23 +312,25 @@ def main() -> None:
         runner = args.runner or getattr(DockerConfig(), "runner", "exec (one docker exec per command)")
         print(f"docker sandbox, image {IMAGE}, max_starting {args.max_starting or DockerConfig().max_starting}, runner {runner}")
         parts = args.parts.split(",")
-        if "0" in parts:
-            cpu_s, wall_s, requests = asyncio.run(prompt_work(tmp_path, 10, args.commands, 0, args.runner))
-            print(f"one prompt-like sandbox at a time, pool=0 ({args.commands} commands, a file written and read, "
-                  f"stop_processes, close): engine CPU {1000 * cpu_s:.0f} ms, wall {1000 * wall_s:.0f} ms per sandbox;")
+        for pool_size, reuse in [(0, "none")] + [(0, m[1]) for m in modes if m[1] != "none"] if "0" in parts else []:
+            cpu_s, wall_s, requests = asyncio.run(prompt_work(tmp_path, 10, args.commands, pool_size, args.runner, reuse))
+            print(f"one prompt-like sandbox at a time, {label_of(pool_size, reuse)} ({args.commands} commands, a file "
+                  f"written and read, stop_processes, close): engine CPU {1000 * cpu_s:.0f} ms, wall "
+                  f"{1000 * wall_s:.0f} ms per sandbox;")
             print("  engine requests per sandbox: " + ", ".join(f"{key} {value:g}" for key, value in requests.items()))
         if "1" in parts:
             print("time from open() to the first command's output:")
-        for pool_size in pools if "1" in parts else []:
+        for pool_size, reuse in modes if "1" in parts else []:
             for at_once, rounds in ((1, max(10, 5 * args.rounds)), (32, args.rounds)):
                 values, engine_s, memory = asyncio.run(
-                    first_output_latencies(tmp_path, at_once, rounds, args.max_starting, pool_size, args.runner)
+                    first_output_latencies(tmp_path, at_once, rounds, args.max_starting, pool_size, args.runner, reuse)
                 )
                 print(
-                    f"  pool={pool_size!s:<4} {at_once:>2} at once: median {1000 * statistics.median(values):6.0f} ms, "
+                    f"  {label_of(pool_size, reuse):<22} {at_once:>2} at once: median {1000 * statistics.median(values):6.0f} ms, "
                     f"p95 {1000 * percentile(values, 0.95):6.0f} ms  ({len(values)} sandboxes), "
                     f"engine CPU {1000 * engine_s:4.0f} ms per sandbox in the round"
-                    + (f"; idle pooled container: shim {memory[0]:.1f} MB + cgroup {memory[1]:.1f} MB" if memory else "")
+                    + (f"; {'open sandbox' if at_once > 1 else 'idle pooled container'}: shim {memory[0]:.1f} MB + "
+                       f"cgroup {memory[1]:.1f} MB" if memory else "")
                 )
         if "2" not in parts:
             return
@@ -314,12 +340,12 @@ def main() -> None:
               f"{calls_per_prompt} calls per prompt (ideal {ideal:.1f} s):")
         with model_server(args.latency, tool_calls=calls_per_prompt - 1) as url:
             dataset = write_prompts(tmp_path / "prompts.jsonl", args.prompts)
-            for sandbox, pool_size in [("local", 0)] + [("docker", p) for p in pools]:
+            for sandbox, pool_size, reuse in [("local", 0, "none")] + [("docker", p, r) for p, r in modes]:
                 with EngineCPU() as cpu:
-                    result = measure_run(run_args(dataset, tmp, url, args.workers, sandbox, pool_size, args.runner))
-                label = f"{sandbox} pool={pool_size}" if sandbox == "docker" else sandbox
+                    result = measure_run(run_args(dataset, tmp, url, args.workers, sandbox, pool_size, args.runner, reuse))
+                label = f"{sandbox} {label_of(pool_size, reuse)}" if sandbox == "docker" else sandbox
                 print(
-                    f"  --sandbox {label:<16}  wall {result['wall_s']:6.1f} s  (x{result['wall_s'] / ideal:.2f} of ideal), "
+                    f"  --sandbox {label:<29}  wall {result['wall_s']:6.1f} s  (x{result['wall_s'] / ideal:.2f} of ideal), "
                     f"CPU of the hermes-batch process tree {result['cpu_s']:.1f} s, "
                     f"engine CPU {1000 * cpu.seconds / args.prompts:4.0f} ms per prompt"
                 )

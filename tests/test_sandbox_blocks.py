@@ -225,6 +225,27 @@ async def test_a_warm_pool_keeps_size_ready_and_replaces_one_only_when_it_is_rel
     assert sorted(made.discarded) == [2, 3] and pool.ready == 0  # the idle ones, never the taken one
 
 
+async def test_what_is_given_back_serves_the_next_prompt_and_is_discarded_once_the_pool_is_closed():
+    made = Made()
+    pool = hermes_batch.WarmPool("image", "/work", 1, made.create, made.discard)
+    pool.fill()
+    await settled()
+    first = await pool.take()
+    made.gate.clear()
+    waiting = asyncio.ensure_future(pool.take())  # finds the pool empty: one is being made for it
+    await settled()
+    pool.give_back(first)
+    assert await waiting == first  # the one given back goes to the prompt that waits
+    made.gate.set()
+    await settled()
+    assert (pool.ready, made.count) == (1, 2)  # the one made for it waits for the next prompt
+    pool.give_back(first)
+    assert pool.ready == 2 and made.count == 2  # given back, not replaced
+    pool.close()
+    pool.give_back(first)
+    assert sorted(made.discarded) == [1, 1, 2]
+
+
 async def test_a_prompt_that_finds_the_pool_empty_gets_the_next_one_made():
     made = Made()
     made.gate.clear()

@@ -5,7 +5,7 @@
  *   hermes-batch-namespace-... -J TAG [-k CAPS] [-i UID:GID] -- ARGV...
  *
  * -O runs as the container's root, with the capabilities only it holds (SYS_ADMIN, SYS_CHROOT,
- * SYS_PTRACE, SETPCAP beyond the container's own).  It makes new mount, PID, IPC and UTS namespaces
+ * SYS_PTRACE, SETPCAP beyond the prompt's own; NET_ADMIN with -n, to bring the loopback up).  It makes new mount, PID, IPC and UTS namespaces
  * (with -n also a network namespace whose only interface is its loopback), writes
  * "PID STARTTIME" of the namespace's first process to the file TAG (on a container-only path
  * no view shows) and waits for it, removing TAG and TAG.stopped when it ends.  The first
@@ -13,8 +13,8 @@
  * whose lower layer is the container's root (the image's files; nothing ever writes it), a new
  * /proc with the paths Docker masks masked again, a new /dev (null zero full random urandom tty
  * bound from the container's, a new devpts, /dev/shm and /dev/mqueue), /sys read-only, copies of
- * /etc/hosts, /etc/hostname and /etc/resolv.conf, and DIR (-w) made; it moves its root there
- * (pivot_root) and starts ARGV, lowered (see lower_prompt).  It reaps orphans and ends when its
+ * /etc/hosts, /etc/hostname and /etc/resolv.conf, and DIR (-w) made; it moves the view onto /
+ * and chroots there (Docker's seccomp profile refuses pivot_root) and starts ARGV, lowered (see lower_prompt).  It reaps orphans and ends when its
  * input hangs up (the engine closed the exec's stream: the sandbox was closed), or when ARGV ended
  * unless TAG.stopped exists; the kernel then kills everything left in its namespace.
  *

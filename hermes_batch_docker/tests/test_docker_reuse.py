@@ -78,6 +78,10 @@ async def test_a_prompts_leftovers_never_reach_the_next_prompt_in_the_same_conta
         f"sh -c 'exec 3<> /tmp/left-fifo; sleep 600; : {marker}' > /dev/null 2>&1 & echo started", 30,
     )
     assert started.output == "started\n"
+    for _ in range(200):  # the ones started in the background take a moment
+        if len(host_processes_with(marker)) >= 3:
+            break
+        await asyncio.sleep(0.05)
     assert len(host_processes_with(marker)) >= 3
     container = first.id
     await first.close()
@@ -151,6 +155,7 @@ async def test_a_container_killed_from_outside_is_replaced(reused, run_name, doc
     container = first.id
     await first.close()
     docker_api.kill(container)
+    await asyncio.sleep(0.5)  # killed while idle, a moment before the next prompt asks
     second = await reused.open(spec(run_name, 1))
     assert second.id != container
     assert (await second.exec("echo works", 30)).output == "works\n"

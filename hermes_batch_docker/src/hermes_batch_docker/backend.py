@@ -30,7 +30,7 @@ from .engine import (
     docker,
     engine_errors,
 )
-from .agent import AGENT_SCRIPT, Agent
+from .agent import AGENT_SCRIPT, ENV_NAME, Agent
 from .sandbox import AGENT_READY_S, SHELL, DockerSandbox
 from .views import HELPER, VIEW_END_S, VIEW_FOLDER, new_view
 
@@ -72,6 +72,7 @@ class DockerBackend(SandboxBackend):
         self._pools: dict[tuple, WarmPool] = {}  # (image, working folder) -> containers started ahead (-S pool=)
         self._taken: dict[DockerSandbox, WarmPool] = {}  # open sandboxes of a pool, replaced (or given back) when closed
         self.helper: Optional[str] = None  # -S reuse=namespace: the static namespace helper on this machine
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # the run's event loop, for runners started in threads
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -118,6 +119,7 @@ class DockerBackend(SandboxBackend):
     async def start(self) -> None:
         """Check the engine if not done yet, then remove leftovers of an earlier process of this run."""
         await self.check()
+        self._loop = asyncio.get_running_loop()
         LIVE_SESSIONS.add(self.session)
         try:
             await self._remove_leftovers()
@@ -266,7 +268,7 @@ class DockerBackend(SandboxBackend):
             pool = self._container_pool(image, info)
             taken = await pool.take()
             if taken is not None:
-                container_id, _pool_name, agent = taken
+                container_id, _pool_name, agent, _view = taken
                 # The name tells which prompt has it; the labels, set at creation, name none (see the README).
                 self.in_background(self.api.rename, container_id, name)
                 sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image, env=env, agent=agent)
@@ -294,36 +296,50 @@ class DockerBackend(SandboxBackend):
         return sandbox
 
     async def _open_view(self, spec: SandboxSpec, image: str, info: dict, workdir: str, env: dict) -> DockerSandbox:
-        """A prompt's own view in a container of the image's pool (-S reuse=namespace): one exec, no new container."""
+        """A prompt's own view in a container of the image's pool (-S reuse=namespace): no new container.
+
+        The pool's containers wait with a view started (made, like a pooled container, before its prompt was
+        known, from the image, having run nothing but its runner), which takes the prompt's environment through
+        its runner; a prompt with another working folder, or an environment the runner cannot take, gets a new one.
+        """
         pool = self._container_pool(image, info)
-        loop = asyncio.get_running_loop()
         for _attempt in range(3):
             taken = await pool.take()
-            if taken is None:  # the pool cannot make containers: this prompt makes its own, removed after it
+            own = taken is None
+            if own:  # the pool cannot make containers: this prompt makes its own, removed after it
                 taken = await self._make_container(image, self._workdir(None, info), self._name(spec.prompt_index))
-                pool = None
-            container_id, name, _agent = taken
-            view = new_view(self.config, workdir)
-            try:
-                agent = await self.blocking(
-                    self.start_agent, container_id, workdir, loop, env or None, False, view.open_argv, "0"
-                )
-            except (*engine_errors(), SandboxError) as exc:  # it died while idle (killed from outside): replaced
-                log.info("The container %s could not start a prompt's view (%s); using another.", name, _explain(exc))
-                self.discard_container(container_id)
-                if pool is None:
-                    raise SandboxError(f"Could not start a view in a container of the image {image!r}: {_explain(exc)}.") from exc
-                pool.release()
-                continue
+            container_id, name, agent, view = taken
+            pending = env
+            if agent is None or agent.dead or view.workdir != workdir or not _fits_runner(env):
+                if agent is not None:
+                    await self.blocking(agent.finish, VIEW_END_S)
+                view = new_view(self.config, workdir)
+                try:
+                    agent = await self.blocking(self._start_view, container_id, view, env)
+                except (*engine_errors(), SandboxError) as exc:  # it died while idle (killed from outside)
+                    log.info("The container %s could not start a prompt's view (%s); using another.", name, _explain(exc))
+                    self.discard_container(container_id)
+                    if own:
+                        raise SandboxError(f"Could not start a view in a container of the image {image!r}: {_explain(exc)}.") from exc
+                    pool.release()
+                    continue
+                pending = {}
             sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image, env=env, agent=agent, view=view)
             self._open.add(sandbox)
-            if pool is not None:
+            if not own:
                 self._taken[sandbox] = pool
-            return sandbox
+            if await sandbox.set_env(pending):
+                return sandbox
+            await sandbox.close()  # its runner is gone: the container is checked and replaced
         raise SandboxError(f"Three containers of the image {image!r} in a row could not start a prompt's view; see the log.")
 
+    def _start_view(self, container_id: str, view, env: Optional[dict] = None) -> Agent:
+        """Start a view in a container (blocking): one exec, the helper with the view's runner."""
+        return self.start_agent(container_id, view.workdir, self._loop, env or None, False, view.open_argv, "0")
+
     async def recycle(self, sandbox: DockerSandbox, agent: Optional[Agent], reusable: bool) -> None:
-        """End a prompt's view and give its container to the next prompt; remove it if the view did not end cleanly.
+        """End a prompt's view and give its container, with a new view, to the next prompt; remove it if the
+        view did not end cleanly.
 
         Closing the runner's input ends the view: its first process exits and the kernel kills what is left in its
         namespaces; the exec's stream ends once every one of them is gone.
@@ -332,12 +348,25 @@ class DockerBackend(SandboxBackend):
         pool = self._taken.pop(sandbox, None)
         ended = agent is not None and await self.blocking(agent.finish, VIEW_END_S)
         if ended and reusable and pool is not None and not pool.closed:
-            pool.give_back((sandbox.id, sandbox.name, None))
+            task = asyncio.ensure_future(self._next_view(pool, sandbox.id, sandbox.name))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
             return
         future = self.in_background(engine.remove_container, self.api, sandbox.id)
         if pool is not None:
             pool.release()
         await asyncio.shield(future)
+
+    async def _next_view(self, pool: WarmPool, container_id: str, name: str) -> None:
+        view = new_view(self.config, pool.workdir)
+        try:
+            agent = await self.blocking(self._start_view, container_id, view)
+        except (*engine_errors(), SandboxError) as exc:
+            log.info("The container %s could not start a view (%s); it is replaced.", name, _explain(exc))
+            self.discard_container(container_id)
+            pool.release()
+            return
+        pool.give_back((container_id, name, agent, view))
 
     def _name(self, prompt_index, run_name: Optional[str] = None) -> str:
         run_part = _NAME_UNSAFE.sub("-", run_name or self.run.run_name)[:60]
@@ -369,9 +398,22 @@ class DockerBackend(SandboxBackend):
         return pool
 
     async def _make_container(self, image: str, workdir: str, name: str) -> tuple:
-        """(id, name, its runner or None) of a container made and started for a pool (no runner with reuse)."""
+        """(id, name, its runner or None, its view or None) of a container made and started for a pool; with
+        -S reuse=namespace, the runner is that of a view started in it."""
         loop = asyncio.get_running_loop()
-        runner_loop = None if self.config.reuse == "namespace" else loop  # each view starts its own runner
+        if self.config.reuse == "namespace":
+            container_id, _, _ = await self._make_container_only(image, workdir, name, None)
+            view = new_view(self.config, workdir)
+            try:
+                agent = await self.blocking(self._start_view, container_id, view)
+            except (*engine_errors(), SandboxError) as exc:
+                self.discard_container(container_id)
+                raise SandboxError(f"Could not start a view in a container of the image {image!r}: {_explain(exc)}.") from exc
+            return container_id, name, agent, view
+        return (*await self._make_container_only(image, workdir, name, loop), None)
+
+    async def _make_container_only(self, image: str, workdir: str, name: str, runner_loop) -> tuple:
+        loop = asyncio.get_running_loop()
         async with self._starting:
             future = loop.run_in_executor(
                 self.run.thread_pool,
@@ -530,6 +572,11 @@ class DockerBackend(SandboxBackend):
         url = api._url("/containers/{0}/archive", container_id)
         response = api._put(url, params={"path": "/", "noOverwriteDirNonDir": True}, data=archive)
         api._raise_for_status(response)
+
+
+def _fits_runner(env: dict) -> bool:
+    """Whether a view's runner can take ``env`` (DockerSandbox.set_env), else the view is started with it."""
+    return all(ENV_NAME.match(key) for key in env)
 
 
 def _namespace_helper() -> str:
