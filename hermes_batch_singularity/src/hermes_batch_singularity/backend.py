@@ -12,7 +12,7 @@ from typing import Optional
 
 from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec, WarmPool
 
-from . import instances, runtime
+from . import instances, runtime, views
 from .config import DEFAULT_WORKDIR, SingularityConfig
 from .images import ImageCache
 from .runner import NO_WORKDIR, START_SCRIPT, Runner
@@ -43,6 +43,14 @@ class SingularityBackend(SandboxBackend):
         self.env = runtime.runtime_environment()
         self.session = secrets.token_hex(2)
         self._privs = ["--no-privs"] if config.drop_privileges else []
+        self._reuse = config.reuse == "namespace"
+        if self._reuse and config.drop_privileges:  # what the namespace helper needs; no prompt's process keeps them
+            capabilities = views.HELPER_CAPABILITIES + (("CAP_NET_ADMIN",) if config.network == "none" else ())
+            self._privs += ["--add-caps", ",".join(capabilities)]
+        self._helper: Optional[str] = None  # the namespace helper of -S reuse=namespace
+        self._image_binds: dict[str, str] = {}  # image path -> the --bind of its files for the views
+        self._idle: dict[str, list] = {}  # image path -> instances whose last prompt ended (-S reuse=namespace)
+        self._closing = False
         self._starting = asyncio.Semaphore(config.max_starting)
         self._open: set[SingularitySandbox] = set()
         self._background: set[asyncio.Future] = set()  # starts cut short, stops, kills still running
@@ -91,6 +99,8 @@ class SingularityBackend(SandboxBackend):
                 f"The image cache folder {cache} cannot be made or written to; give another with -S cache_dir=PATH."
             )
         self.images = ImageCache(binary, cache, self.config.convert_timeout)
+        if self._reuse:
+            self._helper = await self.blocking(views.helper_path, cache)
         self.binary = binary
         log.debug("singularity sandbox: %s (%s), images cached in %s", binary, self.version, cache)
 
@@ -122,6 +132,10 @@ class SingularityBackend(SandboxBackend):
             for pool in self._pools.values():
                 pool.close()
             await asyncio.gather(*(sandbox.close() for sandbox in list(self._open)), return_exceptions=True)
+            self._closing = True
+            idle = [name for names in self._idle.values() for name in names]
+            self._idle.clear()
+            await asyncio.gather(*(self._stop_name(name) for name in idle), return_exceptions=True)
             while self._background:
                 await asyncio.gather(*list(self._background), return_exceptions=True)
             # Starts that were cut short or timed out may have made an instance after all.
@@ -142,6 +156,8 @@ class SingularityBackend(SandboxBackend):
         path = await self.images.path(name)
         if self.config.pool_size(self.concurrency()) > 0:
             self._instance_pool(name, path)
+        if self._reuse and path not in self._image_binds:
+            self._image_binds[path] = await self.blocking(views.image_bind, self.images.binary, self.env, path)
 
     # --- instances ------------------------------------------------------------------------------
 
@@ -156,6 +172,8 @@ class SingularityBackend(SandboxBackend):
         path = await self.images.path(image)
         workdir = self._workdir(spec.cwd)
         env = {str(key): str(value) for key, value in spec.env.items()}
+        if self._reuse:
+            return await self._open_view(spec, image, path, workdir, env)
         if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0:
             pool = self._instance_pool(image, path)
             taken = await pool.take()
@@ -191,14 +209,13 @@ class SingularityBackend(SandboxBackend):
             await self._make_workdir_of(name, workdir)
         return runner
 
-    async def start_runner(self, name: str, workdir: str) -> Optional[Runner]:
-        """Start the command runner of an instance and wait for its first line; None when it does not run there.
+    async def start_runner(self, name: str, workdir: str, view: Optional[views.View] = None) -> Optional[Runner]:
+        """Start the command runner of an instance (in ``view``, made by its exec) and wait for its first line.
 
-        SandboxError when it could not make the working folder.
+        None when it does not run there; SandboxError when it could not make the working folder or the view.
         """
-        argv = [
-            *self.exec_prefix("/"), f"instance://{name}", SHELL, "-c", START_SCRIPT, "hermes-batch-runner", workdir,
-        ]
+        command = [SHELL, "-c", START_SCRIPT, "hermes-batch-runner", workdir]
+        argv = [*self.exec_prefix("/"), f"instance://{name}", *(view.open_argv(command) if view else command)]
         try:
             runner = await Runner.start(argv, self.env)
         except OSError as exc:
@@ -213,8 +230,51 @@ class SingularityBackend(SandboxBackend):
             return runner
         if runner.proc.returncode == NO_WORKDIR:
             raise SandboxError(f"Could not make the working folder {workdir} in the instance {name}.")
+        if view is not None:
+            reason = runner.exit_reason()
+            if "unshare" in reason and "not permitted" in reason.lower():
+                raise SandboxError(views.NOT_ROOT)
+            raise SandboxError(f"Could not make the prompt's view in the instance {name}: {reason}.")
         log.debug("No command runner in %s: %s", name, runner.exit_reason())
         return None
+
+    async def _open_view(self, spec: SandboxSpec, image: str, path: str, workdir: str, env: dict) -> SingularitySandbox:
+        """-S reuse=namespace: an instance whose last prompt ended, else one started now; the prompt's own view in it."""
+        idle = self._idle.setdefault(image, [])
+        if idle:
+            name = idle.pop()
+        else:
+            if path not in self._image_binds:
+                self._image_binds[path] = await self.blocking(views.image_bind, self.images.binary, self.env, path)
+            name = instances.instance_name(spec.run_name, self.run.run_dir, "pool", self.session)
+            async with self._starting:
+                starting = self.in_background(self._start_instance(name, path, image))
+                try:
+                    await asyncio.shield(starting)
+                except asyncio.CancelledError:
+                    self._uncertain.add(name)
+                    starting.add_done_callback(functools.partial(self._stop_if_started, name))
+                    raise
+        view = views.new_view(workdir, self.config.network)
+        sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image, view=view)
+        self._open.add(sandbox)
+        try:
+            runner = await self.start_runner(name, workdir, view)
+            if runner is None:
+                raise SandboxError(f"Could not make the prompt's view in the instance {name}.")
+            sandbox.attach_runner(runner)
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    async def release(self, sandbox: SingularitySandbox, reusable: bool) -> None:
+        """-S reuse=namespace: a prompt's view ended; its instance serves the next prompt, or is stopped."""
+        self._open.discard(sandbox)
+        if reusable and not self._closing:
+            self._idle.setdefault(sandbox.image, []).append(sandbox.name)
+            return
+        await asyncio.shield(self.in_background(self._stop_name(sandbox.name)))
 
     def _instance_pool(self, image: str, path: str) -> WarmPool:
         workdir = self._workdir(None)
@@ -256,9 +316,10 @@ class SingularityBackend(SandboxBackend):
 
     def _start_argv(self, name: str, path: str) -> list:
         network = ["--net", "--network", "none"] if self.config.network == "none" else []
+        binds = ["--bind", f"{self._helper}:{views.HELPER}:ro", "--bind", self._image_binds[path]] if self._reuse else []
         return [
             self.binary, "instance", "start", "--containall", "--writable-tmpfs",
-            *self._privs, *network, *self.config.extra_args, path, name,
+            *self._privs, *network, *binds, *self.config.extra_args, path, name,
         ]
 
     async def _start_instance(self, name: str, path: str, image: str) -> None:

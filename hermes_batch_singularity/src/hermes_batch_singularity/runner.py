@@ -105,6 +105,18 @@ class Runner:
             self.proc.stdin.close()
         runtime.kill(self.proc)
 
+    async def finish(self, timeout: float) -> bool:
+        """Close its stdin only and wait up to ``timeout`` for its exec to end; True when it did (then it is closed)."""
+        if self.proc.stdin is not None and not self.proc.stdin.is_closing():
+            self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout)
+        except asyncio.TimeoutError:
+            pass
+        ended = self.proc.returncode is not None
+        self.close()
+        return ended
+
     async def _read(self) -> None:
         first = bytearray()
         try:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 
 from hermes_batch import BoundedOutput, ExecResult, FirstBytes, Sandbox, SandboxError, command_runner
 
-from . import runtime
+from . import runtime, views
 from .runner import Runner
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class SingularitySandbox(Sandbox):
     own_pid_namespace = True  # its instance (--containall: --pid): stop_processes is a command's kill -9 -1
 
     def __init__(self, backend: "SingularityBackend", name: str, workdir: str, prompt_index: int, env: dict,
-                 image: str = "", runner: Optional[Runner] = None):
+                 image: str = "", runner: Optional[Runner] = None, view: Optional[views.View] = None):
         self.name = name
         self._image = image
         self.prompt_index = prompt_index
@@ -179,6 +179,10 @@ class SingularitySandbox(Sandbox):
         self._runner_starts = 1 if runner is not None else 0
         self._runner_starting = False
         self._use_runner = backend.config.runner == "agent"
+        # -S reuse=namespace: the prompt's view of a reused instance, whose first process the runner's exec made;
+        # that exec (the view's holder) is kept after stop_processes, which ends only the view's other processes.
+        self._view = view
+        self._holder: Optional[Runner] = None
 
     @property
     def workdir(self) -> str:
@@ -189,6 +193,8 @@ class SingularitySandbox(Sandbox):
         return self._image
 
     def _argv(self, *command: str, pwd: Optional[str] = None) -> list:
+        if self._view is not None:  # the prompt's view, joined by a fresh exec
+            return [*self._backend.exec_prefix("/"), f"instance://{self.name}", *self._view.join_argv(list(command), pwd)]
         return [*self._backend.exec_prefix(pwd or self._workdir), f"instance://{self.name}", *command]
 
     # --- commands ------------------------------------------------------------------------
@@ -260,6 +266,11 @@ class SingularitySandbox(Sandbox):
             if not settled:  # cancelled: stop the command, but do not wait for it
                 self._backend.in_background(self._kill(request))
         status = request.done.result()
+        if status is None and self._view is not None:
+            raise SandboxError(
+                f"The view of prompt {self.prompt_index} in the instance {self.name} ended while a command ran (a command "
+                "killed its command runner, which ends the view); run again with --resume to retry the prompt."
+            )
         if status is None:
             # The runner died after it took the request: whether the command ran is not known, so it is not
             # run again.  The instance may have died with it.
@@ -280,6 +291,8 @@ class SingularitySandbox(Sandbox):
                 return await self._free_runner()
         if runner is not None and runner.usable():
             return runner
+        if self._view is not None:
+            return None  # the view's runner is not started again: the view ends with it
         if not self._use_runner or self._runner_starting or (runner is not None and not runner.dead):
             return None
         if self._runner_starts >= RUNNER_STARTS or self._closed:
@@ -309,6 +322,9 @@ class SingularitySandbox(Sandbox):
     def drop_runner(self) -> None:
         """Run every later command and file as an exec of its own."""
         self._use_runner = False
+        if self._view is not None:
+            self._holder = self._holder or self._runner  # its input open, or the view would end
+            self._runner = None
         if self._runner is not None:
             self._runner.close()
             self._runner = None
@@ -321,6 +337,12 @@ class SingularitySandbox(Sandbox):
         """
         self._check_open()
         self.drop_runner()
+        if self._view is not None:
+            argv = [*self._backend.exec_prefix("/"), f"instance://{self.name}", *self._view.stop_argv()]
+            done = await runtime.run(argv, env=self._backend.env, timeout=KILL_TIMEOUT_S)
+            if done.returncode != 0 and views.VIEW_ENDED in done.stderr.decode("utf-8", "replace"):
+                raise await self._failure(_bounded(done.stderr), "while its processes were stopped")
+            return done.returncode == 0
         return await super().stop_processes()
 
     async def _spawn(self, argv: list):
@@ -354,6 +376,11 @@ class SingularitySandbox(Sandbox):
 
     async def _failure(self, diagnostics: BoundedOutput, when: str) -> SandboxError:
         reason = runtime.Completed(1, b"", diagnostics.value()).reason()
+        if self._view is not None and views.VIEW_ENDED in reason:
+            return SandboxError(
+                f"The view of prompt {self.prompt_index} in the instance {self.name} ended {when} (a command killed its "
+                "command runner, which ends the view); run again with --resume to retry the prompt."
+            )
         if "no instance found" in reason.lower() or not await self._backend.instance_exists(self.name):
             return SandboxError(
                 f"The instance {self.name} of prompt {self.prompt_index} was stopped from outside {when}; "
@@ -466,6 +493,12 @@ class SingularitySandbox(Sandbox):
             return
         self._closed = True
         runner, self._runner = self._runner, None
+        if self._view is not None:
+            holder, self._holder = self._holder or runner, None
+            # Its input closed, the view's first process ends, and the kernel ends every process of the view.
+            ended = holder is not None and await holder.finish(views.VIEW_END_S)
+            await self._backend.release(self, ended)
+            return
         try:
             await self._backend.stop(self)
         finally:
