@@ -217,7 +217,7 @@ class SingularityBackend(SandboxBackend):
         command = [SHELL, "-c", START_SCRIPT, "hermes-batch-runner", workdir]
         argv = [*self.exec_prefix("/"), f"instance://{name}", *(view.open_argv(command) if view else command)]
         try:
-            runner = await Runner.start(argv, self.env)
+            runner = await Runner.start(argv, self.env, self.in_background)
         except OSError as exc:
             log.debug("No command runner in %s: %s", name, exc)
             return None

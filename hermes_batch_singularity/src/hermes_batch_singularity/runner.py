@@ -33,7 +33,7 @@ _STDERR_LIMIT = 4096
 class Runner:
     """The runner of one instance, over the pipes of its exec; one request at a time."""
 
-    def __init__(self, proc: asyncio.subprocess.Process):
+    def __init__(self, proc: asyncio.subprocess.Process, keep):
         loop = asyncio.get_running_loop()
         self.proc = proc
         self.pid: Optional[int] = None  # the runner's pid in the instance
@@ -42,17 +42,18 @@ class Runner:
         self.busy = False  # a request is out
         self.stderr = bytearray()
         self._request: Optional["command_runner.Request"] = None
-        self._reading = asyncio.ensure_future(self._read())
-        self._errors = asyncio.ensure_future(self._read_errors())
+        # ``keep`` starts them as the backend's background work, which its shutdown waits for
+        self._reading = keep(self._read())
+        self._errors = keep(self._read_errors())
 
     @classmethod
-    async def start(cls, argv: list, env: dict) -> "Runner":
+    async def start(cls, argv: list, env: dict, keep) -> "Runner":
         """Start ``argv`` (an exec of :data:`START_SCRIPT` with the working folder); OSError when it cannot run."""
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
             start_new_session=True,  # a Ctrl-C at the terminal is hermes-batch's to handle
         )
-        return cls(proc)
+        return cls(proc, keep)
 
     def usable(self) -> bool:
         return not self.dead and not self.busy and self.pid is not None
@@ -143,12 +144,16 @@ class Runner:
             if request is not None:
                 request.lost()
             if self.pid is None:
-                try:
-                    await asyncio.wait_for(self.proc.wait(), 5.0)  # its status says why
-                except asyncio.TimeoutError:
-                    pass
+                await self._reap()  # its status says why it did not start
             _set(self.started, self.pid)
             self.close()
+            await self._reap()
+
+    async def _reap(self) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(self.proc.wait()), 5.0)
+        except asyncio.TimeoutError:
+            pass
 
     def _feed(self, data: bytes) -> None:
         while data:
