@@ -87,7 +87,8 @@ def build(folder: Optional[Path] = None, name: str = "hermes-batch-namespace", s
     os.close(fd)
     try:
         errors = ""
-        for flags in (["-static"],) if static else (["-static"], []):  # static where the C library has an archive: a third of the start
+        # static where the C library has an archive (a third of the start); only static with ``static``
+        for flags in (["-static"],) if static else (["-static"], []):
             try:
                 done = subprocess.run(
                     [*argv, "-O2", *flags, "-o", partial, str(SOURCE)], capture_output=True,

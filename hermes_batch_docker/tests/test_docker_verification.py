@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+
+import pytest
 from pathlib import Path
 
 from hermes_batch.testing import Reply, VerifierContract
@@ -50,3 +52,12 @@ def test_the_worked_example_runs_as_documented(tmp_path, runner, model_server):
         "count": [(0, 0.0), (1, 1.0)],
         "double": [(0, 1.0)],  # right the first time: one sample
     }
+
+
+class TestDockerReusedVerification(VerifierContract):
+    """The same with containers that serve prompts one after another, each in a view of its own (-S reuse=namespace):
+    the checks join the sample's view after its processes were stopped, and a process it left cannot forge them."""
+
+    @pytest.fixture
+    def run_options(self):
+        return ("-S", "reuse=namespace")

@@ -136,7 +136,9 @@ class Agent:
 
     def _payload(self, kind: int, data: bytes) -> None:
         if kind == STDERR_STREAM:  # the runner's own complaints (its commands' stderr goes to stdout)
-            log.debug("docker command runner: %s", data[:500].decode(errors="replace").strip())
+            said = data[:500].decode(errors="replace").strip()
+            # the namespace helper of a view (-S reuse=namespace) says why it could not make or keep it
+            (log.warning if said.startswith("hermes-batch-namespace:") else log.debug)("docker command runner: %s", said)
             return
         if self.pid is None:
             self._first += data

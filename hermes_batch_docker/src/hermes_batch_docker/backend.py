@@ -317,21 +317,28 @@ class DockerBackend(SandboxBackend):
                 try:
                     agent = await self.blocking(self._start_view, container_id, view, env)
                 except (*engine_errors(), SandboxError) as exc:  # it died while idle (killed from outside)
-                    log.info("The container %s could not start a prompt's view (%s); using another.", name, _explain(exc))
+                    log.info("The container %s could not start a prompt's view (%s); using another.", name,
+                             _explain(exc))
                     self.discard_container(container_id)
                     if own:
-                        raise SandboxError(f"Could not start a view in a container of the image {image!r}: {_explain(exc)}.") from exc
+                        raise SandboxError(
+                            f"Could not start a view in a container of the image {image!r}: {_explain(exc)}."
+                        ) from exc
                     pool.release()
                     continue
                 pending = {}
-            sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image, env=env, agent=agent, view=view)
+            sandbox = DockerSandbox(
+                self, container_id, name, workdir, spec.prompt_index, image, env=env, agent=agent, view=view
+            )
             self._open.add(sandbox)
             if not own:
                 self._taken[sandbox] = pool
             if await sandbox.set_env(pending):
                 return sandbox
             await sandbox.close()  # its runner is gone: the container is checked and replaced
-        raise SandboxError(f"Three containers of the image {image!r} in a row could not start a prompt's view; see the log.")
+        raise SandboxError(
+            f"Three containers of the image {image!r} in a row could not start a prompt's view; see the log."
+        )
 
     def _start_view(self, container_id: str, view, env: Optional[dict] = None) -> Agent:
         """Start a view in a container (blocking): one exec, the helper with the view's runner."""

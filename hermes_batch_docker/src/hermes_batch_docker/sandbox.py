@@ -19,7 +19,7 @@ from hermes_batch import BoundedOutput, ExecResult, FirstBytes, Sandbox, Sandbox
 from . import agent as agents
 from .engine import docker, engine_errors, requests_exceptions
 from .streams import ExecStream
-from .views import VIEW_ENDED
+from .views import VIEW_ENDED, VIEW_READY_S
 
 if TYPE_CHECKING:
     from .backend import DockerBackend
@@ -213,7 +213,9 @@ class DockerSandbox(Sandbox):
             return None
         agent = self._agent
         if agent is not None and agent.pid is None and not agent.dead and not agent.busy:
-            await agent.until_started(AGENT_READY_S)  # started with its container, not yet waited for
+            # started with its container (or view), not yet waited for; a view's runner is not replaced, so a
+            # loaded engine gets longer before it is given up (which ends the view)
+            await agent.until_started(VIEW_READY_S if self._view is not None else AGENT_READY_S)
             if self._agent is not agent:
                 return await self._free_agent()
         if agent is not None and agent.usable():
@@ -357,7 +359,8 @@ class DockerSandbox(Sandbox):
         if self._view is not None and exit_code == 125 and VIEW_ENDED in output.text():
             raise SandboxError(
                 f"The view of prompt {self.prompt_index} in the container {self.name} has ended (a command killed its "
-                "command runner, which ends the view with -S reuse=namespace); run again with --resume to retry the prompt."
+                "command runner, which ends the view with -S reuse=namespace, or the runner did not start in "
+                f"{VIEW_READY_S:g} s); run again with --resume to retry the prompt."
             )
 
     async def _wait_or_kill(self, stream, timeout: float) -> Optional[_Outcome]:

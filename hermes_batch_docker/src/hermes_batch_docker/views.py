@@ -38,6 +38,7 @@ from .config import DockerConfig
 VIEW_FOLDER = "/.hermes-batch"  # a memory file system of the container alone: the helper and the views' tags
 HELPER = VIEW_FOLDER + "/helper"
 VIEW_ENDED = "the prompt's view of the container has ended"  # what the helper says when a view is gone
+VIEW_READY_S = 60.0  # a view's runner not started by then (a loaded engine) is given up, which ends the view
 VIEW_END_S = 10.0  # a closed view's processes are gone by then, or its container is removed instead
 
 
