@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from hermes_batch import ConfigError, RunContext, SandboxError, SandboxSpec, structure_config
@@ -55,7 +61,7 @@ async def test_a_prompts_leftovers_never_reach_the_next_prompt_of_its_instance(t
             assert "sleep 377" not in seen.output and "sleep 378" not in seen.output
             # nor in the instance itself, outside every view
             outside = [*backend.exec_prefix("/"), f"instance://{second.name}", "/bin/sh", "-c", "ps -o args; ls /workspace"]
-            done = __import__("subprocess").run(outside, env=backend.env, capture_output=True, text=True)
+            done = subprocess.run(outside, env=backend.env, capture_output=True, text=True)
             assert "sleep 37" not in done.stdout and "left.txt" not in done.stdout
         finally:
             await second.close()
@@ -130,11 +136,6 @@ def test_a_run_with_reuse_gives_each_prompt_a_view_of_its_own(tmp_path, runner, 
 
 
 async def test_an_ordinary_user_is_told_reuse_needs_root(tmp_path, run_name, images, user_apptainer_bin, apptainer_bin):
-    import os
-    import shutil
-    import tempfile
-    from pathlib import Path
-
     shared = Path(tempfile.mkdtemp(prefix="unprivileged-", dir=Path(apptainer_bin).parent))
     try:
         shared.chmod(0o777)
