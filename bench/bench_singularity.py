@@ -15,11 +15,15 @@
    terminal commands per prompt), with --sandbox local and --sandbox singularity
    (per pool), with the runtime's CPU per prompt (0 prompts: skipped).
 
+``--reuse namespace`` measures ``-S reuse=namespace`` beside the pools (instances
+that serve prompts one after another, each in a view of its own): in 1., each
+round after the first finds the instances of the round before.
+
 Needs Apptainer: a real one on PATH, or the one of ``scripts/apptainer.sh`` (which
 this script sets up and uses when there is none), and the busybox test image of
 ``scripts/docker.sh`` for the archive.
 
-    python bench/bench_singularity.py [--rounds 5] [--at-once 1,16] [--conversions 3] [--pools 0,auto]
+    python bench/bench_singularity.py [--rounds 5] [--at-once 1,16] [--conversions 3] [--pools 0,auto] [--reuse namespace]
     PYTHONPATH=/tmp/base/hermes_batch_singularity/src python bench/bench_singularity.py --pools 0   # other code
 """
 
@@ -44,6 +48,7 @@ from hermes_batch.contract.run_context import RunContext
 from hermes_batch_singularity import SingularityBackend, SingularityConfig
 
 IMAGE = "hermes-batch-test/busybox-a:1"
+REUSE = "reuse"  # in the list of pools: -S reuse=namespace instead of a pool
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -71,7 +76,8 @@ def make_archive(folder: Path) -> Path:
 
 
 def backend_for(folder: Path, name: str, image: str, cache: Path, pool, pool_size=0) -> SingularityBackend:
-    config = SingularityConfig(image=image, cache_dir=str(cache), **({"pool": pool_size} if pool_size else {}))
+    options = {"reuse": "namespace"} if pool_size == REUSE else {"pool": pool_size} if pool_size else {}
+    config = SingularityConfig(image=image, cache_dir=str(cache), **options)
     return SingularityBackend(config, RunContext(name, folder / name, 0, thread_pool=pool))
 
 
@@ -95,7 +101,7 @@ async def first_output_latencies(folder: Path, sif: str, at_once: int, rounds: i
 
     try:
         for round_ in range(rounds):
-            if pool_size:
+            if pool_size and pool_size != REUSE:
                 while backend.pooled() < backend.config.pool_size(backend.concurrency()):
                     await asyncio.sleep(0.05)
             with EngineCPU() as cpu:
@@ -135,7 +141,9 @@ def run_args(dataset: Path, out: str, url: str, workers: int, sandbox: str, sif:
     ]
     if sandbox == "singularity":
         args += ["-S", f"image={sif}", "-S", f"cache_dir={Path(out) / 'run-cache'}"]
-    if pool:
+    if pool == REUSE:
+        args += ["-S", "reuse=namespace"]
+    elif pool:
         args += ["-S", f"pool={pool}"]
     return args
 
@@ -146,11 +154,12 @@ def main() -> None:
     parser.add_argument("--at-once", default="1,16", help="prompts asking for a sandbox at the same time")
     parser.add_argument("--conversions", type=int, default=3, help="rounds of first conversion and cache hit")
     parser.add_argument("--pools", default="0,auto", help="-S pool= values to measure, comma-separated (0: no pool)")
+    parser.add_argument("--reuse", default="", help="namespace: measure -S reuse=namespace too")
     parser.add_argument("--prompts", type=int, default=200, help="prompts of the whole-run comparison (0: skip it)")
     parser.add_argument("--workers", type=int, default=32)
     parser.add_argument("--latency", type=float, default=0.5)
     options = parser.parse_args()
-    pools = [pool_option(value) for value in options.pools.split(",")]
+    pools = [pool_option(value) for value in options.pools.split(",")] + ([REUSE] if options.reuse == "namespace" else [])
     binary = ensure_runtime()
     print(f"runtime: {binary}")
     # Under /tmp: the test rig's Apptainer sees /tmp at the same path.
@@ -164,7 +173,7 @@ def main() -> None:
             for at_once in (int(n) for n in options.at_once.split(",")):
                 latencies, runtime_s = asyncio.run(first_output_latencies(folder, str(sif), at_once, options.rounds, pool_size))
                 print(
-                    f"  pool={pool_size!s:<4} {at_once:>3} at once: median {statistics.median(latencies):.2f} s, "
+                    f"  {'reuse=namespace' if pool_size == REUSE else f'pool={pool_size}':<15} {at_once:>3} at once: median {statistics.median(latencies):.2f} s, "
                     f"p95 {percentile(latencies, 0.95):.2f} s  ({len(latencies)} sandboxes), "
                     f"runtime CPU {1000 * runtime_s:4.0f} ms per sandbox in the round"
                 )
@@ -183,9 +192,9 @@ def main() -> None:
                 for sandbox, pool_size in [("local", 0)] + [("singularity", p) for p in pools]:
                     with EngineCPU() as cpu:
                         result = measure_run(run_args(dataset, tmp, url, options.workers, sandbox, str(sif), pool_size))
-                    label = f"{sandbox} pool={pool_size}" if sandbox == "singularity" else sandbox
+                    label = sandbox if sandbox == "local" else f"{sandbox} reuse=namespace" if pool_size == REUSE else f"{sandbox} pool={pool_size}"
                     print(
-                        f"  --sandbox {label:<21} wall {result['wall_s']:6.1f} s  (x{result['wall_s'] / ideal:.2f} of ideal), "
+                        f"  --sandbox {label:<27} wall {result['wall_s']:6.1f} s  (x{result['wall_s'] / ideal:.2f} of ideal), "
                         f"CPU of the hermes-batch process tree {result['cpu_s']:.1f} s, "
                         f"runtime CPU {1000 * cpu.seconds / options.prompts:4.0f} ms per prompt"
                     )

@@ -60,6 +60,7 @@ from .sandbox_blocks.commands import run_command  # noqa: E402
 from .sandbox_blocks.files import SandboxFolder, require_regular_file  # noqa: E402
 from .sandbox_blocks.processes import ChildProcess  # noqa: E402
 from .sandbox_blocks.pool import WarmPool  # noqa: E402
+from .sandbox_blocks import runner as command_runner  # noqa: E402
 from .local_sandbox.namespace_init import build as build_namespace_helper  # noqa: E402
 from .contract.plugins import PluginManager, get_plugin_manager  # noqa: E402
 from .model.ratelimit import CallLimiter  # noqa: E402
@@ -108,6 +109,7 @@ __all__ = [
     "run_command",
     "ChildProcess",
     "WarmPool",
+    "command_runner",
     "build_namespace_helper",
     "Toolset",
     "ToolsetRuntime",

@@ -17,7 +17,7 @@ from hermes_batch import ChildProcess, SandboxFolder, require_regular_file, run_
 
 
 def test_the_blocks_are_public():
-    for name in ("SandboxFolder", "require_regular_file", "run_command", "ChildProcess", "WarmPool"):
+    for name in ("SandboxFolder", "require_regular_file", "run_command", "ChildProcess", "WarmPool", "command_runner"):
         assert name in hermes_batch.__all__
 
 
@@ -310,3 +310,36 @@ async def test_closing_a_pool_fails_the_prompts_waiting_for_one_and_discards_wha
     await settled()
     assert made.count == 0  # its creations were cancelled
     assert await pool.take() is None
+
+
+async def test_a_runner_request_takes_its_output_up_to_its_own_end_marker_however_the_bytes_are_cut():
+    runner = hermes_batch.command_runner
+    nonce = runner.new_nonce()
+    stream = b"4242\nout \x1eother 0\n" + b"\x1e" + nonce.encode() + b" 3\nnext request"
+    for cut in range(1, len(stream)):  # every way of cutting it in two chunks
+        output = hermes_batch.BoundedOutput(1000)
+        request = runner.Request(asyncio.get_running_loop(), nonce, output)
+        rest = request.feed(stream[:cut])
+        rest = request.feed(stream[cut:]) if rest is None else rest + stream[cut:]
+        await asyncio.sleep(0)
+        assert (request.pid, output.value(), request.done.result(), rest) == (
+            4242, b"out \x1eother 0\n", 3, b"next request"
+        ), cut
+
+
+async def test_a_runner_request_whose_runner_died_keeps_what_came_and_has_no_status():
+    runner = hermes_batch.command_runner
+    output = hermes_batch.BoundedOutput(1000)
+    request = runner.Request(asyncio.get_running_loop(), "n1", output)
+    assert request.feed(b"77\npartial \x1en") is None
+    request.lost()
+    await asyncio.sleep(0)
+    assert (request.pid, output.value(), request.done.result()) == (77, b"partial \x1en", None)
+
+
+def test_runner_request_lines_escape_every_unsafe_byte_and_refuse_what_cannot_be_one_line():
+    runner = hermes_batch.command_runner
+    assert runner.request_line("n", "X", ["a b", "é\n"]) == b"n X xa\\0040b x\\0303\\0251\\0012\n"
+    assert runner.request_line("n", "X", ["x"] * (runner.MAX_ARGS + 1)) is None
+    assert runner.request_line("n", "X", ["nul\0"]) is None
+    assert runner.request_line("n", "X", ["y" * runner.MAX_LINE]) is None

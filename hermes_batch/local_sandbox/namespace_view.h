@@ -1,6 +1,6 @@
 /* A prompt's own view of a reused container (the docker sandbox's -S reuse=namespace); part of namespace_init.c.
  *
- *   hermes-batch-namespace-... -O BYTES -T TAG [-n] [-k CAPS] [-i UID:GID] [-w DIR] -- ARGV...
+ *   hermes-batch-namespace-... -O BYTES -T TAG [-L DIR] [-n] [-k CAPS] [-i UID:GID] [-w DIR] -- ARGV...
  *   hermes-batch-namespace-... -J TAG [-k CAPS] [-i UID:GID] -X
  *   hermes-batch-namespace-... -J TAG [-k CAPS] [-i UID:GID] -- ARGV...
  *
@@ -10,7 +10,8 @@
  * "PID STARTTIME" of the namespace's first process to the file TAG (on a container-only path
  * no view shows) and waits for it, removing TAG and TAG.stopped when it ends.  The first
  * process builds the view: a memory file system of BYTES holding the upper layer of an overlay
- * whose lower layer is the container's root (the image's files; nothing ever writes it), a new
+ * whose lower layer is the container's root (the image's files; nothing ever writes it; -L DIR: DIR, where
+ * the image's files are bound because the root cannot be one, as in Apptainer's instances), a new
  * /proc with the paths Docker masks masked again, a new /dev (null zero full random urandom tty
  * bound from the container's, a new devpts, /dev/shm and /dev/mqueue), /sys read-only, copies of
  * /etc/hosts, /etc/hostname and /etc/resolv.conf, and DIR (-w) made; it moves the view onto /
@@ -144,6 +145,7 @@ static void become_argv(char **command, uint64_t keep, const char *dir) {
 /* The view is built under the folder of TAG, a container-only memory file system the first process covers with its
  * own in its private mount namespace (so nothing is made in the container's root), then becomes its root. */
 static char view_base[PATH_MAX / 2];
+static const char *view_lower = "/"; /* -L: the overlay's lower layer, the container's root unless given */
 
 static const char *in_view(const char *path) { /* the view's path of `path`; two at a time */
     static char buffers[2][PATH_MAX];
@@ -240,7 +242,7 @@ static void build_container_view(const char *bytes, int network, const char *dir
     snprintf(options, sizeof options, "%s/work", view_base);
     make_dir(options, 0700);
     make_dir(in_view(""), 0755);
-    snprintf(options, sizeof options, "lowerdir=/,upperdir=%s/upper,workdir=%s/work", view_base, view_base);
+    snprintf(options, sizeof options, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", view_lower, view_base, view_base);
     must_mount("overlay", in_view(""), "overlay", 0, options);
     make_dir(in_view("/proc"), 0555);
     make_dir(in_view("/dev"), 0755);
@@ -439,6 +441,35 @@ static int stop_without_fork(void) {
     return 1;
 }
 
+/* The parent of a process (field 4 of its /proc/PID/stat), or -1. */
+static pid_t parent_of(pid_t pid) {
+    char path[64], text[4096];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t got = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (got <= 0) return -1;
+    text[got] = 0;
+    char *field = strrchr(text, ')');
+    int parent;
+    return field != NULL && sscanf(field + 1, " %*c %d", &parent) == 1 ? (pid_t)parent : -1;
+}
+
+/* A namespace of the view's first process.  Without CAP_SYS_PTRACE (Apptainer's instances as root get only the
+ * capabilities asked for) the first process, not dumpable, cannot be opened: its parent, the outer process of -O,
+ * is in the same namespaces (it made them), its children's PID namespace being the view's. */
+static int open_view_namespace(pid_t first, const char *kind) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/ns/%s", (int)first, kind);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0 || (errno != EACCES && errno != EPERM)) return fd;
+    pid_t outer = parent_of(first);
+    if (outer <= 1) return -1;
+    snprintf(path, sizeof path, "/proc/%d/ns/%s", (int)outer, strcmp(kind, "pid") == 0 ? "pid_for_children" : kind);
+    return open(path, O_RDONLY | O_CLOEXEC);
+}
+
 static int container_join(const char *tag, int stop, uint64_t keep, const char *dir, char **command) {
     static const char *kinds[] = {"ipc", "uts", "net", "pid", "mnt"};
     int fds[5];
@@ -449,10 +480,8 @@ static int container_join(const char *tag, int stop, uint64_t keep, const char *
         return 125;
     }
     for (int i = 0; i < 5; i++) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/%d/ns/%s", (int)first, kinds[i]);
-        fds[i] = open(path, O_RDONLY | O_CLOEXEC);
-        if (fds[i] < 0) fail(path);
+        fds[i] = open_view_namespace(first, kinds[i]);
+        if (fds[i] < 0) fail(kinds[i]);
     }
     if (start_time(first) != started) { /* gone, and its pid taken again, while the files were opened */
         fprintf(stderr, "hermes-batch: the prompt's view of the container has ended\n");
@@ -494,12 +523,13 @@ static int container_main(int argc, char **argv) {
     const char *bytes = NULL, *tag = NULL, *dir = NULL;
     int join = 0, stop = 0, network = 0, option;
     uint64_t keep = 0;
-    while ((option = getopt(argc, argv, "+O:J:T:Xnk:i:w:")) != -1) {
+    while ((option = getopt(argc, argv, "+O:J:T:L:Xnk:i:w:")) != -1) {
         if (option == 'O') bytes = optarg;
         else if (option == 'J') join = 1, tag = optarg;
         else if (option == 'T') tag = optarg;
         else if (option == 'X') stop = 1;
         else if (option == 'n') network = 1;
+        else if (option == 'L') view_lower = optarg;
         else if (option == 'k') keep = strtoull(optarg, NULL, 16);
         else if (option == 'w') dir = optarg;
         else if (option == 'i') {
@@ -511,7 +541,7 @@ static int container_main(int argc, char **argv) {
     }
     char **command = argv + optind;
     if (tag == NULL || tag[0] != '/' || (!stop && optind >= argc) || (!join && (bytes == NULL || strspn(bytes, "0123456789") != strlen(bytes)))) {
-        fprintf(stderr, "usage: %s -O BYTES -T TAG [-n] [-k CAPS] [-i UID:GID] [-w DIR] -- ARGV... | "
+        fprintf(stderr, "usage: %s -O BYTES -T TAG [-L DIR] [-n] [-k CAPS] [-i UID:GID] [-w DIR] -- ARGV... | "
                         "-J TAG [-k CAPS] [-i UID:GID] (-X | -- ARGV...)\n", argv[0]);
         return 125;
     }

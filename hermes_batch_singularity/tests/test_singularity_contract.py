@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from hermes_batch import RunContext
@@ -62,3 +64,43 @@ class TestSingularityPooledSandboxContract(TestSingularitySandboxContract):
         await backend.start()
         yield backend
         await backend.shutdown()
+
+
+class TestSingularityExecRunnerContract(TestSingularitySandboxContract):
+    """The shared contract with -S runner=exec: every command and file an apptainer exec of its own."""
+
+    @pytest.fixture
+    async def backend(self, tmp_path, run_name, images):
+        config = SingularityConfig(image=images.sif_a, cache_dir=str(tmp_path / "cache"), max_output_bytes=10_000,
+                                   runner="exec")
+        backend = SingularityBackend(config, RunContext(run_name, tmp_path / "run", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()
+
+
+class TestSingularityReusedSandboxContract(TestSingularitySandboxContract):
+    """The same contract when instances serve prompts one after another, each in a view of its own (-S reuse=namespace)."""
+
+    @pytest.fixture
+    async def backend(self, tmp_path, run_name, images):
+        config = SingularityConfig(image=images.sif_a, cache_dir=str(tmp_path / "cache"), max_output_bytes=10_000,
+                                   reuse="namespace")
+        backend = SingularityBackend(config, RunContext(run_name, tmp_path / "run", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()
+
+    @pytest.fixture
+    async def offline_backend(self, tmp_path, run_name, images):
+        config = SingularityConfig(image=images.sif_a, cache_dir=str(tmp_path / "cache"), max_output_bytes=10_000,
+                                   network="none", reuse="namespace")
+        backend = SingularityBackend(config, RunContext(run_name, tmp_path / "offline", seed=0))
+        await backend.start()
+        yield backend
+        await backend.shutdown()
+
+    async def sandbox_exists(self, sandbox: SingularitySandbox) -> bool:
+        """Its view, whose tag the helper removes when it ends (the instance outlives it, for the next prompt)."""
+        argv = [*sandbox._backend.exec_prefix("/"), f"instance://{sandbox.name}", "test", "-e", sandbox._view.tag]
+        return subprocess.run(argv, env=sandbox._backend.env, capture_output=True).returncode == 0

@@ -27,124 +27,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
-import secrets
 import socket
 import threading
 from typing import Optional
 
-from .streams import STDERR_STREAM, OutputParser, close_quietly, read_frames, tell
+from hermes_batch import command_runner
+
+
+from .streams import STDERR_STREAM, close_quietly, read_frames, tell
 
 log = logging.getLogger("hermes_batch.docker")
 
-# The runner: $1 is the working folder.  Each request is one line: a nonce, an operation and at most
-# seven arguments, each "x" followed by its bytes with everything but [A-Za-z0-9._,:=+%@/-] as \0ooo.
-# X runs its arguments (an argv) as an exec would; I likewise, but with the runner's stdin, from which the
-# command must read exactly the bytes the line announces (a file's content follows its line); E exports its arguments (NAME=value).
-# (Sandbox.stop_processes does not use it: its kill is an exec that ends the runner too.)  A command's status comes back on fd 4 and its output through cat to fd 3 (the runner's stdout),
-# which the command does not inherit: POSIX sh (busybox ash, dash, bash) with no pipefail.
-# Exit 98: the image has no setsid or cat (the sandbox then uses execs).
-AGENT_SCRIPT = r"""set -f
-exec 3>&1
-s=$(command -v setsid) && c=$(command -v cat) || exit 98
-w=$1
-echo "$$"
-while IFS=' ' read -r n o f1 f2 f3 f4 f5 f6 f7; do
-set --
-for v in "$f1" "$f2" "$f3" "$f4" "$f5" "$f6" "$f7"; do
-[ -n "$v" ] || break
-v=$(printf '%bx' "${v#x}"); set -- "$@" "${v%x}"
-done
-case $o in
-X) cd "$w" 2>/dev/null
-r=$( { { "$s" "$@" </dev/null 2>&1 3>&- 4>&-; echo "$?" >&4; } | "$c" >&3 3>&- 4>&-; } 4>&1 ) ;;
-I) cd "$w" 2>/dev/null
-r=$( { { "$s" "$@" 2>&1 3>&- 4>&-; echo "$?" >&4; } | "$c" >&3 3>&- 4>&-; } 4>&1 ) ;;
-E) for v do export "$v"; done; r=0 ;;
-*) r=99 ;;
-esac
-printf '\036%s %s\n' "$n" "${r:-255}"
-done
-"""
-NO_STATUS = 255  # what the runner says when the command's subshell gave no status (it could not fork)
-MAX_ARGS = 7
-MAX_LINE = 64 * 1024  # longer requests run as execs: the shell reads a line a byte at a time
-_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._,:=+%@/-")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def new_nonce() -> str:
-    return secrets.token_hex(8)
-
-
-def encode_arg(value: str) -> str:
-    """One argument of a request line: ``x`` then its bytes, the unsafe ones as ``\\0ooo`` for printf %b."""
-    out = ["x"]
-    for byte in value.encode("utf-8", "surrogateescape"):
-        out.append(chr(byte) if byte in _SAFE else "\\0%03o" % byte)
-    return "".join(out)
-
-
-def request_line(nonce: str, op: str, args: list) -> Optional[bytes]:
-    """The request's line, or None when it cannot be one (too many or too long arguments, a NUL byte)."""
-    if len(args) > MAX_ARGS or any("\0" in arg for arg in args):
-        return None
-    line = " ".join([nonce, op, *(encode_arg(arg) for arg in args)]) + "\n"
-    return line.encode() if len(line) <= MAX_LINE else None
-
-
-class Request:
-    """One request's output and end: what ``DockerSandbox`` waits on, shaped like an ``ExecStream``."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, nonce: str, stdout, stderr=None):
-        self.marker = b"\x1e" + nonce.encode() + b" "
-        self.parser = OutputParser(loop, stdout, stderr)
-        self.done = loop.create_future()  # the status the runner printed; None when the runner died first
-        self.error: Optional[BaseException] = None
-        self._held = bytearray()
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self.parser.pid
-
-    @property
-    def pid_known(self) -> asyncio.Future:
-        return self.parser.pid_known
-
-    def interrupt(self) -> None:
-        """Nothing to stop: the runner stays busy until the command's end, then serves again."""
-
-    def feed(self, data: bytes) -> Optional[bytes]:
-        """Output of this request; returns what came after its end marker (b"" at the end), None before it."""
-        self._held += data
-        at = self._held.find(self.marker)
-        if at >= 0:
-            newline = self._held.find(b"\n", at)
-            if newline < 0:
-                return None
-            status = self._held[at + len(self.marker):newline]
-            if at:
-                self.parser.add(bytes(self._held[:at]))
-            self.parser.flush()
-            rest = bytes(self._held[newline + 1:])
-            self._held.clear()
-            self.parser.tell(self.done, int(status) if status.isdigit() else 255)
-            return rest
-        # Hold back only a tail that may be the start of the marker; the rest is output now.
-        start = self._held.rfind(b"\x1e", max(0, len(self._held) - len(self.marker)))
-        keep = start if start >= 0 and self.marker.startswith(bytes(self._held[start:])) else len(self._held)
-        if keep:
-            self.parser.add(bytes(self._held[:keep]))
-            del self._held[:keep]
-        return None
-
-    def lost(self) -> None:
-        """The runner died before this request's end."""
-        if self._held:
-            self.parser.add(bytes(self._held))
-            self._held.clear()
-        self.parser.flush()
-        self.parser.tell(self.done, None)
+# The runner's script, its requests and the parsing of its output are hermes_batch's (the singularity plugin's too).
+AGENT_SCRIPT, ENV_NAME, NO_STATUS = command_runner.AGENT_SCRIPT, command_runner.ENV_NAME, command_runner.NO_STATUS
+MAX_ARGS, MAX_LINE = command_runner.MAX_ARGS, command_runner.MAX_LINE
+Request, encode_arg = command_runner.Request, command_runner.encode_arg
+new_nonce, request_line = command_runner.new_nonce, command_runner.request_line
 
 
 class Agent:

@@ -9,58 +9,11 @@ import threading
 from typing import Callable, Optional
 
 from hermes_batch import BoundedOutput
+from hermes_batch import command_runner
 
 _HEADER = struct.Struct(">BxxxL")  # stream (1 stdout, 2 stderr), 3 bytes padding, payload size
 STDERR_STREAM = 2
-_MAX_PID_LINE = 32
-
-
-class OutputParser:
-    """A command's output after its wrapper's first line, the process id of its group (``pid``).
-
-    What came before a newline or too long to be a pid is output (the wrapper never ran).
-    ``add`` and ``flush`` may be called from any thread; the futures are set on ``loop``.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, stdout: BoundedOutput, stderr: Optional[BoundedOutput] = None):
-        self.loop = loop
-        self.stdout = stdout
-        self.stderr = stderr if stderr is not None else stdout  # None: stderr merged into stdout
-        self.pid: Optional[int] = None
-        self.pid_known = loop.create_future()
-        self._pid_line = bytearray()
-
-    def add(self, data: bytes) -> None:
-        if self._pid_line is not None:
-            newline = data.find(b"\n")
-            if newline < 0:
-                self._pid_line += data
-                if len(self._pid_line) > _MAX_PID_LINE:
-                    self.flush()
-                return
-            self._pid_line += data[:newline]
-            data = data[newline + 1:]
-            line, self._pid_line = bytes(self._pid_line), None
-            if line.isdigit():
-                self.pid = int(line)
-            else:
-                self.stdout.add(line + b"\n")
-            self.tell(self.pid_known, self.pid)
-            if not data:
-                return
-        self.stdout.add(data)
-
-    def flush(self) -> None:
-        # The wrapper never printed its pid (the exec failed to start): what came is output.
-        if self._pid_line is None:
-            return
-        if self._pid_line:
-            self.stdout.add(bytes(self._pid_line))
-        self._pid_line = None
-        self.tell(self.pid_known, self.pid)
-
-    def tell(self, future: asyncio.Future, value) -> None:
-        tell(self.loop, future, value)
+OutputParser, tell = command_runner.OutputParser, command_runner.tell  # shared with the singularity plugin
 
 
 class ExecStream:
@@ -149,16 +102,3 @@ def close_quietly(sock) -> None:
             closable.close()
         except OSError:
             pass
-
-
-def tell(loop: asyncio.AbstractEventLoop, future: asyncio.Future, value) -> None:
-    """From any thread: set ``future``'s result on ``loop`` (unless it is done, or the loop is gone)."""
-    try:
-        loop.call_soon_threadsafe(_set, future, value)
-    except RuntimeError:  # the event loop is gone (the process is exiting)
-        pass
-
-
-def _set(future: asyncio.Future, value) -> None:
-    if not future.done():
-        future.set_result(value)

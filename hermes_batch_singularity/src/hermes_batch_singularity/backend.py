@@ -12,10 +12,11 @@ from typing import Optional
 
 from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec, WarmPool
 
-from . import instances, runtime
+from . import instances, runtime, views
 from .config import DEFAULT_WORKDIR, SingularityConfig
 from .images import ImageCache
-from .sandbox import SingularitySandbox
+from .runner import NO_WORKDIR, START_SCRIPT, Runner
+from .sandbox import SHELL, SingularitySandbox
 
 log = logging.getLogger("hermes_batch.singularity")
 
@@ -42,6 +43,14 @@ class SingularityBackend(SandboxBackend):
         self.env = runtime.runtime_environment()
         self.session = secrets.token_hex(2)
         self._privs = ["--no-privs"] if config.drop_privileges else []
+        self._reuse = config.reuse == "namespace"
+        if self._reuse and config.drop_privileges:  # what the namespace helper needs; no prompt's process keeps them
+            capabilities = views.HELPER_CAPABILITIES + (("CAP_NET_ADMIN",) if config.network == "none" else ())
+            self._privs += ["--add-caps", ",".join(capabilities)]
+        self._helper: Optional[str] = None  # the namespace helper of -S reuse=namespace
+        self._image_binds: dict[str, str] = {}  # image path -> the --bind of its files for the views
+        self._idle: dict[str, list] = {}  # image path -> instances whose last prompt ended (-S reuse=namespace)
+        self._closing = False
         self._starting = asyncio.Semaphore(config.max_starting)
         self._open: set[SingularitySandbox] = set()
         self._background: set[asyncio.Future] = set()  # starts cut short, stops, kills still running
@@ -90,6 +99,8 @@ class SingularityBackend(SandboxBackend):
                 f"The image cache folder {cache} cannot be made or written to; give another with -S cache_dir=PATH."
             )
         self.images = ImageCache(binary, cache, self.config.convert_timeout)
+        if self._reuse:
+            self._helper = await self.blocking(views.helper_path, cache)
         self.binary = binary
         log.debug("singularity sandbox: %s (%s), images cached in %s", binary, self.version, cache)
 
@@ -121,6 +132,10 @@ class SingularityBackend(SandboxBackend):
             for pool in self._pools.values():
                 pool.close()
             await asyncio.gather(*(sandbox.close() for sandbox in list(self._open)), return_exceptions=True)
+            self._closing = True
+            idle = [name for names in self._idle.values() for name in names]
+            self._idle.clear()
+            await asyncio.gather(*(self._stop_name(name) for name in idle), return_exceptions=True)
             while self._background:
                 await asyncio.gather(*list(self._background), return_exceptions=True)
             # Starts that were cut short or timed out may have made an instance after all.
@@ -141,6 +156,8 @@ class SingularityBackend(SandboxBackend):
         path = await self.images.path(name)
         if self.config.pool_size(self.concurrency()) > 0:
             self._instance_pool(name, path)
+        if self._reuse and path not in self._image_binds:
+            self._image_binds[path] = await self.blocking(views.image_bind, self.images.binary, self.env, path)
 
     # --- instances ------------------------------------------------------------------------------
 
@@ -155,11 +172,14 @@ class SingularityBackend(SandboxBackend):
         path = await self.images.path(image)
         workdir = self._workdir(spec.cwd)
         env = {str(key): str(value) for key, value in spec.env.items()}
+        if self._reuse:
+            return await self._open_view(spec, image, path, workdir, env)
         if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0:
             pool = self._instance_pool(image, path)
             taken = await pool.take()
             if taken is not None:
-                sandbox = SingularitySandbox(self, taken, workdir, spec.prompt_index, env, image)
+                name, runner = taken
+                sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image, runner)
                 self._open.add(sandbox)
                 self._taken[sandbox] = pool
                 return sandbox
@@ -176,11 +196,85 @@ class SingularityBackend(SandboxBackend):
         sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image)
         self._open.add(sandbox)
         try:
-            await self._make_workdir(sandbox)
+            sandbox.attach_runner(await self._runner_or_workdir(name, workdir))
         except BaseException:
             await sandbox.close()
             raise
         return sandbox
+
+    async def _runner_or_workdir(self, name: str, workdir: str) -> Optional[Runner]:
+        """A new instance's command runner, which makes the working folder; without one, the folder made by an exec."""
+        runner = await self.start_runner(name, workdir) if self.config.runner == "agent" else None
+        if runner is None:
+            await self._make_workdir_of(name, workdir)
+        return runner
+
+    async def start_runner(self, name: str, workdir: str, view: Optional[views.View] = None) -> Optional[Runner]:
+        """Start the command runner of an instance (in ``view``, made by its exec) and wait for its first line.
+
+        None when it does not run there; SandboxError when it could not make the working folder or the view.
+        """
+        command = [SHELL, "-c", START_SCRIPT, "hermes-batch-runner", workdir]
+        argv = [*self.exec_prefix("/"), f"instance://{name}", *(view.open_argv(command) if view else command)]
+        try:
+            runner = await Runner.start(argv, self.env, self.in_background)
+        except OSError as exc:
+            log.debug("No command runner in %s: %s", name, exc)
+            return None
+        try:
+            started = await runner.until_started(self.config.start_timeout)
+        except BaseException:
+            runner.close()
+            raise
+        if started:
+            return runner
+        if runner.proc.returncode == NO_WORKDIR:
+            raise SandboxError(f"Could not make the working folder {workdir} in the instance {name}.")
+        if view is not None:
+            reason = runner.exit_reason()
+            if "unshare" in reason and "not permitted" in reason.lower():
+                raise SandboxError(views.NOT_ROOT)
+            raise SandboxError(f"Could not make the prompt's view in the instance {name}: {reason}.")
+        log.debug("No command runner in %s: %s", name, runner.exit_reason())
+        return None
+
+    async def _open_view(self, spec: SandboxSpec, image: str, path: str, workdir: str, env: dict) -> SingularitySandbox:
+        """-S reuse=namespace: an instance whose last prompt ended, else one started now; the prompt's own view in it."""
+        idle = self._idle.setdefault(image, [])
+        if idle:
+            name = idle.pop()
+        else:
+            if path not in self._image_binds:
+                self._image_binds[path] = await self.blocking(views.image_bind, self.images.binary, self.env, path)
+            name = instances.instance_name(spec.run_name, self.run.run_dir, "pool", self.session)
+            async with self._starting:
+                starting = self.in_background(self._start_instance(name, path, image))
+                try:
+                    await asyncio.shield(starting)
+                except asyncio.CancelledError:
+                    self._uncertain.add(name)
+                    starting.add_done_callback(functools.partial(self._stop_if_started, name))
+                    raise
+        view = views.new_view(workdir, self.config.network)
+        sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image, view=view)
+        self._open.add(sandbox)
+        try:
+            runner = await self.start_runner(name, workdir, view)
+            if runner is None:
+                raise SandboxError(f"Could not make the prompt's view in the instance {name}.")
+            sandbox.attach_runner(runner)
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    async def release(self, sandbox: SingularitySandbox, reusable: bool) -> None:
+        """-S reuse=namespace: a prompt's view ended; its instance serves the next prompt, or is stopped."""
+        self._open.discard(sandbox)
+        if reusable and not self._closing:
+            self._idle.setdefault(sandbox.image, []).append(sandbox.name)
+            return
+        await asyncio.shield(self.in_background(self._stop_name(sandbox.name)))
 
     def _instance_pool(self, image: str, path: str) -> WarmPool:
         workdir = self._workdir(None)
@@ -199,13 +293,16 @@ class SingularityBackend(SandboxBackend):
                         starting.add_done_callback(functools.partial(self._stop_if_started, name))
                         raise
                 try:
-                    await asyncio.shield(self.in_background(self._make_workdir_of(name, workdir)))
+                    runner = await asyncio.shield(self.in_background(self._runner_or_workdir(name, workdir)))
                 except BaseException:
                     self.in_background(self._stop_name(name))
                     raise
-                return name
+                return name, runner
 
-            def discard(name: str) -> None:
+            def discard(made: tuple) -> None:
+                name, runner = made
+                if runner is not None:
+                    runner.close()
                 self.in_background(self._stop_name(name))
 
             pool = self._pools[(image, workdir)] = WarmPool(image, workdir, size, start, discard, what="instance", backend="singularity")
@@ -219,9 +316,10 @@ class SingularityBackend(SandboxBackend):
 
     def _start_argv(self, name: str, path: str) -> list:
         network = ["--net", "--network", "none"] if self.config.network == "none" else []
+        binds = ["--bind", f"{self._helper}:{views.HELPER}:ro", "--bind", self._image_binds[path]] if self._reuse else []
         return [
             self.binary, "instance", "start", "--containall", "--writable-tmpfs",
-            *self._privs, *network, *self.config.extra_args, path, name,
+            *self._privs, *network, *binds, *self.config.extra_args, path, name,
         ]
 
     async def _start_instance(self, name: str, path: str, image: str) -> None:
@@ -239,9 +337,6 @@ class SingularityBackend(SandboxBackend):
     def _stop_if_started(self, name: str, future: asyncio.Future) -> None:
         if not future.cancelled() and future.exception() is None:
             self.in_background(self._stop_name(name))
-
-    async def _make_workdir(self, sandbox: SingularitySandbox) -> None:
-        await self._make_workdir_of(sandbox.name, sandbox.workdir)
 
     async def _make_workdir_of(self, name: str, workdir: str) -> None:
         argv = [*self.exec_prefix("/"), f"instance://{name}", "/bin/sh", "-c", MKDIR, "sh", workdir]

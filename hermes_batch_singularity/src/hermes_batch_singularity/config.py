@@ -94,6 +94,19 @@ class SingularityConfig:
     convert_timeout: float = attrs.field(default=3600.0, validator=_at_least(1, "convert_timeout"))  # one image
     # Instances started ahead of need per image, each still for one prompt only; 0: each started when asked for.
     pool: Any = attrs.field(default=0, converter=_pool, validator=_check_pool)
+    # agent: each prompt's commands and files through one command runner in its instance (one exec for the
+    # prompt); exec: each through an `apptainer exec` of its own.
+    runner: str = attrs.field(default="agent", validator=attrs.validators.in_(("agent", "exec")))
+    # What an instance serves: "none", one prompt and then it is stopped (the strict mode); "namespace", prompts one
+    # after another, each in new namespaces of its own inside it with a fresh view of the image's files (see the
+    # README of hermes-batch-singularity for what each guarantees).
+    reuse: str = attrs.field(default="none", validator=attrs.validators.in_(("none", "namespace")))
+
+    def __attrs_post_init__(self) -> None:
+        if self.reuse == "namespace" and self.runner != "agent":
+            raise ValueError("reuse=namespace runs each prompt's commands through its command runner; drop runner=exec")
+        if self.reuse == "namespace" and self.pool != 0:
+            raise ValueError("reuse=namespace keeps each instance for the prompts that follow; drop pool=")
 
     def pool_size(self, concurrency: int) -> int:
         """Instances kept started ahead of need per image: ``pool``, or with ``auto`` the run's concurrency."""

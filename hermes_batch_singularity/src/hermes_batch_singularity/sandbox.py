@@ -1,4 +1,4 @@
-"""One prompt's instance: commands and files through ``exec`` on the instance, with time limits."""
+"""One prompt's instance: commands and files through its command runner or ``exec`` on the instance, with time limits."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import errno
 import os
 import posixpath
 import re
+import shlex
 import subprocess
 from typing import TYPE_CHECKING, Optional
 
-from hermes_batch import BoundedOutput, ExecResult, Sandbox, SandboxError
+from hermes_batch import BoundedOutput, ExecResult, FirstBytes, Sandbox, SandboxError, command_runner
 
-from . import runtime
+from . import runtime, views
+from .runner import Runner
 
 if TYPE_CHECKING:
     from .backend import SingularityBackend
@@ -29,6 +31,8 @@ RUN_WRAPPER = (
     'if command -v setsid >/dev/null 2>&1; then exec setsid /bin/sh -c "$1"; fi; '
     'exec /bin/sh -c "$1"'
 )
+# The same through the command runner, which already made it a session leader: $1 exports the variables.
+RUNNER_RUN_WRAPPER = 'echo "$$"; eval "$1"; exec 2>&1; exec /bin/sh -c "$2"'
 # Kills a command's processes: its session (setsid made the command its leader), and every
 # descendant (for images without setsid), stopped first so none forks away between scan and kill.
 KILL_TREE = r"""
@@ -72,6 +76,20 @@ WRITE_WRAPPER = (
     'd=${1%/*}; [ -n "$d" ] || d=/; '
     'mkdir -p "$d" 2>/dev/null; [ -d "$d" ] || exit 93; '
     'cat > "$1" || exit 94'
+)
+# The file wrappers through the runner print their pid first, as every command of it does.  A write reads
+# exactly $2 bytes from stdin whatever happens, so that no byte of the content is taken for a request.
+RUNNER_READ_WRAPPER = 'echo "$$"; ' + READ_WRAPPER
+RUNNER_WRITE_WRAPPER = (
+    'echo "$$"; head -c "$2" | { e=0; if [ -d "$1" ]; then e=91; elif [ -e "$1" ] && [ ! -f "$1" ]; then e=92; '
+    'else d=${1%/*}; [ -n "$d" ] || d=/; mkdir -p "$d" 2>/dev/null; [ -d "$d" ] || e=93; '
+    'if [ "$e" = 0 ]; then cat > "$1" || e=94; fi; fi; [ "$e" = 0 ] || cat > /dev/null; exit "$e"; }'
+)
+MAX_RUNNER_WRITE = 64 * 1024 * 1024  # larger files are written by an exec of their own
+RUNNER_STARTS = 4  # command runners a sandbox starts at most (one with its instance, again when one died)
+RUNNER_DIED_NOTICE = (
+    "[The sandbox's command runner was killed while this command ran (by a kill of every process?): the "
+    "command's output from about then on and its exit status are lost; status 137 stands for it.]\n"
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # After the kill, only processes that escaped the kill can still hold the output open.
@@ -138,20 +156,33 @@ async def _drain(stream: asyncio.StreamReader, output: BoundedOutput) -> None:
 
 
 class SingularitySandbox(Sandbox):
-    """An instance of its own; each command is an ``exec`` of ``/bin/sh -c`` with the sandbox's variables only."""
+    """An instance of its own; each command a ``/bin/sh -c`` with the sandbox's variables only.
+
+    Commands and files go through the instance's command runner (one exec for the prompt, see runner.py)
+    while it is free, else (busy, dead, or after ``stop_processes``) each through an ``exec`` of its own.
+    """
 
     own_pid_namespace = True  # its instance (--containall: --pid): stop_processes is a command's kill -9 -1
 
     def __init__(self, backend: "SingularityBackend", name: str, workdir: str, prompt_index: int, env: dict,
-                 image: str = ""):
+                 image: str = "", runner: Optional[Runner] = None, view: Optional[views.View] = None):
         self.name = name
         self._image = image
         self.prompt_index = prompt_index
         self._workdir = workdir
         self._backend = backend
         self._env = [f"{k}={v}" for k, v in env.items() if _ENV_NAME.match(str(k))]
+        self._exports = "export " + " ".join(shlex.quote(pair) for pair in self._env) if self._env else ":"
         self._max_output = backend.config.max_output_bytes
         self._closed = False
+        self._runner = runner
+        self._runner_starts = 1 if runner is not None else 0
+        self._runner_starting = False
+        self._use_runner = backend.config.runner == "agent"
+        # -S reuse=namespace: the prompt's view of a reused instance, whose first process the runner's exec made;
+        # that exec (the view's holder) is kept after stop_processes, which ends only the view's other processes.
+        self._view = view
+        self._holder: Optional[Runner] = None
 
     @property
     def workdir(self) -> str:
@@ -162,6 +193,8 @@ class SingularitySandbox(Sandbox):
         return self._image
 
     def _argv(self, *command: str, pwd: Optional[str] = None) -> list:
+        if self._view is not None:  # the prompt's view, joined by a fresh exec
+            return [*self._backend.exec_prefix("/"), f"instance://{self.name}", *self._view.join_argv(list(command), pwd)]
         return [*self._backend.exec_prefix(pwd or self._workdir), f"instance://{self.name}", *command]
 
     # --- commands ------------------------------------------------------------------------
@@ -169,6 +202,17 @@ class SingularitySandbox(Sandbox):
     async def exec(self, command: str, timeout: float) -> ExecResult:
         """Run ``command`` with ``/bin/sh -c``; at ``timeout`` SIGKILL every process it started."""
         self._check_open()
+        nonce = command_runner.new_nonce()
+        line = command_runner.request_line(nonce, "X", [SHELL, "-c", RUNNER_RUN_WRAPPER, "sh", self._exports, command])
+        runner = await self._free_runner() if line is not None else None
+        if runner is not None:
+            result = await self._exec_through(runner, nonce, line, timeout)
+            if result is not None:
+                return result
+        return await self._exec_alone(command, timeout)
+
+    async def _exec_alone(self, command: str, timeout: float) -> ExecResult:
+        """``exec`` as an ``apptainer exec`` of its own."""
         output, diagnostics = BoundedOutput(self._max_output), BoundedOutput(_STDERR_LIMIT)
         argv = self._argv(SHELL, "-c", RUN_WRAPPER, "sh", str(len(self._env)), *self._env, command)
         proc = await self._spawn(argv)
@@ -201,6 +245,106 @@ class SingularitySandbox(Sandbox):
             raise await self._failure(diagnostics, "while a command ran")
         return ExecResult(output.text(), code, False)
 
+    async def _exec_through(self, runner: Runner, nonce: str, line: bytes, timeout: float) -> Optional[ExecResult]:
+        """``exec`` through the runner; None when the command never started there (run it as an exec)."""
+        output = BoundedOutput(self._max_output)
+        request = runner.submit(nonce, output)
+        try:
+            await runner.send(line)
+        except OSError:
+            runner.close()  # gone before it took the whole line: the command did not run
+            return None
+        settled = False
+        try:
+            done, _ = await asyncio.wait({request.done}, timeout=max(timeout, 0.0))
+            settled = True
+            if not done:
+                await self._kill(request)
+                await asyncio.wait({request.done}, timeout=POST_KILL_DRAIN_S)
+                return ExecResult(output.text(), None, True)
+        finally:
+            if not settled:  # cancelled: stop the command, but do not wait for it
+                self._backend.in_background(self._kill(request))
+        status = request.done.result()
+        if status is None and self._view is not None:
+            raise SandboxError(
+                f"The view of prompt {self.prompt_index} in the instance {self.name} ended while a command ran (a command "
+                "killed its command runner, which ends the view); run again with --resume to retry the prompt."
+            )
+        if status is None:
+            # The runner died after it took the request: whether the command ran is not known, so it is not
+            # run again.  The instance may have died with it.
+            if not await self._answers():
+                raise await self._failure(_bounded(bytes(runner.stderr)), "while a command ran")
+            output.add(RUNNER_DIED_NOTICE.encode())
+            return ExecResult(output.text(), 137, False)
+        if request.pid is None and status == command_runner.NO_STATUS:
+            return None  # the runner could not start it (no fork): an exec says why
+        return ExecResult(output.text(), status, False)
+
+    async def _free_runner(self) -> Optional[Runner]:
+        """The command runner if it is free (started first if there is none or it died), else None."""
+        runner = self._runner
+        if runner is not None and runner.pid is None and not runner.dead:
+            await runner.until_started(self._backend.config.start_timeout)
+            if self._runner is not runner:
+                return await self._free_runner()
+        if runner is not None and runner.usable():
+            return runner
+        if self._view is not None:
+            return None  # the view's runner is not started again: the view ends with it
+        if not self._use_runner or self._runner_starting or (runner is not None and not runner.dead):
+            return None
+        if self._runner_starts >= RUNNER_STARTS or self._closed:
+            return None
+        self._runner_starting = True
+        self._runner_starts += 1
+        try:
+            runner = await self._backend.start_runner(self.name, self._workdir)
+        except SandboxError:
+            return None
+        finally:
+            self._runner_starting = False
+        if runner is None:
+            return None
+        if self._closed or not self._use_runner:
+            runner.close()
+            return None
+        self._runner = runner
+        return runner if runner.usable() else None
+
+    def attach_runner(self, runner: Optional[Runner]) -> None:
+        """Give the sandbox the runner started with its instance (None: none runs there)."""
+        if runner is not None:
+            self._runner = runner
+            self._runner_starts += 1
+
+    def drop_runner(self) -> None:
+        """Run every later command and file as an exec of its own."""
+        self._use_runner = False
+        if self._view is not None:
+            self._holder = self._holder or self._runner  # its input open, or the view would end
+            self._runner = None
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+    async def stop_processes(self) -> bool:
+        """Kill every process but the instance's first with an exec, the runner too; later commands are execs.
+
+        What runs after this (a verifier's checks) must not go through a process the session's commands could
+        reach: they ran beside the runner, as its user, and could write to its output.
+        """
+        self._check_open()
+        self.drop_runner()
+        if self._view is not None:
+            argv = [*self._backend.exec_prefix("/"), f"instance://{self.name}", *self._view.stop_argv()]
+            done = await runtime.run(argv, env=self._backend.env, timeout=KILL_TIMEOUT_S)
+            if done.returncode != 0 and views.VIEW_ENDED in done.stderr.decode("utf-8", "replace"):
+                raise await self._failure(_bounded(done.stderr), "while its processes were stopped")
+            return done.returncode == 0
+        return await super().stop_processes()
+
     async def _spawn(self, argv: list):
         try:
             return await asyncio.create_subprocess_exec(
@@ -214,7 +358,8 @@ class SingularitySandbox(Sandbox):
         except OSError as exc:
             raise SandboxError(f"Could not run {argv[0]} for the instance {self.name}: {exc}") from exc
 
-    async def _kill(self, reader: _Reader) -> None:
+    async def _kill(self, reader) -> None:
+        """Kill the command whose wrapper's pid ``reader`` (an exec's _Reader, a runner's Request) got."""
         try:
             pid = await asyncio.wait_for(asyncio.shield(reader.pid_known), 2.0)
         except asyncio.TimeoutError:
@@ -231,6 +376,11 @@ class SingularitySandbox(Sandbox):
 
     async def _failure(self, diagnostics: BoundedOutput, when: str) -> SandboxError:
         reason = runtime.Completed(1, b"", diagnostics.value()).reason()
+        if self._view is not None and views.VIEW_ENDED in reason:
+            return SandboxError(
+                f"The view of prompt {self.prompt_index} in the instance {self.name} ended {when} (a command killed its "
+                "command runner, which ends the view); run again with --resume to retry the prompt."
+            )
         if "no instance found" in reason.lower() or not await self._backend.instance_exists(self.name):
             return SandboxError(
                 f"The instance {self.name} of prompt {self.prompt_index} was stopped from outside {when}; "
@@ -268,6 +418,10 @@ class SingularitySandbox(Sandbox):
             self._raise_file_error(done, path, "written")
 
     async def _file_command(self, wrapper: str, *args: str, input: Optional[bytes] = None) -> runtime.Completed:
+        """A file wrapper with ``args`` (and ``input``): through the runner when it can, else as an exec."""
+        done = await self._file_through_runner(wrapper, args, input)
+        if done is not None:
+            return done
         done = await runtime.run(
             self._argv(SHELL, "-c", wrapper, "sh", *args, pwd="/"), env=self._backend.env, timeout=FILE_TIMEOUT_S, input=input
         )
@@ -276,6 +430,44 @@ class SingularitySandbox(Sandbox):
         if done.returncode == 255 and "FATAL" in done.stderr.decode("utf-8", "replace"):
             raise await self._failure(_bounded(done.stderr), "while a file was used")
         return done
+
+    async def _file_through_runner(self, wrapper: str, args: tuple, input: Optional[bytes]) -> Optional[runtime.Completed]:
+        """The file wrapper through the runner, its output and status as an exec's; None when it cannot go there."""
+        nonce = command_runner.new_nonce()
+        if input is None:
+            line = command_runner.request_line(nonce, "X", [SHELL, "-c", RUNNER_READ_WRAPPER, "sh", *args])
+            output = FirstBytes(int(args[1]))
+        elif len(input) <= MAX_RUNNER_WRITE:
+            line = command_runner.request_line(nonce, "I", [SHELL, "-c", RUNNER_WRITE_WRAPPER, "sh", args[0], str(len(input))])
+            output = BoundedOutput(_STDERR_LIMIT)
+        else:
+            return None
+        runner = await self._free_runner() if line is not None else None
+        if runner is None:
+            return None
+        request = runner.submit(nonce, output)
+        settled = False
+        try:
+            try:
+                await runner.send(line + (input or b""))
+            except OSError:
+                runner.close()
+            done, _ = await asyncio.wait({request.done}, timeout=FILE_TIMEOUT_S)
+            settled = True
+        finally:
+            if not settled or not request.done.done():
+                # Part of the content may still be unread: the runner must never take it for requests.
+                self.drop_runner()
+                self._backend.in_background(self._kill(request))
+        if not done:
+            raise OSError(errno.ETIMEDOUT, f"the file took longer than {FILE_TIMEOUT_S:g} s to reach", args[0])
+        status = request.done.result()
+        if request.pid is None:
+            return None  # the runner died or could not start the wrapper: an exec does it (or says why)
+        if status is None:
+            raise OSError(errno.EIO, "the sandbox's command runner was killed while the file was used", args[0])
+        data = output.value()
+        return runtime.Completed(status, data if status == 0 else b"", b"" if status == 0 else data)
 
     @staticmethod
     def _raise_file_error(done: runtime.Completed, path: str, verb: str):
@@ -300,7 +492,18 @@ class SingularitySandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
-        await self._backend.stop(self)
+        runner, self._runner = self._runner, None
+        if self._view is not None:
+            holder, self._holder = self._holder or runner, None
+            # Its input closed, the view's first process ends, and the kernel ends every process of the view.
+            ended = holder is not None and await holder.finish(views.VIEW_END_S)
+            await self._backend.release(self, ended)
+            return
+        try:
+            await self._backend.stop(self)
+        finally:
+            if runner is not None:
+                runner.close()
 
     def _check_open(self) -> None:
         if self._closed:
