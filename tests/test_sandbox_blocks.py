@@ -343,3 +343,9 @@ def test_runner_request_lines_escape_every_unsafe_byte_and_refuse_what_cannot_be
     assert runner.request_line("n", "X", ["x"] * (runner.MAX_ARGS + 1)) is None
     assert runner.request_line("n", "X", ["nul\0"]) is None
     assert runner.request_line("n", "X", ["y" * runner.MAX_LINE]) is None
+
+
+def test_the_runner_exports_any_shell_name_but_its_own():
+    exportable = hermes_batch.command_runner.exportable
+    assert all(exportable(name) for name in ("w", "s", "n", "PATH", "_x", "f1"))
+    assert not any(exportable(name) for name in ("_hbr_w", "1x", "A-B", "A B", ""))

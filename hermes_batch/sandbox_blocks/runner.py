@@ -41,27 +41,28 @@ from ..session.command_output import BoundedOutput
 # command must read exactly the bytes the line announces (a file's content follows its line); E exports its
 # arguments (NAME=value).  A command's status comes back on fd 4 and its output through cat to fd 3 (the
 # runner's stdout), which the command does not inherit: POSIX sh (busybox ash, dash, bash) with no pipefail.
-# It prints its pid first.  Exit 98: the image has no setsid or cat (the sandbox then uses execs).
+# It prints its pid first.  Its own variables are named RESERVED_PREFIX..., so a prompt's variables of any other
+# name (w, s, n, ...) reach its commands as the prompt set them.  Exit 98: the image has no setsid or cat (the sandbox then uses execs).
 AGENT_SCRIPT = r"""set -f
 exec 3>&1
-s=$(command -v setsid) && c=$(command -v cat) || exit 98
-w=$1
+_hbr_s=$(command -v setsid) && _hbr_c=$(command -v cat) || exit 98
+_hbr_w=$1
 echo "$$"
-while IFS=' ' read -r n o f1 f2 f3 f4 f5 f6 f7; do
+while IFS=' ' read -r _hbr_n _hbr_o _hbr_1 _hbr_2 _hbr_3 _hbr_4 _hbr_5 _hbr_6 _hbr_7; do
 set --
-for v in "$f1" "$f2" "$f3" "$f4" "$f5" "$f6" "$f7"; do
-[ -n "$v" ] || break
-v=$(printf '%bx' "${v#x}"); set -- "$@" "${v%x}"
+for _hbr_v in "$_hbr_1" "$_hbr_2" "$_hbr_3" "$_hbr_4" "$_hbr_5" "$_hbr_6" "$_hbr_7"; do
+[ -n "$_hbr_v" ] || break
+_hbr_v=$(printf '%bx' "${_hbr_v#x}"); set -- "$@" "${_hbr_v%x}"
 done
-case $o in
-X) cd "$w" 2>/dev/null
-r=$( { { "$s" "$@" </dev/null 2>&1 3>&- 4>&-; echo "$?" >&4; } | "$c" >&3 3>&- 4>&-; } 4>&1 ) ;;
-I) cd "$w" 2>/dev/null
-r=$( { { "$s" "$@" 2>&1 3>&- 4>&-; echo "$?" >&4; } | "$c" >&3 3>&- 4>&-; } 4>&1 ) ;;
-E) for v do export "$v"; done; r=0 ;;
-*) r=99 ;;
+case $_hbr_o in
+X) cd "$_hbr_w" 2>/dev/null
+_hbr_r=$( { { "$_hbr_s" "$@" </dev/null 2>&1 3>&- 4>&-; echo "$?" >&4; } | "$_hbr_c" >&3 3>&- 4>&-; } 4>&1 ) ;;
+I) cd "$_hbr_w" 2>/dev/null
+_hbr_r=$( { { "$_hbr_s" "$@" 2>&1 3>&- 4>&-; echo "$?" >&4; } | "$_hbr_c" >&3 3>&- 4>&-; } 4>&1 ) ;;
+E) for _hbr_v do export "$_hbr_v"; done; _hbr_r=0 ;;
+*) _hbr_r=99 ;;
 esac
-printf '\036%s %s\n' "$n" "${r:-255}"
+printf '\036%s %s\n' "$_hbr_n" "${_hbr_r:-255}"
 done
 """
 NO_SETSID_OR_CAT = 98  # the runner's exit status when the image lacks setsid or cat
@@ -70,6 +71,12 @@ MAX_ARGS = 7
 MAX_LINE = 64 * 1024  # longer requests run as execs: the shell reads a line a byte at a time
 _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._,:=+%@/-")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_PREFIX = "_hbr_"  # the runner's own variables: a prompt's variable named so is not given through it
+
+
+def exportable(name: str) -> bool:
+    """Whether the runner can export a prompt's variable of this name (its ``E`` operation) to its commands."""
+    return bool(ENV_NAME.match(name)) and not name.startswith(RESERVED_PREFIX)
 _MAX_PID_LINE = 32
 
 

@@ -24,6 +24,8 @@ def test_the_runner_script_runs_commands_as_an_exec_would(shell, tmp_path):
     runner = subprocess.Popen(
         [*_command(shell), "-c", AGENT_SCRIPT, "hermes-batch-runner", str(tmp_path)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        # a prompt's variables may have any name, the short ones the script could have used for its own included
+        env={**os.environ, "w": "their-w", "s": "their-s", "c": "their-c", "n": "their-n"},
     )
 
     def request(nonce: str, op: str, args: list, data: bytes = b"") -> bytes:
@@ -55,6 +57,9 @@ def test_the_runner_script_runs_commands_as_an_exec_would(shell, tmp_path):
         assert (body, status) == (b"now\nlate\n", 0)
         assert request("n4", "E", ["ODD=a b\n'c\"$x"]) == b"\x1en4 0\n"
         assert run("n5", 'printf %s "$ODD"')[1:] == (b"a b\n'c\"$x", 0)
+        assert request("n5b", "E", ["o=my-o", "r=my-r", "v=my-v", "f1=my-f1"]) == b"\x1en5b 0\n"
+        names = " ".join(f'"${name}"' for name in ("w", "s", "c", "n", "o", "r", "v", "f1"))
+        assert run("n5c", f"printf '%s ' {names}")[1:] == (b"their-w their-s their-c their-n my-o my-r my-v my-f1 ", 0)
 
         def write(nonce: str, path: str, data: bytes) -> int:
             out = request(nonce, "I", ["/bin/sh", "-c", WRITE_WRAPPER, "sh", str(tmp_path / path), str(len(data))], data)

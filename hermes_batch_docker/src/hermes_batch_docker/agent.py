@@ -39,7 +39,7 @@ from .streams import STDERR_STREAM, close_quietly, read_frames, tell
 log = logging.getLogger("hermes_batch.docker")
 
 # The runner's script, its requests and the parsing of its output are hermes_batch's (the singularity plugin's too).
-AGENT_SCRIPT, ENV_NAME, NO_STATUS = command_runner.AGENT_SCRIPT, command_runner.ENV_NAME, command_runner.NO_STATUS
+AGENT_SCRIPT, NO_STATUS, exportable = command_runner.AGENT_SCRIPT, command_runner.NO_STATUS, command_runner.exportable
 MAX_ARGS, MAX_LINE = command_runner.MAX_ARGS, command_runner.MAX_LINE
 Request, encode_arg = command_runner.Request, command_runner.encode_arg
 new_nonce, request_line = command_runner.new_nonce, command_runner.request_line

@@ -30,7 +30,7 @@ from .engine import (
     docker,
     engine_errors,
 )
-from .agent import AGENT_SCRIPT, ENV_NAME, Agent
+from .agent import AGENT_SCRIPT, Agent, exportable
 from .sandbox import AGENT_READY_S, SHELL, DockerSandbox
 from .views import HELPER, IDENTITY_SCRIPT, VIEW_END_S, VIEW_FOLDER, new_view, parse_identity
 
@@ -613,7 +613,7 @@ class DockerBackend(SandboxBackend):
 
 def _fits_runner(env: dict) -> bool:
     """Whether a view's runner can take ``env`` (DockerSandbox.set_env), else the view is started with it."""
-    return all(ENV_NAME.match(key) for key in env)
+    return all(exportable(key) for key in env)
 
 
 def _namespace_helper() -> str:

@@ -283,7 +283,7 @@ class DockerSandbox(Sandbox):
         if not env:
             return True
         agent = await self._free_agent() if self._agent is not None else None
-        if agent is None or not agent.usable() or not all(agents.ENV_NAME.match(key) for key in env):
+        if agent is None or not agent.usable() or not all(agents.exportable(key) for key in env):
             return False
         pairs = [f"{key}={value}" for key, value in env.items()]
         for start in range(0, len(pairs), agents.MAX_ARGS):
