@@ -17,7 +17,8 @@ from hermes_batch import ChildProcess, SandboxFolder, require_regular_file, run_
 
 
 def test_the_blocks_are_public():
-    for name in ("SandboxFolder", "require_regular_file", "run_command", "ChildProcess", "WarmPool", "command_runner"):
+    for name in ("SandboxFolder", "require_regular_file", "run_command", "ChildProcess", "WarmPool", "command_runner",
+                 "container_views"):
         assert name in hermes_batch.__all__
 
 
@@ -349,3 +350,14 @@ def test_the_runner_exports_any_shell_name_but_its_own():
     exportable = hermes_batch.command_runner.exportable
     assert all(exportable(name) for name in ("w", "s", "n", "PATH", "_x", "f1"))
     assert not any(exportable(name) for name in ("_hbr_w", "1x", "A-B", "A B", ""))
+
+
+def test_a_views_command_lines_carry_what_each_backend_gives():
+    View = hermes_batch.container_views.View
+    docker_like = View("/h", "/t/1", "/work", 100, mask=0x3, user=(7, 8, "/home/u"), own_network=True)
+    assert docker_like.open_argv(["sh"]) == ["/h", "-O", "100", "-T", "/t/1", "-n", "-k", "3", "-i", "7:8", "-w", "/work", "--", "sh"]
+    assert docker_like.env == {"HOME": "/home/u"}
+    apptainer_like = View("/h", "/t/2", "/work", 100, lower="/img")
+    assert apptainer_like.open_argv(["sh"]) == ["/h", "-O", "100", "-T", "/t/2", "-L", "/img", "-k", "0", "-w", "/work", "--", "sh"]
+    assert apptainer_like.join_argv(["ls"], "/elsewhere") == ["/h", "-J", "/t/2", "-k", "0", "-w", "/elsewhere", "--", "ls"]
+    assert apptainer_like.stop_argv() == ["/h", "-J", "/t/2", "-X"] and apptainer_like.env == {}

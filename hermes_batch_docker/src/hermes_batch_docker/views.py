@@ -30,14 +30,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-import attrs
+from hermes_batch import container_views
 
 from .agent import new_nonce
 from .config import DockerConfig
 
+View, VIEW_ENDED = container_views.View, container_views.VIEW_ENDED  # the helper's command lines
 VIEW_FOLDER = "/.hermes-batch"  # a memory file system of the container alone: the helper and the views' tags
 HELPER = VIEW_FOLDER + "/helper"
-VIEW_ENDED = "the prompt's view of the container has ended"  # what the helper says when a view is gone
 VIEW_READY_S = 60.0  # a view's runner not started by then (a loaded engine) is given up, which ends the view
 VIEW_END_S = 10.0  # a closed view's processes are gone by then, or its container is removed instead
 # A view's files live in memory, counted in the container's memory limit: they may take that limit less this
@@ -50,40 +50,6 @@ IDENTITY_SCRIPT = (
     'while read -r key real _; do case "$key" in Uid:) u=$real;; Gid:) g=$real;; esac; done < /proc/self/status; '
     'printf "%s %s %s" "$u" "$g" "$HOME"'
 )
-
-
-@attrs.frozen
-class View:
-    """One prompt's view of a reused container: how to make it, join it and stop its processes."""
-
-    tag: str
-    mask: int  # the capabilities its processes keep
-    workdir: str
-    user: Optional[tuple]  # (uid, gid, home) of -S user= or the image's USER, else None (the container's root)
-    own_network: bool  # -S network=none: a network namespace of its own, loopback only
-    memory_bytes: int  # its files' memory file system (counted in the container's memory limit)
-
-    @property
-    def env(self) -> dict:
-        """What every exec of the view gets besides the prompt's environment: the user's HOME, as Docker gives it."""
-        return {"HOME": self.user[2]} if self.user and self.user[2] else {}
-
-    def _options(self) -> list:
-        user = ["-i", f"{self.user[0]}:{self.user[1]}"] if self.user else []
-        return ["-k", f"{self.mask:x}", *user, "-w", self.workdir]
-
-    def open_argv(self, argv: list) -> list:
-        """The exec that makes the view and runs ``argv`` (the runner) as its first command."""
-        network = ["-n"] if self.own_network else []
-        return [HELPER, "-O", str(self.memory_bytes), "-T", self.tag, *network, *self._options(), "--", *argv]
-
-    def join_argv(self, argv: list) -> list:
-        """An exec that runs ``argv`` inside the view, lowered as its commands are."""
-        return [HELPER, "-J", self.tag, *self._options(), "--", *argv]
-
-    def stop_argv(self) -> list:
-        """An exec that kills every process of the view but its first, which then outlives the runner."""
-        return [HELPER, "-J", self.tag, "-X"]
 
 
 def files_bytes(memory: int) -> int:
@@ -100,6 +66,6 @@ def parse_identity(output: str) -> tuple:
 def new_view(config: DockerConfig, workdir: str, user: Optional[tuple]) -> View:
     """A new view for a container whose commands run as ``user`` ((uid, gid, home), or None for its root)."""
     return View(
-        tag=f"{VIEW_FOLDER}/{new_nonce()}", mask=config.prompt_capability_mask, workdir=workdir,
+        helper=HELPER, tag=f"{VIEW_FOLDER}/{new_nonce()}", mask=config.prompt_capability_mask, workdir=workdir,
         user=user, own_network=config.network == "none", memory_bytes=files_bytes(config.memory_bytes),
     )

@@ -36,19 +36,16 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from typing import Optional
 
-import attrs
+from hermes_batch import ConfigError, build_namespace_helper, command_runner, container_views
 
-from hermes_batch import ConfigError, build_namespace_helper, command_runner
-
+View, VIEW_ENDED = container_views.View, container_views.VIEW_ENDED  # the helper's command lines
 VIEW_FOLDER = "/tmp/.hermes-batch"  # the instance's own /tmp (--containall): the helper and the views' tags
 HELPER = VIEW_FOLDER + "/helper"
 IMAGE_FOLDER = "/tmp/.hermes-batch-image"  # the image's files, the views' lower layer
 HELPER_CAPABILITIES = (
     "CAP_SYS_ADMIN", "CAP_SYS_CHROOT", "CAP_SETPCAP", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_CHOWN",
 )
-VIEW_ENDED = "the prompt's view of the container has ended"  # what the helper says when a view is gone
 VIEW_END_S = 10.0  # a closed view's processes are gone by then, or its instance is stopped instead
 VIEW_BYTES = 1 << 30  # the memory file system of a view's files (the instance's writable tmpfs had no limit as root)
 NOT_ROOT = (
@@ -80,28 +77,9 @@ def image_bind(binary: str, env: dict, image_path: str) -> str:
     return f"{image_path}:{IMAGE_FOLDER}:id={found.group(1)},image-src=/"
 
 
-@attrs.frozen
-class View:
-    """One prompt's view of a reused instance: how to make it, join it and stop its processes."""
-
-    tag: str
-    workdir: str
-    own_network: bool  # -S network=none: a network namespace of its own, loopback only
-
-    def open_argv(self, argv: list) -> list:
-        """What the exec runs to make the view and run ``argv`` (the runner) as its first command."""
-        network = ["-n"] if self.own_network else []
-        return [HELPER, "-O", str(VIEW_BYTES), "-T", self.tag, "-L", IMAGE_FOLDER, *network, "-k", "0",
-                "-w", self.workdir, "--", *argv]
-
-    def join_argv(self, argv: list, pwd: Optional[str] = None) -> list:
-        """What an exec runs to run ``argv`` inside the view, lowered as its commands are, in ``pwd``."""
-        return [HELPER, "-J", self.tag, "-k", "0", "-w", pwd or self.workdir, "--", *argv]
-
-    def stop_argv(self) -> list:
-        """What an exec runs to kill every process of the view but its first, which then outlives the runner."""
-        return [HELPER, "-J", self.tag, "-X"]
-
-
 def new_view(workdir: str, network: str) -> View:
-    return View(tag=f"{VIEW_FOLDER}/{command_runner.new_nonce()}", workdir=workdir, own_network=network == "none")
+    """A new view of an instance: its commands keep no capability (an instance's own have none either)."""
+    return View(
+        helper=HELPER, tag=f"{VIEW_FOLDER}/{command_runner.new_nonce()}", workdir=workdir, memory_bytes=VIEW_BYTES,
+        lower=IMAGE_FOLDER, own_network=network == "none",
+    )
