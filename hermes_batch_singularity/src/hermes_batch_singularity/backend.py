@@ -156,8 +156,8 @@ class SingularityBackend(SandboxBackend):
         path = await self.images.path(name)
         if self.config.pool_size(self.concurrency()) > 0:
             self._instance_pool(name, path)
-        if self._reuse and path not in self._image_binds:
-            self._image_binds[path] = await self.blocking(views.image_bind, self.images.binary, self.env, path)
+        if self._reuse:
+            await self._image_bind(path)
 
     # --- instances ------------------------------------------------------------------------------
 
@@ -184,15 +184,7 @@ class SingularityBackend(SandboxBackend):
                 self._taken[sandbox] = pool
                 return sandbox
         name = instances.instance_name(spec.run_name, self.run.run_dir, spec.prompt_index, self.session)
-        async with self._starting:
-            starting = self.in_background(self._start_instance(name, path, image))
-            try:
-                await asyncio.shield(starting)
-            except asyncio.CancelledError:
-                # The start goes on and may still succeed: stop the instance when it does.
-                self._uncertain.add(name)
-                starting.add_done_callback(functools.partial(self._stop_if_started, name))
-                raise
+        await self._start_guarded(name, path, image)
         sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image)
         self._open.add(sandbox)
         try:
@@ -244,17 +236,9 @@ class SingularityBackend(SandboxBackend):
         if idle:
             name = idle.pop()
         else:
-            if path not in self._image_binds:
-                self._image_binds[path] = await self.blocking(views.image_bind, self.images.binary, self.env, path)
+            await self._image_bind(path)
             name = instances.instance_name(spec.run_name, self.run.run_dir, "pool", self.session)
-            async with self._starting:
-                starting = self.in_background(self._start_instance(name, path, image))
-                try:
-                    await asyncio.shield(starting)
-                except asyncio.CancelledError:
-                    self._uncertain.add(name)
-                    starting.add_done_callback(functools.partial(self._stop_if_started, name))
-                    raise
+            await self._start_guarded(name, path, image)
         view = views.new_view(workdir, self.config.network)
         sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image, view=view)
         self._open.add(sandbox)
@@ -284,14 +268,7 @@ class SingularityBackend(SandboxBackend):
 
             async def start() -> str:
                 name = instances.instance_name(self.run.run_name, self.run.run_dir, "pool", self.session)
-                async with self._starting:
-                    starting = self.in_background(self._start_instance(name, path, image))
-                    try:
-                        await asyncio.shield(starting)
-                    except asyncio.CancelledError:
-                        self._uncertain.add(name)
-                        starting.add_done_callback(functools.partial(self._stop_if_started, name))
-                        raise
+                await self._start_guarded(name, path, image)
                 try:
                     runner = await asyncio.shield(self.in_background(self._runner_or_workdir(name, workdir)))
                 except BaseException:
@@ -333,6 +310,24 @@ class SingularityBackend(SandboxBackend):
                 "raise -S start_timeout= or look at the runtime's logs."
             )
         raise SandboxError(f"Could not start an instance of the image {image!r}: {done.reason()}.")
+
+    async def _start_guarded(self, name: str, path: str, image: str) -> None:
+        """Start the instance ``name``, at most ``max_starting`` at once; cancelled, the start goes on and may still
+        succeed, so the instance is stopped when it does."""
+        async with self._starting:
+            starting = self.in_background(self._start_instance(name, path, image))
+            try:
+                await asyncio.shield(starting)
+            except asyncio.CancelledError:
+                self._uncertain.add(name)
+                starting.add_done_callback(functools.partial(self._stop_if_started, name))
+                raise
+
+    async def _image_bind(self, path: str) -> str:
+        """The ``--bind`` of the image's own files for -S reuse=namespace's views, found once per image."""
+        if path not in self._image_binds:
+            self._image_binds[path] = await self.blocking(views.image_bind, self.images.binary, self.env, path)
+        return self._image_binds[path]
 
     def _stop_if_started(self, name: str, future: asyncio.Future) -> None:
         if not future.cancelled() and future.exception() is None:
