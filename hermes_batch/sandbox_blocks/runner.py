@@ -216,3 +216,14 @@ class Request:
             self._held.clear()
         self.parser.flush()
         self.parser.tell(self.done, None)
+
+
+async def until_started(runner, timeout: float) -> bool:
+    """Wait for a runner's first line (its pid): ``runner.started`` is a future set to its pid, or None when it
+    died first.  False when it died or did not answer in ``timeout`` (then it is closed with ``runner.close()``)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(runner.started), timeout)
+    except asyncio.TimeoutError:
+        runner.close()
+        return False
+    return runner.pid is not None

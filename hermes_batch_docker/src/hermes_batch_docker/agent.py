@@ -127,12 +127,7 @@ class Agent:
 
     async def until_started(self, timeout: float) -> bool:
         """Wait until its first line came; False when it died or did not answer in ``timeout``."""
-        try:
-            await asyncio.wait_for(asyncio.shield(self.started), timeout)
-        except asyncio.TimeoutError:
-            self.close()
-            return False
-        return self.pid is not None
+        return await command_runner.until_started(self, timeout)
 
     def _payload(self, kind: int, data: bytes) -> None:
         if kind == STDERR_STREAM:  # the runner's own complaints (its commands' stderr goes to stdout)

@@ -60,12 +60,7 @@ class Runner:
 
     async def until_started(self, timeout: float) -> bool:
         """Wait for its first line; False when it died first or did not answer in ``timeout`` (then it is closed)."""
-        try:
-            await asyncio.wait_for(asyncio.shield(self.started), timeout)
-        except asyncio.TimeoutError:
-            self.close()
-            return False
-        return self.pid is not None
+        return await command_runner.until_started(self, timeout)
 
     def exit_reason(self) -> str:
         """Why it did not start, once it died."""

@@ -6,7 +6,6 @@ import asyncio
 import errno
 import os
 import posixpath
-import re
 import shlex
 import subprocess
 from typing import TYPE_CHECKING, Optional
@@ -91,7 +90,6 @@ RUNNER_DIED_NOTICE = (
     "[The sandbox's command runner was killed while this command ran (by a kill of every process?): the "
     "command's output from about then on and its exit status are lost; status 137 stands for it.]\n"
 )
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # After the kill, only processes that escaped the kill can still hold the output open.
 POST_KILL_DRAIN_S = 0.5
 KILL_TIMEOUT_S = 30.0
@@ -171,7 +169,7 @@ class SingularitySandbox(Sandbox):
         self.prompt_index = prompt_index
         self._workdir = workdir
         self._backend = backend
-        self._env = [f"{k}={v}" for k, v in env.items() if _ENV_NAME.match(str(k))]
+        self._env = [f"{k}={v}" for k, v in env.items() if command_runner.ENV_NAME.match(str(k))]
         self._exports = "export " + " ".join(shlex.quote(pair) for pair in self._env) if self._env else ":"
         self._max_output = backend.config.max_output_bytes
         self._closed = False
