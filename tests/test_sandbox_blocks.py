@@ -280,6 +280,16 @@ async def test_a_prompt_that_finds_the_pool_empty_gets_the_next_one_made():
     pool.close()
 
 
+async def test_a_pool_of_none_ahead_makes_one_for_each_prompt_that_asks_right_after_the_last_was_handed_out():
+    made = Made()
+    pool = hermes_batch.WarmPool("image", "/work", 0, made.create, made.discard)  # as -S reuse=namespace's
+    first = await pool.take()
+    async with asyncio.timeout(5):  # asked at once (in this task), before the task that made the first ended
+        second = await pool.take()
+    assert (first, second, pool.ready) == (1, 2, 0)
+    pool.close()
+
+
 async def test_a_pool_whose_creation_fails_says_so_once_and_lets_each_prompt_make_its_own(caplog):
     made = Made(fail=True)
     made.gate.clear()

@@ -106,7 +106,12 @@ class WarmPool:
 
     async def _create_one(self) -> None:
         try:
-            made = await self._create()
+            try:
+                made = await self._create()
+            finally:
+                # No longer coming: a prompt that asks once this one is handed out (before this task's end, when
+                # its done callback would take it out) must get another made rather than wait for this one.
+                self._creating.discard(asyncio.current_task())
         except asyncio.CancelledError:
             return
         except Exception as exc:  # the prompts start their own and report why
