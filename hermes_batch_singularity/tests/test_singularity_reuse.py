@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+import attrs
 import pytest
 
 from hermes_batch import ConfigError, RunContext, SandboxError, SandboxSpec, structure_config
@@ -83,6 +85,55 @@ async def test_concurrent_prompts_get_instances_of_their_own(tmp_path, run_name,
         await second.close()
     finally:
         await backend.shutdown()
+
+
+async def test_an_instance_waits_for_its_next_prompt_with_a_view_already_started(tmp_path, run_name, images):
+    backend = make_backend(tmp_path, run_name, image=images.sif_a)
+    await backend.start()
+    try:
+        first = await backend.open(spec(run_name, 0))
+        await first.exec("touch /workspace/mine", 30)
+        await first.close()
+        for _ in range(300):  # its next view starts once the prompt's own has ended, after close
+            if backend._pools and next(iter(backend._pools.values())).ready:
+                break
+            await asyncio.sleep(0.1)
+        (name, waiting, _view), = next(iter(backend._pools.values()))._ready
+        assert name == first.name and waiting.pid is not None and not waiting.dead
+
+        second = await backend.open(spec(run_name, 1))
+        assert (second.name, second._runner) == (first.name, waiting)  # nothing started for the prompt itself
+        assert (await second.exec("ls /workspace; echo end", 30)).output == "end\n"
+        await second.close()
+
+        # a prompt with a working folder of its own ends the waiting view and gets a new one, in the same instance
+        elsewhere = await backend.open(attrs.evolve(spec(run_name, 2), cwd="/srv/elsewhere"))
+        assert elsewhere.name == first.name
+        assert (await elsewhere.exec("pwd; ls /workspace 2>/dev/null | wc -l", 30)).output == "/srv/elsewhere\n0\n"
+        await elsewhere.close()
+    finally:
+        await backend.shutdown()
+
+
+async def test_prompts_one_after_another_share_as_many_instances_as_run_at_once(tmp_path, run_name, images, apptainer_bin):
+    backend = make_backend(tmp_path, run_name, image=images.sif_a)
+    await backend.start()
+    names = set()
+
+    async def worker(first_index: int) -> None:
+        for index in range(first_index, first_index + 4):
+            sandbox = await backend.open(spec(run_name, index))
+            names.add(sandbox.name)
+            assert (await sandbox.exec("ls /workspace; touch /workspace/was-here; echo ok", 30)).output == "ok\n"
+            await sandbox.close()
+
+    try:
+        await asyncio.gather(worker(0), worker(10))
+        assert len(names) == 2  # each prompt waited for an instance coming back instead of starting another
+        assert len(instances_of(apptainer_bin, run_name)) == 2
+    finally:
+        await backend.shutdown()
+    assert instances_of(apptainer_bin, run_name) == []
 
 
 async def test_checks_after_stop_processes_join_the_view_and_cannot_be_forged(tmp_path, run_name, images):

@@ -494,8 +494,7 @@ class SingularitySandbox(Sandbox):
         if self._view is not None:
             holder, self._holder = self._holder or runner, None
             # Its input closed, the view's first process ends, and the kernel ends every process of the view.
-            ended = holder is not None and await holder.finish(views.VIEW_END_S)
-            await self._backend.release(self, ended)
+            await self._backend.release(self, holder)
             return
         try:
             await self._backend.stop(self)
