@@ -49,6 +49,7 @@ class SingularityBackend(SandboxBackend):
             self._privs += ["--add-caps", ",".join(capabilities)]
         self._helper: Optional[str] = None  # the namespace helper of -S reuse=namespace
         self._image_binds: dict[str, str] = {}  # image path -> the --bind of its files for the views
+        self._finding_binds = asyncio.Lock()  # the first prompts of a run ask at once: one `sif list` per image
         self._closing = False
         self._starting = asyncio.Semaphore(config.max_starting)
         self._open: set[SingularitySandbox] = set()
@@ -396,8 +397,9 @@ class SingularityBackend(SandboxBackend):
 
     async def _image_bind(self, path: str) -> str:
         """The ``--bind`` of the image's own files for -S reuse=namespace's views, found once per image."""
-        if path not in self._image_binds:
-            self._image_binds[path] = await self.blocking(views.image_bind, self.images.binary, self.env, path)
+        async with self._finding_binds:
+            if path not in self._image_binds:
+                self._image_binds[path] = await self.blocking(views.image_bind, self.images.binary, self.env, path)
         return self._image_binds[path]
 
     def _stop_if_started(self, name: str, future: asyncio.Future) -> None:
