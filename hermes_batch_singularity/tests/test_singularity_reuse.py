@@ -87,30 +87,58 @@ async def test_concurrent_prompts_get_instances_of_their_own(tmp_path, run_name,
         await backend.shutdown()
 
 
-async def test_an_instance_waits_for_its_next_prompt_with_a_view_already_started(tmp_path, run_name, images):
+async def test_an_instance_is_back_in_its_pool_when_close_returns_and_serves_any_working_folder(tmp_path, run_name, images):
     backend = make_backend(tmp_path, run_name, image=images.sif_a)
     await backend.start()
     try:
         first = await backend.open(spec(run_name, 0))
         await first.exec("touch /workspace/mine", 30)
         await first.close()
-        for _ in range(300):  # its next view starts once the prompt's own has ended, after close
-            if backend._pools and next(iter(backend._pools.values())).ready:
-                break
-            await asyncio.sleep(0.1)
-        (name, waiting, _view), = next(iter(backend._pools.values()))._ready
-        assert name == first.name and waiting.pid is not None and not waiting.dead
+        pool, = backend._pools.values()
+        assert list(pool._ready) == [first.name]  # its view has ended: nothing of the prompt is left in it
 
-        second = await backend.open(spec(run_name, 1))
-        assert (second.name, second._runner) == (first.name, waiting)  # nothing started for the prompt itself
-        assert (await second.exec("ls /workspace; echo end", 30)).output == "end\n"
-        await second.close()
-
-        # a prompt with a working folder of its own ends the waiting view and gets a new one, in the same instance
-        elsewhere = await backend.open(attrs.evolve(spec(run_name, 2), cwd="/srv/elsewhere"))
-        assert elsewhere.name == first.name
+        elsewhere = await backend.open(attrs.evolve(spec(run_name, 1), cwd="/srv/elsewhere"))
+        assert elsewhere.name == first.name and pool.ready == 0
         assert (await elsewhere.exec("pwd; ls /workspace 2>/dev/null | wc -l", 30)).output == "/srv/elsewhere\n0\n"
         await elsewhere.close()
+    finally:
+        await backend.shutdown()
+
+
+async def test_an_instance_stopped_from_outside_while_it_waited_is_replaced(tmp_path, run_name, images):
+    backend = make_backend(tmp_path, run_name, image=images.sif_a)
+    await backend.start()
+    try:
+        first = await backend.open(spec(run_name, 0))
+        await first.close()
+        subprocess.run([backend.binary, "instance", "stop", "--force", first.name], env=backend.env, check=True,
+                       capture_output=True)
+        second = await backend.open(spec(run_name, 1))
+        assert second.name != first.name and (await second.exec("echo fine", 30)).output == "fine\n"
+        await second.close()
+    finally:
+        await backend.shutdown()
+
+
+async def test_a_start_that_fails_once_does_not_end_the_reuse(tmp_path, run_name, images, monkeypatch):
+    backend = make_backend(tmp_path, run_name, image=images.sif_a)
+    await backend.start()
+    starts = []
+    real_start = backend._pool_instance
+
+    async def fails_first(image, path):
+        starts.append(image)
+        if len(starts) == 1:
+            raise SandboxError("Starting an instance took longer than 300 s.")  # as on a loaded machine
+        return await real_start(image, path)
+
+    monkeypatch.setattr(backend, "_pool_instance", fails_first)
+    try:
+        first = await backend.open(spec(run_name, 0))  # the pool's start failed: the prompt started its own
+        await first.close()
+        second = await backend.open(spec(run_name, 1))
+        assert second.name == first.name and len(starts) == 2  # which serves the next prompt as any other
+        await second.close()
     finally:
         await backend.shutdown()
 

@@ -50,7 +50,6 @@ class SingularityBackend(SandboxBackend):
         self._helper: Optional[str] = None  # the namespace helper of -S reuse=namespace
         self._image_binds: dict[str, str] = {}  # image path -> the --bind of its files for the views
         self._finding_binds = asyncio.Lock()  # the first prompts of a run ask at once: one `sif list` per image
-        self._closing = False
         self._starting = asyncio.Semaphore(config.max_starting)
         self._open: set[SingularitySandbox] = set()
         self._background: set[asyncio.Future] = set()  # starts cut short, stops, kills still running
@@ -132,7 +131,6 @@ class SingularityBackend(SandboxBackend):
             for pool in self._pools.values():
                 pool.close()
             await asyncio.gather(*(sandbox.close() for sandbox in list(self._open)), return_exceptions=True)
-            self._closing = True
             while self._background:
                 await asyncio.gather(*list(self._background), return_exceptions=True)
             # Starts that were cut short or timed out may have made an instance after all.
@@ -228,54 +226,46 @@ class SingularityBackend(SandboxBackend):
         return None
 
     async def _open_view(self, spec: SandboxSpec, image: str, path: str, workdir: str, env: dict) -> SingularitySandbox:
-        """-S reuse=namespace: an instance of the image's pool with a view started while it waited (a new view for a
-        prompt with another working folder); when the pool cannot start them, one of the prompt's own, stopped after it.
-        """
+        """-S reuse=namespace: an instance of the image's pool (one whose last prompt's view ended, else one started
+        now) with the prompt's own view started in it."""
         pool = self._view_pool(image, path)
         for _attempt in range(3):
-            taken = await pool.take()
-            own = taken is None
-            if own:
-                name = instances.instance_name(spec.run_name, self.run.run_dir, "pool", self.session)
-                await self._image_bind(path)
-                await self._start_guarded(name, path, image)
-                runner, view = None, None
-            else:
-                name, runner, view = taken
+            name = await pool.take()
+            own = name is None
+            if own:  # the pool's start failed: this prompt's own start says why, if it fails too
+                name = await self._reuse_instance(image, path)
+            view = views.new_view(workdir, self.config.network)
             try:
-                if runner is None or runner.dead or view.workdir != workdir:
-                    if runner is not None and not await runner.finish(views.VIEW_END_S):
-                        raise SandboxError(f"The waiting view of the instance {name} did not end.")
-                    view = views.new_view(workdir, self.config.network)
-                    runner = await self.start_runner(name, workdir, view)
-                    if runner is None:
-                        raise SandboxError(f"Could not make the prompt's view in the instance {name}.")
+                runner = await self.start_runner(name, workdir, view)
+                if runner is None:
+                    raise SandboxError(f"Could not make the prompt's view in the instance {name}.")
             except BaseException as exc:
+                # one stopped from outside while it waited is replaced; any other failure is the prompt's
+                gone = not own and isinstance(exc, SandboxError) and not await self.instance_exists(name)
                 self.in_background(self._stop_name(name))
-                if own or not isinstance(exc, SandboxError):
+                if not gone:
                     raise
-                log.info("The instance %s could not start a prompt's view (%s); using another.", name, exc)
+                log.info("The instance %s was gone when a prompt's view was to start in it; using another.", name)
                 pool.release()
                 continue
             sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image, runner, view=view)
             self._open.add(sandbox)
-            if not own:
-                self._taken[sandbox] = pool
+            self._taken[sandbox] = pool
             return sandbox
-        raise SandboxError(f"Three instances of the image {image!r} in a row could not start a prompt's view; see the log.")
+        raise SandboxError(f"Three instances of the image {image!r} in a row were gone when a prompt's view was to start.")
 
     async def release(self, sandbox: SingularitySandbox, holder: Optional[Runner]) -> None:
         """-S reuse=namespace: end a prompt's view (close its first process's input and wait, up to VIEW_END_S, until
-        the kernel has killed every process left in it); its instance then goes back to its pool with the next view
-        started in the background, or is stopped (an instance of no pool, or whose view did not end)."""
+        the kernel has killed every process left in it); its instance then goes back to its pool for the next
+        prompt, or is stopped (when its view did not end, or the pool is closed)."""
         self._open.discard(sandbox)
         pool = self._taken.pop(sandbox, None)
         reusable = pool is not None and not pool.closed
         if reusable:
             pool.expect_back()  # the prompts that ask meanwhile wait for it rather than start another
         ended = holder is not None and await holder.finish(views.VIEW_END_S)
-        if ended and reusable and not pool.closed:
-            self.in_background(self._next_view(pool, sandbox.name))
+        if ended and reusable:
+            pool.give_back(sandbox.name)  # or, the pool closed meanwhile, discarded
             return
         if holder is not None and not ended:
             log.warning("A view of the instance %s did not end within %g s; the instance is stopped.",
@@ -286,77 +276,66 @@ class SingularityBackend(SandboxBackend):
             pool.release()
         await asyncio.shield(self.in_background(self._stop_name(sandbox.name)))
 
-    async def _next_view(self, pool: WarmPool, name: str) -> None:
-        """Start an instance's view for the next prompt and give it back to its pool (stopped if that fails)."""
-        view = views.new_view(pool.workdir, self.config.network)
-        try:
-            runner = await self.start_runner(name, pool.workdir, view)
-        except SandboxError as exc:
-            log.info("The instance %s could not start its next view (%s); it is stopped.", name, exc)
-            runner = None
-        if runner is None:
-            pool.not_back()
-            await self._stop_name(name)
-            return
-        pool.give_back((name, runner, view))  # or, the pool closed meanwhile, discarded
-
     def _instance_pool(self, image: str, path: str) -> WarmPool:
         """-S pool=: the image's instances started ahead of need, each with its runner, for one prompt each."""
         workdir = self._workdir(None)
         pool = self._pools.get((image, workdir))
         if pool is None:
+            size = self.config.pool_size(self.concurrency())
+
             async def start() -> tuple:
                 name = await self._pool_instance(image, path)
-                return name, await self._started_in(name, self._runner_or_workdir(name, workdir))
+                try:
+                    runner = await asyncio.shield(self.in_background(self._runner_or_workdir(name, workdir)))
+                except BaseException:
+                    self.in_background(self._stop_name(name))
+                    raise
+                return name, runner
 
-            pool = self._pools[(image, workdir)] = WarmPool(
-                image, workdir, self.config.pool_size(self.concurrency()), start, self._discard, what="instance",
-                backend="singularity",
-            )
+            def discard(made: tuple) -> None:
+                name, runner = made
+                if runner is not None:
+                    runner.close()
+                self.in_background(self._stop_name(name))
+
+            pool = self._pools[(image, workdir)] = WarmPool(image, workdir, size, start, discard, what="instance", backend="singularity")
             pool.fill()
         return pool
 
     def _view_pool(self, image: str, path: str) -> WarmPool:
-        """-S reuse=namespace: the image's instances that serve prompts one after another, each waiting for the next
-        with a view started. None is started before a prompt asks (size 0): a run has as many as it has prompts
-        at once, and a prompt that asks while one is coming back waits for that one."""
+        """-S reuse=namespace: the image's instances that serve prompts one after another (their names). None is
+        started before a prompt asks (size 0): a run has as many as it has prompts at once, and a prompt that asks
+        while one is coming back waits for that one. A start that fails hands None to the prompt, which starts its
+        own (and fails with the runtime's reason if that fails too): the pool is never ``broken``, as one start
+        cut short on a loaded machine must not end the reuse for the rest of the run."""
         workdir = self._workdir(None)
         pool = self._pools.get((image, workdir))
         if pool is None:
-            async def start() -> tuple:
-                await self._image_bind(path)
-                name = await self._pool_instance(image, path)
-                view = views.new_view(workdir, self.config.network)
-                runner = await self._started_in(name, self.start_runner(name, workdir, view))
-                if runner is None:
+            async def start() -> Optional[str]:
+                try:
+                    return await self._reuse_instance(image, path)
+                except (SandboxError, ConfigError) as exc:
+                    log.debug("An instance of the image %s for -S reuse=namespace did not start: %s", image, exc)
+                    return None
+
+            def discard(name: Optional[str]) -> None:
+                if name is not None:
                     self.in_background(self._stop_name(name))
-                    raise SandboxError(f"Could not make a view in the instance {name}.")
-                return name, runner, view
 
             pool = self._pools[(image, workdir)] = WarmPool(
-                image, workdir, 0, start, self._discard, what="instance", backend="singularity"
+                image, workdir, 0, start, discard, what="instance", backend="singularity"
             )
         return pool
+
+    async def _reuse_instance(self, image: str, path: str) -> str:
+        """A new instance for -S reuse=namespace, with the image's files bound for its views."""
+        await self._image_bind(path)
+        return await self._pool_instance(image, path)
 
     async def _pool_instance(self, image: str, path: str) -> str:
         name = instances.instance_name(self.run.run_name, self.run.run_dir, "pool", self.session)
         await self._start_guarded(name, path, image)
         return name
-
-    async def _started_in(self, name: str, starting) -> Optional[Runner]:
-        """The runner ``starting`` starts in the new instance ``name``, which is stopped if that fails or is cut short."""
-        try:
-            return await asyncio.shield(self.in_background(starting))
-        except BaseException:
-            self.in_background(self._stop_name(name))
-            raise
-
-    def _discard(self, made: tuple) -> None:
-        """Stop an instance of a pool that no prompt got, and its runner."""
-        name, runner = made[:2]
-        if runner is not None:
-            runner.close()
-        self.in_background(self._stop_name(name))
 
     def _workdir(self, cwd: Optional[str]) -> str:
         if cwd:
