@@ -308,6 +308,24 @@ async def test_a_pool_whose_creation_fails_says_so_once_and_lets_each_prompt_mak
     pool.close()
 
 
+async def test_a_pool_that_worked_goes_on_after_one_creation_fails():
+    made = Made()
+    pool = hermes_batch.WarmPool("image", "/work", 1, made.create, made.discard)
+    pool.fill()
+    await settled()
+    assert await pool.take() == 1
+    made.fail, made.gate = True, asyncio.Event()
+    waiting = asyncio.ensure_future(pool.take())  # finds the pool empty: one is being made for it
+    await settled()
+    made.gate.set()
+    assert await waiting is None and pool.broken is None  # that prompt makes its own; the pool is not given up
+    made.fail = False
+    pool.release()
+    await settled()
+    assert (pool.ready, await pool.take()) == (1, 2)
+    pool.close()
+
+
 async def test_closing_a_pool_fails_the_prompts_waiting_for_one_and_discards_what_comes_late():
     made = Made()
     made.gate.clear()

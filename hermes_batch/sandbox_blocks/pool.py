@@ -30,7 +30,8 @@ class WarmPool:
     one no prompt got.  ``what`` names them in messages ("container"), ``backend`` the backend shutting down.
     Each is handed to exactly one prompt; the backend calls ``release`` when that prompt's sandbox is closed,
     so its replacement is made then and does not compete with the first commands of the prompts that took one.
-    When a creation fails the pool is ``broken`` and ``take`` returns None: each prompt makes its own.
+    When the first creation fails the pool is ``broken`` and ``take`` returns None: each prompt makes its own;
+    a later failure costs only the prompt waiting for it that (``take`` returns None once).
     """
 
     def __init__(self, image: str, workdir: str, size: int, create: Callable, discard: Callable, *,
@@ -45,7 +46,8 @@ class WarmPool:
         self._waiters: collections.deque = collections.deque()  # futures of prompts waiting for one
         self._creating: set[asyncio.Task] = set()
         self._returning = 0  # given back soon (expect_back): prompts wait for them rather than make more
-        self.broken: Optional[BaseException] = None  # a creation failed: prompts make their own
+        self.broken: Optional[BaseException] = None  # the first creation failed: prompts make their own
+        self._made = 0  # creations that succeeded
         self.closed = False
 
     def fill(self, most: Optional[int] = None) -> None:
@@ -115,6 +117,13 @@ class WarmPool:
         except asyncio.CancelledError:
             return
         except Exception as exc:  # the prompts start their own and report why
+            if self._made:
+                # It worked before, so this is one start gone wrong (cut short on a loaded machine, say), not a
+                # pool that cannot work: one prompt waiting makes its own, and the pool goes on.
+                log.info("Could not start a %s ahead of need for the image %s (%s); a prompt starts its own.",
+                         self.what, self.image, exc)
+                self._give(None)
+                return
             if self.broken is None:
                 log.warning("Could not start a %s ahead of need for the image %s (%s); each prompt "
                             "starts its own instead.", self.what, self.image, exc)
@@ -124,9 +133,17 @@ class WarmPool:
                 if not waiter.done():
                     waiter.set_result(None)
             return
+        self._made += 1
         self._give(made)
 
     def _give(self, made) -> None:
+        if made is None:  # a failed start: the first prompt waiting makes its own
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+                    return
+            return
         if self.closed:
             self._discard(made)
             return
