@@ -7,7 +7,9 @@
    is full again, as in a run, where it fills while the first model calls are in
    flight.  With the CPU of the runtime per sandbox in the round: with the test rig,
    its processes run in a Docker container, so they are counted through the shims
-   (and dockerd and containerd, which carry each call into the rig).
+   (and dockerd and containerd, which carry each call into the rig).  And the
+   memory each open sandbox takes (the fall of the machine's MemAvailable with the
+   round's sandboxes all open, so other work on the machine blurs it).
 2. ``prepare_image`` of a ``docker-archive://`` image: the first time (a conversion
    to SIF) and then by a new backend (a cache hit), median of a few rounds each.
 3. End-to-end wall time of ``hermes-batch run`` over ``--prompts`` prompts at
@@ -87,30 +89,45 @@ async def first_output_latencies(folder: Path, sif: str, at_once: int, rounds: i
     await backend.start()
     await backend.prepare_image(None)
     latencies = []
+    used = []  # bytes of memory per open sandbox, per round
     runtime_s = 0.0
 
-    async def one(index: int) -> None:
+    async def one(index: int):
         started = time.perf_counter()
         sandbox = await backend.open(SandboxSpec(backend.run.run_name, index, f"{index:016x}"))
         try:
             result = await sandbox.exec("echo ready", 30)
             assert result.output == "ready\n", result
             latencies.append(time.perf_counter() - started)
-        finally:
+        except BaseException:
             await sandbox.close()
+            raise
+        return sandbox
 
     try:
         for round_ in range(rounds):
             if pool_size and pool_size != REUSE:
                 while backend.pooled() < backend.config.pool_size(backend.concurrency()):
                     await asyncio.sleep(0.05)
+            available = memory_available()
             with EngineCPU() as cpu:
-                await asyncio.gather(*(one(round_ * at_once + i) for i in range(at_once)))
+                sandboxes = await asyncio.gather(*(one(round_ * at_once + i) for i in range(at_once)))
+                used.append((available - memory_available()) / at_once)  # all of the round's open at once
+                await asyncio.gather(*(sandbox.close() for sandbox in sandboxes))
             runtime_s += cpu.seconds
     finally:
         await backend.shutdown()
         pool.shutdown()
-    return latencies, runtime_s / len(latencies)
+    return latencies, runtime_s / len(latencies), statistics.median(used)
+
+
+def memory_available() -> int:
+    """The machine's MemAvailable in bytes: what the open sandboxes take of it is the runtime's, wherever it runs."""
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 async def conversion_times(folder: Path, archive: Path, rounds: int) -> tuple[list, list]:
@@ -171,11 +188,14 @@ def main() -> None:
         print("time from asking for a sandbox to the first command's output:")
         for pool_size in pools:
             for at_once in (int(n) for n in options.at_once.split(",")):
-                latencies, runtime_s = asyncio.run(first_output_latencies(folder, str(sif), at_once, options.rounds, pool_size))
+                latencies, runtime_s, used = asyncio.run(
+                    first_output_latencies(folder, str(sif), at_once, options.rounds, pool_size)
+                )
                 print(
                     f"  {'reuse=namespace' if pool_size == REUSE else f'pool={pool_size}':<15} {at_once:>3} at once: median {statistics.median(latencies):.2f} s, "
                     f"p95 {percentile(latencies, 0.95):.2f} s  ({len(latencies)} sandboxes), "
-                    f"runtime CPU {1000 * runtime_s:4.0f} ms per sandbox in the round"
+                    f"runtime CPU {1000 * runtime_s:4.0f} ms per sandbox in the round, "
+                    f"memory {used / 2**20:.1f} MB per open sandbox"
                 )
         first, hits = asyncio.run(conversion_times(folder, archive, options.conversions))
         print(
