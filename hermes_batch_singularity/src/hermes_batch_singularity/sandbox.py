@@ -265,10 +265,7 @@ class SingularitySandbox(Sandbox):
                 self._backend.in_background(self._kill(request))
         status = request.done.result()
         if status is None and self._view is not None:
-            raise SandboxError(
-                f"The view of prompt {self.prompt_index} in the instance {self.name} ended while a command ran (a command "
-                "killed its command runner, which ends the view); run again with --resume to retry the prompt."
-            )
+            raise self._view_ended("while a command ran")
         if status is None:
             # The runner died after it took the request: whether the command ran is not known, so it is not
             # run again.  The instance may have died with it.
@@ -372,13 +369,16 @@ class SingularitySandbox(Sandbox):
         done = await runtime.run(self._argv("/bin/true", pwd="/"), env=self._backend.env, timeout=KILL_TIMEOUT_S)
         return done.returncode == 0
 
+    def _view_ended(self, when: str) -> SandboxError:
+        return SandboxError(
+            f"The view of prompt {self.prompt_index} in the instance {self.name} ended {when} (a command killed its "
+            "command runner, which ends the view); run again with --resume to retry the prompt."
+        )
+
     async def _failure(self, diagnostics: BoundedOutput, when: str) -> SandboxError:
         reason = runtime.Completed(1, b"", diagnostics.value()).reason()
         if self._view is not None and views.VIEW_ENDED in reason:
-            return SandboxError(
-                f"The view of prompt {self.prompt_index} in the instance {self.name} ended {when} (a command killed its "
-                "command runner, which ends the view); run again with --resume to retry the prompt."
-            )
+            return self._view_ended(when)
         if "no instance found" in reason.lower() or not await self._backend.instance_exists(self.name):
             return SandboxError(
                 f"The instance {self.name} of prompt {self.prompt_index} was stopped from outside {when}; "
