@@ -326,6 +326,15 @@ async def test_a_pool_that_worked_goes_on_after_one_creation_fails():
     pool.close()
 
 
+async def test_a_pool_that_must_not_give_up_survives_even_a_first_creation_that_fails():
+    made = Made(fail=True)
+    pool = hermes_batch.WarmPool("image", "/work", 0, made.create, made.discard, give_up=False)
+    assert await pool.take() is None and pool.broken is None  # that prompt makes its own
+    made.fail = False
+    assert await pool.take() == 1
+    pool.close()
+
+
 async def test_closing_a_pool_fails_the_prompts_waiting_for_one_and_discards_what_comes_late():
     made = Made()
     made.gate.clear()

@@ -30,12 +30,13 @@ class WarmPool:
     one no prompt got.  ``what`` names them in messages ("container"), ``backend`` the backend shutting down.
     Each is handed to exactly one prompt; the backend calls ``release`` when that prompt's sandbox is closed,
     so its replacement is made then and does not compete with the first commands of the prompts that took one.
-    When the first creation fails the pool is ``broken`` and ``take`` returns None: each prompt makes its own;
-    a later failure costs only the prompt waiting for it that (``take`` returns None once).
+    When the first creation fails the pool is ``broken`` and ``take`` returns None: each prompt makes its own
+    (with ``give_up=False``, never); a later failure costs only the prompt waiting for it that (``take`` returns
+    None once).
     """
 
     def __init__(self, image: str, workdir: str, size: int, create: Callable, discard: Callable, *,
-                 what: str = "sandbox", backend: str = "sandbox"):
+                 what: str = "sandbox", backend: str = "sandbox", give_up: bool = True):
         self._discard = discard  # (what create made) -> None: remove one no prompt got
         self.what, self.backend = what, backend
         self.image = image
@@ -47,7 +48,10 @@ class WarmPool:
         self._creating: set[asyncio.Task] = set()
         self._returning = 0  # given back soon (expect_back): prompts wait for them rather than make more
         self.broken: Optional[BaseException] = None  # the first creation failed: prompts make their own
-        self._made = 0  # creations that succeeded
+        # False: never ``broken``, every failed creation costs one prompt a start of its own (for a pool whose
+        # failures a loaded machine can cause, and whose prompts would each pay for a new one otherwise)
+        self._give_up = give_up
+        self._worked = False  # a creation succeeded: later failures do not give the pool up
         self.closed = False
 
     def fill(self, most: Optional[int] = None) -> None:
@@ -117,9 +121,9 @@ class WarmPool:
         except asyncio.CancelledError:
             return
         except Exception as exc:  # the prompts start their own and report why
-            if self._made:
-                # It worked before, so this is one start gone wrong (cut short on a loaded machine, say), not a
-                # pool that cannot work: one prompt waiting makes its own, and the pool goes on.
+            if self._worked or not self._give_up:
+                # One start gone wrong (cut short on a loaded machine, say), not a pool that cannot work: one
+                # prompt waiting makes its own, and the pool goes on.
                 log.info("Could not start a %s ahead of need for the image %s (%s); a prompt starts its own.",
                          self.what, self.image, exc)
                 self._give(None)
@@ -133,18 +137,13 @@ class WarmPool:
                 if not waiter.done():
                     waiter.set_result(None)
             return
-        self._made += 1
+        self._worked = True
         self._give(made)
 
     def _give(self, made) -> None:
-        if made is None:  # a failed start: the first prompt waiting makes its own
-            while self._waiters:
-                waiter = self._waiters.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
-                    return
-            return
-        if self.closed:
+        """Hand ``made`` to the first prompt waiting, else keep it ready; None (a failed start) is only for a prompt
+        waiting, which then makes its own."""
+        if self.closed and made is not None:
             self._discard(made)
             return
         while self._waiters:
@@ -152,7 +151,8 @@ class WarmPool:
             if not waiter.done():
                 waiter.set_result(made)
                 return
-        self._ready.append(made)
+        if made is not None:
+            self._ready.append(made)
 
     def close(self) -> None:
         """Stop making them and discard the idle ones (the backend sweeps the taken ones with its sandboxes)."""

@@ -305,25 +305,16 @@ class SingularityBackend(SandboxBackend):
     def _view_pool(self, image: str, path: str) -> WarmPool:
         """-S reuse=namespace: the image's instances that serve prompts one after another (their names). None is
         started before a prompt asks (size 0): a run has as many as it has prompts at once, and a prompt that asks
-        while one is coming back waits for that one. A start that fails hands None to the prompt, which starts its
-        own (and fails with the runtime's reason if that fails too): the pool is never ``broken``, as one start
-        cut short on a loaded machine must not end the reuse for the rest of the run."""
+        while one is coming back waits for that one. A start that fails costs the prompt waiting for it a start of
+        its own (which says why, if it fails too): the pool never gives up (``give_up=False``), as one start cut
+        short on a loaded machine must not end the reuse for the rest of the run."""
         workdir = self._workdir(None)
         pool = self._pools.get((image, workdir))
         if pool is None:
-            async def start() -> Optional[str]:
-                try:
-                    return await self._reuse_instance(image, path)
-                except (SandboxError, ConfigError) as exc:
-                    log.debug("An instance of the image %s for -S reuse=namespace did not start: %s", image, exc)
-                    return None
-
-            def discard(name: Optional[str]) -> None:
-                if name is not None:
-                    self.in_background(self._stop_name(name))
-
             pool = self._pools[(image, workdir)] = WarmPool(
-                image, workdir, 0, start, discard, what="instance", backend="singularity"
+                image, workdir, 0, functools.partial(self._reuse_instance, image, path),
+                lambda name: self.in_background(self._stop_name(name)), what="instance", backend="singularity",
+                give_up=False,
             )
         return pool
 
