@@ -375,6 +375,15 @@ async def test_a_runner_request_whose_runner_died_keeps_what_came_and_has_no_sta
     assert (request.pid, output.value(), request.done.result()) == (77, b"partial \x1en", None)
 
 
+def test_a_runners_first_line_is_its_pid_however_the_bytes_are_cut_and_anything_else_says_it_did_not_start():
+    held = bytearray()
+    assert hermes_batch.command_runner.first_line(held, b"12") is None
+    assert hermes_batch.command_runner.first_line(held, b"34\nout") == (1234, b"out") and held == b""
+    for printed in (b"sh: setsid: not found\n", b"9" * 40):
+        with pytest.raises(ValueError, match="did not start"):
+            hermes_batch.command_runner.first_line(bytearray(), printed)
+
+
 def test_runner_request_lines_escape_every_unsafe_byte_and_refuse_what_cannot_be_one_line():
     runner = hermes_batch.command_runner
     assert runner.request_line("n", "X", ["a b", "é\n"]) == b"n X xa\\0040b x\\0303\\0251\\0012\n"

@@ -100,6 +100,20 @@ def request_line(nonce: str, op: str, args: list) -> Optional[bytes]:
     return line.encode() if len(line) <= MAX_LINE else None
 
 
+def first_line(held: bytearray, data: bytes) -> Optional[tuple]:
+    """The runner's first line, its pid, once it is whole: ``(pid, what came after it)``; None until then (``held``
+    keeps the start).  ValueError when the runner printed something else: it did not start."""
+    held += data
+    newline = held.find(b"\n")
+    if newline < 0 and len(held) <= 32:  # a pid's line is shorter
+        return None
+    line, rest = bytes(held[:newline]), bytes(held[newline + 1:])
+    held.clear()
+    if newline < 0 or not line.isdigit():
+        raise ValueError(f"the command runner did not start: {line[:200]!r}")
+    return int(line), rest
+
+
 def tell(loop: asyncio.AbstractEventLoop, future: asyncio.Future, value) -> None:
     """From any thread: set ``future``'s result on ``loop`` (unless it is done, or the loop is gone)."""
     try:

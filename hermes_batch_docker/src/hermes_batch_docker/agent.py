@@ -136,16 +136,10 @@ class Agent:
             (log.warning if said.startswith("hermes-batch-namespace:") else log.debug)("docker command runner: %s", said)
             return
         if self.pid is None:
-            self._first += data
-            newline = self._first.find(b"\n")
-            if newline < 0:
+            started = command_runner.first_line(self._first, data)
+            if started is None:
                 return
-            line = bytes(self._first[:newline])
-            data = bytes(self._first[newline + 1:])
-            self._first.clear()
-            if not line.isdigit():
-                raise ValueError(f"the command runner did not start: {line[:200]!r}")
-            self.pid = int(line)
+            self.pid, data = started
             self.ready.set()
             tell(self.loop, self.started, self.pid)
         while data:

@@ -118,21 +118,14 @@ class Runner:
         try:
             while chunk := await self.proc.stdout.read(65536):
                 if self.pid is None:
-                    first += chunk
-                    newline = first.find(b"\n")
-                    if newline < 0:
-                        if len(first) > 32:
-                            break
+                    started = command_runner.first_line(first, chunk)
+                    if started is None:
                         continue
-                    line, chunk = bytes(first[:newline]), bytes(first[newline + 1:])
-                    if not line.isdigit():
-                        log.debug("singularity command runner did not start: %r", line[:200])
-                        break
-                    self.pid = int(line)
+                    self.pid, chunk = started
                     _set(self.started, self.pid)
                 self._feed(chunk)
-        except (OSError, ValueError):
-            pass
+        except (OSError, ValueError) as exc:
+            log.debug("singularity command runner: %s", exc)
         finally:
             self.dead = True
             request, self._request = self._request, None
