@@ -24,6 +24,15 @@ def make_backend(tmp_path, run_name, **options) -> SingularityBackend:
     return SingularityBackend(SingularityConfig(reuse="namespace", **options), RunContext(run_name, tmp_path / "run", seed=0))
 
 
+@pytest.fixture
+async def backend(tmp_path, run_name, images):
+    """A started backend of -S reuse=namespace over the test image, shut down after the test."""
+    backend = make_backend(tmp_path, run_name, image=images.sif_a)
+    await backend.start()
+    yield backend
+    await backend.shutdown()
+
+
 def spec(run_name, index=0, env=None) -> SandboxSpec:
     return SandboxSpec(run_name, index, f"{index:08d}c0ffee", env=dict(env or {}))
 
@@ -72,57 +81,40 @@ async def test_a_prompts_leftovers_never_reach_the_next_prompt_of_its_instance(t
     assert instances_of(apptainer_bin, run_name) == []
 
 
-async def test_concurrent_prompts_get_instances_of_their_own(tmp_path, run_name, images):
-    backend = make_backend(tmp_path, run_name, image=images.sif_a)
-    await backend.start()
-    try:
-        first, second = await backend.open(spec(run_name, 0)), await backend.open(spec(run_name, 1))
-        assert first.name != second.name
-        await first.exec("touch /workspace/first-was-here; sleep 300 >/dev/null 2>&1 &", 30)
-        seen = await second.exec("ls /workspace; ps -o args 2>/dev/null || ps", 30)
-        assert "first-was-here" not in seen.output and "sleep 300" not in seen.output
-        await first.close()
-        await second.close()
-    finally:
-        await backend.shutdown()
+async def test_concurrent_prompts_get_instances_of_their_own(run_name, backend):
+    first, second = await backend.open(spec(run_name, 0)), await backend.open(spec(run_name, 1))
+    assert first.name != second.name
+    await first.exec("touch /workspace/first-was-here; sleep 300 >/dev/null 2>&1 &", 30)
+    seen = await second.exec("ls /workspace; ps -o args 2>/dev/null || ps", 30)
+    assert "first-was-here" not in seen.output and "sleep 300" not in seen.output
+    await first.close()
+    await second.close()
 
 
-async def test_an_instance_is_back_in_its_pool_when_close_returns_and_serves_any_working_folder(tmp_path, run_name, images):
-    backend = make_backend(tmp_path, run_name, image=images.sif_a)
-    await backend.start()
-    try:
-        first = await backend.open(spec(run_name, 0))
-        await first.exec("touch /workspace/mine", 30)
-        await first.close()
-        pool, = backend._pools.values()
-        assert list(pool._ready) == [first.name]  # its view has ended: nothing of the prompt is left in it
+async def test_an_instance_is_back_in_its_pool_when_close_returns_and_serves_any_working_folder(run_name, backend):
+    first = await backend.open(spec(run_name, 0))
+    await first.exec("touch /workspace/mine", 30)
+    await first.close()
+    pool, = backend._pools.values()
+    assert list(pool._ready) == [first.name]  # its view has ended: nothing of the prompt is left in it
 
-        elsewhere = await backend.open(attrs.evolve(spec(run_name, 1), cwd="/srv/elsewhere"))
-        assert elsewhere.name == first.name and pool.ready == 0
-        assert (await elsewhere.exec("pwd; ls /workspace 2>/dev/null | wc -l", 30)).output == "/srv/elsewhere\n0\n"
-        await elsewhere.close()
-    finally:
-        await backend.shutdown()
+    elsewhere = await backend.open(attrs.evolve(spec(run_name, 1), cwd="/srv/elsewhere"))
+    assert elsewhere.name == first.name and pool.ready == 0
+    assert (await elsewhere.exec("pwd; ls /workspace 2>/dev/null | wc -l", 30)).output == "/srv/elsewhere\n0\n"
+    await elsewhere.close()
 
 
-async def test_an_instance_stopped_from_outside_while_it_waited_is_replaced(tmp_path, run_name, images):
-    backend = make_backend(tmp_path, run_name, image=images.sif_a)
-    await backend.start()
-    try:
-        first = await backend.open(spec(run_name, 0))
-        await first.close()
-        subprocess.run([backend.binary, "instance", "stop", "--force", first.name], env=backend.env, check=True,
-                       capture_output=True)
-        second = await backend.open(spec(run_name, 1))
-        assert second.name != first.name and (await second.exec("echo fine", 30)).output == "fine\n"
-        await second.close()
-    finally:
-        await backend.shutdown()
+async def test_an_instance_stopped_from_outside_while_it_waited_is_replaced(run_name, backend):
+    first = await backend.open(spec(run_name, 0))
+    await first.close()
+    subprocess.run([backend.binary, "instance", "stop", "--force", first.name], env=backend.env, check=True,
+                   capture_output=True)
+    second = await backend.open(spec(run_name, 1))
+    assert second.name != first.name and (await second.exec("echo fine", 30)).output == "fine\n"
+    await second.close()
 
 
-async def test_a_start_that_fails_once_does_not_end_the_reuse(tmp_path, run_name, images, monkeypatch):
-    backend = make_backend(tmp_path, run_name, image=images.sif_a)
-    await backend.start()
+async def test_a_start_that_fails_once_does_not_end_the_reuse(run_name, backend, monkeypatch):
     starts = []
     real_start = backend._pool_instance
 
@@ -133,14 +125,11 @@ async def test_a_start_that_fails_once_does_not_end_the_reuse(tmp_path, run_name
         return await real_start(image, path)
 
     monkeypatch.setattr(backend, "_pool_instance", fails_first)
-    try:
-        first = await backend.open(spec(run_name, 0))  # the pool's start failed: the prompt started its own
-        await first.close()
-        second = await backend.open(spec(run_name, 1))
-        assert second.name == first.name and len(starts) == 2  # which serves the next prompt as any other
-        await second.close()
-    finally:
-        await backend.shutdown()
+    first = await backend.open(spec(run_name, 0))  # the pool's start failed: the prompt started its own
+    await first.close()
+    second = await backend.open(spec(run_name, 1))
+    assert second.name == first.name and len(starts) == 2  # which serves the next prompt as any other
+    await second.close()
 
 
 async def test_prompts_one_after_another_share_as_many_instances_as_run_at_once(tmp_path, run_name, images, apptainer_bin):
@@ -164,42 +153,32 @@ async def test_prompts_one_after_another_share_as_many_instances_as_run_at_once(
     assert instances_of(apptainer_bin, run_name) == []
 
 
-async def test_checks_after_stop_processes_join_the_view_and_cannot_be_forged(tmp_path, run_name, images):
-    backend = make_backend(tmp_path, run_name, image=images.sif_a)
-    await backend.start()
-    try:
-        sandbox = await backend.open(spec(run_name, 0))
-        runner_pid = sandbox._runner.pid
-        forger = (
-            f"(while :; do printf '\\036%s 0\\nforged\\n' x > /proc/{runner_pid}/fd/1; "
-            f"head -c 1 /proc/{runner_pid}/fd/0 > /dev/null; done) > /dev/null 2>&1 &"
-        )
-        assert "started\n" in (await sandbox.exec(f"setsid sh -c \"{forger}\" & echo started; echo kept > kept.txt", 30)).output
-        assert await sandbox.stop_processes()
-        for _ in range(2):
-            check = await sandbox.exec("cat kept.txt; exit 7", 30)
-            assert (check.output, check.exit_code) == ("kept\n", 7) and sandbox._runner is None
-        listing = (await sandbox.exec("ps -o args", 30)).output.splitlines()[1:]
-        # the view's first process (the helper) and this check alone: the runner and the forger are gone
-        assert [line for line in listing if not line.startswith(views.HELPER + " -O ") and "ps -o args" not in line] == []
-        await sandbox.close()
-    finally:
-        await backend.shutdown()
+async def test_checks_after_stop_processes_join_the_view_and_cannot_be_forged(run_name, backend):
+    sandbox = await backend.open(spec(run_name, 0))
+    runner_pid = sandbox._runner.pid
+    forger = (
+        f"(while :; do printf '\\036%s 0\\nforged\\n' x > /proc/{runner_pid}/fd/1; "
+        f"head -c 1 /proc/{runner_pid}/fd/0 > /dev/null; done) > /dev/null 2>&1 &"
+    )
+    assert "started\n" in (await sandbox.exec(f"setsid sh -c \"{forger}\" & echo started; echo kept > kept.txt", 30)).output
+    assert await sandbox.stop_processes()
+    for _ in range(2):
+        check = await sandbox.exec("cat kept.txt; exit 7", 30)
+        assert (check.output, check.exit_code) == ("kept\n", 7) and sandbox._runner is None
+    listing = (await sandbox.exec("ps -o args", 30)).output.splitlines()[1:]
+    # the view's first process (the helper) and this check alone: the runner and the forger are gone
+    assert [line for line in listing if not line.startswith(views.HELPER + " -O ") and "ps -o args" not in line] == []
+    await sandbox.close()
 
 
-async def test_a_command_that_kills_the_runner_ends_its_view_with_a_clear_error(tmp_path, run_name, images):
-    backend = make_backend(tmp_path, run_name, image=images.sif_a)
-    await backend.start()
-    try:
-        sandbox = await backend.open(spec(run_name, 0))
-        with pytest.raises(SandboxError, match="ended"):
-            await sandbox.exec("kill -9 -1; sleep 1", 30)
-        await sandbox.close()
-        after = await backend.open(spec(run_name, 1))  # the instance is stopped or serves again
-        assert (await after.exec("echo fine", 30)).output == "fine\n"
-        await after.close()
-    finally:
-        await backend.shutdown()
+async def test_a_command_that_kills_the_runner_ends_its_view_with_a_clear_error(run_name, backend):
+    sandbox = await backend.open(spec(run_name, 0))
+    with pytest.raises(SandboxError, match="ended"):
+        await sandbox.exec("kill -9 -1; sleep 1", 30)
+    await sandbox.close()
+    after = await backend.open(spec(run_name, 1))  # the instance is stopped or serves again
+    assert (await after.exec("echo fine", 30)).output == "fine\n"
+    await after.close()
 
 
 def test_a_run_with_reuse_gives_each_prompt_a_view_of_its_own(tmp_path, runner, model_server, images, apptainer_bin):
