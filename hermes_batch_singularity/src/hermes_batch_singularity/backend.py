@@ -367,6 +367,8 @@ class SingularityBackend(SandboxBackend):
 
     async def _image_bind(self, path: str) -> str:
         """The ``--bind`` of the image's own files for -S reuse=namespace's views, found once per image."""
+        if path in self._image_binds:  # every prompt asks (prepare_image): no lock once it is known
+            return self._image_binds[path]
         async with self._finding_binds:
             if path not in self._image_binds:
                 self._image_binds[path] = await self.blocking(views.image_bind, self.images.binary, self.env, path)
