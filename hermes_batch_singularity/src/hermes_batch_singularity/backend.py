@@ -272,8 +272,6 @@ class SingularityBackend(SandboxBackend):
                         sandbox.name, views.VIEW_END_S)
         if reusable:
             pool.not_back()
-        elif pool is not None:
-            pool.release()
         await asyncio.shield(self.in_background(self._stop_name(sandbox.name)))
 
     def _instance_pool(self, image: str, path: str) -> WarmPool:
