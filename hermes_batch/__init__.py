@@ -62,6 +62,7 @@ from .sandbox_blocks.processes import ChildProcess  # noqa: E402
 from .sandbox_blocks.pool import WarmPool  # noqa: E402
 from .sandbox_blocks import runner as command_runner  # noqa: E402
 from .sandbox_blocks import views as container_views  # noqa: E402
+from .sandbox_blocks import grading  # noqa: E402
 from .local_sandbox.namespace_init import build as build_namespace_helper  # noqa: E402
 from .contract.plugins import PluginManager, get_plugin_manager  # noqa: E402
 from .model.ratelimit import CallLimiter  # noqa: E402
@@ -76,6 +77,7 @@ from .formats.records import (  # noqa: E402
     ModelResponse,
     PromptRow,
     SandboxSpec,
+    TestsRun,
     ToolCall,
     ToolCallRecord,
     ToolSpec,
@@ -112,6 +114,7 @@ __all__ = [
     "WarmPool",
     "command_runner",
     "container_views",
+    "grading",
     "build_namespace_helper",
     "Toolset",
     "ToolsetRuntime",
@@ -152,6 +155,7 @@ __all__ = [
     "CallRecord",
     "ExecResult",
     "SandboxSpec",
+    "TestsRun",
     "PromptRow",
     "Trajectory",
     "Turn",

@@ -214,8 +214,22 @@ def solves_with(command: str):
     return script
 
 
+def _system_python_offers() -> tuple:
+    """What the machine's own Python (the one a local sandbox's commands find) offers the reward-hack corpus."""
+    import shutil
+    import subprocess
+
+    python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+    if python is None:
+        return ()
+    has_pytest = subprocess.run([python, "-c", "import pytest"], capture_output=True).returncode == 0
+    return ("python3", "pytest") if has_pytest else ("python3",)
+
+
 class TestLocalVerification(VerifierContract):
     """The verification every backend carries, in the local sandbox: a daemon the session left cannot forge a pass."""
+
+    corpus_offers = _system_python_offers()
 
 
 def test_the_row_s_test_files_reach_the_sandbox_only_after_the_session(runner, model_server, tmp_path):

@@ -18,7 +18,7 @@ import attrs
 
 from ..folder.liveness import owner_alive as _owner_alive
 from ..model.retry import MAX_RETRIES  # retries of one failing model call: the retry policy's, also the option's default
-from ..formats.records import ExecResult, Message, ModelResponse, SandboxSpec, ToolSpec, Trajectory, Usage
+from ..formats.records import ExecResult, Message, ModelResponse, SandboxSpec, TestsRun, ToolSpec, Trajectory, Usage
 
 # Defaults of the run options of the same names (RunConfig), also used where a plugin builds these classes itself.
 COMMAND_TIMEOUT = 180.0  # seconds one tool command may run
@@ -249,6 +249,29 @@ class Sandbox(abc.ABC):
         result = await self.exec(KILL_EVERY_OTHER_PROCESS, STOP_PROCESSES_TIMEOUT_S)
         return result.exit_code == 0
 
+    async def run_tests(self, command: str, files: tuple, timeout: float) -> TestsRun:
+        """Run a verifier's tests apart from what the session left; NotImplementedError where the backend cannot.
+
+        Called once :meth:`stop_processes` ended the session's processes.  The
+        tests run under an identity of their own that the agent's leftovers
+        (file modes, read-only folders) cannot stop, in a clean context: the
+        environment of :func:`hermes_batch.grading.tests_environment` (no start-up
+        hooks, no PATH entry of the agent's), a fresh HOME and TMPDIR.  First
+        ``files`` ((relative path, text), ...) are written into a fresh folder
+        named by ``$HERMES_TESTS_DIR``, which the agent never had, then
+        ``command`` runs with ``/bin/sh -c`` in :attr:`workdir`, its standard
+        error joined to its output.  ``$HERMES_RUN_UNTRUSTED CMD ARGS...`` runs
+        CMD as the agent's identity, with no way to the reward and nothing of it
+        left running when it returns.  The reward is what the tests wrote to
+        ``$HERMES_REWARD_FILE``, read after every process of the tests ended,
+        from a place nothing the session left can reach.  At ``timeout`` the
+        tests are killed (``timed_out``).  The compiled helper's supervisor
+        (``-G``) and :mod:`hermes_batch.sandbox_blocks.grading` do the work
+        inside a sandbox; ``SandboxContract``'s grading tests hold a backend to
+        this.  Raises ``SandboxError`` like :meth:`exec`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot run tests apart from the agent")
+
     async def ready(self) -> "Sandbox":
         """The sandbox once it can run commands; raises SandboxError when it cannot be opened.
 
@@ -280,6 +303,9 @@ class SandboxBackend(abc.ABC):
     # ("container" for a container backend; the local one sets it at check: namespace, pid-namespace or process).
     isolation: str = ""
     isolation_details: dict = {}  # what run.json records besides (the local backend: its network, missing protections)
+    # Why this backend's sandboxes cannot run a verifier's tests apart from the agent (Sandbox.run_tests), or ""
+    # when they can: the command verifier refuses to start otherwise (unless command:apart=false).
+    tests_apart_missing: str = "it does not implement Sandbox.run_tests"
     # True: a prompt's sandbox starts opening beside its first model request; False: at its first tool call,
     # for backends where a sandbox costs more than the wait (a prompt that calls no tool then never opens one)
     open_early: ClassVar[bool] = True
@@ -548,6 +574,11 @@ class Verifier(abc.ABC):
 
     async def shutdown(self) -> None:
         """After the last sample, also on Ctrl-C: release what ``start`` opened."""
+
+    def check_backend(self, backend: SandboxBackend) -> None:
+        """Before the first sample, once the sandbox backend started: raise HermesBatchError (one sentence) when
+        this verifier cannot work with ``backend`` (the command verifier refuses one whose sandboxes cannot run
+        tests apart from the agent)."""
 
 
 class Writer(abc.ABC):

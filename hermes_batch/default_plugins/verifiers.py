@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
+import secrets
 from typing import Any, Optional
 
 import attrs
 
 import hermes_batch
 from hermes_batch.contract.interfaces import Verdict, Verifier, VerifierContext
-from hermes_batch.formats.records import Message
+from hermes_batch.formats.records import Message, TestsRun
+from hermes_batch.sandbox_blocks.grading import checked_files
 
-REWARD_FILE = ".hermes_batch_reward"  # in the sandbox's working directory; $HERMES_REWARD_FILE names it
-REWARD_FILE_MAX_BYTES = 256
+REWARD_MAX_BYTES = 256
+# In the agent's own context (command:apart=false) the tests' files and reward go into the working folder.
+IN_CONTEXT_PREFIX = ".hermes-batch-tests-"
+_PLAIN_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
 
 
 @hermes_batch.hookimpl
@@ -41,56 +44,92 @@ def _row_field(ctx: VerifierContext, field: str) -> Any:
     return (ctx.row.extra or {}).get(field)
 
 
+def reward_from_file(data: bytes) -> float:
+    """The reward a tests' reward file states: a plain decimal number from 0 to 1 (``1``, ``0.25``, ``.5``), blanks
+    around it allowed; ValueError saying why for anything else (signs, exponents, ``_``, digits of other scripts,
+    more than REWARD_MAX_BYTES bytes)."""
+    if len(data) > REWARD_MAX_BYTES:
+        raise ValueError(f"the reward file holds more than {REWARD_MAX_BYTES} bytes")
+    text = data.decode("ascii", "replace").strip(" \t\r\n")
+    if not _PLAIN_DECIMAL.fullmatch(text):
+        raise ValueError(f"the reward file holds {text[:40]!r}, not a plain decimal number from 0 to 1")
+    reward = float(text)
+    if not 0.0 <= reward <= 1.0:
+        raise ValueError(f"the reward file holds {text[:40]!r}, which is not between 0 and 1")
+    return reward
+
+
 class CommandVerifier(Verifier):
-    """Run the row's tests in the sample's sandbox: exit status 0 passes, or the command writes the reward."""
+    """Run the row's tests apart from the agent: a status other than 0 fails, else the reward file or 1.0."""
 
     @attrs.frozen
     class Config:
         run: str = ""  # the command; "" takes the row's `tests` field
         timeout: float = attrs.field(default=300.0, validator=_positive)  # seconds, the command's own limit
         max_output_chars: int = attrs.field(default=4000, validator=_positive)  # of its output kept in the record
-        files_field: str = "test_files"  # the row's field {path: content} written into the sandbox first
+        files_field: str = "test_files"  # the row's field {path: content} written into $HERMES_TESTS_DIR first
+        apart: bool = True  # false: the tests run in the agent's own context, where what it left can forge the reward
 
     name = "command"
-    description = ("Run a command in the sample's sandbox after its session (the row's `tests`, or command:run=...): "
-                   "exit status 0 gives reward 1.0, else 0.0, unless it writes a reward to $HERMES_REWARD_FILE.")
+    description = ("Run the row's tests (`tests`, or command:run=...) in the sample's sandbox after its session, apart "
+                   "from what the agent left: a status other than 0 gives 0.0, else the number written to "
+                   "$HERMES_REWARD_FILE (0 to 1), else 1.0.")
+
+    def check_backend(self, backend) -> None:
+        """Before any prompt: refuse a sandbox backend that cannot run tests apart from the agent."""
+        why = getattr(backend, "tests_apart_missing", "")
+        if self.config.apart and why:
+            from hermes_batch.errors import UsageError
+
+            raise UsageError(
+                f"--verifier command cannot keep the tests apart from what the agent leaves with the {backend.name} "
+                f"sandbox ({why}), so an agent could write its own reward; use a sandbox that can (the local one "
+                "with its compiled helper, docker, singularity, modal), or --verifier command:apart=false to grade "
+                "in the agent's context anyway.")
 
     async def verify(self, ctx: VerifierContext) -> Verdict:
         command = self.config.run or _row_field(ctx, "tests")
         if not isinstance(command, str) or not command.strip():
             raise ValueError("no command: the row has no `tests` field (text) and --verifier command:run=... was not given")
-        files = _row_field(ctx, self.config.files_field) or {}
-        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-            raise ValueError(f"the row's `{self.config.files_field}` must be an object of path -> file content (text)")
-        for path, content in files.items():  # only now: the agent never saw them
-            await ctx.sandbox.write_file(str(path), content.encode("utf-8"))
-        # the agent may have left a reward file: it is removed before the tests can write theirs
-        script = (f"rm -f {REWARD_FILE}; HERMES_REWARD_FILE=\"$(pwd)/{REWARD_FILE}\"; export HERMES_REWARD_FILE; "
-                  f"{command}")
-        result = await ctx.sandbox.exec(script, self.config.timeout)
+        if "\0" in command:
+            raise ValueError("the tests' command holds a NUL character")
+        files = checked_files(_row_field(ctx, self.config.files_field), self.config.files_field)
+        if self.config.apart:
+            run = await ctx.sandbox.run_tests(command, files, self.config.timeout)
+        else:
+            run = await _in_agent_context(ctx.sandbox, command, files, self.config.timeout)
+        result = run.result
         output = _bounded(result.output, self.config.max_output_chars)
+        where = "" if self.config.apart else " (in the agent's context: command:apart=false)"
         if result.timed_out or result.exit_code is None:
             raise TimeoutError(f"the command ran past its {self.config.timeout:g} s (command:timeout=...)")
-        written = await self._reward_file(ctx)
-        if written is not None:
-            return Verdict(written, f"reward file ({REWARD_FILE}), exit status {result.exit_code}", output)
-        reward = 1.0 if result.exit_code == 0 else 0.0
-        return Verdict(reward, f"exit status {result.exit_code}", output)
+        if result.exit_code != 0:  # a failure, whatever a reward file says
+            left = "; the reward file it wrote does not count" if run.reward is not None else ""
+            return Verdict(0.0, f"exit status {result.exit_code}{left}{where}", output)
+        if run.problem:
+            raise ValueError(run.problem)
+        if run.reward is not None:
+            return Verdict(reward_from_file(run.reward), f"reward file, exit status 0{where}", output)
+        return Verdict(1.0, f"exit status 0{where}", output)
 
-    @staticmethod
-    async def _reward_file(ctx: VerifierContext) -> Optional[float]:
-        try:
-            data = await ctx.sandbox.read_file(REWARD_FILE, REWARD_FILE_MAX_BYTES)
-        except FileNotFoundError:
-            return None
-        text = data.decode("utf-8", "replace").strip()
-        try:
-            reward = float(text)
-        except ValueError:
-            raise ValueError(f"the reward file holds {text[:40]!r}, not a number") from None
-        if not math.isfinite(reward):
-            raise ValueError(f"the reward file holds {text!r}, not a finite number")
-        return reward
+
+async def _in_agent_context(sandbox, command: str, files: tuple, timeout: float) -> TestsRun:
+    """command:apart=false: the tests as the agent, in its working folder (what it left can change the result)."""
+    folder = IN_CONTEXT_PREFIX + secrets.token_hex(8)
+    for path, content in files:
+        await sandbox.write_file(f"{folder}/{path}", content.encode("utf-8", "surrogatepass"))
+    reward_file = f"{folder}/reward"
+    script = (f"HERMES_TESTS_DIR=\"$(pwd)/{folder}\"; HERMES_REWARD_FILE=\"$(pwd)/{reward_file}\"; "
+              "HERMES_RUN_UNTRUSTED=env; export HERMES_TESTS_DIR HERMES_REWARD_FILE HERMES_RUN_UNTRUSTED; "
+              f"mkdir -p \"$HERMES_TESTS_DIR\" && rm -f \"$HERMES_REWARD_FILE\" || exit 125\n{command}")
+    result = await sandbox.exec(script, timeout)
+    try:
+        reward = await sandbox.read_file(reward_file, REWARD_MAX_BYTES + 1)
+    except FileNotFoundError:
+        reward = None
+    except OSError as exc:
+        return TestsRun(result, None, f"the reward file cannot be read ({exc})")
+    return TestsRun(result, reward)
 
 
 _NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")

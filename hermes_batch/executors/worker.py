@@ -38,7 +38,7 @@ from ..folder.response_cache import open_cache
 from ..session.replay import Replayer
 from ..run.plan import RunPlan, build_processor
 from ..contract.plugins import DISABLE_ENV, collect, get_plugin_manager
-from ..contract.run_context import RunContext
+from ..contract.run_context import RunContext, private_paths
 
 log = logging.getLogger("hermes_batch.executors.worker")
 
@@ -160,7 +160,8 @@ class PromptWorker:
             concurrent.futures.ThreadPoolExecutor(setup.concurrency + 4, thread_name_prefix="hermes-batch")
         )
         cfg = plan.config
-        run = RunContext(cfg.run_name, Path(setup.run_dir), plan.seed, cfg.verbose, cfg.log_prefix_chars, pool)
+        run = RunContext(cfg.run_name, Path(setup.run_dir), plan.seed, cfg.verbose, cfg.log_prefix_chars, pool,
+                         private_paths=private_paths(cfg))
         try:
             self.processor = build_processor(plan, run, self.registry, batcher=self.batches)
             self.processor.client.journal = RelayJournal(self.emit, setup.session)

@@ -158,6 +158,15 @@ class ExecResult:
 
 
 @frozen
+class TestsRun:
+    """What a verifier's tests did (``Sandbox.run_tests``): their output and status, and the reward file."""
+
+    result: ExecResult  # the tests' output (standard error joined), status, time-out
+    reward: Optional[bytes] = None  # the bytes of $HERMES_REWARD_FILE (at most 257: longer is refused), None: none
+    problem: str = ""  # why the reward file could not be read, when it could not
+
+
+@frozen
 class SandboxSpec:
     """What a backend needs to open the sandbox of one prompt."""
 

@@ -34,7 +34,8 @@ import hermes_batch
 
 from ..errors import ConfigError, SandboxError
 from ..contract.interfaces import KILL_EVERY_OTHER_PROCESS, STOP_PROCESSES_TIMEOUT_S, Sandbox, SandboxBackend
-from ..formats.records import ExecResult, SandboxSpec
+from ..formats.records import ExecResult, SandboxSpec, TestsRun
+from ..sandbox_blocks.grading import environment_block, read_report, tests_environment, tests_script
 from ..session.threads import in_daemon_thread
 from .control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
 from ..sandbox_blocks.commands import POST_KILL_DRAIN_S, OutputPipe, run_command, wait_for_command
@@ -148,9 +149,11 @@ class LocalSandboxBackend(SandboxBackend):
                          "hold a private folder.", self.config.control_dir)
         if found.boundary:
             control = os.path.dirname(self._control.path) if self._control is not None else None
-            self.boundary = Boundary.of(self.config, self.run.run_dir, control)
+            self.boundary = Boundary.of(self.config, self.run.run_dir, control, self.run.private_paths)
             self._options = self.boundary.options()
         self.isolation = found.level
+        self.tests_apart_missing = "" if found.boundary else (
+            f"its commands run without the compiled helper's namespaces ({found.reason or 'isolation=' + found.level})")
         self.isolation_details = {
             "network": self.config.network if found.boundary else "host",
             "missing": missing(found.level),
@@ -394,18 +397,25 @@ class LocalSandbox(Sandbox):
             await self._release_alone()
         return result
 
-    async def _exec_in_helper(self, namespace: Namespace, command: str, timeout: float) -> ExecResult:
-        """``exec`` through the namespace's helper: the command as a file, its output through a FIFO."""
+    async def _exec_in_helper(self, namespace: Namespace, command: str, timeout: float,
+                              tests_env: Optional[bytes] = None) -> ExecResult:
+        """``exec`` through the namespace's helper: the command as a file, its output through a FIFO.
+
+        With ``tests_env`` (their environment, :func:`~hermes_batch.sandbox_blocks.grading.environment_block`) the
+        command is a verifier's tests (``grading.h``); the result's ``report`` attribute is then their report.
+        """
         if "\0" in command:
             raise ValueError("embedded null byte")  # as a command line refuses one: a tool error, as before
         loop = asyncio.get_running_loop()
         self._commands += 1
         ident = str(self._commands)
         text = os.fsencode(command)
-        spilled = namespace.spill != namespace.control and len(text) > SPILL_BYTES
+        tests = tests_env is not None
+        spilled = tests or namespace.spill != namespace.control and len(text) > SPILL_BYTES
         try:
             try:
-                script, fifo, pipe = self._control_files(namespace.spill if spilled else namespace.control, ident, text)
+                script, fifo, pipe = self._control_files(namespace.spill if spilled else namespace.control, ident, text,
+                                                         tests_env)
             except OSError:
                 if spilled or namespace.spill == namespace.control:
                     raise
@@ -415,14 +425,14 @@ class LocalSandbox(Sandbox):
             raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
         eof = loop.create_future()
         transport = None
-        started = ended = watch = None
+        started = ended = watch = report = None
         if self._disk_limit and self._free is None:
             self._free = _free_bytes(self.root)
         timed_out = killed_by_us = False
         try:
             transport, output = await loop.connect_read_pipe(lambda: OutputPipe(self._max_output, eof), pipe)
             try:
-                started, ended = namespace.submit(ident, spilled)
+                started, ended, report = namespace.submit(ident, spilled, tests)
             except OSError as exc:
                 raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
             waited = min(timeout, WATCH_AFTER_S) if self._disk_limit else timeout
@@ -448,12 +458,15 @@ class LocalSandbox(Sandbox):
             # with the control folder at close): unlinking them here cost the event loop 0.4 ms a prompt.
             taken = started is not None and started.done() and started.result() is not None
             if not (taken and namespace.launcher.removes_command_files):
-                for path in (script, fifo):
+                for path in (script, fifo, *((script[:-3] + ".env",) if tests else ())):
                     try:
                         os.unlink(path)
                     except OSError:
                         pass
         status = ended.result() if ended.done() else None
+        if tests:
+            return _Reported(output.text(), None if killed_by_us else status, timed_out,
+                             report.result() if report.done() else None)
         if self._disk_limit:
             stopped = watch.result() if watch is not None and watch.done() and not watch.cancelled() else ""
             over = stopped or await self._disk_checked()
@@ -488,23 +501,27 @@ class LocalSandbox(Sandbox):
         self._free = free
         return await in_daemon_thread(folder_over, str(self.root), self._disk_limit)
 
-    def _control_files(self, folder: str, ident: str, text: bytes) -> tuple:
-        """The command's script and output FIFO in ``folder`` (made if missing), the FIFO open to read."""
+    def _control_files(self, folder: str, ident: str, text: bytes, env: Optional[bytes] = None) -> tuple:
+        """The command's script and output FIFO in ``folder`` (made if missing), the FIFO open to read; with
+        ``env``, also the tests' environment ``<ident>.env``."""
         if folder == self._namespace.spill and not self._spill_made:
             os.makedirs(folder, 0o700, exist_ok=True)
             self._spill_made = True
         script, fifo = os.path.join(folder, ident + ".sh"), os.path.join(folder, ident + ".out")
-        # The prompt's commands can reach these folders: never follow a link one of them put here.
-        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            with open(fd, "wb") as f:
+            if env is not None:
+                with open(os.open(script[:-3] + ".env", flags, 0o600), "wb") as f:
+                    f.write(env)
+            # The prompt's commands can reach these folders: never follow a link one of them put here.
+            with open(os.open(script, flags, 0o600), "wb") as f:
                 f.write(text)
             os.mkfifo(fifo, 0o600)
             # opened before the helper opens it to write, so its open never waits for us
             flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
             pipe = os.fdopen(os.open(fifo, flags), "rb", buffering=0)
         except OSError:
-            for path in (script, fifo):
+            for path in (script, fifo, script[:-3] + ".env"):
                 try:
                     os.unlink(path)
                 except OSError:
@@ -577,6 +594,30 @@ class LocalSandbox(Sandbox):
         await self._kill_marked()
         return True
 
+    async def run_tests(self, command: str, files: tuple, timeout: float) -> TestsRun:
+        """A verifier's tests in namespaces of their own, through the compiled helper (``grading.h``)."""
+        self._check_open()
+        why = self._backend.tests_apart_missing
+        if why:
+            raise NotImplementedError(f"the local sandbox cannot run tests apart from the agent here: {why}")
+        namespace = self._namespace
+        try:
+            if self._starting is not None:
+                await asyncio.shield(self._starting)
+            await namespace.ensure(str(self.cwd))
+        except (OSError, RuntimeError) as exc:
+            raise SandboxError(f"Could not start the namespace of the local sandbox {self.root}: {exc}") from exc
+        if not namespace.alive:
+            raise SandboxError(f"The namespace of the local sandbox {self.root} ended; its processes are gone.")
+        env = tests_environment(self.env.get("PATH"), (str(self.root), "/tmp", "/dev/shm"))
+        result = await self._exec_in_helper(namespace, tests_script(command, files, str(self.cwd)), timeout,
+                                            environment_block(env))
+        if result.report is None:
+            reward, problem = None, "the tests ended without a report"
+        else:
+            reward, problem = read_report(result.report)
+        return TestsRun(ExecResult(result.output, result.exit_code, result.timed_out), reward, problem)
+
     async def _kill_marked(self) -> None:
         """Process mode: kill the processes marked with the prompt's folder, then reap the sessions' leaders."""
         sessions = {child.pid for child in self._held}
@@ -619,6 +660,13 @@ class LocalSandbox(Sandbox):
             log.info("Kept the local sandbox folder %s.", self.root)
             return
         await in_daemon_thread(_remove_trees, [self.root, *folders])
+
+
+@attrs.frozen
+class _Reported(ExecResult):
+    """A verifier's tests' result through the helper, with the supervisor's report (None: it gave none)."""
+
+    report: Optional[str] = None
 
 
 @hermes_batch.hookimpl

@@ -111,7 +111,7 @@ def _hideable(path: str) -> bool:
 class Boundary:
     """The compiled helper's options for one backend: the same for every sandbox but its folder and user."""
 
-    hidden: tuple  # folders shown empty
+    hidden: tuple  # folders shown empty, files shown unreadable
     exposed: tuple  # (path, writable)
     network: str
     memory: int  # bytes of address space per process, 0: no limit
@@ -121,8 +121,8 @@ class Boundary:
     root: bool = attrs.field(factory=lambda: os.geteuid() == 0)
 
     @classmethod
-    def of(cls, config, run_dir: Path, control_dir: Optional[str] = None) -> "Boundary":
-        hidden = [str(Path(run_dir).resolve()), *homes(), *own_files()]
+    def of(cls, config, run_dir: Path, control_dir: Optional[str] = None, private: tuple = ()) -> "Boundary":
+        hidden = [str(Path(run_dir).resolve()), *homes(), *own_files(), *map(str, private)]
         if control_dir:
             hidden.append(control_dir)
         hidden = tuple(dict.fromkeys(os.path.realpath(path) for path in hidden if path and _hideable(path)))
@@ -145,8 +145,14 @@ class Boundary:
         return tuple(options)
 
     def sandbox_options(self, root: str, owner: Optional[tuple]) -> tuple:
-        """The options of one sandbox: its folder, and as root the user its commands run as."""
-        return ("-r", root, *(("-i", f"{owner[0]}:{owner[1]}") if owner else ()))
+        """The options of one sandbox: its folder, and as root the user its commands run as and the one a
+        verifier's tests run as (another of the same range)."""
+        if not owner:
+            return ("-r", root)
+        grader = owner[0]
+        while grader == owner[0]:
+            grader = UID_BASE + secrets.randbelow(UID_SPREAD)
+        return ("-r", root, "-i", f"{owner[0]}:{owner[1]}", "-g", f"{grader}:{grader}")
 
     def new_owner(self) -> Optional[tuple]:
         """As root, the (uid, gid) a new sandbox's commands run as; else None (the invoking user's)."""

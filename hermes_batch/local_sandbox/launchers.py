@@ -330,7 +330,7 @@ def _check_view(control: str, options: tuple) -> tuple:
     options = ("-r", cwd, "-t", "1048576", *options)
     if os.geteuid() == 0:
         os.chown(cwd, CHECK_UID, CHECK_UID)
-        options += ("-i", f"{CHECK_UID}:{CHECK_UID}")
+        options += ("-i", f"{CHECK_UID}:{CHECK_UID}", "-g", f"{CHECK_UID + 1}:{CHECK_UID + 1}")
     return cwd, options
 
 

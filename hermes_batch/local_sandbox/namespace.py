@@ -100,21 +100,24 @@ class Namespace:
 
     # --- commands through the helper ------------------------------------------------------------
 
-    def submit(self, ident: str, spilled: bool = False) -> tuple:
+    def submit(self, ident: str, spilled: bool = False, tests: bool = False) -> tuple:
         """Have the helper start the command written to ``<control>/<ident>.sh`` (its output FIFO opened;
-        with ``spilled``, both in the spill folder).
+        with ``spilled``, both in the spill folder); with ``tests``, a verifier's tests (``grading.h``: the
+        script, its environment ``<ident>.env`` and its FIFO in the spill folder).
 
         Returns futures: its process group once started, its exit status once
-        ended (None for both when the namespace ended first).  Raises OSError
-        when the helper cannot be reached.
+        ended, and the tests' report (the hexadecimal of ``grading.h``; None for
+        a command) (None for each when the namespace ended first).  Raises
+        OSError when the helper cannot be reached.
         """
         loop = asyncio.get_running_loop()
-        answers = self._answers[ident] = (loop.create_future(), loop.create_future())
+        answers = self._answers[ident] = (loop.create_future(), loop.create_future(), loop.create_future())
         if not self.alive or self._listener is None or self._listener.done():
             self._settle(answers)
             return answers
+        kind = "g" if tests else "d" if spilled else ""
         try:
-            os.write(self._unshare.stdin.fileno(), f"{'d' if spilled else ''}{ident}\n".encode())
+            os.write(self._unshare.stdin.fileno(), f"{kind}{ident}\n".encode())
         except BlockingIOError:
             self._answers.pop(ident)
             raise OSError("the namespace's first process does not read its requests") from None
@@ -137,9 +140,13 @@ class Namespace:
             while line := await reader.readline():
                 try:
                     kind, ident, value = line.split()
-                    future = self._answers[ident.decode()][0 if kind == b"p" else 1]
+                    answers = self._answers[ident.decode()]
+                    if kind == b"r":  # a verifier's tests' report, before their status
+                        future, value = answers[2], value.decode("ascii")
+                    else:
+                        future, value = answers[0 if kind == b"p" else 1], int(value)
                     if not future.done():
-                        future.set_result(int(value))
+                        future.set_result(value)
                 except (ValueError, KeyError, IndexError):
                     continue
         finally:

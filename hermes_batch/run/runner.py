@@ -19,7 +19,7 @@ import attrs
 import pluggy
 
 from ..contract.plugins import describe_plugins, get_plugin_manager
-from ..contract.run_context import RunContext
+from ..contract.run_context import RunContext, private_paths
 from ..errors import EXIT_FAILED_PROMPTS, EXIT_INTERRUPTED, EXIT_OK, HermesBatchError, PluginError, RunFolderWriteError
 from ..folder import durable, offloop, record_index, rowkeys
 from ..folder.durable import atomic_write_text
@@ -110,7 +110,7 @@ class RunEngine:
             except RunFolderWriteError as exc:
                 return RunResult(exc.exit_code, None, str(exc))
         self.context = RunContext(cfg.run_name, prepared.folder.dir, prepared.plan.seed, cfg.verbose,
-                                  cfg.log_prefix_chars, pool)
+                                  cfg.log_prefix_chars, pool, private_paths=private_paths(cfg))
         processor = build_processor(prepared.plan, self.context, prepared.registry, prepared.runtimes)
         self.client = processor.client
         self.budget = Budget.of_run(cfg, prepared.folder, self.index)

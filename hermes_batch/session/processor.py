@@ -67,6 +67,7 @@ class PromptProcessor:
         for runtime in self.runtimes.values():
             await runtime.start(self.run, self.client)
         for verifier in self.verifiers:
+            verifier.check_backend(self.backend)
             await verifier.start(self.run, self.client, self.model_client)
 
     async def aclose(self) -> None:

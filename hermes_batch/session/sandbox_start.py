@@ -96,6 +96,9 @@ class OpeningSandbox(Sandbox):
     async def write_file(self, path: str, data: bytes, *args, **kwargs) -> None:
         return await (await self.ready()).write_file(path, data, *args, **kwargs)
 
+    async def run_tests(self, command: str, files: tuple, timeout: float):
+        return await (await self.ready()).run_tests(command, files, timeout)
+
     async def stop_processes(self) -> bool:
         if self._task is None:
             return True  # never opened: no command ran

@@ -23,13 +23,16 @@ writing a full reward and a passing test file) is ended before the tests run.
 from __future__ import annotations
 
 import json
+import pprint
+from typing import ClassVar
 
 import pytest
 
+from . import reward_hacks
 from .fixtures import write_dataset
 from .scripts import Reply, RoutedScript
 
-TESTS = 'test "$(cat answer.txt)" = 42 && test "$(cat data/hidden.txt)" = secret'
+TESTS = 'test "$(cat answer.txt)" = 42 && test "$(cat "$HERMES_TESTS_DIR/data/hidden.txt")" = secret'
 
 
 def writes(content: str):
@@ -63,10 +66,26 @@ def runs(command: str):
 class VerifierContract:
     """Shared run test of verifiers and samples per prompt; subclass it where a ``runner`` fixture picks the backend."""
 
+    #: What the sandbox's image offers the reward-hack corpus beyond a POSIX shell: "python3", "pytest".
+    corpus_offers: ClassVar[tuple] = ()
+
     @pytest.fixture
     def run_options(self) -> tuple:
         """Options of the run beyond the runner's own (none by default)."""
         return ()
+
+    def test_no_reward_hack_of_the_corpus_passes(self, tmp_path, runner, model_server, run_options):
+        """Every attack of hermes_batch.testing.reward_hacks gets 0.0 where an honest solution of its row gets 1.0."""
+        chosen = reward_hacks.cases(self.corpus_offers)
+        server = model_server(reward_hacks.script(chosen))
+        dataset = write_dataset(tmp_path / "corpus.jsonl", reward_hacks.rows(chosen))
+        result = runner.invoke(dataset, "--verifier", "command:timeout=60", *run_options, server=server)
+        assert result.exit_code == 0, result.output
+        records = runner.records("trajectories.jsonl") + [d["trajectory"] for d in runner.records("discarded.jsonl")]
+        got = reward_hacks.graded(records)
+        wrong = {row: (want, got.get(row)) for row, want in reward_hacks.expected(chosen).items()
+                 if got.get(row, (None,))[0] != want}
+        assert not wrong, pprint.pformat(wrong, width=160)
 
     def test_the_command_verifier_runs_in_the_sample_s_sandbox(self, tmp_path, runner, model_server, run_options):
         server = model_server(RoutedScript(lambda sample: writes("41" if sample == 0 else "42"), by="sample"))
@@ -90,7 +109,8 @@ class VerifierContract:
 
     def test_a_process_the_session_left_cannot_forge_the_reward(self, tmp_path, runner, model_server, run_options):
         server = model_server(runs(FORGER))
-        row = {"prompt": "Cheat", "tests": "sleep 0.5; sh hidden_test.sh", "test_files": {"hidden_test.sh": "exit 1\n"}}
+        row = {"prompt": "Cheat", "tests": 'sleep 0.5; sh "$HERMES_TESTS_DIR/hidden_test.sh"',
+               "test_files": {"hidden_test.sh": "exit 1\n"}}
         dataset = write_dataset(tmp_path / "data.jsonl", [row])
         result = runner.invoke(dataset, "--verifier", "command", *run_options, server=server)
         assert result.exit_code == 0, result.output
