@@ -535,7 +535,7 @@ static int supervise(const struct grading *g, char **command, int out) {
     }
     int grade = open(g->grade, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (grade < 0 || mkdirat(grade, "tests", 0755) < 0 || mkdirat(grade, "home", 0700) < 0 ||
-        mkdirat(grade, "tmp", 0700) < 0 || mkdirat(grade, "untrusted-tmp", 0777) < 0 || mkdirat(grade, "reward", 0700) < 0 ||
+        mkdirat(grade, "tmp", 0755) < 0 || mkdirat(grade, "untrusted-tmp", 0777) < 0 || mkdirat(grade, "reward", 0700) < 0 ||
         mkdirat(grade, "bin", 0755) < 0) {
         grade_say("cannot make the grading folder's parts", strerror(errno));
         return 125;
