@@ -227,8 +227,8 @@ def test_without_user_namespaces_auto_names_what_is_missing_and_namespace_refuse
         assert gap in warnings[0]
 
 
-def test_the_hostile_classes_hold_for_a_runner_without_root(tmp_path):
-    # The contract's boundary classes, run by pytest itself as a user made for the test (user namespaces).
+def _pytest_as_a_user(*arguments: str) -> subprocess.CompletedProcess:
+    """pytest with ``arguments``, run as a user made for the test (so through user namespaces), or skip."""
     if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("setpriv"):
         pytest.skip("making a user takes root, useradd and setpriv")
     if namespace_init.compiler() is None:
@@ -251,20 +251,33 @@ def test_the_hostile_classes_hold_for_a_runner_without_root(tmp_path):
         base.chmod(0o755)
         code = (f"import site, sys; site.addsitedir({sysconfig.get_paths()['purelib']!r}); import pytest; "
                 f"sys.exit(pytest.main(sys.argv[1:]))")
-        done = subprocess.run(
+        return subprocess.run(
             ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "env", "-i",
              f"PATH={os.environ.get('PATH', os.defpath)}", f"HOME={base / 'home'}", f"XDG_CACHE_HOME={base / 'cache'}",
              "PYTHONDONTWRITEBYTECODE=1", python, "-c", code, "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-             f"--basetemp={base / 'pytest' / 'basetemp'}", f"{REPO}/tests/test_local_sandbox.py::TestLocalSandboxContract",
-             "-k", "neighbour or home or run_folder or outside or setuid or beyond or network"],
+             f"--basetemp={base / 'pytest' / 'basetemp'}", *arguments],
             capture_output=True, text=True, timeout=900, cwd=base,
         )
     finally:
         subprocess.run(["userdel", name], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_hostile_classes_hold_for_a_runner_without_root(tmp_path):
+    # The contract's boundary classes, run by pytest itself as a user made for the test (user namespaces).
+    done = _pytest_as_a_user(f"{REPO}/tests/test_local_sandbox.py::TestLocalSandboxContract",
+                             "-k", "neighbour or home or run_folder or outside or setuid or beyond or network")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     summary = done.stdout.strip().splitlines()[-1]
     assert "9 passed, 1 skipped" in summary, summary  # the setuid class: only root can place a setuid program
+
+
+def test_no_reward_hack_passes_for_a_runner_without_root(tmp_path):
+    # The reward-hack corpus, its tests run apart from the agent through user namespaces only.
+    done = _pytest_as_a_user(f"{REPO}/tests/test_verifiers.py::TestLocalVerification", "-k", "corpus or forge")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert "2 passed" in summary, summary
 
 
 def test_the_run_records_its_isolation_in_run_json_and_each_record(tmp_path):

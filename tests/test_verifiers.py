@@ -185,15 +185,53 @@ def test_the_reward_is_the_lowest_and_min_reward_says_what_passes(runner, model_
     assert kept(runner, "lenient")[0]["metadata"]["passed"] is True
 
 
-def test_the_command_verifier_takes_a_reward_file_for_partial_credit(runner, model_server, tmp_path):
+def test_the_command_verifier_takes_a_reward_file_for_partial_credit_but_a_failure_is_a_failure(
+        runner, model_server, tmp_path):
     runner.server = model_server(by_sample("42"))
-    tests = 'echo 0.25 > "$HERMES_REWARD_FILE"; exit 1'
-    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "Write 42", "tests": tests}])
+    rows = [{"prompt": "Partial", "tests": 'echo 0.25 > "$HERMES_REWARD_FILE"'},
+            {"prompt": "Failed", "tests": 'echo 1 > "$HERMES_REWARD_FILE"; exit 1'}]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
     result = runner.invoke(dataset, "--verifier", "command")
     assert result.exit_code == 0, result.output
-    meta = kept(runner)[0]["metadata"]
-    assert (meta["reward"], meta["verified"], meta["passed"]) == (0.25, True, False)
-    assert json.loads(meta["verifiers"])[0]["reason"].startswith("reward file")
+    partial, failed = (r["metadata"] for r in kept(runner))
+    assert (partial["reward"], partial["verified"], partial["passed"]) == (0.25, True, False)
+    assert json.loads(partial["verifiers"])[0]["reason"] == "reward file, exit status 0"
+    # a status other than 0 fails, whatever the reward file says
+    assert (failed["reward"], failed["verified"], failed["passed"]) == (0.0, True, False)
+    assert json.loads(failed["verifiers"])[0]["reason"] == "exit status 1; the reward file it wrote does not count"
+
+
+@pytest.mark.parametrize("written, reward, error", [
+    ("1", 1.0, ""), ("0", 0.0, ""), ("0.5\n", 0.5, ""), (" .25 ", 0.25, ""), ("1.000", 1.0, ""),
+    ("1_0", None, "not a plain decimal"), ("\u0661", None, "not a plain decimal"), ("1" * 256, None, "not between"),
+    ("1" * 300, None, "more than 256 bytes"), ("1e308", None, "not a plain decimal"), ("+1", None, "not a plain decimal"),
+    ("-0", None, "not a plain decimal"), ("nan", None, "not a plain decimal"), ("inf", None, "not a plain decimal"),
+    ("0x1", None, "not a plain decimal"), ("1.5", None, "not between"), ("", None, "not a plain decimal"),
+    ("0.5 0.5", None, "not a plain decimal"),
+])
+def test_a_reward_file_holds_a_plain_decimal_from_0_to_1_or_the_sample_is_not_verified(written, reward, error):
+    from hermes_batch.default_plugins.verifiers import reward_from_file
+
+    if error:
+        with pytest.raises(ValueError, match=error):
+            reward_from_file(written.encode())
+    else:
+        assert reward_from_file(written.encode()) == reward
+
+
+def test_a_reward_the_file_cannot_state_leaves_the_sample_unverified(runner, model_server, tmp_path):
+    runner.server = model_server(by_sample("42"))
+    rows = [{"prompt": "Underscore", "tests": 'echo 1_0 > "$HERMES_REWARD_FILE"'},
+            {"prompt": "Link", "tests": 'ln -s /etc/passwd "$HERMES_REWARD_FILE"'}]
+    dataset = write_dataset(tmp_path / "d.jsonl", rows)
+    result = runner.invoke(dataset, "--verifier", "command")
+    assert result.exit_code == 0, result.output
+    for record in kept(runner):
+        meta = record["metadata"]
+        assert (meta["reward"], meta["verified"], meta["passed"]) == (0.0, False, False)
+    errors = [json.loads(r["metadata"]["verifiers"])[0]["error"] for r in kept(runner)]
+    assert "not a plain decimal" in errors[0]
+    assert "the reward file cannot be read (a symbolic link)" in errors[1]
 
 
 def test_a_reward_file_the_agent_left_does_not_count(runner, model_server, tmp_path):
@@ -222,7 +260,8 @@ def _system_python_offers() -> tuple:
     python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
     if python is None:
         return ()
-    has_pytest = subprocess.run([python, "-c", "import pytest"], capture_output=True).returncode == 0
+    has_pytest = subprocess.run([python, "-c", "import pytest"], capture_output=True, cwd="/",
+                                env={"PATH": "/usr/bin:/bin"}).returncode == 0
     return ("python3", "pytest") if has_pytest else ("python3",)
 
 
@@ -234,8 +273,9 @@ class TestLocalVerification(VerifierContract):
 
 def test_the_row_s_test_files_reach_the_sandbox_only_after_the_session(runner, model_server, tmp_path):
     runner.server = model_server(solves_with("ls hidden_test.sh; printf 42 > answer.txt"))
-    row = {"prompt": "Do it", "tests": "sh hidden_test.sh",
-           "test_files": {"hidden_test.sh": TESTS + "\n", "data/expected.txt": "42"}}
+    row = {"prompt": "Do it", "tests": 'sh "$HERMES_TESTS_DIR/hidden_test.sh"',
+           "test_files": {"hidden_test.sh": TESTS + ' && test "$(cat "$HERMES_TESTS_DIR/data/expected.txt")" = 42\n',
+                          "data/expected.txt": "42"}}
     dataset = write_dataset(tmp_path / "d.jsonl", [row])
     result = runner.invoke(dataset, "--verifier", "command")
     assert result.exit_code == 0, result.output

@@ -506,7 +506,8 @@ static void report_reward(int reward_dir, int out) {
     if (fd < 0 && errno == ENOENT) {
         blob[size++] = 'n';
     } else if (fd < 0 || fstat(fd, &seen) < 0 || !S_ISREG(seen.st_mode)) {
-        size = (size_t)snprintf((char *)blob, sizeof blob, "b%s", fd < 0 ? strerror(errno) : "not a regular file");
+        const char *why = fd >= 0 ? "not a regular file" : errno == ELOOP ? "a symbolic link" : strerror(errno);
+        size = (size_t)snprintf((char *)blob, sizeof blob, "b%s", why);
     } else {
         blob[size++] = 'f';
         ssize_t got;
@@ -751,9 +752,14 @@ static void grade_child(const char *id, const sigset_t *mask) {
                 fprintf(stderr, "hermes-batch: the tests' view could not be made: %s\n", strerror(errno));
                 _exit(125);
             }
-            /* their own /tmp and /dev/shm, the prompt's folder (which may lie in /tmp) put back on them */
+            /* their own /tmp and /dev/shm, with the prompt's folder and the exposed paths that lie in them put back */
             const char *folder = view_root ? view_root : cwd;
             int folder_tree = clone_tree(folder);
+            int kept_trees[MAX_PATHS];
+            for (int i = 0; i < exposed_count; i++) {
+                kept_trees[i] = strncmp(exposed[i], "/tmp/", 5) == 0 || strncmp(exposed[i], "/dev/shm/", 9) == 0
+                                    ? clone_tree(exposed[i]) : -1;
+            }
             struct stat seen;
             if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmp_options) < 0 ||
                 (stat("/dev/shm", &seen) == 0 && S_ISDIR(seen.st_mode) &&
@@ -761,6 +767,9 @@ static void grade_child(const char *id, const sigset_t *mask) {
                 mount("proc", "/proc", "proc", MS_NOSUID | MS_NOEXEC | MS_NODEV, NULL) < 0) {
                 fprintf(stderr, "hermes-batch: the tests' view could not be made: %s\n", strerror(errno));
                 _exit(125);
+            }
+            for (int i = 0; i < exposed_count; i++) {
+                if (kept_trees[i] >= 0) attach(kept_trees[i], exposed[i]);
             }
             if (stat(folder, &seen) < 0) attach(folder_tree, folder);
             else close(folder_tree);
