@@ -272,6 +272,17 @@ class Sandbox(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot run tests apart from the agent")
 
+    async def copy_workdir_to(self, other: "Sandbox") -> None:
+        """Make ``other``'s working folder (a fresh sandbox of the same backend) what this one's is now.
+
+        For ``--verifier command:clean=true``: called once the session's
+        processes ended; ``other``'s working folder is emptied first, then this
+        one's folders, regular files and links are copied in as they are (modes
+        kept, owned by ``other``'s user; FIFOs, sockets and devices left out),
+        links never followed.  NotImplementedError where the backend cannot.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot copy its working folder to another sandbox")
+
     async def ready(self) -> "Sandbox":
         """The sandbox once it can run commands; raises SandboxError when it cannot be opened.
 
@@ -306,6 +317,8 @@ class SandboxBackend(abc.ABC):
     # Why this backend's sandboxes cannot run a verifier's tests apart from the agent (Sandbox.run_tests), or ""
     # when they can: the command verifier refuses to start otherwise (unless command:apart=false).
     tests_apart_missing: str = "it does not implement Sandbox.run_tests"
+    # Whether its sandboxes copy a working folder into a fresh one (Sandbox.copy_workdir_to, command:clean=true).
+    copies_workdirs: ClassVar[bool] = False
     # True: a prompt's sandbox starts opening beside its first model request; False: at its first tool call,
     # for backends where a sandbox costs more than the wait (a prompt that calls no tool then never opens one)
     open_early: ClassVar[bool] = True
@@ -518,6 +531,7 @@ class Verdict:
     reward: float
     reason: str = ""
     output: str = ""  # kept in the record (bounded): the tests' output, say
+    disagree: Optional[bool] = None  # two verdicts of one verifier (command:clean=true) that differ: True
 
 
 @attrs.frozen
@@ -530,6 +544,8 @@ class VerifierContext:
     client: ModelClient
     report_usage: Callable[..., None]  # (usage, journaled=False): a model call's usage, counted in the sample's
     calls: list = attrs.field(factory=list)  # the sample's CallRecords, which calls made here join
+    # Opens another sandbox of the sample's spec (its image; nothing of its session's), which the caller closes.
+    fresh_sandbox: Optional[Callable[[], Awaitable["Sandbox"]]] = None
 
     async def complete(self, messages: tuple[Message, ...]) -> ModelResponse:
         """One model call through the run's client (limiter, retries, journal), its usage counted in the sample's."""

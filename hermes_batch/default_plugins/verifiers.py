@@ -69,18 +69,30 @@ class CommandVerifier(Verifier):
         max_output_chars: int = attrs.field(default=4000, validator=_positive)  # of its output kept in the record
         files_field: str = "test_files"  # the row's field {path: content} written into $HERMES_TESTS_DIR first
         apart: bool = True  # false: the tests run in the agent's own context, where what it left can forge the reward
+        clean: bool = False  # also grade in a fresh sandbox holding only the final working folder: its verdict counts
 
     name = "command"
     description = ("Run the row's tests (`tests`, or command:run=...) in the sample's sandbox after its session, apart "
                    "from what the agent left: a status other than 0 gives 0.0, else the number written to "
                    "$HERMES_REWARD_FILE (0 to 1), else 1.0.")
 
+    @property
+    def timeout(self) -> float:
+        # command:clean=true grades twice, the second time in a sandbox it opens
+        return self.config.timeout * 2 + 60 if self.config.clean else self.config.timeout
+
     def check_backend(self, backend) -> None:
-        """Before any prompt: refuse a sandbox backend that cannot run tests apart from the agent."""
+        """Before any prompt: refuse a sandbox backend that cannot run tests apart from the agent, or, with
+        ``clean``, cannot copy a working folder into a fresh sandbox."""
+        from hermes_batch.errors import UsageError
+
+        if self.config.clean and not self.config.apart:
+            raise UsageError("--verifier command:clean=true grades apart from the agent; drop apart=false.")
+        if self.config.clean and not getattr(backend, "copies_workdirs", False):
+            raise UsageError(f"--verifier command:clean=true needs a sandbox backend that copies a working folder into "
+                             f"a fresh sandbox, which the {backend.name} sandbox cannot; use the local or docker one.")
         why = getattr(backend, "tests_apart_missing", "")
         if self.config.apart and why:
-            from hermes_batch.errors import UsageError
-
             raise UsageError(
                 f"--verifier command cannot keep the tests apart from what the agent leaves with the {backend.name} "
                 f"sandbox ({why}), so an agent could write its own reward; use a sandbox that can (the local one "
@@ -94,13 +106,28 @@ class CommandVerifier(Verifier):
         if "\0" in command:
             raise ValueError("the tests' command holds a NUL character")
         files = checked_files(_row_field(ctx, self.config.files_field), self.config.files_field)
-        if self.config.apart:
-            run = await ctx.sandbox.run_tests(command, files, self.config.timeout)
-        else:
+        if not self.config.apart:
             run = await _in_agent_context(ctx.sandbox, command, files, self.config.timeout)
+            return self._verdict(run, " (in the agent's context: command:apart=false)")
+        run = await ctx.sandbox.run_tests(command, files, self.config.timeout)
+        if not self.config.clean:
+            return self._verdict(run)
+        try:
+            in_place = self._verdict(run)
+        except (TimeoutError, ValueError) as exc:
+            in_place = exc
+        clean = self._verdict(await self._in_a_fresh_sandbox(ctx, command, files))
+        if isinstance(in_place, Exception):
+            said, disagree = f"{type(in_place).__name__}: {in_place}", True
+        else:
+            said, disagree = in_place.reason, in_place.reward != clean.reward
+        return Verdict(clean.reward, f"clean: {clean.reason}; in place: {said}{'; they disagree' if disagree else ''}",
+                       _bounded(f"{clean.output}\n[in place]\n{run.result.output}", self.config.max_output_chars),
+                       disagree)
+
+    def _verdict(self, run: TestsRun, where: str = "") -> Verdict:
         result = run.result
         output = _bounded(result.output, self.config.max_output_chars)
-        where = "" if self.config.apart else " (in the agent's context: command:apart=false)"
         if result.timed_out or result.exit_code is None:
             raise TimeoutError(f"the command ran past its {self.config.timeout:g} s (command:timeout=...)")
         if result.exit_code != 0:  # a failure, whatever a reward file says
@@ -111,6 +138,17 @@ class CommandVerifier(Verifier):
         if run.reward is not None:
             return Verdict(reward_from_file(run.reward), f"reward file, exit status 0{where}", output)
         return Verdict(1.0, f"exit status 0{where}", output)
+
+    async def _in_a_fresh_sandbox(self, ctx: VerifierContext, command: str, files: tuple) -> TestsRun:
+        """command:clean=true: the tests in a fresh sandbox of the sample's image holding only its final working folder."""
+        if ctx.fresh_sandbox is None:
+            raise ValueError("command:clean=true needs a fresh sandbox, which this run cannot open")
+        fresh = await ctx.fresh_sandbox()
+        try:
+            await ctx.sandbox.copy_workdir_to(fresh)
+            return await fresh.run_tests(command, files, self.config.timeout)
+        finally:
+            await fresh.close()
 
 
 async def _in_agent_context(sandbox, command: str, files: tuple, timeout: float) -> TestsRun:

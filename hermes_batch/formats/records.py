@@ -226,6 +226,8 @@ class VerifierResult:
     error: str = ""  # "" when the verifier returned a reward
     output: str = ""  # what it ran printed (bounded), for the command verifier
     duration_s: float = 0.0
+    # command:clean=true: whether the verdict in a fresh sandbox and the one in the sample's own differ (None: one verdict)
+    disagree: Optional[bool] = None
 
     @property
     def ok(self) -> bool:

@@ -90,13 +90,18 @@ def _text(value: Any) -> str:
 
 
 def _unstructure_verifier(result: VerifierResult) -> dict:
-    return {"name": _text(result.name), "reward": _reward(result.reward), "reason": _text(result.reason),
+    data = {"name": _text(result.name), "reward": _reward(result.reward), "reason": _text(result.reason),
             "error": _text(result.error), "output": _text(result.output), "duration_s": finite_seconds(result.duration_s)}
+    if result.disagree is not None:  # only an entry of two verdicts (command:clean=true) has it
+        data["disagree"] = result.disagree is True
+    return data
 
 
 def _structure_verifier(data: Any, _type=None) -> VerifierResult:
+    disagree = data.get("disagree")
     return VerifierResult(_text(data.get("name")), _reward(data.get("reward")), _text(data.get("reason")),
-                          _text(data.get("error")), _text(data.get("output")), finite_seconds(data.get("duration_s")))
+                          _text(data.get("error")), _text(data.get("output")), finite_seconds(data.get("duration_s")),
+                          disagree if isinstance(disagree, bool) else None)
 
 
 def _unstructure_verifiers(results: tuple) -> str:

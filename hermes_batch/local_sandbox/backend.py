@@ -40,8 +40,9 @@ from ..session.threads import in_daemon_thread
 from .control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
 from ..sandbox_blocks.commands import POST_KILL_DRAIN_S, OutputPipe, run_command, wait_for_command
 from ..sandbox_blocks.files import SandboxFolder
+from .copying import copy_folder, empty_folder
 from .boundary import NETWORKS, Boundary, folder_over, missing, parse_expose, parse_size
-from .launchers import HELPERS, ISOLATIONS, Launcher, launcher, private_network_works
+from .launchers import HELPERS, ISOLATIONS, Launcher, launcher, private_network_works, tests_apart_missing
 from .namespace import Namespace
 from .sweep import MARKER_VARIABLE, alone, kill_prompt_processes, session_members, ticks_since_boot
 from ..sandbox_blocks.processes import ChildProcess
@@ -113,6 +114,7 @@ class LocalSandboxBackend(SandboxBackend):
     )
     Config = LocalSandboxConfig
     ignores_images = True
+    copies_workdirs = True
 
     def __init__(self, config: LocalSandboxConfig, run):
         super().__init__(config, run)
@@ -152,8 +154,7 @@ class LocalSandboxBackend(SandboxBackend):
             self.boundary = Boundary.of(self.config, self.run.run_dir, control, self.run.private_paths)
             self._options = self.boundary.options()
         self.isolation = found.level
-        self.tests_apart_missing = "" if found.boundary else (
-            f"its commands run without the compiled helper's namespaces ({found.reason or 'isolation=' + found.level})")
+        self.tests_apart_missing = await in_daemon_thread(tests_apart_missing, found)
         self.isolation_details = {
             "network": self.config.network if found.boundary else "host",
             "missing": missing(found.level),
@@ -617,6 +618,22 @@ class LocalSandbox(Sandbox):
         else:
             reward, problem = read_report(result.report)
         return TestsRun(ExecResult(result.output, result.exit_code, result.timed_out), reward, problem)
+
+    async def copy_workdir_to(self, other: Sandbox) -> None:
+        """Make ``other``'s working folder (a fresh local sandbox) what this one's is now (command:clean=true)."""
+        self._check_open()
+        if not isinstance(other, LocalSandbox):
+            raise NotImplementedError("a local sandbox copies its working folder only into another local sandbox")
+        other._check_open()
+
+        def copy() -> None:
+            empty_folder(str(other.cwd))
+            copy_folder(str(self.cwd), str(other.cwd), other._folder.owner)
+
+        try:
+            await in_daemon_thread(copy, name="hermes-batch-local-copy")
+        except OSError as exc:
+            raise SandboxError(f"Could not copy the working folder {self.cwd} into a fresh sandbox: {exc}") from exc
 
     async def _kill_marked(self) -> None:
         """Process mode: kill the processes marked with the prompt's folder, then reap the sessions' leaders."""

@@ -165,6 +165,63 @@ def private_network_works(found: Launcher) -> bool:
     return _private_networks[found]
 
 
+_tests_apart: dict = {}
+
+
+def tests_apart_missing(found: Launcher) -> str:
+    """Why the compiled helper of ``found`` cannot run a verifier's tests apart from the agent (grading.h: a user
+    namespace of their own), or "" when it can (checked once)."""
+    if not found.boundary:
+        return f"its commands run without the compiled helper's namespaces ({found.reason or found.level})"
+    if found not in _tests_apart:
+        _tests_apart[found] = _grading_works(found)
+    return _tests_apart[found]
+
+
+def _grading_works(candidate: Launcher) -> str:
+    """"" when the helper runs a verifier's tests (request g) here and reports the reward they wrote, else why not."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with tempfile.TemporaryDirectory(prefix="hermes-batch-check-") as control:
+        with open(os.path.join(control, "1.sh"), "w") as f:
+            f.write('echo 0.5 > "$HERMES_REWARD_FILE"')
+        with open(os.path.join(control, "1.env"), "wb") as f:
+            f.write(b"PATH=/usr/bin:/bin\0")
+        os.mkfifo(os.path.join(control, "1.out"))
+        cwd, options = _check_view(control, ())
+        try:
+            helper = subprocess.Popen(
+                candidate.helper_argv(control, cwd, control, options), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, start_new_session=True, bufsize=0,
+            )
+        except OSError as exc:
+            return f"its helper could not start ({exc})"
+        try:
+            if _read_lines(helper.stdout.fileno(), 1, deadline) != [b"ready"]:
+                return "its helper did not start"
+            fifo = os.open(os.path.join(control, "1.out"), os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                helper.stdin.write(b"g1\n")
+                answers = {line[:1]: line.split() for line in _read_lines(helper.stdout.fileno(), 3, deadline)}
+                output = b"".join(_read_until_end(fifo, deadline)).decode(errors="replace").strip()
+            finally:
+                os.close(fifo)
+            report = answers.get(b"r", [b""] * 3)[-1]
+            if answers.get(b"x") == [b"x", b"1", b"0"] and report == (b"f0.5\n").hex().encode():
+                return ""
+            last = output.splitlines()[-1] if output else "no output"
+            return f"the check of its tests' namespaces failed ({last})"
+        except OSError as exc:  # TimeoutError among them
+            return f"the check of its tests' namespaces did not answer ({exc})"
+        finally:
+            helper.kill()
+            try:
+                helper.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in (helper.stdin, helper.stdout):
+                stream.close()
+
+
 def _find_launcher(isolation: str, helper: str) -> Launcher:
     setpriv = _setpriv_prefix()
     if isolation == "process":

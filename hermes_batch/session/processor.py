@@ -142,10 +142,25 @@ class PromptProcessor:
                 await sessions.aclose()  # a browser context, say; before the sandbox, and also on errors and Ctrl-C
             trajectory = self._trajectory(job, row, key, tools, spec, result, state, started)
             if self.verifiers:  # after the session, in its sandbox, before that closes; on no deadline but their own
-                trajectory = await verify(self, sandbox, row, trajectory, state)
+                trajectory = await verify(self, sandbox, row, trajectory, state, self._fresh_sandbox(spec, job))
         finally:
             await sandbox.close()  # at once when it is open; one still opening is closed when it is
         return trajectory
+
+    def _fresh_sandbox(self, spec: SandboxSpec, job: PromptJob):
+        """A function that opens another sandbox of ``spec``, ready, for a verifier (which closes it)."""
+
+        async def open_fresh():
+            fresh = OpeningSandbox(self.backend, attrs.evolve(spec, commands=True), self.closer,
+                                   label=f"[B{job.batch_num}:P{job.row.prompt_index}] fresh")
+            try:
+                await fresh.ready()
+            except BaseException:
+                await fresh.close()
+                raise
+            return fresh
+
+        return open_fresh
 
     def _trajectory(self, job: PromptJob, row: PromptRow, key: str, tools: dict, spec: SandboxSpec, result,
                     state: SessionLog, started: float) -> Trajectory:

@@ -99,6 +99,10 @@ class OpeningSandbox(Sandbox):
     async def run_tests(self, command: str, files: tuple, timeout: float):
         return await (await self.ready()).run_tests(command, files, timeout)
 
+    async def copy_workdir_to(self, other: Sandbox) -> None:
+        other = await other.ready()
+        return await (await self.ready()).copy_workdir_to(other)
+
     async def stop_processes(self) -> bool:
         if self._task is None:
             return True  # never opened: no command ran

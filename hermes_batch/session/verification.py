@@ -33,8 +33,11 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-async def verify(processor, sandbox, row, trajectory: Trajectory, state) -> Trajectory:
-    """``trajectory`` with its verifiers' results, reward, verified and passed; the usage of their model calls added."""
+async def verify(processor, sandbox, row, trajectory: Trajectory, state, fresh_sandbox=None) -> Trajectory:
+    """``trajectory`` with its verifiers' results, reward, verified and passed; the usage of their model calls added.
+
+    ``fresh_sandbox`` opens another sandbox of the sample's spec, for a verifier that grades in one
+    (``command:clean=true``)."""
     extra = []
 
     def report_usage(usage, journaled: bool = False) -> None:
@@ -44,7 +47,7 @@ async def verify(processor, sandbox, row, trajectory: Trajectory, state) -> Traj
             processor.client.journal.tool_usage(usage)
 
     await _stop_processes(sandbox)
-    ctx = VerifierContext(sandbox, row, trajectory, processor.client, report_usage, state.calls)
+    ctx = VerifierContext(sandbox, row, trajectory, processor.client, report_usage, state.calls, fresh_sandbox)
     calls_before = len(state.calls)
     results = [await _one(verifier, ctx) for verifier in processor.verifiers]
     verified = bool(results) and all(r.ok for r in results)
@@ -101,4 +104,6 @@ async def _one(verifier, ctx: VerifierContext) -> VerifierResult:
         log.warning("verifier %s failed: %s", verifier.name, exc)
         log.debug("verifier %s failed", verifier.name, exc_info=True)
         return result(error=_short(f"{type(exc).__name__}: {exc}", MAX_ERROR_CHARS))
-    return result(reward=reward, reason=_short(verdict.reason or "", MAX_REASON_CHARS), output=str(verdict.output or ""))
+    disagree = getattr(verdict, "disagree", None)
+    return result(reward=reward, reason=_short(verdict.reason or "", MAX_REASON_CHARS), output=str(verdict.output or ""),
+                  disagree=disagree if isinstance(disagree, bool) else None)
