@@ -505,9 +505,10 @@ class VerifierContext:
     report_usage: Callable[..., None]  # (usage, journaled=False): a model call's usage, counted in the sample's
     calls: list = attrs.field(factory=list)  # the sample's CallRecords, which calls made here join
 
-    async def complete(self, messages: tuple[Message, ...]) -> ModelResponse:
-        """One model call through the run's client (limiter, retries, journal), its usage counted in the sample's."""
-        response = await self.client.complete(messages, (), calls=self.calls)
+    async def complete(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...] = ()) -> ModelResponse:
+        """One model call through the run's client (limiter, retries, journal), its usage counted in the sample's;
+        ``tools`` are offered to the model (the judge's ``grade`` function)."""
+        response = await self.client.complete(messages, tools, calls=self.calls)
         self.report_usage(response.usage, journaled=True)
         return response
 

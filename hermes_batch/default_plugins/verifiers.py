@@ -13,6 +13,8 @@ import hermes_batch
 from hermes_batch.contract.interfaces import Verdict, Verifier, VerifierContext
 from hermes_batch.formats.records import Message
 
+from .judge_verdict import Fence, read_verdict
+
 REWARD_FILE = ".hermes_batch_reward"  # in the sandbox's working directory; $HERMES_REWARD_FILE names it
 REWARD_FILE_MAX_BYTES = 256
 
@@ -178,14 +180,6 @@ def _is_number(text: str) -> bool:
     return True
 
 
-JUDGE_SYSTEM = (
-    "You grade an AI agent's work on a task against a rubric. Read the task, the rubric and the agent's "
-    "transcript, then explain your grade in a few sentences and end with one line 'SCORE: X', X a number "
-    "from 0 (fails the rubric) to 1 (meets it fully)."
-)
-_SCORE = re.compile(r"SCORE:\s*([-+]?\d*\.?\d+)", re.IGNORECASE)
-
-
 class JudgeVerifier(Verifier):
     """A model grades the trajectory against the row's `rubric` (or judge:rubric=...), through the run's client
     or a client of its own (judge:client=..., judge:base_url=..., judge:api_key_env=...)."""
@@ -199,11 +193,15 @@ class JudgeVerifier(Verifier):
         client: str = ""  # an installed model client (as --model_client); "": the run's, or the one base_url asks
         base_url: str = ""  # "": the run's --base_url
         api_key_env: str = ""  # the variable holding the judge's key (never the key: options go to run.json)
+        # "tool": the grade comes through a function call (or the reply's last line); "text": no function is
+        # offered (for endpoints that refuse tools), only the last line counts
+        verdict: str = attrs.field(default="tool", validator=attrs.validators.in_(("tool", "text")))
 
     name = "judge"
-    description = ("A model grades the transcript against the row's `rubric` (or judge:rubric=...) and answers "
-                   "SCORE: 0..1, through the run's model client or judge:client=/base_url=/api_key_env=; its "
-                   "calls are journaled and count in the cost.")
+    description = ("A model grades the transcript (quoted, so that nothing in it can pose as the verdict) against "
+                   "the row's `rubric` (or judge:rubric=...) through a call of its grade function, or a last line "
+                   "SCORE: 0..1; through the run's model client or judge:client=/base_url=/api_key_env=; its calls "
+                   "are journaled and count in the cost.")
 
     _client = None  # the judge's own client, when it has one: built and checked at start
 
@@ -258,7 +256,10 @@ class JudgeVerifier(Verifier):
         task = next((t.value for t in ctx.trajectory.conversations if t.from_ == "human"), "")
         transcript = "\n\n".join(f"[{t.from_}]\n{t.value}" for t in ctx.trajectory.conversations[2:])
         transcript = _bounded(transcript, self.config.max_transcript_chars)
-        user = f"## Task\n{task}\n\n## Rubric\n{rubric}\n\n## Transcript\n{transcript}\n\nGrade it; end with SCORE: X."
+        fence = Fence.around(task, transcript, rubric)
+        verdict = self.config.verdict
+        user = (f"## Task\n{fence.quote('TASK', task)}\n\n## Rubric\n{rubric}\n\n"
+                f"## Transcript\n{fence.quote('TRANSCRIPT', transcript)}\n\n{fence.how(verdict)}")
         if self.own_endpoint:
             if self._client is None:
                 raise RuntimeError("the judge's client was not started (Verifier.start)")
@@ -266,14 +267,8 @@ class JudgeVerifier(Verifier):
         else:
             client = ctx.client.for_model(self.config.model) if self.config.model else ctx.client
         response = await attrs.evolve(ctx, client=client).complete(
-            (Message("system", JUDGE_SYSTEM), Message("user", user)))
-        text = response.message.content or ""
-        scores = _SCORE.findall(text)
-        if not scores:
-            raise ValueError(f"the judge's reply has no 'SCORE: X' line: {text[-120:]!r}")
-        score = float(scores[-1])
-        if not 0.0 <= score <= 1.0:
-            raise ValueError(f"the judge's score {score:g} is not between 0 and 1")
-        reason = " ".join(text.split())
-        return Verdict(score, _bounded(reason, 300), "")
+            (Message("system", fence.system(verdict)), Message("user", user)),
+            (fence.tool(),) if verdict == "tool" else ())
+        score, reason = read_verdict(response, fence)
+        return Verdict(score, _bounded(" ".join(reason.split()), 300), "")
 
