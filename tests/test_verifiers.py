@@ -315,7 +315,14 @@ def answer_verdict(spec: str, answer: str, expected, completed: bool = True):
     (verifier,) = verifiers(registry, (spec,))
     row = PromptRow(0, "q", 1, extra={} if expected is None else {"answer": expected})
     ctx = VerifierContext(None, row, make_trajectory(answer=answer, completed=completed), None, lambda *a, **k: None)
-    return asyncio.run(verifier.verify(ctx))
+
+    async def verify():
+        try:
+            return await verifier.verify(ctx)
+        finally:
+            await verifier.shutdown()  # the regex mode's processes
+
+    return asyncio.run(verify())
 
 
 @pytest.mark.parametrize("spec, answer, expected, reward", [

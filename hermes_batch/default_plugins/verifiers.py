@@ -14,6 +14,7 @@ from hermes_batch.contract.interfaces import Verdict, Verifier, VerifierContext
 from hermes_batch.formats.records import Message
 
 from .judge_verdict import Fence, read_verdict
+from .regex_worker import RegexError, RegexWorkers
 
 REWARD_FILE = ".hermes_batch_reward"  # in the sandbox's working directory; $HERMES_REWARD_FILE names it
 REWARD_FILE_MAX_BYTES = 256
@@ -142,7 +143,15 @@ class AnswerVerifier(Verifier):
 
     name = "answer"
     description = ("Compare the final answer (its \\boxed{} or last line) with the row's `answer`: exact after "
-                   "normalisation, a number within answer:tolerance=..., or answer:mode=regex.")
+                   "normalisation, a number within answer:tolerance=..., or answer:mode=regex (matched in a child "
+                   "process that answer:timeout=... stops).")
+
+    _regex: Optional[RegexWorkers] = None  # the processes regex matches run in, started at the first
+
+    async def shutdown(self) -> None:
+        workers, self._regex = self._regex, None
+        if workers is not None:
+            await workers.aclose()
 
     async def verify(self, ctx: VerifierContext) -> Verdict:
         expected = _row_field(ctx, self.config.field)
@@ -154,8 +163,13 @@ class AnswerVerifier(Verifier):
         mode = self.config.mode
         if mode == "auto":
             mode = "number" if isinstance(expected, (int, float)) or _is_number(str(expected)) else "exact"
-        if mode == "regex":
-            match = re.search(str(expected), answer)
+        if mode == "regex":  # in a child process: a pattern that backtracks for ever is killed at the timeout
+            if self._regex is None:
+                self._regex = RegexWorkers()
+            try:
+                match = await self._regex.search(str(expected), answer)
+            except RegexError as exc:
+                raise ValueError(f"the row's `{self.config.field}` pattern: {exc}") from None
             return Verdict(1.0 if match else 0.0, "matches the pattern" if match else "does not match the pattern")
         part = answer_part(answer)
         if mode == "number":
