@@ -489,7 +489,7 @@ class Filter(abc.ABC):
 class Verdict:
     """What a verifier returns: the sample's reward (1.0 passes by default), a short reason, and what it printed."""
 
-    reward: float
+    reward: float  # in [0, 1]: anything else (1.5, NaN, True) is the verifier's error, and the sample is not verified
     reason: str = ""
     output: str = ""  # kept in the record (bounded): the tests' output, say
 
