@@ -108,7 +108,10 @@ class RegexWorkers:
         ours = self._loop is asyncio.get_running_loop()
         idle, self._idle = self._idle, []
         for worker in idle:
-            self._retire(worker) if ours else worker.kill()
+            if ours:
+                self._retire(worker)
+            else:  # started under a loop that is gone: its process is only killed
+                worker.kill()
         if ours and self._reaping:
             await asyncio.gather(*self._reaping, return_exceptions=True)
 
