@@ -105,9 +105,9 @@ def register_verifiers(register: Callable[[type[Verifier]], None]) -> None:
     the options structured into its attrs ``Config``.  Each selected verifier's
     ``verify`` runs after a sample's session ends and before its sandbox
     closes, with that sandbox, the row and the trajectory, and returns a
-    :class:`hermes_batch.Verdict` (a reward and a reason).  One that raises or
-    outlasts its ``timeout`` gives the sample an error, not a reward; the run
-    goes on.
+    :class:`hermes_batch.Verdict` (a reward in [0, 1] and a reason).  One that
+    raises, outlasts its ``timeout`` or returns a reward outside [0, 1] gives
+    the sample an error, not a reward; the run goes on.
     """
 
 

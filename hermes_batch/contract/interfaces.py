@@ -528,7 +528,7 @@ class Filter(abc.ABC):
 class Verdict:
     """What a verifier returns: the sample's reward (1.0 passes by default), a short reason, and what it printed."""
 
-    reward: float
+    reward: float  # in [0, 1]: anything else (1.5, NaN, True) is the verifier's error, and the sample is not verified
     reason: str = ""
     output: str = ""  # kept in the record (bounded): the tests' output, say
     disagree: Optional[bool] = None  # two verdicts of one verifier (command:clean=true) that differ: True
@@ -547,9 +547,10 @@ class VerifierContext:
     # Opens another sandbox of the sample's spec (its image; nothing of its session's), which the caller closes.
     fresh_sandbox: Optional[Callable[[], Awaitable["Sandbox"]]] = None
 
-    async def complete(self, messages: tuple[Message, ...]) -> ModelResponse:
-        """One model call through the run's client (limiter, retries, journal), its usage counted in the sample's."""
-        response = await self.client.complete(messages, (), calls=self.calls)
+    async def complete(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...] = ()) -> ModelResponse:
+        """One model call through the run's client (limiter, retries, journal), its usage counted in the sample's;
+        ``tools`` are offered to the model (the judge's ``grade`` function)."""
+        response = await self.client.complete(messages, tools, calls=self.calls)
         self.report_usage(response.usage, journaled=True)
         return response
 

@@ -14,10 +14,14 @@ from hermes_batch.contract.interfaces import Verdict, Verifier, VerifierContext
 from hermes_batch.formats.records import Message, TestsRun
 from hermes_batch.sandbox_blocks.grading import checked_files
 
+from hermes_batch.formats.reward_numbers import RewardTextError, parse_reward
+
+from .judge_verdict import Fence, read_verdict
+from .regex_worker import RegexError, RegexWorkers
+
 REWARD_MAX_BYTES = 256
 # In the agent's own context (command:apart=false) the tests' files and reward go into the working folder.
 IN_CONTEXT_PREFIX = ".hermes-batch-tests-"
-_PLAIN_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
 
 
 @hermes_batch.hookimpl
@@ -45,18 +49,14 @@ def _row_field(ctx: VerifierContext, field: str) -> Any:
 
 
 def reward_from_file(data: bytes) -> float:
-    """The reward a tests' reward file states: a plain decimal number from 0 to 1 (``1``, ``0.25``, ``.5``), blanks
-    around it allowed; ValueError saying why for anything else (signs, exponents, ``_``, digits of other scripts,
-    more than REWARD_MAX_BYTES bytes)."""
+    """The reward a tests' reward file states (formats/reward_numbers.py: a plain decimal from 0 to 1, blanks around
+    it allowed); ValueError saying why for anything else, or for more than REWARD_MAX_BYTES bytes."""
     if len(data) > REWARD_MAX_BYTES:
         raise ValueError(f"the reward file holds more than {REWARD_MAX_BYTES} bytes")
-    text = data.decode("ascii", "replace").strip(" \t\r\n")
-    if not _PLAIN_DECIMAL.fullmatch(text):
-        raise ValueError(f"the reward file holds {text[:40]!r}, not a plain decimal number from 0 to 1")
-    reward = float(text)
-    if not 0.0 <= reward <= 1.0:
-        raise ValueError(f"the reward file holds {text[:40]!r}, which is not between 0 and 1")
-    return reward
+    try:
+        return parse_reward(data)
+    except RewardTextError as exc:
+        raise ValueError(f"the reward file holds {exc}") from None
 
 
 class CommandVerifier(Verifier):
@@ -217,7 +217,15 @@ class AnswerVerifier(Verifier):
 
     name = "answer"
     description = ("Compare the final answer (its \\boxed{} or last line) with the row's `answer`: exact after "
-                   "normalisation, a number within answer:tolerance=..., or answer:mode=regex.")
+                   "normalisation, a number within answer:tolerance=..., or answer:mode=regex (matched in a child "
+                   "process that answer:timeout=... stops).")
+
+    _regex: Optional[RegexWorkers] = None  # the processes regex matches run in, started at the first
+
+    async def shutdown(self) -> None:
+        workers, self._regex = self._regex, None
+        if workers is not None:
+            await workers.aclose()
 
     async def verify(self, ctx: VerifierContext) -> Verdict:
         expected = _row_field(ctx, self.config.field)
@@ -229,8 +237,13 @@ class AnswerVerifier(Verifier):
         mode = self.config.mode
         if mode == "auto":
             mode = "number" if isinstance(expected, (int, float)) or _is_number(str(expected)) else "exact"
-        if mode == "regex":
-            match = re.search(str(expected), answer)
+        if mode == "regex":  # in a child process: a pattern that backtracks for ever is killed at the timeout
+            if self._regex is None:
+                self._regex = RegexWorkers()
+            try:
+                match = await self._regex.search(str(expected), answer)
+            except RegexError as exc:
+                raise ValueError(f"the row's `{self.config.field}` pattern: {exc}") from None
             return Verdict(1.0 if match else 0.0, "matches the pattern" if match else "does not match the pattern")
         part = answer_part(answer)
         if mode == "number":
@@ -255,14 +268,6 @@ def _is_number(text: str) -> bool:
     return True
 
 
-JUDGE_SYSTEM = (
-    "You grade an AI agent's work on a task against a rubric. Read the task, the rubric and the agent's "
-    "transcript, then explain your grade in a few sentences and end with one line 'SCORE: X', X a number "
-    "from 0 (fails the rubric) to 1 (meets it fully)."
-)
-_SCORE = re.compile(r"SCORE:\s*([-+]?\d*\.?\d+)", re.IGNORECASE)
-
-
 class JudgeVerifier(Verifier):
     """A model grades the trajectory against the row's `rubric` (or judge:rubric=...), through the run's client
     or a client of its own (judge:client=..., judge:base_url=..., judge:api_key_env=...)."""
@@ -276,11 +281,15 @@ class JudgeVerifier(Verifier):
         client: str = ""  # an installed model client (as --model_client); "": the run's, or the one base_url asks
         base_url: str = ""  # "": the run's --base_url
         api_key_env: str = ""  # the variable holding the judge's key (never the key: options go to run.json)
+        # "tool": the grade comes through a function call (or the reply's last line); "text": no function is
+        # offered (for endpoints that refuse tools), only the last line counts
+        verdict: str = attrs.field(default="tool", validator=attrs.validators.in_(("tool", "text")))
 
     name = "judge"
-    description = ("A model grades the transcript against the row's `rubric` (or judge:rubric=...) and answers "
-                   "SCORE: 0..1, through the run's model client or judge:client=/base_url=/api_key_env=; its "
-                   "calls are journaled and count in the cost.")
+    description = ("A model grades the transcript (quoted, so that nothing in it can pose as the verdict) against "
+                   "the row's `rubric` (or judge:rubric=...) through a call of its grade function, or a last line "
+                   "SCORE: 0..1; through the run's model client or judge:client=/base_url=/api_key_env=; its calls "
+                   "are journaled and count in the cost.")
 
     _client = None  # the judge's own client, when it has one: built and checked at start
 
@@ -335,7 +344,10 @@ class JudgeVerifier(Verifier):
         task = next((t.value for t in ctx.trajectory.conversations if t.from_ == "human"), "")
         transcript = "\n\n".join(f"[{t.from_}]\n{t.value}" for t in ctx.trajectory.conversations[2:])
         transcript = _bounded(transcript, self.config.max_transcript_chars)
-        user = f"## Task\n{task}\n\n## Rubric\n{rubric}\n\n## Transcript\n{transcript}\n\nGrade it; end with SCORE: X."
+        fence = Fence.around(task, transcript, rubric)
+        verdict = self.config.verdict
+        user = (f"## Task\n{fence.quote('TASK', task)}\n\n## Rubric\n{rubric}\n\n"
+                f"## Transcript\n{fence.quote('TRANSCRIPT', transcript)}\n\n{fence.how(verdict)}")
         if self.own_endpoint:
             if self._client is None:
                 raise RuntimeError("the judge's client was not started (Verifier.start)")
@@ -343,14 +355,8 @@ class JudgeVerifier(Verifier):
         else:
             client = ctx.client.for_model(self.config.model) if self.config.model else ctx.client
         response = await attrs.evolve(ctx, client=client).complete(
-            (Message("system", JUDGE_SYSTEM), Message("user", user)))
-        text = response.message.content or ""
-        scores = _SCORE.findall(text)
-        if not scores:
-            raise ValueError(f"the judge's reply has no 'SCORE: X' line: {text[-120:]!r}")
-        score = float(scores[-1])
-        if not 0.0 <= score <= 1.0:
-            raise ValueError(f"the judge's score {score:g} is not between 0 and 1")
-        reason = " ".join(text.split())
-        return Verdict(score, _bounded(reason, 300), "")
+            (Message("system", fence.system(verdict)), Message("user", user)),
+            (fence.tool(),) if verdict == "tool" else ())
+        score, reason = read_verdict(response, fence)
+        return Verdict(score, _bounded(" ".join(reason.split()), 300), "")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import array
 import base64
 import datetime
-import math
 import sys
 from collections import Counter, defaultdict
 from fractions import Fraction
@@ -23,6 +22,7 @@ from typing import Iterable, Optional, Union
 from ..formats.conversation import reasoning_counts
 from ..formats.endpoint_numbers import TOKEN_FIELDS, stored_usage
 from ..formats.records import CallRecord, Discarded, Failure, Trajectory, Usage
+from ..formats.reward_numbers import stored_reward
 
 _SCALE = 1074  # every finite double is an integer multiple of 2**-1074
 _MAX_REASONS = 2000  # distinct discard reasons counted one by one; the rest are summed as "(other reasons)"
@@ -121,6 +121,9 @@ class Scope:
 REWARD_BUCKETS = 10  # of the reward histogram over [0, 1]; rewards below 0 and above 1 have a bucket each
 
 
+_BUCKETS = frozenset(f"{i / REWARD_BUCKETS:.1f}" for i in range(REWARD_BUCKETS))
+
+
 def reward_bucket(reward: float) -> str:
     """The histogram bucket of a reward: ``"<0"``, ``"0.0"`` (0 <= r < 0.1) ... ``"0.9"`` (0.9 <= r <= 1), ``">1"``."""
     if reward < 0:
@@ -150,12 +153,15 @@ class Rewards:
         if not meta.verifiers:
             return
         self.scored += 1
-        self.verified += meta.verified
-        self.passed += meta.passed
-        if meta.verified and math.isfinite(meta.reward):
-            self.reward_sum.add(meta.reward)
-            self.buckets[reward_bucket(meta.reward)] += 1
-        counts = (1 << 32) | int(meta.passed)
+        # records read back are checked so already (serialization.py); a record made in the process may not be
+        reward = stored_reward(meta.reward) if meta.verified else None
+        passed = reward is not None and meta.passed
+        self.passed += passed
+        if reward is not None:
+            self.verified += 1
+            self.reward_sum.add(reward)
+            self.buckets[reward_bucket(reward)] += 1
+        counts = (1 << 32) | int(passed)
         index = traj.prompt_index
         rows = self.toolset_rows.setdefault("+".join(traj.toolsets_used), {})
         rows[index] = rows.get(index, 0) + counts
@@ -168,6 +174,28 @@ class Rewards:
         self.buckets.update(other.buckets)
         for toolsets, rows in other.toolset_rows.items():
             _add_rows(self.toolset_rows.setdefault(toolsets, {}), rows)
+
+    def mean(self) -> Optional[float]:
+        """The verified samples' mean reward; None without any, or when the totals are none that rewards in
+        [0, 1] could sum to (an index saved by an older version, or edited)."""
+        if not self.verified or not self.reward_sum.reported:
+            return None
+        mean = Fraction(self.reward_sum.scaled, self.verified << _SCALE)  # exact: never overflows a float
+        return float(mean) if 0 <= mean <= 1 else None
+
+    def plausible(self) -> bool:
+        """True when the totals are ones that records read with today's checks could give: every reward in
+        [0, 1] (formats/reward_numbers.py), so their sum is at most the count of verified samples."""
+        if not 0 <= self.passed <= self.verified <= self.scored:
+            return False
+        if not 0 <= self.reward_sum.scaled <= self.verified << _SCALE:
+            return False
+        return all(bucket in _BUCKETS and count >= 0 for bucket, count in self.buckets.items())
+
+    def forget_reward_sum(self) -> None:
+        """Drop the totals ``plausible`` refused where the records that gave them are gone: no mean is reported."""
+        self.reward_sum = ExactSum()
+        self.buckets = Counter({b: n for b, n in self.buckets.items() if b in _BUCKETS and n >= 0})
 
     @property
     def rows(self) -> dict[int, int]:

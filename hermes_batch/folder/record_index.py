@@ -144,6 +144,10 @@ class FileIndex:
             # records are read again with today's checks, or, where they are gone, the totals are not reported
             index.implausible = True
             _forget_usage(index.aggregate)
+        if not index.aggregate.rewards.plausible():
+            # rewards outside [0, 1] (an older version took 1e308 from a reward file): read again as not verified
+            index.implausible = True
+            index.aggregate.rewards.forget_reward_sum()
         index.digests, index.epochs = unpack_array("Q", data["digests"]), unpack_array("d", data["epochs"])
         if len(index.digests) != len(index.epochs):
             raise ValueError("the index's arrays differ in length")

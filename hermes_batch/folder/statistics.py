@@ -145,10 +145,7 @@ def rewards_section(rewards: Rewards) -> Optional[dict]:
         return None
     buckets = {f"{i / REWARD_BUCKETS:.1f}": rewards.buckets.get(f"{i / REWARD_BUCKETS:.1f}", 0)
                for i in range(REWARD_BUCKETS)}
-    for outside in ("<0", ">1"):
-        if rewards.buckets.get(outside):
-            buckets[outside] = rewards.buckets[outside]
-    total = rewards.reward_sum.value
+    mean = rewards.mean()
     by_toolsets = {name: rewards.shapes(rows) for name, rows in rewards.toolset_rows.items()}
     return {
         "samples_scored": rewards.scored,  # a verifier ran on them
@@ -156,7 +153,7 @@ def rewards_section(rewards: Rewards) -> Optional[dict]:
         "samples_unverified": rewards.scored - rewards.verified,  # a verifier failed: reward 0, never passed
         "samples_passed": rewards.passed,
         "share_samples_passed": _ratio(rewards.passed, rewards.scored),
-        "reward_mean": None if total is None or not rewards.verified else round(total / rewards.verified, 6),
+        "reward_mean": None if mean is None else round(mean, 6),
         "reward_histogram": buckets,
         **_row_rewards(rewards.shapes(rewards.rows)),
         "by_toolsets": {

@@ -23,6 +23,7 @@ import json
 import math
 from typing import Any, Optional, TypeVar
 
+import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.v import format_exception
@@ -30,6 +31,7 @@ from cattrs.v import format_exception
 from ..errors import ConfigError
 from .endpoint_numbers import TOKEN_FIELDS, finite_seconds, stored_cost, stored_usage
 from .jsonguard import MAX_DEPTH, finite_dumps, has_lone_surrogate, scrub_text, value_problem
+from .reward_numbers import stored_reward
 from .records import (
     CallRecord, InvalidToolCall, Metadata, SessionInfo, ToolCallRecord, Trajectory, Turn, Usage, VerifierResult,
 )
@@ -79,10 +81,23 @@ def _session_cost(value: Any, _type=None) -> Optional[float]:
 
 
 def _reward(value: Any, _type=None) -> float:
-    """A reward as written and read: a finite float (1, True or NaN from a plugin or an old file are not)."""
-    if type(value) in (int, float) and math.isfinite(value):
-        return float(value)
-    return 0.0
+    """A reward as written and read: a float in [0, 1] (True, NaN, 1e308 or a string are 0.0)."""
+    reward = stored_reward(value)
+    return 0.0 if reward is None else reward
+
+
+def _unverified_if_no_reward(meta: Metadata, reward: Any) -> Metadata:
+    """``meta``, not verified when ``reward`` (as the record or a plugin has it) is no reward in [0, 1],
+    and not passed unless verified.
+
+    So every reader (statistics, pass@k, resume, refilter, the exports) counts such a sample as one
+    whose verifier failed, and no sum of rewards can overflow.
+    """
+    if (meta.verified or meta.passed) and stored_reward(reward) is None:
+        return attrs.evolve(meta, reward=0.0, verified=False, passed=False)
+    if meta.passed and not meta.verified:
+        return attrs.evolve(meta, passed=False)
+    return meta
 
 
 def _text(value: Any) -> str:
@@ -185,33 +200,31 @@ def _make_record_converter() -> cattrs.Converter:
         make_dict_unstructure_fn(Turn, conv, from_=override(rename="from"), tool_calls=override(omit_if_default=True)),
     )
     conv.register_structure_hook(Turn, make_dict_structure_fn(Turn, conv, from_=override(rename="from")))
+    unstructure_metadata = make_dict_unstructure_fn(
+        Metadata, conv,
+        row=override(unstruct_hook=_json_text),
+        invalid_tool_calls=override(unstruct_hook=_unstructure_invalid_calls),
+        duration_s=override(unstruct_hook=finite_seconds),
+        reward=override(unstruct_hook=_reward),
+        verified=override(unstruct_hook=bool),
+        passed=override(unstruct_hook=bool),
+        verifiers=override(unstruct_hook=_unstructure_verifiers),
+    )
     conv.register_unstructure_hook(
-        Metadata,
-        make_dict_unstructure_fn(
-            Metadata, conv,
-            row=override(unstruct_hook=_json_text),
-            invalid_tool_calls=override(unstruct_hook=_unstructure_invalid_calls),
-            duration_s=override(unstruct_hook=finite_seconds),
-            reward=override(unstruct_hook=_reward),
-            verified=override(unstruct_hook=bool),
-            passed=override(unstruct_hook=bool),
-            verifiers=override(unstruct_hook=_unstructure_verifiers),
-        ),
+        Metadata, lambda meta: unstructure_metadata(_unverified_if_no_reward(meta, meta.reward)))
+    structure_metadata = make_dict_structure_fn(
+        Metadata, conv,
+        row=override(struct_hook=_structure_row),
+        invalid_tool_calls=override(struct_hook=_structure_invalid_calls),
+        duration_s=override(struct_hook=_seconds),
+        sample_index=override(struct_hook=_sample_index),
+        reward=override(struct_hook=_reward),
+        verified=override(struct_hook=_flag),
+        passed=override(struct_hook=_flag),
+        verifiers=override(struct_hook=_structure_verifiers),
     )
     conv.register_structure_hook(
-        Metadata,
-        make_dict_structure_fn(
-            Metadata, conv,
-            row=override(struct_hook=_structure_row),
-            invalid_tool_calls=override(struct_hook=_structure_invalid_calls),
-            duration_s=override(struct_hook=_seconds),
-            sample_index=override(struct_hook=_sample_index),
-            reward=override(struct_hook=_reward),
-            verified=override(struct_hook=_flag),
-            passed=override(struct_hook=_flag),
-            verifiers=override(struct_hook=_structure_verifiers),
-        ),
-    )
+        Metadata, lambda data, cls: _unverified_if_no_reward(structure_metadata(data, cls), data.get("reward")))
     # a session's duration and cost, as an older version may have written them (Infinity, NaN)
     conv.register_unstructure_hook(
         SessionInfo,

@@ -24,6 +24,7 @@ from ..folder import offloop
 from ..folder.rowkeys import ResumeMatch, RowKeys, match_finished
 from ..folder.runfolder import RunFolder
 from ..formats.records import key_digest, sample_digest
+from ..formats.reward_numbers import stored_reward
 
 
 def count(prompt_index: int, per_row: int, max_samples: Optional[int]) -> int:
@@ -108,6 +109,9 @@ def passed_digests(folder: RunFolder) -> set:
                 except ValueError:
                     continue  # a torn tail
                 meta = (record.get("trajectory") or record).get("metadata") or {}
-                if meta.get("passed") is True and isinstance(meta.get("content_key"), str):
+                # as the record classes read it: no pass without a reward in [0, 1] (serialization.py)
+                if (meta.get("passed") is True and meta.get("verified") is True
+                        and stored_reward(meta.get("reward")) is not None
+                        and isinstance(meta.get("content_key"), str)):
                     out.add(key_digest(meta["content_key"]))
     return out

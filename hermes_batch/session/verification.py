@@ -3,7 +3,8 @@
 First every process the session left running in the sandbox is ended (``Sandbox.stop_processes``):
 the verifiers see the files the session made, never a process of the model's still at work.
 
-A verifier that raises or outlasts its timeout gives an entry with ``error`` and
+A verifier that raises, outlasts its timeout or returns a reward that is not a
+number in [0, 1] (formats/reward_numbers.py) gives an entry with ``error`` and
 reward 0.0; the sample is then not verified (so it cannot pass), and the run goes
 on.  Only the run's own stop (Ctrl-C, a fatal model or folder error) passes through.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 
 import attrs
@@ -21,6 +21,7 @@ from ..contract.interfaces import VerifierContext
 from ..errors import FatalModelError, RunFolderWriteError, SandboxError
 from ..formats.endpoint_numbers import checked_usage
 from ..formats.records import Trajectory, VerifierResult
+from ..formats.reward_numbers import checked_reward
 
 log = logging.getLogger("hermes_batch.prompt")
 
@@ -90,9 +91,10 @@ async def _one(verifier, ctx: VerifierContext) -> VerifierResult:
     try:
         async with asyncio.timeout(timeout):
             verdict = await verifier.verify(ctx)
-        reward = float(verdict.reward)
-        if not math.isfinite(reward):
-            raise ValueError(f"it returned the reward {reward!r}, not a finite number")
+        try:
+            reward = checked_reward(verdict.reward)
+        except ValueError as exc:  # a reward outside [0, 1] would pass any --min_reward or poison the sums
+            raise ValueError(f"it returned the reward {exc}") from None
     except (FatalModelError, RunFolderWriteError):  # the run stops: nothing can be recorded anyway
         raise
     except TimeoutError as exc:

@@ -21,7 +21,8 @@ from .aggregates import Tallies, Vocabulary
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 4  # 2: the cache in segments, with the tallies; 3: content keys by records.key_digest; 4: rewards
+INDEX_VERSION = 5  # 2: the cache in segments, with the tallies; 3: content keys by records.key_digest; 4: rewards;
+# 5: a reward not in [0, 1] reads as not verified
 _MAX_SEGMENTS = 64  # a save past this many writes the cache again as one segment
 
 # column name -> array typecode

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from ..formats import hermes_format
+from ..formats.reward_numbers import stored_reward
 
 STATUSES = ("kept", "discarded", "failed")
 KEPT, DISCARDED, FAILED = range(3)
@@ -105,11 +106,8 @@ def without_system_prompt(line: bytes) -> bytes:
 
 
 def _reward(value) -> float:
-    try:
-        reward = float(value or 0.0)
-    except (TypeError, ValueError, OverflowError):
-        return 0.0
-    return reward if -1e30 < reward < 1e30 else 0.0  # NaN fails too; a float32 column holds it
+    reward = stored_reward(value)  # NaN, 1e308, a string: no reward (and its sample not verified, below)
+    return 0.0 if reward is None else reward
 
 
 def verifiers_of(meta: dict) -> list:
@@ -128,8 +126,8 @@ def verdict_of(meta: dict) -> int:
     verifiers = meta.get("verifiers")
     if not verifiers or verifiers == "[]":
         return 0
-    if meta.get("verified") is not True:
-        return 1
+    if meta.get("verified") is not True or stored_reward(meta.get("reward")) is None:
+        return 1  # a reward that is no number in [0, 1] is read as a failed verifier's, as everywhere
     return 3 if meta.get("passed") is True else 2
 
 
