@@ -202,9 +202,12 @@ static int end_descendants(void) {
             }
         }
     }
-    while (waitpid(-1, NULL, 0) > 0 || errno == EINTR) {
+    for (int tries = 0; tries < 100; tries++) { /* only the dead are left: reaped, never waited on for ever */
+        pid_t pid = waitpid(-1, NULL, WNOHANG);
+        if (pid < 0 && errno == ECHILD) return 0;
+        if (pid <= 0) usleep(10000);
     }
-    return errno == ECHILD ? 0 : -1;
+    return -1;
 }
 
 /* Wait for `child` (reaping any other), forwarding SIGTERM, SIGINT and SIGHUP to it as SIGKILL; its status. */
@@ -450,7 +453,10 @@ static int untrusted_main(int argc, char **argv) {
         _exit(127);
     }
     int status = wait_for(first, &handled);
-    if (!namespaces) end_descendants();
+    if (!namespaces && end_descendants() < 0) {
+        grade_say("run-untrusted could not end what the command started", NULL);
+        return 125;
+    }
     return status;
 }
 
@@ -612,7 +618,17 @@ static int supervise(const struct grading *g, char **command, int out) {
         _exit(127);
     }
     int status = wait_for(tests, &handled);
-    end_descendants();
+    if (end_descendants() < 0) { /* what could still write the reward was not ended: no reward is read */
+        const char *line = "hermes-batch-reward 62"; /* "b" */
+        char text[256];
+        int n = snprintf(text, sizeof text, "%s", line);
+        const char *why = "processes of the tests could not be ended";
+        for (const char *c = why; *c && n < (int)sizeof text - 3; c++) n += snprintf(text + n, sizeof text - n, "%02x", (unsigned char)*c);
+        text[n++] = '\n';
+        if (write(out, text, (size_t)n) < 0) {
+        }
+        return status;
+    }
     report_reward(reward, out);
     return status;
 }
