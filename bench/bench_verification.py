@@ -11,7 +11,13 @@
    it, beside the expected values (a row passes with probability 1-(1-p)^K and
    takes (1-(1-p)^K)/p samples on average under --stop_on_success, K without).
 
+   The verifier is ``--verifier command`` (tests apart from the agent, issue 43), and each of ``--compare``
+   (``command:apart=false``, the tests in the agent's own context; ``command:clean=true``) beside it.
+2. The cost saved by ``--stop_on_success`` on rows that pass with probability
+   ``--pass_rate`` per sample.
+
     python bench/bench_verification.py [--prompts 40] [--rows 300] [--pass_rate 0.3] [--samples 8] [--skip_docker]
+        [--compare command:apart=false] [--skip_stop_on_success]
 """
 
 from __future__ import annotations
@@ -31,13 +37,13 @@ DOCKER_IMAGE = "hermes-batch-test/busybox-a:1"
 COST_PER_CALL = 0.001
 
 
-def overhead(sandbox: str, prompts: int, workers: int, options: list[str]) -> None:
+def overhead(sandbox: str, prompts: int, workers: int, options: list[str], verifier: str = "command") -> None:
     results = {}
     with model_server(0.02, tool_calls=1) as url:
         for verified in (False, True):
             with tempfile.TemporaryDirectory() as tmp:
                 dataset = write_prompts(Path(tmp) / "prompts.jsonl", prompts, tests="test -n ok")
-                extra = ["--verifier", "command"] if verified else []
+                extra = ["--verifier", verifier] if verified else []
                 results[verified] = measure_run([
                     "run", "--dataset_file", str(dataset), "--batch_size", "100", "--run_name", "bench",
                     "--output_dir", tmp, "--base_url", url, "--model", "bench-model", "--api_key", "bench",
@@ -49,7 +55,7 @@ def overhead(sandbox: str, prompts: int, workers: int, options: list[str]) -> No
                     assert all(r["metadata"]["passed"] for r in records), "a sample did not pass its test"
                     durations = [json.loads(r["metadata"]["verifiers"])[0]["duration_s"] for r in records]
     plain, checked = results[False], results[True]
-    print(f"{sandbox}: {prompts} samples, {workers} workers")
+    print(f"{sandbox}, --verifier {verifier}: {prompts} samples, {workers} workers")
     print(f"  wall  {plain['wall_s']:.2f} s -> {checked['wall_s']:.2f} s: "
           f"{1000 * (checked['wall_s'] - plain['wall_s']) / prompts:+.1f} ms per sample "
           f"(the verifier's own time: {1000 * sum(durations) / len(durations):.1f} ms per sample, in parallel)")
@@ -98,11 +104,16 @@ def main() -> None:
     parser.add_argument("--pass_rate", type=float, default=0.3)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--skip_docker", action="store_true")
+    parser.add_argument("--compare", action="append", default=[],
+                        help="another --verifier spec measured beside `command` (repeatable): command:apart=false")
+    parser.add_argument("--skip_stop_on_success", action="store_true")
     args = parser.parse_args()
-    overhead("local", args.prompts, args.workers, [])
-    if not args.skip_docker:
-        overhead("docker", args.prompts, args.workers, ["-S", f"image={DOCKER_IMAGE}"])
-    stop_on_success(args.rows, args.pass_rate, args.samples)
+    for verifier in ("command", *args.compare):
+        overhead("local", args.prompts, args.workers, [], verifier)
+        if not args.skip_docker:
+            overhead("docker", args.prompts, args.workers, ["-S", f"image={DOCKER_IMAGE}"], verifier)
+    if not args.skip_stop_on_success:
+        stop_on_success(args.rows, args.pass_rate, args.samples)
 
 
 if __name__ == "__main__":
