@@ -87,6 +87,7 @@ class Task:
     hidden: tuple[str, ...] = ()  # test_files paths, relative to the working folder (normalised)
     visible: tuple[str, ...] = ()  # test paths the tests command names that are not hidden
     upstream: Optional[re.Pattern] = None  # the upstream's URL, in any text
+    repository: str = ""  # its path (owner/name), lower case: a text without it holds no URL of it
     package: str = ""  # the upstream's name as a package (pip install NAME fetches it)
 
     @classmethod
@@ -96,8 +97,8 @@ class Task:
             if isinstance(files, dict) else ()
         tests = row.get("tests")
         visible = tuple(p for p in _test_paths(tests) if p not in hidden) if isinstance(tests, str) else ()
-        upstream, package = _upstream(row)
-        return cls(hidden, visible, upstream, package)
+        upstream, repository = _upstream(row)
+        return cls(hidden, visible, upstream, repository, _package(repository.rsplit("/", 1)[-1]) if repository else "")
 
 
 def _normal(path: str) -> str:
@@ -126,7 +127,7 @@ def _test_paths(tests: str) -> list[str]:
 
 
 def _upstream(row: dict) -> tuple[Optional[re.Pattern], str]:
-    """A pattern matching the row's upstream repository in a URL or a git remote, and its package name."""
+    """A pattern matching the row's upstream repository in a URL or a git remote, and its path (lower case)."""
     for field in UPSTREAM_FIELDS:
         value = row.get(field)
         if not isinstance(value, str) or not value.strip() or len(value) > 500:
@@ -144,7 +145,7 @@ def _upstream(row: dict) -> tuple[Optional[re.Pattern], str]:
         pattern = re.compile(rf"(?:{host})(?:/repos)?[:/]+{re.escape(path)}{end}|"
                              rf"(?:codeload\.github\.com|raw\.githubusercontent\.com)/{re.escape(path)}{end}",
                              re.IGNORECASE)
-        return pattern, _package(path.rsplit("/", 1)[-1])
+        return pattern, path.lower()
     return None, ""
 
 
@@ -236,14 +237,15 @@ class _Auditor:
         for name in TESTS_DIR_NAMES:
             if name in text:
                 self.add("tests-read", "$" + name)
-        if self.hidden_pattern is not None:
+        # each pattern only where a plain search (fast) found what it needs: a file's content may be megabytes
+        if self.hidden_pattern is not None and any(path in text for path in self.task.hidden):
             for match in self.hidden_pattern.finditer(text):
                 if match.group(1) not in self.written:
                     self.add("tests-read", match.group(1))
-        match = _GIT_TEXT.search(text)
+        match = _GIT_TEXT.search(text) if "git" in text else None
         if match:
             self.add("git-history", match.group(0))
-        if not content and self.task.upstream is not None:
+        if not content and self.task.upstream is not None and self.task.repository in text.lower():
             match = self.task.upstream.search(text)
             if match:
                 self.add("upstream-fetch", match.group(0))

@@ -409,11 +409,6 @@ def _skip_heredocs(text: str, i: int, heredocs: list) -> int:
     """The index after the bodies of ``heredocs``, which start at ``i``."""
     n = len(text)
     for delimiter, strip_tabs in heredocs:
-        while i < n:
-            end = text.find("\n", i)
-            end = n if end < 0 else end
-            line = text[i:end]
-            i = end + 1
-            if (line.lstrip("\t") if strip_tabs else line) == delimiter:
-                break
+        end = re.compile(rf"^{chr(9) + '*' if strip_tabs else ''}{re.escape(delimiter)}$", re.MULTILINE).search(text, i)
+        i = n if end is None else end.end() + 1
     return min(i, n)
