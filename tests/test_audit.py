@@ -214,6 +214,18 @@ def test_arguments_of_any_shape_are_read_as_text():
                  ("mystery", {"nested": {"deep": "HERMES_REWARD_FILE"}})) == ["reward-file", "reward-file"]
 
 
+def test_an_audit_that_fails_leaves_the_record_unaudited_not_the_prompt_failed(monkeypatch, caplog):
+    from hermes_batch.session import audit as module
+
+    def broken(*_args):
+        raise RecursionError("a case the audit mishandles")
+
+    monkeypatch.setattr(module, "audit", broken)
+    traj = module.audited(make_trajectory(prompt_index=7), ROW, LOCAL)
+    assert traj.metadata.audit is None
+    assert "the shortcut audit of prompt 7 failed" in caplog.text
+
+
 # --- the record field -------------------------------------------------------------------------------------------
 
 
@@ -324,6 +336,7 @@ def test_a_run_audits_every_sample_and_no_shortcuts_drops_the_one_that_read_the_
     # one finding per thing named: the read_file call of the same turn named the same file
     assert findings == [{"kind": "tests-read", "turn": 2, "tool": "terminal", "target": "tests/check_count.sh",
                          "excerpt": "cat tests/check_count.sh || ls -a"}]
+    assert "Shortcut audit" in result.output and "tests-read" in result.output  # the table at the run's end
     stats = json.loads((runner.folder() / "statistics.json").read_text())["audit"]
     assert (stats["samples_audited"], stats["samples_with_findings"], stats["passed_with_findings"]) == (2, 1, 1)
     assert stats["by_kind"]["tests-read"] == {"samples": 1, "passed": 1}

@@ -375,6 +375,7 @@ class _Auditor:
         return any(prefix == a or prefix.startswith(a + "/") for a in ALLOWED)
 
 
+@functools.lru_cache(maxsize=64)
 def _neighbourhood(workdir: str) -> Optional[str]:
     """The folder around ``workdir`` that no allowed location covers: for /tmp/x/run/p3, /tmp/x (so the other
     prompts' folders beside it and the run folder above it are outside even under /tmp); None for /workspace."""
