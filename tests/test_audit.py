@@ -209,6 +209,48 @@ def test_the_audit_stays_small_and_quick_whatever_the_trajectory():
     assert all(len(f.target) <= MAX_TARGET_CHARS and len(f.excerpt) <= MAX_EXCERPT_CHARS + 6 for f in found)
 
 
+def test_no_chain_of_commands_running_commands_breaks_the_audit_or_hides_what_they_run():
+    assert kinds("xargs " * 3000 + "cat ../p9-00000000-aa/x") == ["outside-read"]
+    assert kinds("find . -exec " * 1500 + "cat /srv/x") == ["outside-read"]
+    assert kinds("sh -c \"bash -c 'eval \\\"cat /srv/x\\\"'\"") == ["outside-read"]
+    assert kinds("cat > big.py <<'EOF'\n" + "x = 1\n" * 50_000 + "EOF\ncat ../p9-00000000-aa/x") == ["outside-read"]
+
+
+def test_a_call_the_reader_cannot_read_is_still_searched_and_the_next_one_read(monkeypatch):
+    from hermes_batch.session import audit as module
+
+    real = module.read_commands
+
+    def fragile(text, cwd, **kw):
+        if "boom" in text:
+            raise IndexError("a command the reader mishandles")
+        return real(text, cwd, **kw)
+
+    monkeypatch.setattr(module, "read_commands", fragile)
+    assert kinds("boom; cat .hermes_batch_reward; cat /srv/x", "cat ../p4-00000000-aa/x") == [
+        "reward-file", "outside-read"]
+
+
+async def test_a_long_session_is_audited_in_the_thread_pool():
+    import concurrent.futures
+
+    from hermes_batch.session.audit import INLINE_CHARS, audit_sample
+
+    class Counting(concurrent.futures.ThreadPoolExecutor):
+        submitted = 0
+
+        def submit(self, *args, **kwargs):
+            Counting.submitted += 1
+            return super().submit(*args, **kwargs)
+
+    long_call = "cat ../p4-00000000-aa/x; echo " + "a" * INLINE_CHARS
+    with Counting(1) as pool:
+        short = await audit_sample(make_trajectory(conversations=tuple(turns("cat /srv/x"))), ROW, LOCAL, pool)
+        assert Counting.submitted == 0 and [f.kind for f in short.metadata.audit] == ["outside-read"]
+        long = await audit_sample(make_trajectory(conversations=tuple(turns(long_call))), ROW, LOCAL, pool)
+        assert Counting.submitted == 1 and [f.kind for f in long.metadata.audit] == ["outside-read"]
+
+
 def test_arguments_of_any_shape_are_read_as_text():
     assert kinds(("terminal", "cat .hermes_batch_reward"), ("terminal", {"command": ["cat", "/srv/x"]}),
                  ("mystery", {"nested": {"deep": "HERMES_REWARD_FILE"}})) == ["reward-file", "reward-file"]

@@ -9,6 +9,7 @@ audit cannot see.  The audit only reads text: it never fails a prompt, and what 
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import functools
 import json
@@ -26,6 +27,8 @@ MAX_PER_KIND = 4  # findings of one kind kept in a record (the first ones): a re
 MAX_TARGET_CHARS = 200
 MAX_EXCERPT_CHARS = 240
 MAX_TEST_PATHS = 200  # of a row's test_files looked for
+MAX_SESSION_CHARS = 262144  # of a session's commands read word by word; the rest is searched as text only
+INLINE_CHARS = 32768  # a session whose calls hold more is audited in a worker thread, off the event loop
 UPSTREAM_FIELDS = ("upstream", "repo")  # the row's fields naming the task's upstream repository
 
 # Names only the command verifier's tests know: the reward file and the tests' own folder.
@@ -93,8 +96,8 @@ class Task:
     @classmethod
     def of_row(cls, row: dict) -> "Task":
         files = row.get("test_files")
-        hidden = tuple(sorted({_normal(p) for p in files if isinstance(p, str) and p.strip()})[:MAX_TEST_PATHS]) \
-            if isinstance(files, dict) else ()
+        hidden = tuple(sorted({_normal(p) for p in files if isinstance(p, str) and p.strip() and len(p) <= 1024}
+                              )[:MAX_TEST_PATHS]) if isinstance(files, dict) else ()
         tests = row.get("tests")
         visible = tuple(p for p in _test_paths(tests) if p not in hidden) if isinstance(tests, str) else ()
         upstream, repository = _upstream(row)
@@ -153,7 +156,7 @@ def _package(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=32)  # a row's samples share one
 def _hidden_pattern(hidden: tuple, workdir: str) -> Optional[re.Pattern]:
     if not hidden:
         return None
@@ -175,6 +178,20 @@ def audited(trajectory: Trajectory, row: dict, workdir: str) -> Trajectory:
     return attrs.evolve(trajectory, metadata=attrs.evolve(trajectory.metadata, audit=findings))
 
 
+async def audit_sample(trajectory: Trajectory, row: dict, workdir: str, pool=None) -> Trajectory:
+    """:func:`audited`, in ``pool`` (a thread pool; None: the loop's default) when its calls are long."""
+    size = sum(_size(call.arguments) for turn in trajectory.conversations for call in turn.tool_calls or ())
+    if size <= INLINE_CHARS:
+        return audited(trajectory, row, workdir)
+    return await asyncio.get_running_loop().run_in_executor(pool, audited, trajectory, row, workdir)
+
+
+def _size(arguments) -> int:
+    if isinstance(arguments, dict):
+        return sum(len(v) if isinstance(v, str) else 64 for v in arguments.values())
+    return len(arguments) if isinstance(arguments, str) else 0
+
+
 def audit(conversations: Iterable[Turn], row: dict, workdir: str) -> tuple[AuditFinding, ...]:
     """The findings of a trajectory's tool calls for its row, run in ``workdir``: at most MAX_PER_KIND a kind."""
     auditor = _Auditor(Task.of_row(row if isinstance(row, dict) else {}), workdir)
@@ -189,6 +206,7 @@ class _Auditor:
         self.task = task
         self.workdir = posixpath.normpath(workdir) if workdir.startswith("/") else _STAND_IN
         self.neighbourhood = _neighbourhood(self.workdir) if self.workdir != _STAND_IN else None
+        self.budget = MAX_SESSION_CHARS  # characters of commands still to read word by word
         self.written: set[str] = set()  # paths in the folder the session wrote: reading them back is no finding
         self.found: dict[tuple[str, str], AuditFinding] = {}
         self.turn, self.tool, self.text = 0, "", ""
@@ -219,12 +237,16 @@ class _Auditor:
         self.turn, self.tool = turn, tool
         self.kinds_of_call = set()
         self.text = strings.get("command") or json.dumps(arguments, ensure_ascii=False)[:4 * MAX_EXCERPT_CHARS]
-        writes = _writes(tool)
-        for key in _PATH_KEYS:
-            if isinstance(strings.get(key), str) and strings[key]:
-                self.path(strings[key], "w" if writes else "r", self.workdir, tool)
-        if isinstance(strings.get("command"), str):
-            self.shell(strings["command"])
+        try:
+            writes = _writes(tool)
+            for key in _PATH_KEYS:
+                if isinstance(strings.get(key), str) and strings[key]:
+                    self.path(strings[key], "w" if writes else "r", self.workdir, tool)
+            if isinstance(strings.get("command"), str) and self.budget > 0:
+                self.budget -= len(strings["command"])
+                self.shell(strings["command"])
+        except Exception:  # a command it misreads (a bug) is still searched as text, and the next call read
+            log.debug("the shortcut audit could not read a call", exc_info=True)
         for key, value in [*strings.items(), *(("", v) for v in nested)]:
             self.scan(value, content=key in _CONTENT_KEYS)
 
@@ -475,8 +497,9 @@ def _skipped(program: str, words: tuple) -> set:
 
 def _excerpt(text: str, target: str) -> str:
     """The part of ``text`` around ``target`` (its start when it is not there), on one line, bounded."""
-    text = " ".join(text.split())
-    at = text.find(target[:60]) if target else -1
-    start = max(0, at - MAX_EXCERPT_CHARS // 3) if at > 0 else 0
-    piece = text[start:start + MAX_EXCERPT_CHARS]
-    return ("..." if start else "") + piece + ("..." if start + MAX_EXCERPT_CHARS < len(text) else "")
+    at = max(0, text.find(target[:60])) if target else 0
+    start = max(0, at - MAX_EXCERPT_CHARS // 3)
+    window = text[start:start + 4 * MAX_EXCERPT_CHARS]  # never the whole of a long text
+    piece = " ".join(window.split())
+    more = len(piece) > MAX_EXCERPT_CHARS or start + len(window) < len(text)
+    return ("..." if start else "") + piece[:MAX_EXCERPT_CHARS] + ("..." if more else "")

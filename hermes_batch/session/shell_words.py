@@ -16,8 +16,8 @@ from typing import Optional
 
 import attrs
 
-MAX_CHARS = 16384  # of one command read word by word (the audit searches all of it as text)
-MAX_DEPTH = 4  # commands inside commands: sh -c "eval '...'"
+MAX_CHARS = 65536  # of one command read word by word, here-documents left out (the audit searches all as text)
+MAX_DEPTH = 4  # commands inside commands: sh -c "eval '...'", xargs find -exec ...
 MAX_COMMANDS = 2000  # simple commands read from one command line
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "busybox"})
@@ -28,6 +28,7 @@ _WRITES = frozenset({">", ">>", ">|", "&>", "&>>", ">&", "<>"})
 # longest first, so that ">>" is not read as two ">"
 _OPS = ("&>>", "<<<", "<<-", "&&", "||", ";;", "|&", ">>", ">|", "&>", ">&", "<<", "<&", "<>",
         ";", "&", "|", "(", ")", "<", ">", "\n")
+_OP = re.compile("|".join(re.escape(op) for op in _OPS))
 _PLAIN = re.compile(r"[^\s'\"\\$`;&|()<>#]+")
 _IN_DOUBLE = re.compile(r'[^"\\$`]+')
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
@@ -68,7 +69,7 @@ def resolve(word: str, cwd: Optional[str]) -> Optional[str]:
 def read_commands(text: str, cwd: Optional[str], *, depth: int = 0, variables: Optional[dict] = None) -> list[Command]:
     """The simple commands of ``text`` in order, as run from ``cwd``; never raises on any text."""
     reader = _Reader(dict(variables or {}), depth)
-    reader.run(text[:MAX_CHARS], cwd)
+    reader.run(text, cwd)
     return reader.out
 
 
@@ -84,6 +85,8 @@ class _Reader:
         redirects: list[tuple[str, _Word]] = []
         pending: Optional[str] = None  # a redirection waiting for its word
         for token in _tokens(text):
+            if len(self.out) >= MAX_COMMANDS:
+                return
             if isinstance(token, _Word):
                 if pending is not None:
                     redirects.append((pending, token))
@@ -147,15 +150,21 @@ class _Reader:
     def nested(self, text: str, cwd: Optional[str]) -> None:
         if self.depth < MAX_DEPTH and len(self.out) < MAX_COMMANDS:
             inner = _Reader(dict(self.variables), self.depth + 1)
-            inner.run(text[:MAX_CHARS], cwd)
+            inner.run(text, cwd)
             self.out += inner.out[: MAX_COMMANDS - len(self.out)]
 
-    def emit(self, values: list, cwd: Optional[str], writes: tuple, reads: tuple) -> Optional[str]:
+    def emit(self, values: list, cwd: Optional[str], writes: tuple, reads: tuple, hops: int = 0) -> Optional[str]:
         """Add the command ``values`` (after its wrappers), and the commands it runs; the folder after it."""
         values = _unwrap(values)
         if not values and not writes and not reads:
             return cwd
         program = posixpath.basename(values[0]) if values else ""
+        while program == "xargs":  # xargs [options] COMMAND: the command, whatever the number of xargs
+            self.out.append(Command(("xargs",), cwd, writes, reads))
+            values, writes, reads = _unwrap(_xargs_command(values)), (), ()
+            program = posixpath.basename(values[0]) if values else ""
+        if hops >= MAX_DEPTH:  # find -exec find -exec ...: its words are read as they are
+            program = ""
         if program in SHELLS and program != "busybox":
             script = _shell_script(values)
             if script is not None:
@@ -170,12 +179,10 @@ class _Reader:
             values, runs = _find_exec(values)
             self.out.append(Command(tuple(values), cwd, writes, reads))
             for run in runs:
-                self.emit(run, cwd, (), ())
+                self.emit(run, cwd, (), (), hops + 1)
             return cwd
-        if program == "xargs":
-            self.out.append(Command(("xargs",), cwd, writes, reads))
-            return self.emit(_xargs_command(values), cwd, (), ())
         self.out.append(Command(tuple(values), cwd, writes, reads))
+        program = posixpath.basename(values[0]) if values else ""
         if program in ("cd", "pushd"):
             targets = [v for v in values[1:] if not v.startswith("-") or v == "-"]
             return resolve(targets[0], cwd) if targets and targets[0] != "-" else None
@@ -266,8 +273,10 @@ def _xargs_command(values: list) -> list:
 
 
 def _tokens(text: str):
-    """Words (quotes removed) and operators of ``text``; here-document bodies are skipped."""
+    """Words (quotes removed) and operators of ``text``; here-document bodies are skipped, and what comes after
+    the first MAX_CHARS characters of the rest."""
     i, n = 0, len(text)
+    skipped = 0  # characters of here-documents
     parts: list[str] = []
     inner: list[str] = []
     in_word = quoted = False
@@ -283,7 +292,7 @@ def _tokens(text: str):
         parts, inner, in_word, quoted = [], [], False, False
         return made
 
-    while i < n:
+    while i < n and i - skipped < MAX_CHARS:
         plain = _PLAIN.match(text, i)
         if plain:
             parts.append(plain.group())
@@ -322,7 +331,7 @@ def _tokens(text: str):
             i = _substitution(text, i, parts, inner)
             in_word = True
         else:
-            op = next(o for o in _OPS if text.startswith(o, i))
+            op = _OP.match(text, i).group()
             if op[0] in "<>" and in_word and not quoted and "".join(parts).isdigit():
                 parts, inner, in_word = [], [], False  # 2>file: the number is a file descriptor
             elif in_word:
@@ -331,7 +340,8 @@ def _tokens(text: str):
             if op in ("<<", "<<-"):
                 delimiter_of = op
             if op == "\n" and heredocs:
-                i = _skip_heredocs(text, i, heredocs)
+                start, i = i, _skip_heredocs(text, i, heredocs)
+                skipped += i - start
                 heredocs = []
             yield op
     if in_word:
