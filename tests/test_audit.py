@@ -317,7 +317,7 @@ def test_no_shortcuts_keeps_a_record_older_than_the_audit_and_says_so_once(caplo
 
 
 @pytest.mark.parametrize("spec,says", [
-    ("no-shortcuts:tests", "'tests' is not an audit kind; the kinds are tests-read, tests-edited"),
+    ("no-shortcuts:tests", "'tests' is not an audit kind; choose among tests-read, tests-edited"),
     ("no-shortcuts:kinds=3", "kinds are audit kinds joined by '+'"),
     ("no-shortcuts:kind=tests-read", "did you mean no-shortcuts:kinds=...?"),
 ])

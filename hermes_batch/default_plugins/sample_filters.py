@@ -99,7 +99,7 @@ def _kinds(value: Any) -> tuple:
         raise ValueError(f"kinds are audit kinds joined by '+' (tests-read+reward-file), got {value!r}")
     unknown = [v for v in value if v not in AUDIT_KINDS]
     if unknown:
-        raise ValueError(f"{', '.join(map(repr, unknown))} is not an audit kind; the kinds are {', '.join(AUDIT_KINDS)}")
+        raise ValueError(f"{', '.join(map(repr, unknown))} is not an audit kind; choose among {', '.join(AUDIT_KINDS)}")
     return tuple(value)
 
 
