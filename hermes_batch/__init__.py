@@ -86,6 +86,7 @@ from .formats.records import (  # noqa: E402
     Turn,
     Usage,
     VerifierResult,
+    AuditFinding,
 )
 from .model.retry import error_for_status  # noqa: E402
 from .contract.run_context import RunContext  # noqa: E402
@@ -165,6 +166,7 @@ __all__ = [
     "Discarded",
     "Failure",
     "VerifierResult",
+    "AuditFinding",
     # errors
     "HermesBatchError",
     "UsageError",

@@ -1,15 +1,19 @@
-"""The default quality filters: no-reasoning, hallucinated-tools, and verified (for runs with --verifier)."""
+"""The default quality filters: no-reasoning, hallucinated-tools; verified (for runs with --verifier) and
+no-shortcuts (the shortcut audit of metadata.audit), which a run applies only when asked."""
 
 from __future__ import annotations
 
-from typing import Optional
+import logging
+from typing import Any, Optional
 
 import attrs
 
 import hermes_batch
 from hermes_batch.formats.conversation import reasoning_counts
 from hermes_batch.contract.interfaces import Filter
-from hermes_batch.formats.records import Trajectory
+from hermes_batch.formats.records import AUDIT_KINDS, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 @hermes_batch.hookimpl
@@ -17,6 +21,7 @@ def register_filters(register):
     register(NoReasoningFilter)
     register(HallucinatedToolsFilter)
     register(VerifiedFilter)
+    register(NoShortcutsFilter)
 
 
 class NoReasoningFilter(Filter):
@@ -84,3 +89,51 @@ class VerifiedFilter(Filter):
         if threshold is None:
             return None if meta.passed else f"reward {meta.reward:g} is below the run's --min_reward"
         return None if meta.reward >= threshold else f"reward {meta.reward:g} is below {threshold:g}"
+
+
+def _kinds(value: Any) -> tuple:
+    """Audit kinds given as ``tests-read+reward-file`` (or spaces) or a JSON list, checked against AUDIT_KINDS."""
+    if isinstance(value, str):
+        value = value.replace("+", " ").split()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"kinds are audit kinds joined by '+' (tests-read+reward-file), got {value!r}")
+    unknown = [v for v in value if v not in AUDIT_KINDS]
+    if unknown:
+        raise ValueError(f"{', '.join(map(repr, unknown))} is not an audit kind; choose among {', '.join(AUDIT_KINDS)}")
+    return tuple(value)
+
+
+class NoShortcutsFilter(Filter):
+    """Discard samples whose shortcut audit (``metadata.audit``) found something: every kind, or those chosen.
+
+    Records without an audit (written before it existed) have no findings and are kept; the first one is logged.
+    """
+
+    @attrs.frozen
+    class Config:
+        kinds: Any = attrs.field(default="", converter=_kinds)  # the kinds that discard; () is every kind
+        ignore: Any = attrs.field(default="", converter=_kinds)  # kinds that never discard
+
+    name = "no-shortcuts"
+    description = ("Discard samples whose shortcut audit (metadata.audit) found something, such as reading the "
+                   "hidden tests or the git history; no-shortcuts:tests-read+reward-file for some kinds only, "
+                   "no-shortcuts:ignore=outside-read to leave one out.")
+
+    _said_unaudited = False
+
+    def check(self, trajectory: Trajectory) -> Optional[str]:
+        findings = trajectory.metadata.audit
+        if findings is None:
+            if not self._said_unaudited:
+                self._said_unaudited = True
+                log.warning("prompt %d has no shortcut audit (its record is older than the audit), so no-shortcuts "
+                            "keeps it; so it does every record without one", trajectory.prompt_index)
+            return None
+        kinds = set(self.config.kinds or AUDIT_KINDS) - set(self.config.ignore)
+        found = [f for f in findings if f.kind in kinds]
+        if not found:
+            return None
+        first = {}
+        for f in found:
+            first.setdefault(f.kind, f)
+        return "; ".join(f"{kind}: {f.target[:80]} (turn {f.turn})" for kind, f in first.items())

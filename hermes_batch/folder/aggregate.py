@@ -21,7 +21,7 @@ from typing import Iterable, Optional, Union
 
 from ..formats.conversation import reasoning_counts
 from ..formats.endpoint_numbers import TOKEN_FIELDS, stored_usage
-from ..formats.records import CallRecord, Discarded, Failure, Trajectory, Usage
+from ..formats.records import AUDIT_KINDS, CallRecord, Discarded, Failure, Trajectory, Usage
 from ..formats.reward_numbers import stored_reward
 
 _SCALE = 1074  # every finite double is an integer multiple of 2**-1074
@@ -232,6 +232,58 @@ class Rewards:
         return rewards
 
 
+class Audit:
+    """What the shortcut audit found (``metadata.audit``): samples audited, those with findings, per kind, and the
+    same of the passing and of the kept samples.  Records without an audit (older versions) are not counted."""
+
+    _COUNTS = ("audited", "passed", "with_findings", "passed_with_findings", "kept_with_findings")
+
+    def __init__(self) -> None:
+        self.audited = self.passed = 0  # samples audited; of them, passing
+        self.with_findings = self.passed_with_findings = self.kept_with_findings = 0
+        self.by_kind: Counter = Counter()  # kind -> samples with a finding of it
+        self.passed_by_kind: Counter = Counter()
+
+    def add(self, traj: Trajectory, kept: bool) -> None:
+        meta = traj.metadata
+        if meta.audit is None:
+            return
+        self.audited += 1
+        self.passed += meta.passed
+        if not meta.audit:
+            return
+        kinds = {f.kind for f in meta.audit if f.kind in AUDIT_KINDS}  # a newer version's kind is not counted
+        self.with_findings += 1
+        self.passed_with_findings += meta.passed
+        self.kept_with_findings += kept
+        self.by_kind.update(kinds)
+        if meta.passed:
+            self.passed_by_kind.update(kinds)
+
+    def merge(self, other: "Audit") -> None:
+        for name in self._COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.by_kind.update(other.by_kind)
+        self.passed_by_kind.update(other.passed_by_kind)
+
+    def to_state(self) -> Optional[dict]:
+        if not self.audited:  # records of versions before the audit: nothing to save
+            return None
+        return {**{name: getattr(self, name) for name in self._COUNTS}, "by_kind": dict(self.by_kind),
+                "passed_by_kind": dict(self.passed_by_kind)}
+
+    @classmethod
+    def from_state(cls, state: Optional[dict]) -> "Audit":
+        audit = cls()
+        if not state:  # an index saved before the audit, or of records without one
+            return audit
+        for name in cls._COUNTS:
+            setattr(audit, name, int(state[name]))
+        audit.by_kind = Counter({str(k): int(v) for k, v in state["by_kind"].items()})
+        audit.passed_by_kind = Counter({str(k): int(v) for k, v in state["passed_by_kind"].items()})
+        return audit
+
+
 def pack_array(values: array.array) -> str:
     """An array as base64 of its little-endian bytes: how the indexes save digests, times and per-row counts."""
     if sys.byteorder != "little":
@@ -324,6 +376,7 @@ class Aggregate:
         self.merge_tools: set[str] = set()  # in the stats or error counts of any kept sample: every merged line lists them
         self.requests = Requests()
         self.rewards = Rewards()  # of every finished sample, kept or discarded
+        self.audit = Audit()  # of every finished sample, kept or discarded
         self.first_ts: Optional[str] = None
         self.last_ts: Optional[str] = None
         # (content key, timestamp, error kind) of every failure record: few, and needed whole to tell which still fail
@@ -350,6 +403,7 @@ class Aggregate:
             self.merge_tools.update(traj.tool_error_counts)
         self.finished.add(traj)
         self.rewards.add(traj)
+        self.audit.add(traj, kept=traj is record)
         self.tools.update(traj.tool_stats)
         meta = traj.metadata
         usage = self._add_usage(meta.usage)
@@ -389,6 +443,7 @@ class Aggregate:
         self.merge_tools |= other.merge_tools
         self.requests.merge(other.requests)
         self.rewards.merge(other.rewards)
+        self.audit.merge(other.audit)
         for ts in (other.first_ts, other.last_ts):
             if ts is not None:
                 self.first_ts = ts if self.first_ts is None else min(self.first_ts, ts)
@@ -402,7 +457,8 @@ class Aggregate:
             cost=[str(self.cost.scaled), self.cost.reported], by_filter=dict(self.by_filter),
             reasons=[[name, reason, count] for (name, reason), count in self.reasons.items()],
             tools=sorted(self.tools), merge_tools=sorted(self.merge_tools), requests=self.requests.to_state(),
-            rewards=self.rewards.to_state(), first_ts=self.first_ts, last_ts=self.last_ts, failures=self.failures,
+            rewards=self.rewards.to_state(), audit=self.audit.to_state(), first_ts=self.first_ts,
+            last_ts=self.last_ts, failures=self.failures,
         )
         return state
 
@@ -420,6 +476,7 @@ class Aggregate:
         agg.tools, agg.merge_tools = set(state["tools"]), set(state["merge_tools"])
         agg.requests = Requests.from_state(state["requests"])
         agg.rewards = Rewards.from_state(state.get("rewards"))
+        agg.audit = Audit.from_state(state.get("audit"))  # none in indexes of versions before the audit
         agg.first_ts, agg.last_ts = state["first_ts"], state["last_ts"]
         agg.failures = [(str(k), str(t), str(e)) for k, t, e in state["failures"]]
         return agg

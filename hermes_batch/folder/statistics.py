@@ -13,10 +13,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .aggregate import REWARD_BUCKETS, Aggregate, Requests, Rewards, Scope, epoch
+from .aggregate import REWARD_BUCKETS, Aggregate, Audit, Requests, Rewards, Scope, epoch
 from .journal import JournalTotals, journal_path, read_journal
 from .reindex import count_unmatched
-from ..formats.records import Discarded, Failure, SessionInfo, Trajectory, Usage, key_digest
+from ..formats.records import AUDIT_KINDS, Discarded, Failure, SessionInfo, Trajectory, Usage, key_digest
 from .runfolder import RunFolder, read_records
 from ..formats.serialization import record_converter
 
@@ -163,6 +163,23 @@ def rewards_section(rewards: Rewards) -> Optional[dict]:
             }
             for name, shapes in sorted(by_toolsets.items())
         },
+    }
+
+
+def audit_section(audit: Audit) -> Optional[dict]:
+    """The ``audit`` section of statistics.json (the shortcut audit); None when no record was audited."""
+    if not audit.audited:
+        return None
+    return {
+        "samples_audited": audit.audited,
+        "samples_with_findings": audit.with_findings,
+        "share_with_findings": _ratio(audit.with_findings, audit.audited),
+        "samples_passed": audit.passed,  # of the audited samples
+        "passed_with_findings": audit.passed_with_findings,
+        "kept_with_findings": audit.kept_with_findings,
+        # every kind, 0 included: one shape in every run
+        "by_kind": {kind: {"samples": audit.by_kind.get(kind, 0), "passed": audit.passed_by_kind.get(kind, 0)}
+                    for kind in AUDIT_KINDS},
     }
 
 
@@ -373,6 +390,7 @@ def build_statistics(
         },
         "cost": None if usage.cost is None else round(usage.cost, 6),
         "rewards": rewards_section(aggregate.rewards),
+        "audit": audit_section(aggregate.audit),
         "model_requests": _requests_dict(requests, sessions),
         "duration": {
             "total_s": duration,
@@ -440,6 +458,9 @@ def render_statistics(stats: dict, console: Console) -> None:
 
     if stats.get("rewards"):
         render_rewards(stats["rewards"], console)
+
+    if stats.get("audit") and stats["audit"]["samples_with_findings"]:
+        render_audit(stats["audit"], console)
 
     requests = stats.get("model_requests") or {}
     if requests.get("by_provider"):
@@ -516,3 +537,17 @@ def render_rewards(rewards: dict, console: Console) -> None:
     histogram.caption = (f"mean {'-' if mean is None else f'{mean:.3f}'}; "
                          f"{rewards['samples_unverified']} sample(s) whose verifier failed (reward 0, not passed)")
     console.print(histogram)
+
+
+def render_audit(audit: dict, console: Console) -> None:
+    """The shortcut audit's table: samples with a finding of each kind, of all and of the passing ones."""
+    table = Table(title="Shortcut audit (samples with findings; docs/verification.md)")
+    for header in ("Kind", "Samples", "Passed"):
+        table.add_column(header, justify="left" if header == "Kind" else "right")
+    for kind, row in audit["by_kind"].items():
+        if row["samples"]:
+            table.add_row(kind, str(row["samples"]), str(row["passed"]))
+    table.caption = (f"{audit['samples_with_findings']} of {audit['samples_audited']} audited samples have findings; "
+                     f"{audit['passed_with_findings']} of {audit['samples_passed']} passing, "
+                     f"{audit['kept_with_findings']} kept")
+    console.print(table)

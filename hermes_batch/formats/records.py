@@ -234,6 +234,30 @@ class VerifierResult:
         return not self.error
 
 
+# What a shortcut audit can find in a trajectory (session/audit.py; docs/verification.md#the-shortcut-audit).
+AUDIT_KINDS = (
+    "tests-read",  # named a hidden test file of the row (its test_files), or the tests' folder
+    "tests-edited",  # wrote, moved or removed a test the row's tests command runs
+    "reward-file",  # named the command verifier's reward file
+    "test-hooks",  # wrote a file that runs inside the tests' own process or shell (conftest.py, .pth, .bashrc)
+    "git-history",  # looked at git history beyond HEAD: --all, the reflog, other refs, .git/logs
+    "upstream-fetch",  # fetched the row's upstream repository (its upstream or repo field)
+    "outside-read",  # named a path outside its working folder, beyond the standard system locations
+    "permissions",  # changed the permissions of its working folder, or took write access away
+)
+
+
+@frozen
+class AuditFinding:
+    """One thing a trajectory did that a solution should not need: what, where, and what it named."""
+
+    kind: str  # one of AUDIT_KINDS
+    turn: int  # the index in ``conversations`` of the assistant turn that made the call
+    tool: str  # the tool called
+    target: str  # the path, URL or command it named (bounded)
+    excerpt: str  # the call's command or arguments around it (bounded)
+
+
 @frozen
 class Metadata:
     """Everything about a trajectory besides the conversation; extended by later versions."""
@@ -266,6 +290,9 @@ class Metadata:
     verified: bool = False  # every verifier returned a reward (False when none ran or one failed)
     passed: bool = False  # verified and reward >= --min_reward
     verifiers: tuple[VerifierResult, ...] = ()  # one per --verifier, in the order given
+    # The shortcut audit of the session's tool calls (session/audit.py); None: not audited (records of versions
+    # before it, or made by a plugin), written as "" where an audited record has JSON text.
+    audit: Optional[tuple[AuditFinding, ...]] = None
 
 
 @frozen

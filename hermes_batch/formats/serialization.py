@@ -13,7 +13,7 @@ Hence: no nulls (an absent string is ``""``, an absent status ``0``, cost
 ``0.0`` with ``cost_reported`` false), floats always written as floats, and
 the fields whose shape the model, the dataset or the run decides
 (``tool_calls[].arguments``, ``metadata.row``, ``metadata.invalid_tool_calls``,
-``metadata.verifiers``)
+``metadata.verifiers``, ``metadata.audit``)
 written as JSON text, which is one string type whatever it holds.
 """
 
@@ -33,7 +33,7 @@ from .endpoint_numbers import TOKEN_FIELDS, finite_seconds, stored_cost, stored_
 from .jsonguard import MAX_DEPTH, finite_dumps, has_lone_surrogate, scrub_text, value_problem
 from .reward_numbers import stored_reward
 from .records import (
-    CallRecord, InvalidToolCall, Metadata, SessionInfo, ToolCallRecord, Trajectory, Turn, Usage, VerifierResult,
+    AuditFinding, CallRecord, InvalidToolCall, Metadata, SessionInfo, ToolCallRecord, Trajectory, Turn, Usage, VerifierResult,
 )
 
 T = TypeVar("T")
@@ -131,6 +131,29 @@ def _structure_verifiers(value: Any, _type=None) -> tuple:
     return tuple(_structure_verifier(item) for item in value if isinstance(item, dict)) if isinstance(value, list) else ()
 
 
+def _unstructure_audit(findings: Optional[tuple]) -> str:
+    # JSON text as verifiers; "" for a record never audited, so that it does not read back as one with no findings
+    if findings is None:
+        return ""
+    return _json_text([{"kind": _text(f.kind), "turn": _count(f.turn), "tool": _text(f.tool), "target": _text(f.target),
+                        "excerpt": _text(f.excerpt)} for f in findings])
+
+
+def _structure_audit(value: Any, _type=None) -> Optional[tuple]:
+    if value is None or value == "":  # absent: a record of a version before the audit
+        return None
+    value = _from_text(value)
+    if not isinstance(value, list):
+        return ()
+    return tuple(AuditFinding(_text(item.get("kind")), _count(item.get("turn")), _text(item.get("tool")),
+                              _text(item.get("target")), _text(item.get("excerpt")))
+                 for item in value if isinstance(item, dict))
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and value >= 0 else 0
+
+
 def _sample_index(value: Any, _type=None) -> int:
     return value if type(value) is int and value >= 0 else 0
 
@@ -209,6 +232,7 @@ def _make_record_converter() -> cattrs.Converter:
         verified=override(unstruct_hook=bool),
         passed=override(unstruct_hook=bool),
         verifiers=override(unstruct_hook=_unstructure_verifiers),
+        audit=override(unstruct_hook=_unstructure_audit),
     )
     conv.register_unstructure_hook(
         Metadata, lambda meta: unstructure_metadata(_unverified_if_no_reward(meta, meta.reward)))
@@ -222,6 +246,7 @@ def _make_record_converter() -> cattrs.Converter:
         verified=override(struct_hook=_flag),
         passed=override(struct_hook=_flag),
         verifiers=override(struct_hook=_structure_verifiers),
+        audit=override(struct_hook=_structure_audit),
     )
     conv.register_structure_hook(
         Metadata, lambda data, cls: _unverified_if_no_reward(structure_metadata(data, cls), data.get("reward")))

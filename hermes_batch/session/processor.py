@@ -17,6 +17,7 @@ from ..errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeo
 from ..contract.interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
 from ..folder.journal import current_prompt
 from ..formats.records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
+from .audit import audit_sample
 from .verification import verify
 from ..contract.run_context import RunContext
 from .sandbox_start import OpeningSandbox, SandboxCloser
@@ -141,6 +142,9 @@ class PromptProcessor:
             finally:
                 await sessions.aclose()  # a browser context, say; before the sandbox, and also on errors and Ctrl-C
             trajectory = self._trajectory(job, row, key, tools, spec, result, state, started)
+            # every sample, verified or not: about a millisecond, in a thread for the rare long ones
+            pool = self.run.thread_pool if self.run is not None else None
+            trajectory = await audit_sample(trajectory, row.extra, sandbox.workdir, pool)
             if self.verifiers:  # after the session, in its sandbox, before that closes; on no deadline but their own
                 trajectory = await verify(self, sandbox, row, trajectory, state, self._fresh_sandbox(spec, job))
         finally:

@@ -91,6 +91,11 @@ def summary_cards(s: dict) -> str:
     if rewards:
         cards.insert(3, ("passed", "Samples passed (of verified)",
                          f"{_fmt_int(rewards['samples_passed'])} / {_fmt_int(rewards['samples_scored'])}"))
+    audit = s.get("audit")
+    if audit:
+        cards.insert(4 if rewards else 3, ("shortcuts", "Samples with shortcut findings (of audited)",
+                                           f"{_fmt_int(audit['samples_with_findings'])} / "
+                                           f"{_fmt_int(audit['samples_audited'])}"))
     return '<div class="cards">' + "".join(
         f'<div class="card" data-count="{key}"><div class="num">{escape(value)}</div><div class="what">{escape(label)}</div></div>'
         for key, label, value in cards
@@ -147,6 +152,8 @@ def summary_charts(s: dict) -> str:
             "</figure>", f"{reasons}</figure>"))
     else:
         out.append(charts.empty("discards", "Discarded samples by filter", "No sample was discarded."))
+    if s.get("audit"):
+        out.append(audit_chart(s["audit"]))
     if s.get("rewards"):
         out[:0] = reward_charts(s["rewards"])
     return '<div class="charts">' + "".join(out) + "</div>"
@@ -180,6 +187,22 @@ def reward_charts(rewards: dict) -> list[str]:
         "verifier failed (reward 0, not passed) are not in it. Bucket 0.9 holds rewards from 0.9 to 1.0.",
     ))
     return out
+
+
+def audit_chart(audit: dict) -> str:
+    """The shortcut audit's part of the summary: samples with a finding of each kind, passing or not."""
+    rows = [(kind, (row["samples"] - row["passed"], row["passed"])) for kind, row in audit["by_kind"].items()
+            if row["samples"]]
+    title = "Shortcut audit: samples with findings, by kind"
+    if not rows:
+        return charts.empty("audit", title, f"None of the {audit['samples_audited']:,} audited samples did anything "
+                                            "the shortcut audit looks for.")
+    return charts.figure(
+        "audit", title, charts.bars(rows, ("not passed", "passed")),
+        f"{audit['samples_with_findings']:,} of {audit['samples_audited']:,} audited samples have findings; "
+        f"{audit['passed_with_findings']:,} of the {audit['samples_passed']:,} passing ones, "
+        f"{audit['kept_with_findings']:,} kept. --filter no-shortcuts discards them (docs/verification.md).",
+    )
 
 
 def summary_tables(s: dict) -> str:
@@ -362,6 +385,10 @@ def record_html(status: str, data: dict, link: Optional[str] = None) -> str:
         said = v.get("error") or v.get("reason") or ""
         notes += (f'<div class="why verifier"><b>verifier {escape(str(v.get("name", "")))}: '
                   f'{escape(str(v.get("reward", "")))}</b> {escape(str(said))}</div>')
+    for f in _records(_dict(record.get("metadata")).get("audit")):
+        notes += (f'<div class="why audit"><b>shortcut {escape(str(f.get("kind", "")))}</b> '
+                  f'(turn {escape(str(f.get("turn", "")))}, {escape(str(f.get("tool", "")))}): '
+                  f'{escape(str(f.get("target", "")))}</div>')
     invalid = _records(_dict(record.get("metadata")).get("invalid_tool_calls"))
     notes += "".join(f'<div class="why"><b>invalid call {escape(str(c.get("name", "")))}</b>: '
                      f'{escape(str(c.get("reason", "")))}</div>' for c in invalid)

@@ -9,7 +9,7 @@ from typing import Optional
 
 from ..folder.aggregate import Aggregate
 from ..folder.record_index import RecordIndex
-from ..folder.statistics import rewards_section
+from ..folder.statistics import audit_section, rewards_section
 from ..errors import UsageError
 from ..folder.runfolder import RunFolder
 from .index import DISCARDED, FAILED, KEPT, VERDICTS, RunIndex
@@ -71,6 +71,7 @@ def _sums(agg: Aggregate) -> dict:
         "partial": agg.finished.partial,
         "reasons": agg.reasons,
         "rewards": agg.rewards,
+        "audit": agg.audit,
     }
 
 
@@ -173,6 +174,7 @@ def summarize(index: RunIndex) -> dict:
         "discard_reasons": agg["reasons"].most_common(12),
         "statistics_at": ((stats or {}).get("timestamps") or {}).get("generated_at"),
         "rewards": rewards_section(agg["rewards"]),  # None when no verifier ran
+        "audit": audit_section(agg["audit"]),  # None when no record was audited (versions before the audit)
     }
 
 
