@@ -275,7 +275,8 @@ def test_an_audit_that_fails_leaves_the_record_unaudited_not_the_prompt_failed(m
 
 
 def audited_sample(index=0, findings=(), passed=True):
-    return make_trajectory(prompt_index=index, metadata={"audit": tuple(findings), "passed": passed})
+    return make_trajectory(prompt_index=index, metadata={"audit": tuple(findings), "passed": passed, "verified": True,
+                                                         "reward": 1.0 if passed else 0.0})
 
 
 TESTS_READ = AuditFinding("tests-read", 2, "terminal", "tests/check_count.sh", "cat tests/check_count.sh")

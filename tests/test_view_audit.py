@@ -18,7 +18,8 @@ REFLOG = AuditFinding("git-history", 2, "terminal", "git reflog", "git reflog")
 
 
 def sample(index: int, *findings: AuditFinding, passed: bool = True):
-    return make_trajectory(prompt_index=index, metadata={"audit": findings, "passed": passed, "id": f"row-{index}",
+    return make_trajectory(prompt_index=index, metadata={"audit": findings, "passed": passed, "verified": True,
+                                                         "reward": 1.0 if passed else 0.0, "id": f"row-{index}",
                                                          "content_key": f"{index:032x}"})
 
 
