@@ -5,6 +5,7 @@ again as a user without root."""
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
@@ -270,6 +271,69 @@ def test_the_hostile_classes_hold_for_a_runner_without_root(tmp_path):
     summary = done.stdout.strip().splitlines()[-1]
     # skipped: the setuid and group classes (only root can place a setuid program, or give a file to another owner)
     assert "15 passed, 2 skipped" in summary, summary
+
+
+PRIVILEGED_GROUP = """
+import asyncio, json, logging, sys
+from pathlib import Path
+from hermes_batch.errors import ConfigError
+from hermes_batch.formats.records import SandboxSpec
+from hermes_batch.local_sandbox.backend import LocalSandboxBackend, LocalSandboxConfig
+from hermes_batch.contract.run_context import RunContext
+
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+
+async def main():
+    seen = {}
+    for name, options in (("auto", {}), ("namespace", {"isolation": "namespace"}),
+                          ("allowed", {"allow_groups": "disk"}), ("process", {"isolation": "process"})):
+        backend = LocalSandboxBackend(LocalSandboxConfig(**options), RunContext("r", Path(sys.argv[1]) / name, seed=0))
+        try:
+            await backend.start()
+        except ConfigError as exc:
+            seen[name] = str(exc)
+            continue
+        sandbox = await backend.open(SandboxSpec("r", 0, "0123456789abcdef"))
+        done = await sandbox.exec("id -G", 30)
+        seen[name] = [backend.isolation, backend.isolation_details, done.output]
+        await sandbox.close()
+        await backend.shutdown()
+    print(json.dumps(seen))
+
+asyncio.run(main())
+"""
+
+
+def test_a_runner_without_root_in_a_privileged_group_is_refused_unless_it_allows_the_group():
+    # The commands of a runner without root keep its groups (a user namespace cannot drop them): a user in group
+    # disk (or docker, adm...) would hand the prompt the machine's disks.
+    if os.geteuid() != 0 or not shutil.which("setpriv") or namespace_init.compiler() is None:
+        pytest.skip("running as another user in a group takes root and setpriv; the boundary a C compiler")
+    python = shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}", path="/usr/local/bin:/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no system Python of this version for the user")
+    disk = grp.getgrnam("disk").gr_gid
+    base = Path(tempfile.mkdtemp(prefix="hermes-batch-groups-"))  # pytest's folders are root's alone
+    try:
+        base.chmod(0o777)
+        code = f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r}); exec({PRIVILEGED_GROUP!r})"
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", f"--groups={disk}", "env", "-i", f"PATH={os.defpath}",
+             f"HOME={base}", f"XDG_CACHE_HOME={base / 'cache'}", python, "-c", code, str(base / "runs")],
+            capture_output=True, text=True, timeout=300, cwd=base,
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    for refused in (seen["auto"], seen["namespace"]):
+        assert refused.startswith("The local sandbox cannot take your group disk away from its commands"), seen
+        assert refused.endswith("or let the commands have it with -S allow_groups=disk."), refused
+    level, details, _ = seen["allowed"]  # kept (shown as the overflow group in the user namespace), and said
+    assert level == "namespace" and details["groups"] == ["disk"], seen
+    level, details, groups = seen["process"]  # asked for plain processes, which have everything: said at start
+    assert level == "process" and any("with its groups disk" in gap for gap in details["missing"]), details
+    assert str(disk) in groups.split(), groups
 
 
 class OpenTun:
