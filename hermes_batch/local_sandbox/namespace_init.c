@@ -12,9 +12,10 @@
  *       [-r ROOT [-t BYTES] [-h PATH]... [-e PATH[:rw]]...] [-M BYTES] [-P COUNT] [-F BYTES] [-C SECONDS]
  *       CONTROL CWD SPILL
  *
- * It makes a PID and mount namespace (with -u also a user namespace mapping the
+ * It makes a PID, mount and IPC namespace (with -u also a user namespace mapping the
  * caller's uid and gid onto themselves, for a caller without root; with -n also
- * a network namespace whose only interface is its own loopback), forks the
+ * a network namespace whose only interface is its own loopback, to which the runner
+ * may attach a user-mode NAT program: see nat.py), forks the
  * namespace's first process and waits for it, exiting as it does; if this
  * outer process dies, the first process is killed (as unshare --kill-child).
  *
@@ -24,6 +25,8 @@
  * by default); every -h PATH (a folder) under an empty read-only folder, so
  * nothing in it is seen; every -e PATH seen at its own path (read-only unless
  * :rw), also inside a hidden folder.  It mounts the namespace's own /proc and
+ * /dev/mqueue (System V shared memory held to the size of /tmp), takes a session
+ * keyring of its own, shows only its name as its command line, and
  * lowers its privileges (no new privileges, not dumpable; with -k, the
  * capability bounding set and its own capabilities reduced to the hexadecimal
  * mask CAPS, which its commands then keep as root and lose otherwise).  With
@@ -46,8 +49,10 @@
  * A command that cannot start (its fork failed, or MAX commands, 4096 by
  * default, are running) gets only "x ID 126", and its FIFO says why.
  * It reaps every orphan of the namespace.  When its input ends (the runner
- * closed it or died) or on SIGTERM or SIGINT it exits, and the kernel then
- * kills everything left in the namespace.
+ * closed it or died) it exits, and on SIGTERM or SIGINT from outside the namespace
+ * (a command's are ignored) it exits with 128 + the signal's number; the kernel then
+ * kills everything left in the namespace.  Its commands may not call keyctl, add_key
+ * or request_key (a seccomp filter).
  */
 #define _GNU_SOURCE
 #include <errno.h>
