@@ -897,8 +897,9 @@ class SandboxContract:
 
 
 def add_session_key(description: str, payload: bytes) -> Optional[int]:
-    """Add a ``user`` key to this process's session keyring (its id), as a runner's session may hold one; None where
-    the kernel has no keyrings."""
+    """Add a ``user`` key, for a minute, to this thread's session keyring and to the user session keyring (which a
+    process without a session keyring of its own uses as one), as a runner's session may hold one; its id, None
+    where the kernel has no keyrings."""
     import ctypes
     import platform
 
@@ -907,8 +908,13 @@ def add_session_key(description: str, payload: bytes) -> Optional[int]:
         return None
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    found = libc.syscall(calls[0], b"user", description.encode(), payload, len(payload), ctypes.c_int(-3))
-    return found if found > 0 else None
+    found = None
+    for ring in (-5, -3):  # KEY_SPEC_USER_SESSION_KEYRING, KEY_SPEC_SESSION_KEYRING
+        key = libc.syscall(calls[0], b"user", description.encode(), payload, len(payload), ctypes.c_int(ring))
+        if key > 0:
+            libc.syscall(calls[2], 15, ctypes.c_long(key), 60)  # KEYCTL_SET_TIMEOUT: gone in a minute
+            found = key
+    return found
 
 
 _KEY_CALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}  # add_key, request_key, keyctl
