@@ -132,7 +132,7 @@ NO_BOUNDARY = {
         "pids": "no limits", "disk": "no limits", "network": "-S network=none is refused",
         "groups": "commands run as the runner's user (as root: root, with a shell's capabilities)",
         "keyring": "prompts may share a session keyring, and as root root's user keyring",
-        "network_isolation": "commands use the machine's network", "first_process": "nothing is hidden to be named",
+        "first_process": "nothing is hidden to be named",
     }.items()
 }
 
@@ -142,6 +142,7 @@ class TestLocalSandboxContractProcessMode(TestLocalSandboxContract):
 
     options = {"isolation": "process"}
     not_applicable = {**NO_BOUNDARY, "ipc": "no IPC namespace (-S isolation=auto says so at start)",
+                      "network_isolation": "commands use the machine's network (-S isolation=auto says so at start)",
                       "init_kill": "commands are plain processes: pid 1 is the machine's own"}
 
     @staticmethod

@@ -149,6 +149,8 @@ class LocalSandboxBackend(SandboxBackend):
                 "use -S isolation=process, or install util-linux or a C compiler and allow user namespaces."
             ) from None
         nat, network_why = await self._check_boundary(found)
+        if nat is not None:
+            found = found.with_network()  # unshare's namespaces get one too (the compiled helper: -n per sandbox)
         if found.namespace and found.helper and self.config.control_dir and self._control is None:
             self._control = await in_daemon_thread(ControlRoot.make, self.config.control_dir,
                                                    run_key(self.run.scratch_dir))
@@ -163,7 +165,7 @@ class LocalSandboxBackend(SandboxBackend):
         self._nat = nat
         self.isolation = found.level
         self.isolation_details = {
-            "network": network if found.boundary else "host",
+            "network": network,
             **({"nat": nat.name} if nat else {}),
             **({"groups": runner_groups()} if runner_groups() else {}),
             "missing": missing(found.level, network_why),
@@ -188,10 +190,7 @@ class LocalSandboxBackend(SandboxBackend):
         self._refuse_privileged_groups(found)
         nat, network_why = None, ""
         if config.network in ("auto", "nat"):
-            if found.boundary:
-                nat, network_why = await in_daemon_thread(find_nat, found, config.host_loopback)
-            else:
-                network_why = "only the compiled helper gives a prompt a network of its own"
+            nat, network_why = await in_daemon_thread(find_nat, found.with_network(), config.host_loopback)
             if nat is None and config.network == "nat":
                 raise ConfigError(f"-S network=nat cannot work on this machine ({network_why}); install passt or "
                                   "slirp4netns (Debian's packages), or use -S network=host.")
@@ -261,7 +260,7 @@ class LocalSandboxBackend(SandboxBackend):
         if self.launcher.namespace:
             options = self.boundary.sandbox_options(str(root), owner) + self._options if self.boundary else ()
             namespace = Namespace(self.launcher, env, control, str(root) + CONTROL_SUFFIX, self.config.nice, options,
-                                  self._nat if self.boundary else None)
+                                  self._nat)
         marker = secrets.token_hex(8)
         if namespace is None:
             env[MARKER_VARIABLE] = marker  # how close finds the prompt's processes

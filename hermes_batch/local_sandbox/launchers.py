@@ -110,6 +110,19 @@ class Launcher:
         return bool(self.compiled)
 
     @property
+    def user_namespace(self) -> bool:
+        """Whether its namespaces include a user namespace (those of a runner without root)."""
+        return "-u" in self.compiled or "--user" in self.unshare
+
+    def with_network(self) -> "Launcher":
+        """This launcher with a network namespace in each of its namespaces, where unshare makes them (the compiled
+        helper takes -n per sandbox instead)."""
+        if self.compiled or not self.namespace:
+            return self
+        return attrs.evolve(self, unshare=(self.unshare[0], "--net", *self.unshare[1:]),
+                            nsenter=(self.nsenter[0], "--net", *self.nsenter[1:]))
+
+    @property
     def level(self) -> str:
         """The isolation level a run records: ``namespace`` (every protection), ``pid-namespace`` (a process
         namespace only: the bash helper or nsenter) or ``process``."""
@@ -169,27 +182,31 @@ _nats: dict = {}
 
 
 def find_nat(found: Launcher, loopback: bool = False) -> tuple:
-    """(the NAT program that gives the compiled helper's network namespaces their way out here, None), else (None,
-    why not); found once per launcher (see local_sandbox.nat)."""
+    """(the NAT program that gives the namespaces of ``found`` their network and a way out here, None), else (None,
+    why not); found once per launcher (see local_sandbox.nat).  Without the compiled helper ``found`` is the
+    launcher ``with_network()``."""
     key = (found, loopback)
     if key not in _nats:
-        if not private_network_works(found):
+        if not found.namespace:
+            _nats[key] = (None, "commands run as plain processes, without namespaces")
+        elif found.boundary and not private_network_works(found):
             _nats[key] = (None, "the local sandbox cannot give its namespaces a network of their own here"
                                 f"{' (' + found.reason + ')' if found.reason else ''}")
         else:
             _nats[key] = nat.find(lambda program: _in_a_namespace(found, lambda pid: nat.attach_now(
-                program, pid, "-u" in found.compiled)), loopback)
+                program, pid, found.user_namespace)), loopback)
     return _nats[key]
 
 
 def _in_a_namespace(found: Launcher, check) -> Optional[str]:
-    """``check(pid)`` of the first process of a namespace of the compiled helper with a network of its own (-n);
-    None when it passes, else why not."""
+    """``check(pid)`` of the outer process of a namespace of ``found`` with a network of its own (the compiled
+    helper's -n, else unshare's --net); None when it passes, else why not."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     with tempfile.TemporaryDirectory(prefix="hermes-batch-check-") as control:
         try:
             helper = subprocess.Popen(
-                found.helper_argv(control, control, control, ("-n",)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                found.helper_argv(control, control, control, ("-n",)) if found.compiled else found.init_argv(),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, start_new_session=True, bufsize=0,
             )
         except OSError as exc:

@@ -91,7 +91,7 @@ class Namespace:
             if self.nat is not None:
                 # through the outer process, which made the namespaces and is in them: the first one, not dumpable,
                 # would take CAP_SYS_PTRACE to open (a runner without root has none)
-                self._attached = await self.nat.attach(self._unshare.pid, "-u" in self.launcher.compiled, self.nicer)
+                self._attached = await self.nat.attach(self._unshare.pid, self.launcher.user_namespace, self.nicer)
             if helper:
                 os.set_blocking(self._unshare.stdin.fileno(), False)
                 self._listener = asyncio.ensure_future(self._listen(reader, transport))
