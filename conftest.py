@@ -114,6 +114,8 @@ NEEDS_OF_TESTS = {
     "tests/test_local_network.py::test_abstract_sockets_of_the_machine_and_of_other_prompts_are_out_of_reach": ("slow",),
     "tests/test_local_boundary.py::test_a_runner_without_root_in_a_privileged_group_is_refused_unless_it_allows_the_group":
         ("slow",),  # four backends started by another user
+    "tests/test_local_boundary.py::test_a_command_that_signals_pid_1_is_ignored_or_fails_its_prompt_with_the_reason[bash]":
+        ("slow",),  # (keeps: the one of the compiled helper) a whole run
     "tests/test_local_sandbox.py::TestLocalSandboxContractProcessMode": ("slow",),
     "tests/test_local_sandbox.py::TestLocalSandboxContractBashHelper": ("slow",),
     "tests/test_local_sandbox.py::TestLocalSandboxContract::test_exec_returns_when_the_command_ends_though_a_background_child_holds_its_output":

@@ -389,3 +389,23 @@ async def test_a_folder_exposed_around_the_run_folder_still_hides_the_run_folder
     await second.close()
     assert seen.output.startswith("shared\n") and "SECRET" not in seen.output, seen
     assert Path(first.workdir).name not in seen.output
+
+
+@pytest.mark.parametrize("helper", ["auto", "bash"])
+def test_a_command_that_signals_pid_1_is_ignored_or_fails_its_prompt_with_the_reason(tmp_path, helper):
+    # It ended the prompt's namespace and left a record with exit_code null and no error.
+    from hermes_batch.testing import TEST_API_KEY, Runner, ScriptedModelServer, ToolLoopScript, write_dataset
+
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "Task"}])
+    script = ToolLoopScript(tool_calls=1, command="kill -TERM 1; kill -INT 1; echo signalled")
+    with ScriptedModelServer(script, api_key=TEST_API_KEY) as server:
+        runner = Runner(tmp_path, server)
+        runner.invoke(dataset, "--sandbox", "local", "--distribution", "terminal_only", "-S", f"helper={helper}",
+                      "-S", "network=host")
+    kept, failed = runner.records("trajectories.jsonl"), runner.records("failed.jsonl")
+    if helper == "auto" and namespace_init.compiler() is not None:  # the compiled helper ignores its commands' signals
+        assert len(kept) == 1 and failed == [], failed
+        assert "signalled" in json.dumps(kept[0]["conversations"])
+    else:  # bash, pid 1 of the namespace, takes them: the prompt fails, saying why
+        assert kept == [] and len(failed) == 1, (kept, failed)
+        assert "ended while a command ran (its first process was ended by SIG" in json.dumps(failed[0]), failed

@@ -1080,3 +1080,21 @@ def test_a_build_of_another_version_stays_for_the_runs_that_use_it(tmp_path):
     other.write_bytes(b"built from another source")
     built, why = namespace_init.build(tmp_path / "cache")
     assert why is None and Path(built) != other and other.exists()
+
+
+async def test_a_prompt_folder_filled_deep_leaves_zero_bytes_after_close(tmp_path):
+    # 2,500 folders deep with a file at the bottom and locked folders: the folder removal recursed and failed
+    backend = make_backend(tmp_path)
+    await backend.start()
+    try:
+        sandbox = await backend.open(spec())
+        made = await sandbox.exec(
+            "head -c 4194304 /dev/zero > top; p=$(printf 'd/%.0s' $(seq 500)); "
+            "for i in 1 2 3 4 5; do mkdir -p $p && cd -P $p || exit 1; done; head -c 1048576 /dev/zero > deep; "
+            "chmod 000 .; echo made", 120)
+        await sandbox.close()
+    finally:
+        await backend.shutdown()
+    assert made.output.startswith("made"), made
+    scratch = tmp_path / "run" / "scratch"
+    assert not scratch.exists() or list(scratch.iterdir()) == [], list(scratch.iterdir())
