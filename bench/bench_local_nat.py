@@ -78,7 +78,8 @@ async def measure(label: str, options: dict, starts: int, fetches: int, sizes, p
                 done = await sandbox.exec(command, 600)
                 wall = (time.monotonic() - began) / fetches
                 await sandbox.close()
-                used = (cpu() - before) / fetches  # the NAT program's CPU is counted once it is reaped at close
+                await asyncio.sleep(0.5)  # the NAT program's CPU is counted once it is reaped, after close
+                used = (cpu() - before) / fetches
                 assert done.output.strip() == str(size), done
                 line += f" | fetch {size} B {wall * 1000:6.2f} ms wall {used * 1000:5.2f} ms CPU"
             print(line, flush=True)

@@ -34,7 +34,7 @@ from ..sandbox_blocks.processes import ChildProcess
 
 log = logging.getLogger(__name__)
 
-# slirp4netns first: a prompt's start costs it about 4 ms of CPU, pasta about 20 (bench/bench_local_nat.py)
+# slirp4netns first: a prompt's start costs it about 5 ms of CPU, pasta about 23 (bench/NOTES.md)
 PROGRAMS = ("slirp4netns", "pasta")
 RESOLV_CONF = "/etc/resolv.conf"
 READY_TIMEOUT_S = 30.0
