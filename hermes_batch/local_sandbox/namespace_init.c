@@ -477,6 +477,7 @@ static int size_option(const char *text, rlim_t *value) {
  * the helper's own path in the cache), and any process of the namespace may read its first process's command
  * line.  The arguments are copied, and the memory the kernel shows is overwritten with the bare name. */
 static char **hide_arguments(int argc, char **argv) {
+    if (argc < 1) return argv;
     char **copy = calloc((size_t)argc + 1, sizeof *copy);
     if (copy == NULL) fail("copying the arguments");
     for (int i = 0; i < argc; i++) {
