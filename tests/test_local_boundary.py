@@ -267,9 +267,9 @@ def test_the_hostile_classes_hold_for_a_runner_without_root(tmp_path):
             capture_output=True, text=True, timeout=900, cwd=base,
         )
     finally:
+        tun.restore()
         subprocess.run(["userdel", name], capture_output=True)
         remove_tree(base)  # whatever a failing class left (shutil.rmtree recurses once per level)
-        tun.restore()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     summary = done.stdout.strip().splitlines()[-1]
     # skipped: the setuid and group classes (only root can place a setuid program, or give a file to another owner)
