@@ -110,6 +110,14 @@ NEEDS_OF_TESTS = {
     "tests/test_third_party_plugin.py::test_the_backend_passes_the_sandbox_contract": ("slow",),
     "tests/test_third_party_plugin.py::test_the_installed_plugins_are_listed": ("slow",),
     # the local sandbox's contract in its fallback modes (keeps: the default mode, TestLocalSandboxContract)
+    # slow: a NAT program attached per prompt, fetches that wait out a timeout (scripts/test.sh --all installs them)
+    "tests/test_local_network.py::test_a_prompt_reaches_the_machines_loopback_through_the_nat_only_when_asked": ("slow",),
+    "tests/test_local_network.py::test_the_nat_program_ends_with_its_sandbox": ("slow",),
+    "tests/test_local_network.py::test_abstract_sockets_of_the_machine_and_of_other_prompts_are_out_of_reach": ("slow",),
+    "tests/test_local_boundary.py::test_a_runner_without_root_in_a_privileged_group_is_refused_unless_it_allows_the_group":
+        ("slow",),  # four backends started by another user
+    "tests/test_local_boundary.py::test_a_command_that_signals_pid_1_is_ignored_or_fails_its_prompt_with_the_reason[bash]":
+        ("slow",),  # (keeps: the one of the compiled helper) a whole run
     "tests/test_local_sandbox.py::TestLocalSandboxContractProcessMode": ("slow",),
     "tests/test_local_sandbox.py::TestLocalSandboxContractBashHelper": ("slow",),
     "tests/test_local_sandbox.py::TestLocalSandboxContract::test_exec_returns_when_the_command_ends_though_a_background_child_holds_its_output":

@@ -60,6 +60,7 @@ from .sandbox_blocks.commands import run_command  # noqa: E402
 from .sandbox_blocks.files import SandboxFolder, require_regular_file  # noqa: E402
 from .sandbox_blocks.processes import ChildProcess  # noqa: E402
 from .sandbox_blocks.pool import WarmPool  # noqa: E402
+from .sandbox_blocks.trees import remove_tree  # noqa: E402
 from .sandbox_blocks import runner as command_runner  # noqa: E402
 from .sandbox_blocks import views as container_views  # noqa: E402
 from .sandbox_blocks import grading  # noqa: E402
@@ -113,6 +114,7 @@ __all__ = [
     "run_command",
     "ChildProcess",
     "WarmPool",
+    "remove_tree",
     "command_runner",
     "container_views",
     "grading",

@@ -16,7 +16,7 @@
 # With --all it first sets up what the marked tests need, each step only when the machine lacks it
 # (README.md and docs/internals.md say the same):
 #   - installs system packages with apt-get when missing: docker.io, busybox-static, gcc and libc6-dev,
-#     openssl, debootstrap, chromium (and python3-venv);
+#     slirp4netns and passt, openssl, debootstrap, chromium (and python3-venv);
 #   - starts a Docker engine (dockerd) and builds the test images hermes-batch-test/busybox-{a,b}:1
 #     (scripts/docker.sh);
 #   - debootstraps the image hermes-batch-test/apptainer:2 and starts the container
@@ -123,6 +123,11 @@ ensure_docker_for_tests
 if ! command -v cc >/dev/null 2>&1 || [ ! -e /usr/include/stdio.h ]; then
     echo "test.sh: no C compiler here; installing gcc and libc6-dev with apt-get" >&2
     _hb_apt_install gcc libc6-dev || echo "test.sh: no C compiler: the local sandbox uses bash" >&2
+fi
+# The local sandbox's network of its own (-S network=nat) attaches slirp4netns or pasta (Debian's passt); its tests
+# run with each.
+if ! command -v slirp4netns >/dev/null 2>&1 || ! command -v pasta >/dev/null 2>&1; then
+    _hb_apt_install slirp4netns passt || echo "test.sh: no slirp4netns or pasta: the local sandbox's NAT tests skip" >&2
 fi
 # The transport tests make a self-signed certificate with it.
 command -v openssl >/dev/null 2>&1 || _hb_apt_install openssl

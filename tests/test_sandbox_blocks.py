@@ -17,7 +17,7 @@ from hermes_batch import ChildProcess, SandboxFolder, require_regular_file, run_
 
 
 def test_the_blocks_are_public():
-    for name in ("SandboxFolder", "require_regular_file", "run_command", "ChildProcess", "WarmPool", "command_runner",
+    for name in ("SandboxFolder", "require_regular_file", "run_command", "ChildProcess", "WarmPool", "remove_tree", "command_runner",
                  "container_views"):
         assert name in hermes_batch.__all__
 

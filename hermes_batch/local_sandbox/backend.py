@@ -19,8 +19,6 @@ import logging
 import os
 import posixpath
 import secrets
-import shutil
-import stat
 import subprocess
 import tempfile
 import threading
@@ -41,8 +39,13 @@ from .control import DEFAULT_BASE, SPILL_BYTES, ControlRoot, run_key
 from ..sandbox_blocks.commands import POST_KILL_DRAIN_S, OutputPipe, run_command, wait_for_command
 from ..sandbox_blocks.files import SandboxFolder
 from .copying import copy_folder, empty_folder
-from .boundary import NETWORKS, Boundary, folder_over, missing, parse_expose, parse_size
-from .launchers import HELPERS, ISOLATIONS, Launcher, launcher, private_network_works, tests_apart_missing
+from ..sandbox_blocks.trees import remove_tree
+from .boundary import (
+    NETWORKS, Boundary, folder_over, missing, parse_expose, parse_size, privileged_groups, runner_groups,
+)
+from .launchers import (
+    HELPERS, ISOLATIONS, Launcher, find_nat, launcher, private_network_works, tests_apart_missing,
+)
 from .namespace import Namespace
 from .sweep import MARKER_VARIABLE, alone, kill_prompt_processes, session_members, ticks_since_boot
 from ..sandbox_blocks.processes import ChildProcess
@@ -76,7 +79,11 @@ class LocalSandboxConfig:
     control_dir: str = DEFAULT_BASE  # a memory file system for the helper's scripts and FIFOs; "" for none
     nice: int = 10  # how much nicer than the run the commands run, so that they never starve its event loop
     helper: str = "auto"  # a namespace's first process: auto (compiled where it builds and works, else bash), bash
-    network: str = "host"  # host, or none: a network namespace of the prompt's own with only its loopback
+    # auto: nat where pasta or slirp4netns works here, else host (said at start); nat: a network namespace of the
+    # prompt's own with a user-mode NAT out; host: the machine's; none: a namespace with only its loopback
+    network: str = "auto"
+    host_loopback: bool = False  # nat: the machine's loopback is reachable at the namespace's gateway address
+    allow_groups: str = ""  # NAME,...: privileged groups of the runner (not root) its commands may keep
     memory: str = "8g"  # address space of each command's process ("0": no limit)
     pids: int = 512  # processes the prompt's user may have at once (0: no limit)
     disk: str = "2g"  # size of the prompt's folder, of each file a command writes, of its private /tmp and /dev/shm ("0": no limit)
@@ -99,6 +106,9 @@ class LocalSandboxConfig:
         parse_size(self.memory, "memory")
         parse_size(self.disk, "disk")
         parse_expose(self.expose)
+        for name in filter(None, (part.strip() for part in self.allow_groups.split(","))):
+            if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+                raise ValueError(f"allow_groups takes group names (NAME,...), got {name!r}")
         for name in ("pids", "cpu"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 (no limit) or more, got {getattr(self, name)}")
@@ -126,6 +136,7 @@ class LocalSandboxBackend(SandboxBackend):
         self.boundary: Optional[Boundary] = None  # with the compiled helper: what its commands see, are and use
         self._options: tuple = ()  # the helper's options every sandbox shares (Boundary.options)
         self.isolation = ""  # the level found at check: namespace, pid-namespace or process (Launcher.level)
+        self._nat = None  # the NAT program of network=nat (local_sandbox.nat), found at check
 
     async def check(self) -> None:
         """Find how commands can run here; ConfigError when ``isolation=namespace`` cannot work."""
@@ -142,27 +153,35 @@ class LocalSandboxBackend(SandboxBackend):
                 f"-S isolation=namespace cannot work on this machine ({exc}); "
                 "use -S isolation=process, or install util-linux or a C compiler and allow user namespaces."
             ) from None
-        await self._check_boundary(found)
+        nat, network_why = await self._check_boundary(found)
+        if nat is not None:
+            found = found.with_network()  # unshare's namespaces get one too (the compiled helper: -n per sandbox)
         if found.namespace and found.helper and self.config.control_dir and self._control is None:
             self._control = await in_daemon_thread(ControlRoot.make, self.config.control_dir,
                                                    run_key(self.run.scratch_dir))
             if self._control is None:
                 log.info("The local sandbox keeps its commands' scripts beside the prompt folders: %s cannot "
                          "hold a private folder.", self.config.control_dir)
+        network = self.config.network if self.config.network in ("host", "none") else "nat" if nat else "host"
         if found.boundary:
             control = os.path.dirname(self._control.path) if self._control is not None else None
-            self.boundary = Boundary.of(self.config, self.run.run_dir, control, self.run.private_paths)
+            self.boundary = Boundary.of(self.config, self.run.run_dir, control, network, self.run.private_paths)
             self._options = self.boundary.options()
+        self._nat = nat
         self.isolation = found.level
         self.tests_apart_missing = await in_daemon_thread(tests_apart_missing, found)
         self.isolation_details = {
-            "network": self.config.network if found.boundary else "host",
-            "missing": missing(found.level),
+            "network": network,
+            **({"nat": nat.name} if nat else {}),
+            **({"groups": runner_groups()} if runner_groups() else {}),
+            "missing": missing(found.level, network_why),
         }
         self.launcher = found
 
-    async def _check_boundary(self, found: Launcher) -> None:
-        """ConfigError where ``isolation=namespace`` or ``network=none`` cannot be had; else say once what is missing."""
+    async def _check_boundary(self, found: Launcher) -> tuple:
+        """(the NAT program of ``network=auto`` or ``nat``, or None; why there is none where auto wanted one); a
+        ConfigError where ``isolation=namespace``, ``network=none`` or ``nat``, or taking the runner's privileged
+        groups away cannot be had; else say once what is missing."""
         config = self.config
         if config.isolation == "namespace" and not found.boundary:
             raise ConfigError(
@@ -174,11 +193,42 @@ class LocalSandboxBackend(SandboxBackend):
                 "-S network=none cannot work on this machine (the local sandbox cannot give its namespaces a network "
                 f"of their own{': ' + found.reason if found.reason else ''}); use -S network=host or a container backend."
             )
-        gaps = missing(found.level)
-        if gaps:  # a warning unless asked for (isolation=process)
+        self._refuse_privileged_groups(found)
+        nat, network_why = None, ""
+        if config.network in ("auto", "nat"):
+            nat, network_why = await in_daemon_thread(find_nat, found.with_network(), config.host_loopback)
+            if nat is None and config.network == "nat":
+                raise ConfigError(f"-S network=nat cannot work on this machine ({network_why}); install passt or "
+                                  "slirp4netns (Debian's packages), or use -S network=host.")
+        level_gaps = missing(found.level)
+        said = []
+        if level_gaps:
+            said.append(f"without {'; without '.join(level_gaps)}: {found.reason or 'namespaces cannot work here'}; "
+                        "-S isolation=namespace insists on them")
+        if network_why and config.network == "auto":
+            said.append(f"without {missing('namespace', network_why)[0]}; -S network=nat insists on it, -S network=host "
+                        "asks for the machine's")
+        if said:  # a warning unless asked for (isolation=process)
             log.log(logging.WARNING if config.isolation == "auto" else logging.INFO,
-                    "The local sandbox runs commands without %s: %s; -S isolation=namespace insists on them.",
-                    "; without ".join(gaps), found.reason or "namespaces cannot work here")
+                    "The local sandbox runs commands %s.", "; and ".join(said))
+        return nat, network_why if config.network == "auto" else ""
+
+    def _refuse_privileged_groups(self, found: Launcher) -> None:
+        """ConfigError when the runner (not root) is in a group that gives root or the machine's secrets, which
+        its commands would keep where they are to have a user of their own (a user namespace cannot drop groups)."""
+        if not found.boundary or self.config.isolation == "process":
+            return
+        allowed = {part.strip() for part in self.config.allow_groups.split(",")}
+        refused = [name for name in privileged_groups() if name not in allowed]
+        if refused:
+            names = ", ".join(refused)
+            raise ConfigError(
+                f"The local sandbox cannot take your group{'s' if len(refused) > 1 else ''} {names} away from its "
+                f"commands (a user namespace keeps its user's groups), and {'they give' if len(refused) > 1 else 'it gives'} "
+                f"root or the machine's secrets; run as a user outside {'them' if len(refused) > 1 else 'it'} (or as "
+                f"root), or let the commands have {'them' if len(refused) > 1 else 'it'} with -S allow_groups="
+                f"{','.join(refused)}."
+            )
 
     async def start(self) -> None:
         await self.check()
@@ -215,7 +265,8 @@ class LocalSandboxBackend(SandboxBackend):
         namespace = None
         if self.launcher.namespace:
             options = self.boundary.sandbox_options(str(root), owner) + self._options if self.boundary else ()
-            namespace = Namespace(self.launcher, env, control, str(root) + CONTROL_SUFFIX, self.config.nice, options)
+            namespace = Namespace(self.launcher, env, control, str(root) + CONTROL_SUFFIX, self.config.nice, options,
+                                  self._nat)
         marker = secrets.token_hex(8)
         if namespace is None:
             env[MARKER_VARIABLE] = marker  # how close finds the prompt's processes
@@ -249,7 +300,7 @@ class LocalSandboxBackend(SandboxBackend):
                 control = self._control.folder(root.name + CONTROL_SUFFIX)
                 os.mkdir(control, 0o700)
         except BaseException:
-            _remove_tree(root)
+            remove_tree(root)
             raise
         return root, cwd, tmp, control, owner
 
@@ -276,32 +327,9 @@ def _map_inside(root: Path, cwd: Optional[str]) -> Path:
     return root / inside if inside else root
 
 
-def _remove_tree(path: Path) -> None:
-    try:
-        shutil.rmtree(path)
-        return
-    except FileNotFoundError:
-        return
-    except OSError:
-        pass
-    # A command may have removed permissions (chmod 000) from folders it made.
-    for dirpath, dirnames, _ in os.walk(path):
-        for name in dirnames:
-            target = os.path.join(dirpath, name)
-            if os.path.islink(target):  # chmod would follow it out of the folder
-                continue
-            try:
-                os.chmod(target, stat.S_IRWXU)
-            except OSError:
-                pass
-    shutil.rmtree(path, ignore_errors=True)
-    if path.exists():
-        log.warning("Could not remove every file of the local sandbox folder %s.", path)
-
-
 def _remove_trees(paths: list) -> None:
     for path in paths:
-        _remove_tree(path)
+        remove_tree(path)
 
 
 def _free_bytes(path: Path) -> Optional[int]:
@@ -394,6 +422,9 @@ class LocalSandbox(Sandbox):
             )
         except (OSError, subprocess.SubprocessError) as exc:
             raise SandboxError(f"Could not run a command in the local sandbox {self.cwd}: {exc}") from exc
+        if namespace is not None and not namespace.alive and not self._closed:
+            raise SandboxError(f"The namespace of the local sandbox {self.root} ended while a command ran "
+                               f"({await namespace.end_reason()}); the prompt's processes are gone.")
         if len(self._held) >= HELD_BEFORE_CHECK:
             await self._release_alone()
         return result
@@ -468,6 +499,9 @@ class LocalSandbox(Sandbox):
         if tests:
             return _Reported(output.text(), None if killed_by_us else status, timed_out,
                              report.result() if report.done() else None)
+        if status is None and not killed_by_us and not self._closed:
+            raise SandboxError(f"The namespace of the local sandbox {self.root} ended while a command ran "
+                               f"({await namespace.end_reason()}); the prompt's processes are gone.")
         if self._disk_limit:
             stopped = watch.result() if watch is not None and watch.done() and not watch.cancelled() else ""
             over = stopped or await self._disk_checked()

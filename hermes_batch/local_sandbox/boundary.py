@@ -28,6 +28,8 @@ per namespace, so a command costs nothing more.  What it builds:
 
 from __future__ import annotations
 
+import errno
+import grp
 import os
 import pwd
 import re
@@ -39,8 +41,15 @@ from typing import Optional
 import attrs
 
 from . import namespace_init
+from ..sandbox_blocks.trees import walk
 
-NETWORKS = ("host", "none")
+# auto: nat where a NAT program works here, else host (said at start); nat insists on it.
+NETWORKS = ("auto", "nat", "host", "none")
+# Groups that give their members root on the machine, or its secrets: a command that kept one (a user namespace
+# cannot take a user's groups away) could start a container of the host's files (docker, lxd, incus, libvirt),
+# read raw disks (disk), the logs and journal (adm, systemd-journal), /etc/shadow (shadow) or become root (sudo, wheel).
+PRIVILEGED_GROUPS = ("root", "sudo", "wheel", "admin", "adm", "disk", "docker", "lxd", "incus", "incus-admin",
+                     "libvirt", "libvirt-qemu", "kvm", "systemd-journal", "shadow")
 # As root, a prompt's user: this plus a random number below 2**24 (far above any user a system makes).
 UID_BASE = 0x40000000
 UID_SPREAD = 1 << 24
@@ -54,6 +63,10 @@ VIEW = "a private view of the files (commands can read the run folder, other pro
 IDENTITY = "a user of their own (commands run as the user who started the run{root})"
 LIMITS = "limits on memory, processes, disk and CPU time"
 PROCESSES = "a process namespace (commands see the machine's processes, and one that leaves its session may outlive the prompt)"
+KEYRINGS = "keyrings of their own (a prompt's commands may use another's session keyring, and the user's)"
+IPC = "IPC of their own (System V and POSIX IPC objects are the machine's, and outlive the prompt)"
+NETWORK = ("a network of their own (abstract unix sockets, listeners and /proc/net are the machine's and every "
+           "prompt's: {why})")
 LEVELS = ("namespace", "pid-namespace", "process")
 # A prompt folder with more files and folders than this counts as over its disk limit (its measure stays bounded).
 MAX_ENTRIES = 100_000
@@ -121,13 +134,16 @@ class Boundary:
     root: bool = attrs.field(factory=lambda: os.geteuid() == 0)
 
     @classmethod
-    def of(cls, config, run_dir: Path, control_dir: Optional[str] = None, private: tuple = ()) -> "Boundary":
+    def of(cls, config, run_dir: Path, control_dir: Optional[str] = None, network: str = "",
+           private: tuple = ()) -> "Boundary":
+        """The boundary of ``config``'s sandboxes; ``network`` the one in effect (nat, host or none); ``private`` files
+        no sandbox shows (the dataset)."""
         hidden = [str(Path(run_dir).resolve()), *homes(), *own_files(), *map(str, private)]
         if control_dir:
             hidden.append(control_dir)
         hidden = tuple(dict.fromkeys(os.path.realpath(path) for path in hidden if path and _hideable(path)))
         exposed = tuple((os.path.realpath(path), rw) for path, rw in parse_expose(config.expose))
-        return cls(hidden, exposed, config.network, parse_size(config.memory, "memory"), config.pids,
+        return cls(hidden, exposed, network or config.network, parse_size(config.memory, "memory"), config.pids,
                    parse_size(config.disk, "disk"), config.cpu)
 
     def options(self) -> tuple:
@@ -137,7 +153,7 @@ class Boundary:
             options += ["-h", path]
         for path, writable in self.exposed:
             options += ["-e", path + (":rw" if writable else ":ro")]
-        if self.network == "none":
+        if self.network in ("none", "nat"):  # nat: a NAT program attaches to it as it starts (local_sandbox.nat)
             options.append("-n")
         for flag, value in (("-M", self.memory), ("-P", self.pids), ("-F", self.disk), ("-C", self.cpu)):
             if value:
@@ -166,37 +182,63 @@ def folder_over(root: str, limit: int) -> str:
     """Why the files under ``root`` exceed ``limit`` bytes on disk (their blocks, links not followed), or ``""``.
 
     Bounded: more than MAX_ENTRIES files and folders, or a folder that cannot be
-    read (so could hide what it holds), count as over.
+    read (so could hide what it holds), count as over.  Any depth: one folder is
+    open at a time (trees.walk).
     """
-    total, entries, folders = 0, 0, [root]
-    while folders:
-        try:
-            with os.scandir(folders.pop()) as found:
-                for entry in found:
-                    entries += 1
-                    try:
-                        total += entry.stat(follow_symlinks=False).st_blocks * 512
-                        if entry.is_dir(follow_symlinks=False):
-                            folders.append(entry.path)
-                    except FileNotFoundError:
-                        continue  # removed while measured
-                    if total > limit:
-                        return f"its files take more than {limit} bytes"
-                    if entries > MAX_ENTRIES:
-                        return f"it holds more than {MAX_ENTRIES} files and folders"
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            return f"a folder in it cannot be measured ({exc.strerror})"
+    total, entries = 0, 0
+    try:
+        for _, entry in walk(root):
+            entries += 1
+            try:
+                total += entry.stat(follow_symlinks=False).st_blocks * 512
+            except FileNotFoundError:
+                continue  # removed while measured
+            if total > limit:
+                return f"its files take more than {limit} bytes"
+            if entries > MAX_ENTRIES:
+                return f"it holds more than {MAX_ENTRIES} files and folders"
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        if exc.errno == errno.ESTALE:
+            return ""  # moved while measured: measured again later
+        return f"a folder in it cannot be measured ({exc.strerror})"
     return ""
 
 
-def missing(level: str) -> list:
-    """What a sandbox of ``level`` does not protect, as the start of the run says it."""
+def missing(level: str, network_why: str = "") -> list:
+    """What a sandbox of ``level`` does not protect, as the start of the run says it; ``network_why``: why it has no
+    network of its own where it would have had one (-S network=auto)."""
     gaps = []
     if level != "namespace":
-        root = " (root, with fewer capabilities)" if os.geteuid() == 0 else ""
-        gaps += [VIEW, IDENTITY.format(root=root), LIMITS]
+        groups = ", ".join(runner_groups())
+        root = " (root, with fewer capabilities)" if os.geteuid() == 0 else f" (with its groups {groups})" if groups else ""
+        gaps += [VIEW, IDENTITY.format(root=root), LIMITS, KEYRINGS]
     if level == "process":
-        gaps.append(PROCESSES)
+        gaps += [PROCESSES, IPC]
+    if network_why:
+        gaps.append(NETWORK.format(why=network_why))
     return gaps
+
+
+def runner_groups() -> list:
+    """The names of the runner's supplementary groups other than its own group (none as root: commands drop them)."""
+    if os.geteuid() == 0:
+        return []
+    return [_group_name(gid) for gid in sorted(set(os.getgroups()) - {os.getgid()})]
+
+
+def privileged_groups() -> list:
+    """The names of the runner's groups, its own included, that give root or the machine's secrets (PRIVILEGED_GROUPS
+    or gid 0): what commands would keep where a user namespace cannot drop them (not as root)."""
+    if os.geteuid() == 0:
+        return []
+    names = [_group_name(gid) for gid in sorted(set(os.getgroups()) | {os.getgid()})]
+    return [name for name in names if name in PRIVILEGED_GROUPS or name == "0"]
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from ..sandbox_blocks.trees import remove_tree
+
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE = "/dev/shm"
@@ -110,7 +112,7 @@ class ControlRoot:
         """Remove the folder and everything in it, then let go of the lock; safe to call more than once."""
         if self._lock_fd is None:
             return
-        shutil.rmtree(self.path, ignore_errors=True)
+        remove_tree(self.path)
         os.close(self._lock_fd)
         self._lock_fd = None
 
@@ -141,7 +143,7 @@ def sweep(parent: str) -> int:
         except OSError:
             continue  # its backend is alive
         else:
-            shutil.rmtree(entry.path, ignore_errors=True)
+            remove_tree(entry.path)
             removed += 1
         finally:
             os.close(fd)

@@ -33,7 +33,7 @@ from typing import Optional
 
 import attrs
 
-from . import namespace_init
+from . import namespace_init, nat
 from ..sandbox_blocks.processes import pidfds_work, stat_fields
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ ENTER_CWD = 'cd -- "$1" || exit 126; exec /bin/sh -c "$2"'
 # output: "p <id> <pgid>" once started, "x <id> <status>" once ended.  `set -m` gives each command a
 # process group of its own, as a session leader had.
 HELPER = (
-    "set -m; trap 'exit 0' TERM INT; ctl=$1 cwd=$2 spill=$3; echo ready; "
+    "set -m; trap 'exit 143' TERM; trap 'exit 130' INT; ctl=$1 cwd=$2 spill=$3; echo ready; "
     "while IFS= read -r request; do jobs >/dev/null; case $request in "  # jobs: forget the ended ones
     'k*) kill -KILL -- "-${request#k}" 2>/dev/null; continue ;; '
     'd*) dir=$spill id=${request#d} ;; '
@@ -108,6 +108,19 @@ class Launcher:
         """Whether the namespace's first process also builds the commands' view of the files, runs them as a
         user of their own and holds them to limits (the compiled helper: see local_sandbox.boundary)."""
         return bool(self.compiled)
+
+    @property
+    def user_namespace(self) -> bool:
+        """Whether its namespaces include a user namespace (those of a runner without root)."""
+        return "-u" in self.compiled or "--user" in self.unshare
+
+    def with_network(self) -> "Launcher":
+        """This launcher with a network namespace in each of its namespaces, where unshare makes them (the compiled
+        helper takes -n per sandbox instead)."""
+        if self.compiled or not self.namespace:
+            return self
+        return attrs.evolve(self, unshare=(self.unshare[0], "--net", *self.unshare[1:]),
+                            nsenter=(self.nsenter[0], "--net", *self.nsenter[1:]))
 
     @property
     def level(self) -> str:
@@ -222,6 +235,55 @@ def _grading_works(candidate: Launcher) -> str:
                 stream.close()
 
 
+_nats: dict = {}
+
+
+def find_nat(found: Launcher, loopback: bool = False) -> tuple:
+    """(the NAT program that gives the namespaces of ``found`` their network and a way out here, None), else (None,
+    why not); found once per launcher (see local_sandbox.nat).  Without the compiled helper ``found`` is the
+    launcher ``with_network()``."""
+    key = (found, loopback)
+    if key not in _nats:
+        if not found.namespace:
+            _nats[key] = (None, "commands run as plain processes, without namespaces")
+        elif found.boundary and not private_network_works(found):
+            _nats[key] = (None, "the local sandbox cannot give its namespaces a network of their own here"
+                                f"{' (' + found.reason + ')' if found.reason else ''}")
+        else:
+            _nats[key] = nat.find(lambda program: _in_a_namespace(found, lambda pid: nat.attach_now(
+                program, pid, found.user_namespace)), loopback)
+    return _nats[key]
+
+
+def _in_a_namespace(found: Launcher, check) -> Optional[str]:
+    """``check(pid)`` of the outer process of a namespace of ``found`` with a network of its own (the compiled
+    helper's -n, else unshare's --net); None when it passes, else why not."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with tempfile.TemporaryDirectory(prefix="hermes-batch-check-") as control:
+        try:
+            helper = subprocess.Popen(
+                found.helper_argv(control, control, control, ("-n",)) if found.compiled else found.init_argv(),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, start_new_session=True, bufsize=0,
+            )
+        except OSError as exc:
+            return f"could not be checked ({exc})"
+        try:
+            if _read_lines(helper.stdout.fileno(), 1, deadline) != [b"ready"]:
+                return "could not be checked (the namespace did not start)"
+            return check(helper.pid)  # the outer process, in the namespaces it made (see Namespace.start)
+        except OSError as exc:
+            return f"could not be checked ({exc})"
+        finally:
+            helper.kill()
+            try:
+                helper.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in (helper.stdin, helper.stdout):
+                stream.close()
+
+
 def _find_launcher(isolation: str, helper: str) -> Launcher:
     setpriv = _setpriv_prefix()
     if isolation == "process":
@@ -262,9 +324,9 @@ def _namespace_launcher(setpriv: tuple, helper: str) -> tuple:
         True,
         # Without root the user namespace already makes setuid programs grant nothing.
         setpriv if root else (),
-        (unshare, *(() if root else ("--user", "--map-current-user")), "--pid", "--mount", "--fork", "--mount-proc",
-         "--kill-child"),
-        (nsenter, *(() if root else ("--user", "--preserve-credentials")), "--pid", "--mount"),
+        (unshare, *(() if root else ("--user", "--map-current-user")), "--pid", "--mount", "--ipc", "--fork",
+         "--mount-proc", "--kill-child"),
+        (nsenter, *(() if root else ("--user", "--preserve-credentials")), "--pid", "--mount", "--ipc"),
         _nsenter_has_wdns(nsenter),
         shutil.which("bash"),
         reason=f"the compiled helper cannot be used ({why})",
@@ -284,7 +346,7 @@ def _setpriv_prefix() -> tuple:
     prefix = [path, "--no-new-privs"]
     if os.geteuid() == 0:
         keep = ",".join("+" + name for name in ROOT_CAPABILITIES)  # setpriv's names
-        prefix += ["--inh-caps=-all", f"--bounding-set=-all,{keep}"]
+        prefix += ["--inh-caps=-all", f"--bounding-set=-all,{keep}", "--clear-groups"]
     prefix.append("--")
     try:
         done = subprocess.run([*prefix, SHELL, "-c", "exit 0"], capture_output=True, timeout=30)

@@ -27,6 +27,7 @@ import subprocess
 from typing import Optional
 
 from .launchers import READY_TIMEOUT_S, Launcher, first_child
+from .nat import Attached, Nat
 from ..sandbox_blocks.processes import ChildProcess, pidfd, stat_fields
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,10 @@ class Namespace:
     """
 
     def __init__(self, launcher: Launcher, env: Optional[dict] = None, control: Optional[str] = None,
-                 spill: Optional[str] = None, nicer: int = 0, options: tuple = ()):
+                 spill: Optional[str] = None, nicer: int = 0, options: tuple = (), nat: Optional[Nat] = None):
         self.launcher = launcher
+        self.nat = nat  # the NAT program that gives the namespace's own network (-n) its way out
+        self._attached: Optional[Attached] = None
         self.options = options  # the compiled helper's view, user, network and limits (local_sandbox.boundary)
         self.env = env
         self.nicer = nicer  # how much nicer than the runner its processes run
@@ -85,6 +88,10 @@ class Namespace:
             self.init_pid, self._init_fd = _first_child_pidfd(self._unshare.pid)
             if self._init_fd is None:
                 raise RuntimeError("the namespace's first process could not be found")
+            if self.nat is not None:
+                # through the outer process, which made the namespaces and is in them: the first one, not dumpable,
+                # would take CAP_SYS_PTRACE to open (a runner without root has none)
+                self._attached = await self.nat.attach(self._unshare.pid, self.launcher.user_namespace, self.nicer)
             if helper:
                 os.set_blocking(self._unshare.stdin.fileno(), False)
                 self._listener = asyncio.ensure_future(self._listen(reader, transport))
@@ -160,6 +167,27 @@ class Namespace:
             if not future.done():
                 future.set_result(None)
 
+    async def end_reason(self) -> str:
+        """How the namespace's first process ended, as a user reads it (waited for up to a second)."""
+        if self._unshare is None:
+            return "it never started"
+        try:
+            async with asyncio.timeout(1.0):
+                await asyncio.shield(self._unshare.exited)
+        except TimeoutError:
+            return "its first process no longer answers"
+        code = self._unshare.exit_code()
+        if code is None:
+            return "its first process ended"
+        if code < 0 or code > 128:  # a signal ended it (the compiled helper and bash exit with 128 + its number)
+            number = -code if code < 0 else code - 128
+            try:
+                name = signal.Signals(number).name
+            except ValueError:
+                name = f"signal {number}"
+            return f"its first process was ended by {name}"
+        return f"its first process exited with status {code}"
+
     @property
     def alive(self) -> bool:
         return self._unshare is not None and not self._unshare.exited.done()
@@ -185,6 +213,8 @@ class Namespace:
             unshare.kill()
             log.warning("The namespace of a local sandbox took more than %g s to end.", READY_TIMEOUT_S)
         finally:
+            if self._attached is not None:
+                self._attached.stop()
             unshare.reap_when_exited()
             if self._init_fd is not None:
                 os.close(self._init_fd)

@@ -12,9 +12,10 @@
  *       [-r ROOT [-t BYTES] [-h PATH]... [-e PATH[:rw]]...] [-M BYTES] [-P COUNT] [-F BYTES] [-C SECONDS]
  *       CONTROL CWD SPILL
  *
- * It makes a PID and mount namespace (with -u also a user namespace mapping the
+ * It makes a PID, mount and IPC namespace (with -u also a user namespace mapping the
  * caller's uid and gid onto themselves, for a caller without root; with -n also
- * a network namespace whose only interface is its own loopback), forks the
+ * a network namespace whose only interface is its own loopback, to which the runner
+ * may attach a user-mode NAT program: see nat.py), forks the
  * namespace's first process and waits for it, exiting as it does; if this
  * outer process dies, the first process is killed (as unshare --kill-child).
  *
@@ -24,6 +25,8 @@
  * by default); every -h PATH (a folder) under an empty read-only folder, so
  * nothing in it is seen; every -e PATH seen at its own path (read-only unless
  * :rw), also inside a hidden folder.  It mounts the namespace's own /proc and
+ * /dev/mqueue (System V shared memory held to the size of /tmp), takes a session
+ * keyring of its own, shows only its name as its command line, and
  * lowers its privileges (no new privileges, not dumpable; with -k, the
  * capability bounding set and its own capabilities reduced to the hexadecimal
  * mask CAPS, which its commands then keep as root and lose otherwise).  With
@@ -46,8 +49,10 @@
  * A command that cannot start (its fork failed, or MAX commands, 4096 by
  * default, are running) gets only "x ID 126", and its FIFO says why.
  * It reaps every orphan of the namespace.  When its input ends (the runner
- * closed it or died) or on SIGTERM or SIGINT it exits, and the kernel then
- * kills everything left in the namespace.
+ * closed it or died) it exits, and on SIGTERM or SIGINT from outside the namespace
+ * (a command's are ignored) it exits with 128 + the signal's number; the kernel then
+ * kills everything left in the namespace.  Its commands may not call keyctl, add_key
+ * or request_key (a seccomp filter).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -278,6 +283,13 @@ static void reap(void) {
     }
 }
 
+/* Whether a signal came from outside the namespace (the runner, an administrator, the kernel): a process of the
+ * namespace has a pid there, and may not forge a kill()'s or the kernel's code (rt_sigqueueinfo refuses both), so a
+ * command's `kill -TERM 1` never ends the namespace under the prompt. */
+static int from_outside(const struct signalfd_siginfo *info) {
+    return info->ssi_pid == 0 && (info->ssi_code == SI_USER || info->ssi_code == SI_KERNEL);
+}
+
 /* The request loop; `handled` are the signals it reads (blocked), `mask` what its commands start with. */
 static int serve(const sigset_t *handled, const sigset_t *mask) {
     int signals = signalfd(-1, handled, SFD_CLOEXEC | SFD_NONBLOCK);
@@ -295,10 +307,10 @@ static int serve(const sigset_t *handled, const sigset_t *mask) {
             struct signalfd_siginfo info;
             int ended = 0;
             while (read(signals, &info, sizeof info) == sizeof info) {
-                if (info.ssi_signo != SIGCHLD) ended = 1;
+                if (info.ssi_signo != SIGCHLD && from_outside(&info)) ended = 128 + (int)info.ssi_signo;
             }
             reap();
-            if (ended) return 0;
+            if (ended) return ended;
         }
         if (watched[0].revents) {
             ssize_t got = read(STDIN_FILENO, buffer + used, sizeof buffer - 1 - used);
@@ -474,11 +486,84 @@ static int size_option(const char *text, rlim_t *value) {
 #include "namespace_view.h"
 #include "grading.h"
 
+/* What /proc/PID/cmdline shows of this program: its options name the folders it hides (the run folder, the home,
+ * the helper's own path in the cache), and any process of the namespace may read its first process's command
+ * line.  The arguments are copied, and the memory the kernel shows is overwritten with the bare name. */
+static char **hide_arguments(int argc, char **argv) {
+    if (argc < 1) return argv;
+    char **copy = calloc((size_t)argc + 1, sizeof *copy);
+    if (copy == NULL) fail("copying the arguments");
+    for (int i = 0; i < argc; i++) {
+        copy[i] = strdup(argv[i]);
+        if (copy[i] == NULL) fail("copying the arguments");
+    }
+    char *start = argv[0], *end = argv[argc - 1] + strlen(argv[argc - 1]);
+    static const char shown[] = "hermes-batch-namespace";
+    memset(start, 0, (size_t)(end - start));
+    memcpy(start, shown, (size_t)(end - start) < sizeof shown - 1 ? (size_t)(end - start) : sizeof shown - 1);
+    return copy;
+}
+
+/* A session keyring of the namespace's own, so no command possesses the runner's (Kerberos caches, fscrypt
+ * keys), and a filter that refuses keyctl, add_key and request_key to every command, so no keyring (the user's
+ * included) carries anything between prompts.  The keyring is best effort (a user's key quota, 200 by default,
+ * may be used up by as many namespaces): the filter alone keeps every keyring out of reach. */
+static void refuse_keyrings(void) {
+    syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL);
+#ifdef VIEW_ARCH
+    static const int calls[] = {SYS_keyctl, SYS_add_key, SYS_request_key};
+    struct sock_filter filter[16];
+    int n = 0;
+    filter[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
+    filter[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, VIEW_ARCH, 1, 0);
+    filter[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+    filter[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+#if defined(__x86_64__)
+    filter[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1); /* x32: its own numbers */
+    filter[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+#endif
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+        filter[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)calls[i], 0, 1);
+        filter[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+    }
+    filter[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    struct sock_fprog program = {(unsigned short)n, filter};
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0) < 0) fail("refusing keyrings");
+#endif
+}
+
+/* The namespace's own IPC objects (a new IPC namespace: they end with it): POSIX message queues listed in a
+ * /dev/mqueue of its own, and System V shared memory held to `bytes` in all (the size of its /tmp), where the
+ * kernel lets the namespace set it. */
+static void own_ipc(unsigned long long bytes) {
+    struct stat seen;
+    if (stat("/dev/mqueue", &seen) == 0 && S_ISDIR(seen.st_mode)) {
+        /* best effort: where it may not be mounted the queues are the namespace's all the same (mq_open is a system
+         * call), and the machine's /dev/mqueue, read-only in the view, only lists the machine's by name */
+        if (mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
+        }
+    }
+    char text[32];
+    long page = sysconf(_SC_PAGESIZE);
+    snprintf(text, sizeof text, "%llu", bytes);
+    int fd = open("/proc/sys/kernel/shmmax", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0 && write(fd, text, strlen(text)) < 0) {
+    }
+    if (fd >= 0) close(fd);
+    snprintf(text, sizeof text, "%llu", bytes / (unsigned long long)(page > 0 ? page : 4096));
+    fd = open("/proc/sys/kernel/shmall", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0 && write(fd, text, strlen(text)) < 0) {
+    }
+    if (fd >= 0) close(fd);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && (strcmp(argv[1], "-O") == 0 || strcmp(argv[1], "-J") == 0)) return container_main(argc, argv);
     if (argc > 1 && strcmp(argv[1], "-G") == 0) return grading_main(argc, argv);
     const char *base = strrchr(argv[0], '/');
     if (strcmp(base ? base + 1 : argv[0], "run-untrusted") == 0) return untrusted_main(argc, argv);
+    argv = hide_arguments(argc, argv);
+    unsigned long long tmp_bytes = 67108864;
     int user = 0, lower = 0, network = 0;
     uint64_t keep = 0;
     const char *root = NULL;
@@ -507,6 +592,7 @@ int main(int argc, char **argv) {
         } else if (option == 't') {
             if (size_option(optarg, &value) < 0) return 125;
             snprintf(tmp_options, sizeof tmp_options, "size=%llu,mode=1777", (unsigned long long)value);
+            tmp_bytes = (unsigned long long)value;
         } else if (option == 'h') {
             if (hidden_count == MAX_PATHS || optarg[0] != '/') return 125;
             hidden[hidden_count++] = optarg;
@@ -537,7 +623,8 @@ int main(int argc, char **argv) {
 
     uid_t uid = getuid();
     gid_t gid = getgid();
-    if (unshare(CLONE_NEWPID | CLONE_NEWNS | (user ? CLONE_NEWUSER : 0) | (network ? CLONE_NEWNET : 0)) < 0) fail("unshare");
+    int flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | (user ? CLONE_NEWUSER : 0) | (network ? CLONE_NEWNET : 0);
+    if (unshare(flags) < 0) fail("unshare");
     if (user) {
         char map[64];
         write_file("/proc/self/setgroups", "deny");
@@ -574,6 +661,7 @@ int main(int argc, char **argv) {
     if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) fail("making the mounts private");
     if (root != NULL) build_view(root, tmp_options);
     if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NOEXEC | MS_NODEV, NULL) < 0) fail("mounting /proc");
+    own_ipc(tmp_bytes);
     if (network) loopback_up();
     if (as_uid != (uid_t)-1) {
         lower = 1; /* only what starting its commands as as_uid takes */
@@ -583,5 +671,6 @@ int main(int argc, char **argv) {
     kept = lower ? keep : ~UINT64_C(0);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail("no_new_privs");
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail("not dumpable"); /* no command reads its fds through /proc */
+    refuse_keyrings();
     return serve(&handled, &mask);
 }

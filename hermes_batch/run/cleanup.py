@@ -24,6 +24,7 @@ from .notices import SKIPPED_LINES
 from ..folder.reindex import STAGING, UNMATCHED
 from ..folder.runfolder import RunFolder
 from ..folder.durable import is_temp_file, write_error
+from ..sandbox_blocks.trees import remove_tree
 from ..view.report import REPORT_NAME
 
 log = logging.getLogger(__name__)
@@ -132,8 +133,6 @@ def _unlink(path: Path) -> int:
 
 
 def _remove_sandbox_folders(folder: RunFolder, *, kept: bool) -> int:
-    from ..local_sandbox.backend import _remove_tree  # copes with folders a command made unreadable
-
     scratch = folder.scratch
     if scratch.is_symlink() or not scratch.is_dir():
         return 0
@@ -144,7 +143,7 @@ def _remove_sandbox_folders(folder: RunFolder, *, kept: bool) -> int:
         if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
             removed += _unlink(Path(entry.path))
         else:
-            _remove_tree(Path(entry.path))
+            remove_tree(entry.path)  # copes with folders a command made deep or unreadable
             removed += 1
     try:
         scratch.rmdir()  # only when empty: anything else in it stays

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
 import functools
 import logging
 import os
+import platform
 import signal
 import subprocess
 import threading
@@ -43,16 +45,36 @@ def _spawn_executor(nicer: int = 0) -> concurrent.futures.ThreadPoolExecutor:
     that comes after the child has begun.
     """
     return concurrent.futures.ThreadPoolExecutor(
-        SPAWN_THREADS, thread_name_prefix="hermes-batch-spawn", initializer=_run_nicer, initargs=(nicer,)
+        SPAWN_THREADS, thread_name_prefix="hermes-batch-spawn", initializer=_start_thread, initargs=(nicer,)
     )
 
 
-def _run_nicer(nicer: int) -> None:
+def _start_thread(nicer: int) -> None:
+    own_session_keyring()
     if nicer:
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, _own_niceness()[0] + nicer))
         except OSError:  # raising one's own niceness is always allowed; without it the children run as we do
             log.warning("Could not make the spawn threads nicer: sandbox commands run at the run's priority.")
+
+
+def own_session_keyring() -> bool:
+    """Give the calling thread a new, empty session keyring (Linux keeps one per thread); whether it could.
+
+    A child is born with its forking thread's session keyring, and with the
+    runner's it could search and read whatever the runner's session holds
+    (Kerberos caches, fscrypt keys): what the spawn threads start never
+    possesses it.
+    """
+    call = _KEYCTL.get(platform.machine())
+    if call is None:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc.syscall(call, 1, None) >= 0  # KEYCTL_JOIN_SESSION_KEYRING, anonymous
+
+
+_KEYCTL = {"x86_64": 250, "aarch64": 219, "i686": 288, "armv7l": 311, "ppc64le": 271, "s390x": 280, "riscv64": 219}
 
 
 def pidfd(pid: int) -> Optional[int]:

@@ -159,7 +159,8 @@ class SandboxContract:
     #: None: the test is skipped when it says so).
     stops_processes: Optional[bool] = None
     #: Boundary classes that do not apply to this backend, with the reason: "neighbours", "home", "run_folder",
-    #: "write_outside", "setuid", "memory", "pids", "disk", "network".
+    #: "write_outside", "setuid", "memory", "pids", "disk", "network", "groups", "keyring", "ipc",
+    #: "network_isolation", "first_process", "deep_tree", "init_kill".
     not_applicable: dict = {}
 
     async def sandbox_exists(self, sandbox: Sandbox) -> bool:
@@ -248,6 +249,12 @@ class SandboxContract:
     def _applies(self, name: str) -> None:
         if name in self.not_applicable:
             pytest.skip(f"not applicable to {type(self).__name__}: {self.not_applicable[name]}")
+
+    async def group_only_file(self, sandbox: Sandbox) -> Optional[str]:
+        """The path, as the sandbox's commands see it, of a file holding :data:`RUNNER_SECRET` that only a group of
+        the invoking user may read (owned by another user), placed for ``sandbox``; None where the test cannot place
+        one (say why in ``not_applicable["groups"]``)."""
+        return None
 
     async def setuid_program(self, sandbox: Sandbox) -> Optional[str]:
         """The path, as the sandbox's commands see it, of a setuid-root program that prints the effective uid
@@ -759,3 +766,212 @@ class SandboxContract:
             await sandbox.close()
             server.close()
             await server.wait_closed()
+
+    # --- the boundary, second round: groups, keyrings, IPC, sockets, the first process, deep trees -------------
+
+    async def _python_probe(self, sandbox: Sandbox, *arguments: str) -> Optional[str]:
+        """The output of :data:`PROBE` run with ``arguments`` by the image's ``python3``; None when it has none."""
+        if not await self._has_python(sandbox):
+            return None
+        await sandbox.write_file("hb-probe.py", PROBE.encode())
+        done = await sandbox.exec("python3 hb-probe.py " + " ".join(f"'{a}'" for a in arguments), 60)
+        return done.output
+
+    @staticmethod
+    async def _has_python(sandbox: Sandbox) -> bool:
+        found = await sandbox.exec("command -v python3 > /dev/null && python3 -c 'import ctypes' && echo has-python", 30)
+        return found.output.strip() == "has-python"
+
+    async def test_no_group_of_the_invoking_user_reaches_a_command(self, open_sandbox: OpenSandbox):
+        self._applies("groups")
+        sandbox = await open_sandbox()
+        path = await self.group_only_file(sandbox)
+        if path is None:
+            pytest.skip(f"{type(self).__name__} places no file only a group of the invoking user may read")
+        seen = await sandbox.exec(f"cat '{path}' 2>&1; id", 30)
+        assert RUNNER_SECRET.decode() not in seen.output, seen
+
+    async def test_the_runners_keyring_is_out_of_reach_and_prompts_share_none(self, open_sandbox: OpenSandbox):
+        # A key in the runner's session keyring (a Kerberos cache, an fscrypt key) must not reach a command, and no
+        # keyring may carry what one prompt writes to another.
+        self._applies("keyring")
+        description = unique_marker()
+        secret = add_session_key(description, RUNNER_SECRET)
+        first, second = await open_sandbox(), await open_sandbox()
+        seen = await self._python_probe(first, "keys", description)
+        if seen is None:
+            pytest.skip("the image has no python3 (with ctypes) to call keyctl with")
+        assert "searched" in seen, seen
+        assert RUNNER_SECRET.decode() not in seen and (secret is None or f"found {secret}" not in seen), seen
+        await self._python_probe(first, "add-key", description + "-prompt")
+        crossed = await self._python_probe(second, "keys", description + "-prompt")
+        assert "searched" in crossed and "PROMPT-KEY" not in crossed, crossed
+
+    async def test_ipc_objects_are_the_prompts_own_and_end_with_it(self, open_sandbox: OpenSandbox):
+        self._applies("ipc")
+        first, second = await open_sandbox(), await open_sandbox()
+        key = 0x4842000 + os.getpid() % 0x1000 * 0x10 + next(_markers) % 0x10
+        made = await self._python_probe(first, "ipc-make", str(key))
+        if made is None:
+            pytest.skip("the image has no python3 (with ctypes) to make IPC objects with")
+        assert "made shm" in made and "made msg" in made, made
+        crossed = await self._python_probe(second, "ipc-find", str(key))
+        assert "missing shm" in crossed and "missing msg" in crossed, crossed
+        await first.close()
+        for table in ("shm", "msg"):  # the machine's own tables: what a prompt made is not left there
+            try:
+                lines = Path(f"/proc/sysvipc/{table}").read_text().splitlines()[1:]
+            except OSError:
+                continue
+            assert all(int(line.split()[0]) != key for line in lines), (table, hex(key))
+
+    async def test_abstract_sockets_and_the_machines_network_tables_stay_out_of_reach(self, open_sandbox: OpenSandbox):
+        self._applies("network_isolation")
+        import socket
+
+        marker = unique_marker()
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            abstract.bind("\0" + marker)
+            abstract.listen()
+            port = f":{listener.getsockname()[1]:04X} "
+            first, second = await open_sandbox(), await open_sandbox()
+            tables = await first.exec("cat /proc/net/tcp /proc/net/tcp6 /proc/net/unix 2>/dev/null", 30)
+            assert port not in tables.output and marker not in tables.output, "the machine's sockets are listed"
+            served = await self._python_probe(first, "abstract-serve", marker + "-prompt")
+            if served is not None:
+                assert "serving" in served, served
+                reached = await self._python_probe(second, "abstract-connect", marker + "-prompt")
+                assert "refused" in reached and "PROMPT-SOCKET" not in reached, reached
+                assert "refused" in await self._python_probe(second, "abstract-connect", marker), "the machine's"
+        finally:
+            listener.close()
+            abstract.close()
+
+    async def test_the_first_process_names_nothing_hidden(self, home_marker: Path, open_sandbox: OpenSandbox):
+        # What /proc shows of the sandbox's first process (pid 1) names none of the folders hidden from the commands.
+        self._applies("first_process")
+        import hermes_batch
+        import sys
+
+        sandbox = await open_sandbox()
+        seen = (await sandbox.exec("cat /proc/1/cmdline /proc/1/environ 2>/dev/null | tr '\\0' ' '", 30)).output
+        hidden = [str(home_marker.parent), os.path.dirname(hermes_batch.__file__), os.environ["XDG_CACHE_HOME"]]
+        if sys.prefix != sys.base_prefix:
+            hidden.append(sys.prefix)
+        assert [path for path in hidden if path in seen] == [], seen
+
+    async def test_a_deep_and_locked_tree_goes_at_close(self, open_sandbox: OpenSandbox):
+        # 3,000 folders deep (past PATH_MAX, and a recursion of any remover that recurses), some no longer writable
+        # or readable by their owner.
+        self._applies("deep_tree")
+        sandbox = await open_sandbox()
+        made = await sandbox.exec(
+            "p=$(printf 'd/%.0s' $(seq 1000)); for i in 1 2 3; do mkdir -p $p && cd -P $p || exit 1; done; "
+            "head -c 1048576 /dev/zero > deep; mkdir locked && echo x > locked/f && chmod 000 locked; "
+            "mkdir ../ro && echo y > ../ro/f && chmod 500 ../ro; echo made", 120)
+        assert made.output.startswith("made\n"), made  # (a backend may then say it cannot measure a locked folder)
+        await sandbox.close()
+        assert not await self.sandbox_exists(sandbox)
+
+    async def test_signalling_the_first_process_is_survived_or_an_error_that_says_so(self, open_sandbox: OpenSandbox):
+        # A command that signals pid 1 of its sandbox: the sandbox goes on, or the command fails with an error that
+        # says what happened; never a result without an exit status or a timeout, which reads as nothing wrong.
+        self._applies("init_kill")
+        sandbox = await open_sandbox()
+        try:
+            done = await sandbox.exec("for s in TERM INT HUP USR1 USR2 QUIT; do kill -$s 1; done; sleep 1; echo after", 30)
+        except SandboxError as exc:
+            assert str(exc), "an error with no reason"
+            return
+        assert done.exit_code is not None or done.timed_out, done
+        try:
+            after = await sandbox.exec("echo next", 30)
+        except SandboxError as exc:
+            assert str(exc), "an error with no reason"
+            return
+        assert after.output == "next\n", after
+
+
+def add_session_key(description: str, payload: bytes) -> Optional[int]:
+    """Add a ``user`` key, for a minute, to this thread's session keyring and to the user session keyring (which a
+    process without a session keyring of its own uses as one), as a runner's session may hold one; its id, None
+    where the kernel has no keyrings."""
+    import ctypes
+    import platform
+
+    calls = _KEY_CALLS.get(platform.machine())
+    if calls is None:
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    found = None
+    for ring in (-5, -3):  # KEY_SPEC_USER_SESSION_KEYRING, KEY_SPEC_SESSION_KEYRING
+        key = libc.syscall(calls[0], b"user", description.encode(), payload, len(payload), ctypes.c_int(ring))
+        if key > 0:
+            libc.syscall(calls[2], 15, ctypes.c_long(key), 60)  # KEYCTL_SET_TIMEOUT: gone in a minute
+            found = key
+    return found
+
+
+_KEY_CALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}  # add_key, request_key, keyctl
+
+# Run by the image's python3 in a sandbox (the hostile commands of the second round of boundary classes).
+PROBE = r'''
+import ctypes, errno, os, platform, socket, sys, time
+CALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+what, arg = sys.argv[1], sys.argv[2]
+
+def call(*args):
+    result = libc.syscall(*args)
+    return result if result >= 0 else "error " + errno.errorcode.get(ctypes.get_errno(), "?")
+
+if what == "keys":
+    add_key, request_key, keyctl = CALLS.get(platform.machine(), (-1, -1, -1))
+    for ring in (-3, -4, -5):  # session, user, user session
+        found = call(keyctl, 10, ctypes.c_int(ring), b"user", arg.encode(), 0)  # KEYCTL_SEARCH
+        print("searched", ring, found)
+        if isinstance(found, int):
+            payload = ctypes.create_string_buffer(256)
+            print("found", found, call(keyctl, 11, ctypes.c_long(found), payload, 256), payload.value.decode(errors="replace"))
+    print("requested", call(request_key, b"user", arg.encode(), None, 0))
+elif what == "add-key":
+    add_key = CALLS.get(platform.machine(), (-1,))[0]
+    for ring in (-3, -4, -5):
+        print("added", ring, call(add_key, b"user", arg.encode(), b"PROMPT-KEY", 10, ctypes.c_int(ring)))
+elif what == "ipc-make":
+    key = int(arg)
+    print("made shm" if libc.shmget(key, 1 << 20, 0o1666) >= 0 else "no shm", "made msg" if libc.msgget(key, 0o1666) >= 0 else "no msg")
+elif what == "ipc-find":
+    key = int(arg)
+    print("missing shm" if libc.shmget(key, 0, 0) < 0 else "found shm", "missing msg" if libc.msgget(key, 0) < 0 else "found msg")
+elif what == "abstract-serve":
+    if os.fork() == 0:
+        os.setsid()
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind("\0" + arg)
+        server.listen()
+        print("serving", flush=True)
+        os.close(1); os.close(2)
+        server.settimeout(60)
+        try:
+            while True:
+                connection, _ = server.accept()
+                connection.sendall(b"PROMPT-SOCKET")
+                connection.close()
+        except OSError:
+            os._exit(0)
+    time.sleep(0.5)
+elif what == "abstract-connect":
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.connect("\0" + arg)
+        print("reached", client.recv(100))
+    except OSError as exc:
+        print("refused", exc)
+'''

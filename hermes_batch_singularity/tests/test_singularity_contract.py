@@ -42,6 +42,8 @@ class TestSingularitySandboxContract(SandboxContract):
         "memory": "the backend sets no limits (cgroup limits go through -S extra_args=, where the site allows)",
         "pids": "the backend sets no limits (cgroup limits go through -S extra_args=, where the site allows)",
         "disk": "the backend sets no limits (the writable tmpfs is memory)",
+        "network_isolation": "-S network=host (the default) is the machine's network namespace: its abstract sockets "
+                             "and /proc/net (-S network=none gives each instance its own)",
     }
 
     @pytest.fixture

@@ -23,6 +23,7 @@ class TestBlockboxContract(SandboxContract):
 
     # blockbox runs commands as plain processes of the runner's user: a folder per prompt, not a boundary
     not_applicable = dict.fromkeys(
-        ("neighbours", "home", "run_folder", "write_outside", "setuid", "memory", "pids", "disk", "network"),
+        ("neighbours", "home", "run_folder", "write_outside", "setuid", "memory", "pids", "disk", "network", "groups",
+         "keyring", "ipc", "network_isolation", "first_process"),
         "blockbox runs commands as plain processes of the runner's user",
     )

@@ -10,7 +10,8 @@ import tempfile
 from pathlib import Path
 
 from hermes_batch import (
-    ChildProcess, ConfigError, ExecResult, Sandbox, SandboxBackend, SandboxError, SandboxFolder, run_command,
+    ChildProcess, ConfigError, ExecResult, Sandbox, SandboxBackend, SandboxError, SandboxFolder, remove_tree,
+    run_command,
 )
 
 # The namespace's first process: says it is ready, then reaps orphans until it is killed.
@@ -70,9 +71,12 @@ class Blockbox(Sandbox):
         enter = ["nsenter", "-t", str(self.init_pid), *(("--user", "--preserve-credentials") if USER else ()),
                  "--pid", "--mount", f"--wd={self.cwd}", "/bin/sh", "-c", command]
         try:  # a timeout, the process group killed, bounded output; returns when the command ends
-            return await run_command(enter, timeout, cwd=str(self.cwd), env=self.env)
+            result = await run_command(enter, timeout, cwd=str(self.cwd), env=self.env)
         except OSError as exc:
             raise SandboxError(f"Could not run a command in the blockbox sandbox {self.root}: {exc}") from exc
+        if self.init.exited.done():  # a command ended it (sh, its first process, takes some signals): say so
+            raise SandboxError(f"The namespace of the blockbox sandbox {self.root} has ended.")
+        return result
 
     async def read_file(self, path: str, max_bytes=None) -> bytes:
         return await asyncio.to_thread(self.folder.read, path, max_bytes)
@@ -90,4 +94,4 @@ class Blockbox(Sandbox):
             self.init.reap()
             self.init.stdout.close()
         self.folder.close()
-        await asyncio.to_thread(shutil.rmtree, self.root, True)
+        await asyncio.to_thread(remove_tree, self.root)  # any depth: shutil.rmtree recurses
