@@ -136,6 +136,7 @@ class RunEngine:
             # off the event loop, like the merge: reading a big run folder must not make Ctrl-C wait
             match = await run_off_loop(resume_scan.read_run_folder, prepared.folder, cfg, prepared.plan, keys,
                                        prepared.checkpoints, self.index)
+            await run_off_loop(self.journals.load, prepared.folder)  # the journals left, checked before the preflight
         prepared.checkpoints.previously_finished = match.finished
         return match
 

@@ -15,6 +15,8 @@ import attrs
 
 from ..contract.interfaces import PromptJob
 from ..errors import RunFolderWriteError
+from ..folder import readback
+from ..folder.batch_journal import batch_journal_path
 from ..folder.journal import CallJournal, journal_path
 from ..folder.replay_journal import ResponseJournal, replay_journal_path
 from ..folder.response_cache import open_cache
@@ -33,11 +35,20 @@ class SessionJournals:
         self.responses: Optional[ResponseJournal] = None
         self.replayer: Optional[Replayer] = None
         self.all_recorded = False  # every prompt of the run has its record: responses.jsonl goes at close
+        self.kept = 0  # failed prompts whose answers stay in responses.jsonl for the --resume that runs them again
+
+    def load(self, folder: RunFolder) -> None:
+        """On a resume, before any model call and off the event loop: read (and repair) what the sessions before
+        left, refusing a journal that is no plain file (a link, a FIFO, a device) before the preflight is paid."""
+        for path in (journal_path(folder.dir), batch_journal_path(folder.dir)):
+            readback.check_file(path)
+        self.responses = ResponseJournal(replay_journal_path(folder.dir))
 
     def open(self, folder: RunFolder, session_number: int, processor, response_cache, left) -> None:
         """Open the journals and give them to the processor's client and replayer (``left``: the rows to run)."""
         processor.client.journal = self.calls = CallJournal(journal_path(folder.dir), session_number)
-        self.responses = ResponseJournal(replay_journal_path(folder.dir))
+        if self.responses is None:
+            self.responses = ResponseJournal(replay_journal_path(folder.dir))
         processor.replayer = self.replayer = Replayer(self.responses, processor.client, open_cache(response_cache))
         if self.responses.cut_off:
             log.info("%d prompt(s) cut off before replay their recorded model answers.", self.responses.cut_off)
@@ -60,8 +71,12 @@ class SessionJournals:
             return job
         return attrs.evolve(job, replay=self.responses.recorded(replay_key(job)))
 
-    def recorded(self, job: PromptJob) -> None:
-        """The prompt's record is written: its answers need no replay any more."""
+    def recorded(self, job: PromptJob, failed: bool = False) -> None:
+        """The prompt's record is written: its answers need no replay any more, unless it failed (``failed``):
+        a --resume runs it again, and replays the answers it paid for instead of paying again."""
+        if failed:
+            self.kept += 1
+            return
         self.responses.end(replay_key(job))
 
     def close(self) -> None:
