@@ -34,6 +34,7 @@ class SessionJournals:
         self.calls: Optional[CallJournal] = None
         self.responses: Optional[ResponseJournal] = None
         self.replayer: Optional[Replayer] = None
+        self.cache = None  # --response_cache's ResponseCache, opened before the preflight
         self.all_recorded = False  # every prompt of the run has its record: responses.jsonl goes at close
         self.kept = 0  # failed prompts whose answers stay in responses.jsonl for the --resume that runs them again
 
@@ -44,12 +45,18 @@ class SessionJournals:
             readback.check_file(path)
         self.responses = ResponseJournal(replay_journal_path(folder.dir))
 
-    def open(self, folder: RunFolder, session_number: int, processor, response_cache, left) -> None:
-        """Open the journals and give them to the processor's client and replayer (``left``: the rows to run)."""
+    def open_cache(self, response_cache) -> None:
+        """Open --response_cache, before the preflight: a cache that cannot be used stops the run (UsageError)
+        before anything is paid or written."""
+        self.cache = open_cache(response_cache)
+
+    def open(self, folder: RunFolder, session_number: int, processor, left) -> None:
+        """Open the journals and give them, with the cache, to the processor's client and replayer (``left``: the
+        rows to run)."""
         processor.client.journal = self.calls = CallJournal(journal_path(folder.dir), session_number)
         if self.responses is None:
             self.responses = ResponseJournal(replay_journal_path(folder.dir))
-        processor.replayer = self.replayer = Replayer(self.responses, processor.client, open_cache(response_cache))
+        processor.replayer = self.replayer = Replayer(self.responses, processor.client, self.cache)
         if self.responses.cut_off:
             log.info("%d prompt(s) cut off before replay their recorded model answers.", self.responses.cut_off)
         if isinstance(processor.client, BatchingClient):
@@ -85,5 +92,6 @@ class SessionJournals:
             self.calls.close()
         if self.responses is not None:
             self.responses.close(finished=self.all_recorded)
-        if self.replayer is not None and self.replayer.cache is not None:
-            self.replayer.cache.close()
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None
