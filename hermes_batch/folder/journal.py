@@ -89,11 +89,17 @@ class CallJournal:
         if self.stopped is None:
             self.stopped = error
 
-    def sent(self) -> None:
-        """A request is about to go out; raises RunFolderWriteError once the run folder could not be written."""
+    def check(self) -> None:
+        """RunFolderWriteError once the run folder could not be written: no request may go out."""
         if self.stopped is not None:  # paying for an answer the run cannot save
             raise RunFolderWriteError(str(self.stopped))
-        self._write({"event": "sent", "session": self.session, "prompt_index": current_prompt.get()})
+
+    def sent(self, prompt_index: Optional[int] = None) -> None:
+        """A request (of ``prompt_index``, by default the current prompt's) is about to go out; raises
+        RunFolderWriteError once the run folder could not be written."""
+        self.check()
+        prompt = current_prompt.get() if prompt_index is None else prompt_index
+        self._write({"event": "sent", "session": self.session, "prompt_index": prompt})
 
     def tool_usage(self, usage: Usage) -> None:
         """A tool made a model call of its own (vision, mixture of agents): its tokens and cost count too."""
@@ -127,9 +133,14 @@ class CallJournal:
         """``client.complete`` with every attempt journaled: ``sent`` before it goes out, ``done`` when it ends."""
         attempts: list = [] if calls is None else calls
         first = len(attempts)
+        # --batch_api: the client's batcher writes the ``sent`` line when the request's batch goes out
+        later = getattr(client, "sends_later", False)
 
         async def send(messages, tools):
-            self.sent()
+            if later:
+                self.check()
+            else:
+                self.sent()
             return await client.send(messages, tools)
 
         response, left = None, False
@@ -138,8 +149,9 @@ class CallJournal:
             return response
         except BaseException as exc:
             # --batch_api: cut off (Ctrl-C) while a batch at the provider holds it, the request's end is that
-            # batch's, written when a --resume collects it (as after a SIGKILL), else it stays unanswered
-            left = getattr(exc, "left_in_batch", False)
+            # batch's, written when a --resume collects it (as after a SIGKILL), else it stays unanswered; cut
+            # off while it waited for its batch to go out, it was never sent and has no end
+            left = getattr(exc, "left_in_batch", False) or getattr(exc, "never_sent", False)
             raise
         finally:
             # the limiter appends a CallRecord per attempt, the last one answered when a response came
