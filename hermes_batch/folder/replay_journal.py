@@ -182,13 +182,32 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 """Longest line of responses.jsonl that is read: more than any answer the run reads (model_http.MAX_ANSWER_BYTES);
 a longer one, which no session wrote, is skipped without being held."""
 
-MAX_LIVE_LINES = 1_000_000
-"""Most answers of cut-off sessions one resume takes from the file (about 100 bytes of memory each while it runs,
-the answers themselves are read when their prompt starts); beyond that, the rest is paid again."""
+MAX_LIVE_LINES = 500_000
+"""Most answers of cut-off sessions one resume takes from the file (a few hundred bytes of memory each while it
+runs, the answers themselves are read when their prompt starts); beyond that, the rest is paid again."""
 
 MAX_KEY_CHARS = 256
 
 _SPAN_BITS = 32  # a line's offset and length, as one int: (offset << 32) | length
+
+
+def _count(spans) -> int:
+    return 1 if type(spans) is int else len(spans)
+
+
+def _each(spans) -> tuple:
+    """The spans of one key, kept as an int when it has one line (most keys), as a list else."""
+    return (spans,) if type(spans) is int else spans
+
+
+def _add(spans_of: dict, key: str, span: int) -> None:
+    held = spans_of.get(key)
+    if held is None:
+        spans_of[key] = span
+    elif type(held) is int:
+        spans_of[key] = [held, span]
+    else:
+        held.append(span)
 
 
 def _span(offset: int, length: int) -> int:
@@ -199,10 +218,13 @@ def _unspan(span: int) -> tuple[int, int]:
     return span >> _SPAN_BITS, span & ((1 << _SPAN_BITS) - 1)
 
 
+_ANSWER, _END = b'{"p":', b'{"end":'  # how the lines canonical_json writes begin
+
+
 def _entry(line: bytes) -> tuple:
     """``("end", key)``, ``("answer", key, hash, answer)`` or ``("skip", why)`` for one line of the file."""
-    if not line.isascii():  # the journal is written in ASCII (canonical_json): this line is someone else's
-        return "skip", "not written by hermes-batch (not ASCII)"
+    if not line.isascii() or not line.startswith((_ANSWER, _END)):  # canonical_json's: ASCII, "p" or "end" first
+        return "skip", "not written by hermes-batch"
     try:
         entry = loads(line)
     except ValueError as exc:
@@ -234,7 +256,7 @@ class ResponseJournal:
         self.stopped: Optional[RunFolderWriteError] = None
         self.skipped: collections.Counter = collections.Counter()  # why -> lines of the file the load skipped
         self._pending: set = set()  # keys of sessions cut off before, not yet handed to a job
-        self._spans: dict = {}  # key -> [span of each of its lines in the file]
+        self._spans: dict = {}  # key -> the span of its line in the file (an int), or a list of them
         self._live = 0  # bytes of those lines
         self._fd: Optional[int] = None
         self._size = 0
@@ -257,7 +279,7 @@ class ResponseJournal:
                             self.path, dropped)
             size = os.fstat(fd).st_size
             self._spans = self._scan(fd)
-            self._live = sum(_unspan(span)[1] for spans in self._spans.values() for span in spans)
+            self._live = sum(_unspan(span)[1] for spans in self._spans.values() for span in _each(spans))
             if self._live != size:  # ended sessions' lines and what is no answer: dropped before anything is appended
                 try:
                     self._rewrite(fd)
@@ -285,15 +307,16 @@ class ResponseJournal:
                     continue
                 if not line.strip():
                     continue
+                if count >= MAX_LIVE_LINES and line.startswith(_ANSWER):
+                    self.skipped[f"beyond the {MAX_LIVE_LINES:,} answers a resume takes"] += 1
+                    continue  # not even decoded
                 entry = _entry(line)
                 if entry[0] == "skip":
                     self.skipped[entry[1]] += 1
                 elif entry[0] == "end":
-                    count -= len(lines.pop(entry[1], ()))
-                elif count >= MAX_LIVE_LINES:
-                    self.skipped[f"beyond the {MAX_LIVE_LINES:,} answers a resume takes"] += 1
+                    count -= _count(lines.pop(entry[1], ()))
                 else:
-                    lines.setdefault(entry[1], []).append(_span(offset, len(line)))
+                    _add(lines, entry[1], _span(offset, len(line)))
                     count += 1
         return lines
 
@@ -302,14 +325,13 @@ class ResponseJournal:
         moved: dict = {}
         offset = 0
         for key, spans in self._spans.items():
-            new = moved[key] = []
-            for span in spans:
+            for span in _each(spans):
                 length = _unspan(span)[1]
-                new.append(_span(offset, length))
+                _add(moved, key, _span(offset, length))
                 offset += length
 
         def text():
-            for n, span in enumerate(span for spans in self._spans.values() for span in spans):
+            for n, span in enumerate(span for spans in self._spans.values() for span in _each(spans)):
                 if not n & 0x3FF:
                     check_stop()
                 offset, length = _unspan(span)
@@ -350,7 +372,7 @@ class ResponseJournal:
         if fd is None:
             return None
         try:
-            for span in self._spans.get(key, ()):
+            for span in _each(self._spans.get(key, ())):
                 offset, length = _unspan(span)
                 entry = _entry(os.pread(fd, length, offset))
                 if entry[0] == "answer" and entry[1] == key:
@@ -375,7 +397,7 @@ class ResponseJournal:
         if self._fd is None:
             return  # closed: the run is ending, and a resume pays for this answer again
         self._write(data)
-        self._spans.setdefault(key, []).append(_span(self._size - len(data), len(data)))
+        _add(self._spans, key, _span(self._size - len(data), len(data)))
         self._live += len(data)
 
     def _write(self, data: bytes) -> None:
@@ -397,7 +419,7 @@ class ResponseJournal:
         spans = self._spans.pop(key, None)
         if not spans or self._fd is None:
             return
-        self._live -= sum(_unspan(span)[1] for span in spans)
+        self._live -= sum(_unspan(span)[1] for span in _each(spans))
         self._write(canonical_json({"end": key}) + b"\n")
         if self._size > COMPACT_BYTES and self._size > 2 * self._live:
             self.compact()
