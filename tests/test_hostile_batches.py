@@ -201,7 +201,7 @@ async def test_requests_still_waiting_for_their_batch_are_not_journaled_as_sent(
     journal = client.journal = CallJournal(tmp_path / "calls.jsonl", 0)
     client.batcher.on_sent = journal.sent  # as BatchingClient.open_journal sets it
     sessions = [asyncio.ensure_future(client.complete((Message("user", f"q{i}"),), ())) for i in range(3)]
-    done, waiting = await asyncio.wait(sessions, timeout=5)
+    done, waiting = await asyncio.wait(sessions, timeout=1)
     assert len(done) == 2 and len(waiting) == 1  # a full batch of two went out; the third waits an hour
     for task in waiting:
         task.cancel()
