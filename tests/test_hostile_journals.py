@@ -307,3 +307,19 @@ def test_tampered_answers_of_a_failed_prompt_are_paid_again_not_replayed(tmp_pat
     for record in kept:
         roles = [turn["from"] for turn in record["conversations"]]
         assert roles == ["system", "human", "gpt", "tool", "gpt", "tool", "gpt", "tool", "gpt"], roles
+
+
+def test_the_journal_a_run_leaves_for_its_failed_prompts_holds_their_answers_only(tmp_path, runner, model_server):
+    """Finished prompts' answers (which may quote anything the model saw) are not left behind in the file kept
+    for the failed ones; a failed prompt without an answer keeps nothing."""
+    prompts = ["task 0: look", "task 1: look", "task 2: look"]
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
+    rules = [ErrorRule(status=500, rate=1.0, match=lambda r: r.prompt == prompts[1] and r.turn == 1),
+             ErrorRule(status=500, rate=1.0, match=lambda r: r.prompt == prompts[2] and r.turn == 0)]
+    server = model_server(ToolLoopScript(tool_calls=2), errors=rules)
+    result = runner.invoke(data, *BASE, "--max_retries", "0", server=server)
+    assert result.exit_code == 3, result.output
+    lines = [json.loads(line) for line in (runner.folder() / "responses.jsonl").read_text().splitlines()]
+    assert len(lines) == 1 and "end" not in lines[0]  # prompt 1's first answer; nothing of prompt 0, nor an end
+    failed = {r["prompt"]: r["content_key"] for r in runner.records("failed.jsonl")}
+    assert lines[0]["p"] == failed[prompts[1]]

@@ -351,6 +351,10 @@ class ResponseJournal:
         except OSError as exc:
             raise write_error(self.path, exc) from exc
 
+    def holds(self, key: str) -> bool:
+        """True when the file holds answers of ``key``."""
+        return key in self._spans
+
     @property
     def cut_off(self) -> int:
         """Sessions cut off before whose answers were not handed to a job yet."""
@@ -440,7 +444,13 @@ class ResponseJournal:
         return self._size if self._fd is not None else 0
 
     def close(self, finished: bool = False) -> None:
-        """Close the file; ``finished``: every prompt of the run has its record, so the file goes."""
+        """Close the file; ``finished``: every prompt of the run has its record, so the file goes.  Else it keeps
+        only the live lines: the answers of prompts that have their record are not left behind."""
+        if not finished and self._fd is not None and self._size > self._live and self.stopped is None:
+            try:
+                self.compact()
+            except (OSError, RunFolderWriteError) as exc:  # a full disk: the next start compacts it
+                log.debug("%s was not compacted: %s", self.path, exc)
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)

@@ -81,10 +81,11 @@ class SessionJournals:
     def recorded(self, job: PromptJob, failed: bool = False) -> None:
         """The prompt's record is written: its answers need no replay any more, unless it failed (``failed``):
         a --resume runs it again, and replays the answers it paid for instead of paying again."""
-        if failed:
+        key = replay_key(job)
+        if failed and self.responses.holds(key):
             self.kept += 1
             return
-        self.responses.end(replay_key(job))
+        self.responses.end(key)
 
     def close(self) -> None:
         """Close what was opened; responses.jsonl is removed once every prompt has its record."""
