@@ -103,6 +103,19 @@ NEEDS_OF_TESTS = {
     "tests/test_view_guard.py::test_each_start_makes_its_own_token": ("slow",),
     # a second of a stuck regex beside a session of fifteen calls (keeps: the verifier stopped at its timeout)
     "tests/test_answer_regex.py::test_a_run_with_a_catastrophic_row_keeps_the_other_prompts_at_their_pace": ("slow",),
+    # issue 45's hostile files and faults (keeps: each file's in-process tests of the same features)
+    "tests/test_hostile_journals.py::test_a_journal_linked_to_a_device_is_refused_not_read_for_ever": ("slow",),
+    "tests/test_hostile_journals.py::test_lines_of_any_shape_in_a_journal_never_stop_a_resume[batches.jsonl]":
+        ("slow",),
+    "tests/test_hostile_batches.py::test_a_results_file_that_decompresses_to_hundreds_of_megabytes_is_read_a_line_at_a_time":
+        ("slow",),  # 300 MB decompressed under tracemalloc
+    "tests/test_hostile_batches.py::test_a_line_that_is_not_json_in_the_results_costs_only_itself[anthropic]": ("slow",),
+    "tests/test_hostile_batches.py::test_a_run_killed_while_requests_wait_for_their_batch_counts_only_what_the_endpoint_received":
+        ("slow",),
+    "tests/test_hostile_batches.py::test_a_batch_is_cut_to_the_providers_byte_limit_before_it_is_sent": ("slow",),
+    "tests/test_hostile_batches.py::test_a_batch_the_endpoint_refuses_as_too_large_goes_out_in_pieces": ("slow",),
+    "tests/test_hostile_cache.py::test_a_write_lock_held_by_another_process_does_not_hold_up_the_run": ("slow",),
+    "tests/test_hostile_samples.py::test_a_billion_samples_a_row_run_and_resume_in_little_memory": ("slow",),
     "plugins/hermes_batch_filters/tests/test_filters.py::test_planted_near_duplicates_are_found_and_nothing_else": ("slow",),
     # slow, for the everyday run's minute: what takes a second or more when idle (measured with --durations). Each
     # file keeps a quicker test of its feature in the everyday run (named after the "keeps" of its group).

@@ -501,7 +501,10 @@ def test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight(t
 # --- the Batcher alone -----------------------------------------------------------------------------------------
 
 
-class FakeBatches:
+from hermes_batch.model.batching import BatchAPI  # noqa: E402
+
+
+class FakeBatches(BatchAPI):
     """A BatchAPI in memory: each batch ends at its first poll, every request answered with its own body."""
 
     def __init__(self):
@@ -523,7 +526,7 @@ class FakeBatches:
     async def poll(self, batch_id):
         return "completed"
 
-    async def results(self, batch_id):
+    async def results(self, batch_id, wanted=None):
         from hermes_batch.formats.records import Message, ModelResponse
 
         return {custom_id: ModelResponse(message=Message("assistant", body.decode()))
@@ -613,8 +616,8 @@ async def test_the_relay_gives_each_worker_session_its_answer_or_error_and_a_can
     from hermes_batch.model.batching import Batcher, BatchOptions
 
     class TooLong(FakeBatches):
-        async def results(self, batch_id):
-            found = await super().results(batch_id)
+        async def results(self, batch_id, wanted=None):
+            found = await super().results(batch_id, wanted)
             return {custom_id: ModelOutcome("context too long", reason="context_length", status=400)
                     if answer.message.content == "long" else answer for custom_id, answer in found.items()}
 

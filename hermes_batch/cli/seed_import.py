@@ -29,7 +29,7 @@ def import_command(seed_run_dir, dataset_file, batch_size, filter_, no_filters, 
     from ..contract.plugins import collect
     from ..offline.refilter import locked
     from ..folder.runfolder import RunFolder
-    from ..offline.seed_import import SEED_FOLDER, import_run
+    from ..offline.seed_import import MAX_LINE_BYTES, SEED_FOLDER, import_run
     from . import plugin_manager
     from .run import _setup_logging
 
@@ -61,6 +61,9 @@ def import_command(seed_run_dir, dataset_file, batch_size, filter_, no_filters, 
         f"{result.unreadable} unreadable set aside in unmatched.jsonl; batch_runner.py's files are in "
         f"{folder.dir / SEED_FOLDER}."
     )
+    if result.too_long:
+        click.echo(f"{result.too_long} line(s) of its batch files were longer than any record may be "
+                   f"({MAX_LINE_BYTES >> 20} MiB) and were skipped, not imported.")
     if result.checkpoint_only:
         click.echo(f"Its checkpoint.json calls {result.checkpoint_only} more prompt(s) completed that have no record "
                    "(batch_runner.py matches by record too): they run again.")

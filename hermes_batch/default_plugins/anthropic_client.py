@@ -30,7 +30,7 @@ from hermes_batch.model.model_http import (
 )
 from hermes_batch.formats.reasoning import split_inline_reasoning
 from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from hermes_batch.model.batching import BatchAPI, management_error, status_error
+from hermes_batch.model.batching import BatchAPI, keep_result, management_error, result_lines, status_error
 from hermes_batch.model.retry import RETRYABLE_STATUS, api_error_text, choose_reset_wait, retry_after_seconds
 
 if TYPE_CHECKING:
@@ -236,6 +236,9 @@ _ERROR_STATUS = {
 class AnthropicBatches(BatchAPI):
     """Anthropic's Message Batches: the requests sent in one create call, the results read as JSONL once it ended."""
 
+    max_requests = 100_000
+    max_bytes = 240 * 1000 * 1000  # a create call may be 256 MB; the rest is a margin
+
     def __init__(self, client: AnthropicClient):
         self.client = client
 
@@ -275,29 +278,46 @@ class AnthropicBatches(BatchAPI):
         counts = batch.request_counts
         return "expired" if counts.expired else "cancelled" if counts.canceled else "completed"
 
-    async def results(self, batch_id: str) -> dict:
+    async def results(self, batch_id: str, wanted: Optional[set] = None) -> dict:
         found: dict = {}
+        # the SDK's decoder stops at the first line that is not JSON (losing every result after it): the raw
+        # lines are read here instead, streaming, and each one checked
         decoder = await self._call("a batch's results", lambda b: b.results, batch_id)
         try:
-            async for entry in decoder:
-                result = entry.result
-                if result.type == "succeeded":
-                    found[entry.custom_id] = self._answer(result.message)
-                elif result.type == "errored":
-                    found[entry.custom_id] = self._error(result.error)
+            chunks = decoder.http_response.aiter_bytes()
+            async for entry in result_lines(chunks, wanted, f"The results of batch {batch_id}"):
+                custom_id, result = entry.get("custom_id"), entry.get("result")
+                if not isinstance(custom_id, str) or not isinstance(result, dict):
+                    continue
+                if wanted is not None and custom_id not in wanted:
+                    continue
+                if result.get("type") == "succeeded":
+                    keep_result(found, custom_id, self._answer(result.get("message")))
+                elif result.get("type") == "errored":
+                    keep_result(found, custom_id, self._error(result.get("error")))
                 # expired, canceled: not processed, so it goes out again
         except self._sdk.AnthropicError as exc:
             raise management_error(self._sdk, exc, self.client.settings.base_url, "a batch's results") from exc
+        finally:
+            await decoder.close()
         return found
 
     def _answer(self, message):
+        if not isinstance(message, dict):
+            return RetryableModelError("The Anthropic endpoint's batch result holds no message.")
+        from anthropic.types import Message as AnthropicMessage
+
+        data = dict(message)
+        data.pop("_fields_set", None)  # the one name construct() takes for itself
         try:
-            return from_wire(message, self.client._provider)
+            return from_wire(AnthropicMessage.construct(**data), self.client._provider)
         except ModelCallError as exc:
             return exc
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a message of another shape
+            return RetryableModelError(f"The Anthropic endpoint's batch result is no message it could send ({exc}).")
 
     def _error(self, error):
-        body = error.model_dump() if hasattr(error, "model_dump") else {}
+        body = error if isinstance(error, dict) else {}
         kind = body.get("error", {}).get("type") if isinstance(body.get("error"), dict) else None
         status = _ERROR_STATUS.get(kind, 500)
         url = sdk_base_url(self.client.settings.base_url) + "/v1/messages"

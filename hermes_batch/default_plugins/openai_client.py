@@ -17,7 +17,7 @@ from hermes_batch.model.model_http import (
 )
 from hermes_batch.formats.reasoning import extract_reasoning
 from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from hermes_batch.model.batching import BatchAPI, management_error, status_error
+from hermes_batch.model.batching import BatchAPI, keep_result, management_error, result_lines, status_error
 from hermes_batch.model.retry import RETRYABLE_STATUS, api_error_text, rate_limit_reset_seconds, retry_after_seconds
 
 if TYPE_CHECKING:
@@ -173,6 +173,8 @@ class OpenAIBatches(BatchAPI):
     error files read back once it ended."""
 
     ENDED = ("completed", "expired", "cancelled", "failed")
+    max_requests = 50_000
+    max_bytes = 190 * 1000 * 1000  # its Files API takes 200 MB for a batch; the rest is a margin
 
     def __init__(self, client: OpenAIClient):
         self.client = client
@@ -219,23 +221,29 @@ class OpenAIBatches(BatchAPI):
         self._ended[batch_id] = batch
         return batch.status
 
-    async def results(self, batch_id: str) -> dict:
+    async def results(self, batch_id: str, wanted: Optional[set] = None) -> dict:
         batch = self._ended.pop(batch_id, None) or await self._call("the state of a batch", lambda c: c.batches.retrieve, batch_id)
         found: dict = {}
         for file_id in (batch.output_file_id, batch.error_file_id):
-            if not file_id:
+            if not isinstance(file_id, str) or not file_id:
                 continue
-            content = await self._call("a batch's results", lambda c: c.files.content, file_id)
-            for line in content.text.splitlines():
-                try:
-                    entry = json_object(line.encode())
-                except (ValueError, RetryableModelError):
-                    continue
-                custom_id, response = entry.get("custom_id"), entry.get("response")
-                if not isinstance(custom_id, str) or not isinstance(response, dict):
-                    continue  # not processed (the batch expired or was cancelled first): it goes out again
-                found[custom_id] = self._outcome(response)
+            await self._read_file(batch_id, file_id, wanted, found)
         return found
+
+    async def _read_file(self, batch_id: str, file_id: str, wanted: Optional[set], found: dict) -> None:
+        """The results in one output or error file, streamed (never downloaded whole: a file that decompresses
+        to gigabytes is read a line at a time, and cut off past a bound)."""
+        sdk_client = self._sdk_client
+        try:
+            async with sdk_client.files.with_streaming_response.content(file_id) as response:
+                async for entry in result_lines(response.iter_bytes(), wanted, f"The results of batch {batch_id}"):
+                    custom_id, answer = entry.get("custom_id"), entry.get("response")
+                    if not isinstance(custom_id, str) or not isinstance(answer, dict):
+                        continue  # not processed (the batch expired or was cancelled first): it goes out again
+                    if wanted is None or custom_id in wanted:
+                        keep_result(found, custom_id, self._outcome(answer))
+        except self._sdk.OpenAIError as exc:
+            raise management_error(self._sdk, exc, self.client.settings.base_url, "a batch's results") from exc
 
     def _outcome(self, response: dict):
         status, body = response.get("status_code"), response.get("body")

@@ -8,14 +8,16 @@ call of its Batcher goes to the driver as ``("batch", id, op, args)``, which
 ``BatchService`` runs on the Batcher and answers with ``("batched", id,
 outcome)``: the answer, None, or the error to raise (pickled with its fields).
 
-The ops: ``send`` (``(messages, tools, prompt)``: the answer through a batch),
+The ops: ``send`` (``(messages, tools, prompt)``: the answer through a batch;
+the driver marks it ``SENT`` when its batch goes out, and writes its ``sent``
+line of calls.jsonl then),
 ``earlier`` (``(messages, tools)``: the answer a batch of an earlier session
 holds, or None), ``forget`` (the replay journal answered this call; no answer
 is sent back) and ``cancel`` (the session stopped waiting, at its
 ``--prompt_timeout`` or the worker's stop: the request leaves the batch being
 filled).  Everything else of a call stays with the worker, as with the local
-executor: its retries and limits, its lines of calls.jsonl (relayed like any
-other), its record.
+executor: its retries and limits, its ``done`` lines of calls.jsonl (relayed
+like any other), its record.
 
 A worker that is lost leaves its requests in their batches: the dispatcher
 leases its prompts to other workers, which run them again from their first
@@ -40,6 +42,9 @@ log = logging.getLogger("hermes_batch.executors.batch_relay")
 LEFT_IN_BATCH = "left in batch"
 """The outcome the driver sends for a request its stop left in a batch at the provider: not an answer, but the
 mark the worker's session, cut off next, gives its CancelledError (``left_in_batch``, see CallJournal.complete)."""
+SENT = "sent"
+"""What the driver sends when a request's batch goes out (the driver writes its ``sent`` line): a session cut off
+before it had sent nothing (``never_sent``: no end line either)."""
 
 
 class BatchRelay:
@@ -53,6 +58,7 @@ class BatchRelay:
         self._ids = itertools.count()
         self._waiting: dict = {}  # id -> the future of its outcome
         self._left: set = set()  # ids of requests the driver's stop left in a batch (LEFT_IN_BATCH)
+        self._sent: set = set()  # ids of requests whose batch went out (SENT)
         self.counts = BatchCounts()  # the driver's counts are the run's; a worker's stay empty
 
     async def send(self, messages: tuple, tools: tuple, prompt: int = -1):
@@ -77,15 +83,20 @@ class BatchRelay:
             if key in self._left:
                 self._left.discard(key)
                 exc.left_in_batch = True
+            elif op == "send" and key not in self._sent:
+                exc.never_sent = True
             raise
+        finally:
+            self._sent.discard(key)
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
 
     def answer(self, key: int, outcome) -> None:
         """The driver's ``("batched", key, outcome)``."""
-        if isinstance(outcome, str):  # LEFT_IN_BATCH: the session is about to be cut off, still waiting
-            self._left.add(key)
+        if isinstance(outcome, str):  # a mark, not an answer: the session is still waiting
+            if key in self._waiting:
+                (self._sent if outcome == SENT else self._left).add(key)
             return
         future = self._waiting.pop(key, None)
         if future is not None and not future.done():
@@ -107,6 +118,7 @@ class BatchService:
         self.batcher = batcher
         self._pending: dict = {}  # (link, id) -> (the task waiting for its outcome, op, args)
         self._orphans: set = set()  # the tasks of lost workers' requests, whose answers are adopted
+        self._marks: set = set()  # the tasks sending SENT marks
         self._closing = False
 
     def handle(self, link: WorkerLink, message: tuple) -> None:
@@ -122,9 +134,11 @@ class BatchService:
             self._pending[(link, key)] = (task, op, args)
 
     async def _answer(self, link: WorkerLink, key: int, op: str, args: tuple):
-        call = self.batcher.send if op == "send" else self.batcher.earlier
         try:
-            outcome = await call(*args)
+            if op == "send":
+                outcome = await self.batcher.send(*args, on_sent=lambda: self._mark(link, key, SENT))
+            else:
+                outcome = await self.batcher.earlier(*args)
         except asyncio.CancelledError as exc:
             # the run stops (aclose): the mark goes before the worker's stop, which comes after on its channel
             if self._closing and getattr(exc, "left_in_batch", False):
@@ -144,6 +158,17 @@ class BatchService:
             pass  # its sessions went with it; the dispatcher re-leases its prompts
         return outcome
 
+    def _mark(self, link: WorkerLink, key: int, mark: str) -> None:
+        async def send():
+            try:
+                await link.send(("batched", key, mark))
+            except WorkerLost:
+                pass
+
+        task = asyncio.ensure_future(send())
+        self._marks.add(task)
+        task.add_done_callback(self._marks.discard)
+
     def drop(self, link: WorkerLink) -> None:
         """``link``'s worker is gone: its requests stay in their batches, their answers for the sessions that run
         its prompts again (``Batcher.adopt``)."""
@@ -162,7 +187,7 @@ class BatchService:
     async def aclose(self) -> None:
         """The workers are being stopped: their sessions stop waiting (batches in flight stay at the provider)."""
         self._closing = True
-        tasks = [task for task, _op, _args in self._pending.values()] + list(self._orphans)
+        tasks = [task for task, _op, _args in self._pending.values()] + list(self._orphans) + list(self._marks)
         self._pending.clear()
         for task in tasks:
             task.cancel()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 from ..errors import RunFolderWriteError
 from .offloop import io_executor
+from .readback import open_file
 
 if TYPE_CHECKING:
     from .runfolder import RunFolder
@@ -119,23 +120,24 @@ def write_all(fd: int, data: bytes) -> None:
 def repair_torn_tail(path: PathLike) -> int:
     """Cut a file back to just after its last newline; return the number of bytes dropped.
 
-    Raises RunFolderWriteError if the file cannot be opened for writing or cut (a read-only disk).
+    Raises RunFolderWriteError if the file cannot be opened for writing or cut (a read-only disk), and
+    RunFolderError if it is no plain file (a symbolic link, a FIFO, a device: readback.open_file).
     """
     try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        return 0
+        fd = open_file(path, os.O_RDWR)
     except OSError as exc:
         raise write_error(path, exc) from exc
+    if fd is None:
+        return 0
     try:
-        return _cut_after_last_newline(fd)
+        return cut_torn_tail(fd)
     except OSError as exc:
         raise write_error(path, exc) from exc
     finally:
         os.close(fd)
 
 
-def _cut_after_last_newline(fd: int) -> int:
+def cut_torn_tail(fd: int) -> int:
     size = os.fstat(fd).st_size
     if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
         return 0
@@ -186,8 +188,8 @@ class AppendLog:
         if dropped:
             log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", self.path, dropped)
             self.dropped_bytes += dropped
-        # 0o666: the user's umask decides, as for every file of the run folder
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        # 0o666: the user's umask decides, as for every file of the run folder; never through a link
+        self._fd = open_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._size = os.fstat(self._fd).st_size
         if not existed:
             _fsync_dir(self.path.parent)  # so the new file itself survives a crash

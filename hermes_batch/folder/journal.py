@@ -18,7 +18,6 @@ the journal fall back to the records).
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 import os
 from collections import Counter, defaultdict
@@ -31,11 +30,16 @@ from ..formats.endpoint_numbers import checked_usage, finite_seconds, stored_cos
 from ..formats.jsonguard import finite_dumps
 from ..formats.records import CallRecord, ModelResponse, Usage
 from ..errors import RunFolderWriteError
+from ..formats.lines import TOO_LONG, loads, read_lines
 from .durable import repair_torn_tail, write_all, write_error
+from .readback import open_file, open_reader
 
 log = logging.getLogger(__name__)
 
 JOURNAL_NAME = "calls.jsonl"
+MAX_LINE_BYTES = 64 * 1024
+"""Longest line of calls.jsonl that is read (its lines are about 60 to 300 bytes); a longer one is skipped unheld."""
+MAX_NAME_CHARS = 256  # a provider's name
 _SENT = b'{"event":"sent",'  # how CallJournal.sent lines begin
 
 # The prompt a model call belongs to: set by the prompt processor, read when the call is journaled.
@@ -55,8 +59,8 @@ class CallJournal:
         if dropped:
             log.warning("%s: dropped %d bytes of a torn last line left by an interrupted write.", self.path, dropped)
         try:
-            # 0o666: the user's umask decides, as for every file of the run folder
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            # 0o666: the user's umask decides, as for every file of the run folder; never through a link
+            self._fd = open_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             self._size = os.fstat(self._fd).st_size  # where the next line starts
         except OSError as exc:
             raise write_error(self.path, exc) from exc
@@ -85,11 +89,17 @@ class CallJournal:
         if self.stopped is None:
             self.stopped = error
 
-    def sent(self) -> None:
-        """A request is about to go out; raises RunFolderWriteError once the run folder could not be written."""
+    def check(self) -> None:
+        """RunFolderWriteError once the run folder could not be written: no request may go out."""
         if self.stopped is not None:  # paying for an answer the run cannot save
             raise RunFolderWriteError(str(self.stopped))
-        self._write({"event": "sent", "session": self.session, "prompt_index": current_prompt.get()})
+
+    def sent(self, prompt_index: Optional[int] = None) -> None:
+        """A request (of ``prompt_index``, by default the current prompt's) is about to go out; raises
+        RunFolderWriteError once the run folder could not be written."""
+        self.check()
+        prompt = current_prompt.get() if prompt_index is None else prompt_index
+        self._write({"event": "sent", "session": self.session, "prompt_index": prompt})
 
     def tool_usage(self, usage: Usage) -> None:
         """A tool made a model call of its own (vision, mixture of agents): its tokens and cost count too."""
@@ -123,9 +133,14 @@ class CallJournal:
         """``client.complete`` with every attempt journaled: ``sent`` before it goes out, ``done`` when it ends."""
         attempts: list = [] if calls is None else calls
         first = len(attempts)
+        # --batch_api: the client's batcher writes the ``sent`` line when the request's batch goes out
+        later = getattr(client, "sends_later", False)
 
         async def send(messages, tools):
-            self.sent()
+            if later:
+                self.check()
+            else:
+                self.sent()
             return await client.send(messages, tools)
 
         response, left = None, False
@@ -134,8 +149,9 @@ class CallJournal:
             return response
         except BaseException as exc:
             # --batch_api: cut off (Ctrl-C) while a batch at the provider holds it, the request's end is that
-            # batch's, written when a --resume collects it (as after a SIGKILL), else it stays unanswered
-            left = getattr(exc, "left_in_batch", False)
+            # batch's, written when a --resume collects it (as after a SIGKILL), else it stays unanswered; cut
+            # off while it waited for its batch to go out, it was never sent and has no end
+            left = getattr(exc, "left_in_batch", False) or getattr(exc, "never_sent", False)
             raise
         finally:
             # the limiter appends a CallRecord per attempt, the last one answered when a response came
@@ -220,24 +236,25 @@ def scan_journal(path, totals: JournalTotals, start: int = 0) -> int:
     The totals stay raw (requests without an answer not yet counted), so a later
     call can go on from where this one ended: :func:`finish_totals` completes them.
     """
-    try:
-        handle = open(path, "rb")
-    except FileNotFoundError:
+    handle = open_reader(path)  # a plain file: a FIFO or a link to /dev/zero is refused, not read for ever
+    if handle is None:
         return start
     end = start
     with handle:
-        handle.seek(start)
-        for raw in handle:
-            if not raw.endswith(b"\n"):
-                break  # a torn last line
-            end += len(raw)
+        for offset, raw in read_lines(handle, MAX_LINE_BYTES, start):
+            if raw is TOO_LONG:
+                end = handle.tell()  # read past it: no line of ours is that long
+                continue
+            end = offset + len(raw)
             if raw.startswith(_SENT):  # half the lines: counted without decoding (millions on a big run)
                 totals.sent += 1
                 continue
             try:
-                entry = json.loads(raw)
+                entry = loads(raw)
                 event = entry["event"]
             except (ValueError, KeyError, TypeError):
+                continue
+            if type(entry) is not dict or type(event) is not str:
                 continue
             if event == "sent":
                 totals.sent += 1
@@ -245,6 +262,8 @@ def scan_journal(path, totals: JournalTotals, start: int = 0) -> int:
                 totals.done += 1
                 status = entry.get("status") or 0
                 provider = entry.get("provider") or "unknown"
+                if type(status) is not int or type(provider) is not str or len(provider) > MAX_NAME_CHARS:
+                    status, provider = 0, "unknown"  # an edited line: counted as an unknown failure
                 totals.requests_by_provider[provider] += 1
                 totals.latency_ms[provider][int(round(finite_seconds(entry.get("latency_s")) * 1000))] += 1
                 if status != 200:
@@ -258,9 +277,11 @@ def scan_journal(path, totals: JournalTotals, start: int = 0) -> int:
                 totals.usage = totals.usage + usage
                 if usage.cost is not None:
                     session = entry.get("session", 0)
+                    session = session if type(session) is int else 0
                     totals.cost_by_session[session] = totals.cost_by_session.get(session, 0.0) + usage.cost
             if event == "journal" and totals.first_session is None:
-                totals.first_session = entry.get("first_session")
+                first = entry.get("first_session")
+                totals.first_session = first if type(first) is int else -1  # -1: not the run's first session
     return end
 
 

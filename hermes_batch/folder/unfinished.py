@@ -13,8 +13,12 @@ import json
 import os
 import shutil
 
+from ..errors import RunFolderError
+from . import readback
 from .durable import _fsync_dir
 from .runfolder import RunFolder
+
+MAX_FIRST_LINE = 64 * 1024 * 1024
 
 AUDIT = "refilter_audit.jsonl"
 STAGING = ".refilter"
@@ -58,9 +62,12 @@ def is_seed_folder(folder: RunFolder) -> bool:
     if first is None:
         return False
     try:
-        with open(first[1], "rb") as handle:
-            record = json.loads(handle.readline())
-    except (OSError, ValueError):
+        handle = readback.open_reader(first[1])
+        if handle is None:
+            return False
+        with handle:  # a plain file, and one line of it at most this long: it may be anything
+            record = json.loads(handle.readline(MAX_FIRST_LINE))
+    except (OSError, ValueError, RecursionError, RunFolderError):
         return False
     return (isinstance(record, dict) and isinstance(record.get("conversations"), list)
             and "content_key" not in (record.get("metadata") or {}))

@@ -30,12 +30,14 @@ import asyncio
 import hashlib
 import logging
 import time
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import attrs
 
 from ..errors import FatalModelError, ModelCallError, RetryableModelError
+from ..formats.lines import TOO_LONG, LineSplitter, loads
 from ..formats.records import ModelResponse
+from .model_http import MAX_ANSWER_BYTES
 from .retry import backoff_delay
 
 log = logging.getLogger("hermes_batch.model.batching")
@@ -44,6 +46,13 @@ MAX_REQUESTS = 1000
 MAX_WAIT_S = 30.0
 POLL_INTERVAL_S = 10.0
 SUBMIT_RETRIES = 5  # attempts at uploading and creating one batch before its requests fail
+MAX_RESULT_LINE_BYTES = MAX_ANSWER_BYTES + (1 << 20)
+"""Longest line of a batch's results that is read: an answer as long as a synchronous one may be, and its
+wrapping; a longer line is skipped without being held."""
+RESULTS_BYTES = 1 << 30
+RESULTS_BYTES_PER_REQUEST = 4 << 20
+"""A batch's results are read (decompressed) up to RESULTS_BYTES and this much per request of the batch: a
+stream without end (a gzip bomb) is cut there, its requests sent again."""
 
 Outcome = Union[ModelResponse, BaseException]
 
@@ -58,7 +67,19 @@ class BatchOptions:
 
 
 class BatchAPI(abc.ABC):
-    """One provider's batch endpoints, as a model client offers them (``ModelClient.batch_api``)."""
+    """One provider's batch endpoints, as a model client offers them (``ModelClient.batch_api``).
+
+    ``max_requests`` and ``max_bytes`` are the provider's limits on one batch (OpenAI: 50,000 requests and a
+    200 MB file; Anthropic: 100,000 requests and 256 MB): a batch is cut to fit both, whatever
+    ``--batch_api_max_requests`` asks, and one the endpoint still refuses as too large (413) is split in two.
+    """
+
+    max_requests: int = 50_000
+    max_bytes: int = 200 * 1000 * 1000
+
+    def request_bytes(self, custom_id: str, body: bytes) -> int:
+        """What one request adds to the size of its batch (its line of the uploaded file, or of the create call)."""
+        return len(body) + len(custom_id) + 100
 
     @abc.abstractmethod
     async def check(self) -> None:
@@ -80,10 +101,13 @@ class BatchAPI(abc.ABC):
         """None while the batch is processed; once it ended, how ("completed", "expired", "cancelled", ...)."""
 
     @abc.abstractmethod
-    async def results(self, batch_id: str) -> dict:
+    async def results(self, batch_id: str, wanted: Optional[set] = None) -> dict:
         """``{custom_id: ModelResponse or the exception its error is}`` of the requests the ended batch processed.
 
-        A request missing from it was not processed (the batch expired or was cancelled first).
+        A request missing from it was not processed (the batch expired or was cancelled first).  ``wanted``: the
+        custom ids to look for (the others are not kept).  The results come from the provider, so they are read
+        streaming and bounded (:func:`result_lines`), and a request with two results keeps its answer over an
+        error (:func:`keep_result`).
         """
 
     async def cancel(self, batch_id: str) -> None:
@@ -98,14 +122,67 @@ def digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()[:40]
 
 
-class _Request:
-    __slots__ = ("body", "digest", "future", "queued_at", "custom_id", "prompt", "turn")
+def keep_result(found: dict, custom_id: str, outcome) -> None:
+    """Put ``outcome`` in ``found`` unless the request already has an answer: a provider that lists a request
+    twice (an answer, then an error) was paid for the answer, which must not be sent again."""
+    if not isinstance(found.get(custom_id), ModelResponse):
+        found[custom_id] = outcome
 
-    def __init__(self, body: bytes, key: str, prompt: int, turn: int):
+
+async def result_lines(chunks, wanted: Optional[set], what: str):
+    """The JSON objects of the lines of a batch's results (an async iterator of byte chunks, decompressed), read
+    streaming: a line longer than MAX_RESULT_LINE_BYTES, one that is not a JSON object, and everything past the
+    byte bound (``wanted``'s size sets it) are skipped, and counted in one warning naming ``what``."""
+    splitter = LineSplitter(MAX_RESULT_LINE_BYTES)
+    limit = RESULTS_BYTES + RESULTS_BYTES_PER_REQUEST * (len(wanted) if wanted is not None else 50_000)
+    size, skipped, cut = 0, 0, False
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            cut = True
+            break
+        for line in splitter.feed(chunk):
+            entry = _result_entry(line)
+            if entry is None:
+                skipped += line is TOO_LONG or bool(line.strip())
+            else:
+                yield entry
+    if not cut:
+        last = splitter.end()
+        entry = None if last is None else _result_entry(last)
+        if entry is not None:
+            yield entry
+        elif last is not None and (last is TOO_LONG or last.strip()):
+            skipped += 1
+    if skipped or cut:
+        log.warning("%s held %s%s; skipped%s.", what,
+                    f"{skipped} line(s) that are no result (not JSON, or longer than "
+                    f"{MAX_RESULT_LINE_BYTES >> 20} MiB)" if skipped else "",
+                    f"{' and ' if skipped else ''}more than {limit >> 20} MiB" if cut else "",
+                    ": the requests without a result go out again" if cut else "")
+
+
+def _result_entry(line) -> Optional[dict]:
+    if line is TOO_LONG:
+        return None
+    try:
+        entry = loads(line)
+    except ValueError:
+        return None
+    return entry if type(entry) is dict else None
+
+
+class _Request:
+    __slots__ = ("body", "digest", "future", "queued_at", "custom_id", "prompt", "turn", "sent", "on_sent", "size")
+
+    def __init__(self, body: bytes, key: str, prompt: int, turn: int, on_sent: Optional[Callable] = None):
         self.body, self.digest, self.prompt, self.turn = body, key, prompt, turn
         self.future: asyncio.Future = asyncio.get_running_loop().create_future()
         self.queued_at = time.monotonic()
         self.custom_id = ""
+        self.sent = False  # its batch went out (its upload began): it may be at the provider, and is paid for
+        self.on_sent = on_sent
+        self.size = 0  # what it adds to its batch (BatchAPI.request_bytes)
 
 
 @attrs.define
@@ -145,12 +222,22 @@ class Batcher:
         self._in_flight: dict = {}  # batch id (or "" while submitting) -> its requests
         self._earlier: dict = {}  # digest -> futures of its outcomes in earlier sessions' batches
         self._serial = 0
+        self._queued_bytes = 0
         self.fatal: Optional[BaseException] = None
+        # told the prompt index of each request as its batch goes out: the run's call journal writes its ``sent``
+        # line then, not while it waits in the queue (a kill there sent nothing, and pays for nothing)
+        self.on_sent: Optional[Callable[[int], None]] = None
 
     # --- sessions' side ------------------------------------------------------------------------------
 
-    async def send(self, messages: tuple, tools: tuple, prompt: int = -1) -> ModelResponse:
-        """The answer to one call, through a batch (or an earlier session's batch that holds it)."""
+    async def send(self, messages: tuple, tools: tuple, prompt: int = -1,
+                   on_sent: Optional[Callable[[], None]] = None) -> ModelResponse:
+        """The answer to one call, through a batch (or an earlier session's batch that holds it).
+
+        ``on_sent`` is called when the request's batch goes out.  Cut off (CancelledError) after that, the error
+        says ``left_in_batch`` (a batch at the provider may hold it); before, ``never_sent`` (nothing was paid):
+        CallJournal.complete writes no end for either.
+        """
         if self.fatal is not None:
             raise self.fatal
         body = self.api.body(messages, tools)
@@ -160,13 +247,22 @@ class Batcher:
             return outcome
         # not in any, not processed, or failed: it goes out like any request
         turn = sum(1 for m in messages if m.role == "assistant")
-        request = _Request(body, key, prompt, turn)
+        request = _Request(body, key, prompt, turn, on_sent)
+        request.size = self.api.request_bytes(f"{key}-{self._serial}", body)
+        if request.size > self.api.max_bytes:
+            error = ModelCallError(
+                f"The request is {request.size / 1e6:.1f} MB, more than one batch of the endpoint may hold "
+                f"({self.api.max_bytes / 1e6:g} MB); it cannot go out with --batch_api.", status=413)
+            error.never_sent = True
+            raise error
         self._enqueue(request)
         try:
             return await request.future
         except asyncio.CancelledError as exc:
-            if request.custom_id:  # journaled as pending: a batch at the provider may hold it (CallJournal.complete)
+            if request.sent:  # journaled as pending: a batch at the provider may hold it (CallJournal.complete)
                 exc.left_in_batch = True
+            else:
+                exc.never_sent = True
             raise
         finally:
             if not request.future.done():  # the session was cancelled (--prompt_timeout, Ctrl-C)
@@ -204,9 +300,14 @@ class Batcher:
             held = self._earlier.get(key)
         return None
 
+    @property
+    def _max_requests(self) -> int:
+        return max(1, min(self.options.max_requests, self.api.max_requests))
+
     def _enqueue(self, request: _Request) -> None:
         self._queue.append(request)
-        if len(self._queue) >= self.options.max_requests:
+        self._queued_bytes += request.size
+        if len(self._queue) >= self._max_requests or self._queued_bytes >= self.api.max_bytes:
             self._flush()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.options.max_wait, self._flush)
@@ -216,35 +317,51 @@ class Batcher:
             self._timer.cancel()
             self._timer = None
         queue = [r for r in self._queue if not r.future.done()]  # sessions cut off meanwhile send nothing
-        self._queue = []
-        while queue:
-            batch, queue = queue[: self.options.max_requests], queue[self.options.max_requests:]
-            task = asyncio.get_running_loop().create_task(self._run(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._queue, self._queued_bytes = [], 0
+        batch, size = [], 0
+        for request in queue:  # cut to the provider's limits: requests and bytes
+            if batch and (len(batch) >= self._max_requests or size + request.size > self.api.max_bytes):
+                self._start(batch)
+                batch, size = [], 0
+            batch.append(request)
+            size += request.size
+        if batch:
+            self._start(batch)
+
+    def _start(self, batch: list) -> None:
+        task = asyncio.get_running_loop().create_task(self._run(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # --- one batch -------------------------------------------------------------------------------------
 
     async def _run(self, batch: list) -> None:
         for request in batch:
-            self._serial += 1
-            request.custom_id = f"{request.digest}-{self._serial}"
+            if not request.custom_id:
+                self._serial += 1
+                request.custom_id = f"{request.digest}-{self._serial}"
         try:
             batch_id = await self._submit(batch)
+        except ModelCallError as exc:
+            if exc.status == 413 and len(batch) > 1:
+                # too large for this endpoint, whatever it said its limits are: each half goes out on its own
+                log.info("The endpoint refused a batch of %d requests as too large; it goes out in two.", len(batch))
+                half = len(batch) // 2
+                self._start(batch[:half])
+                self._start(batch[half:])
+                return
+            self._fail(batch, exc)
+            return
         except BaseException as exc:
-            error = exc if isinstance(exc, Exception) else ModelCallError("The batch was not submitted.")
-            for request in batch:
-                if not request.future.done():
-                    request.future.set_exception(error)
-            if isinstance(exc, FatalModelError):
-                self.fatal = exc
             if not isinstance(exc, Exception):
+                self._fail(batch, ModelCallError("The batch was not submitted."))
                 raise
+            self._fail(batch, exc)
             return
         self._in_flight[batch_id] = batch
         try:
             outcome = await self._until_ended(batch_id)
-            results = await self._retry(self.api.results, batch_id)
+            results = await self._retry(self.api.results, batch_id, {r.custom_id for r in batch})
         except BaseException as exc:
             self._in_flight.pop(batch_id, None)
             if isinstance(exc, Exception):
@@ -286,11 +403,25 @@ class Batcher:
                 if not request.future.done():
                     self._enqueue(request)
 
+    def _fail(self, batch: list, error: Exception) -> None:
+        for request in batch:
+            if not request.future.done():
+                request.future.set_exception(error)
+        if isinstance(error, FatalModelError):
+            self.fatal = error
+
     async def _submit(self, batch: list) -> str:
         requests = [(r.custom_id, r.body) for r in batch]
         if self.journal is not None:
             # before the provider sees it: a kill from here on leaves a trace of what may have been sent
             self.journal.pending([(r.custom_id, r.prompt, r.turn) for r in batch])
+        for request in batch:  # from here on each request may be paid for: calls.jsonl counts it as sent
+            if not request.sent:
+                request.sent = True
+                if self.on_sent is not None:
+                    self.on_sent(request.prompt)
+                if request.on_sent is not None:
+                    request.on_sent()
         batch_id = await self._retry(self.api.submit, requests, attempts=SUBMIT_RETRIES)
         if self.journal is not None:
             self.journal.submitted(batch_id, [r.custom_id for r in batch])
@@ -348,7 +479,7 @@ class Batcher:
         results: dict = {}
         try:
             await self._until_ended(batch_id, at_once=True)
-            results = await self._retry(self.api.results, batch_id)
+            results = await self._retry(self.api.results, batch_id, set(futures))
         except Exception as exc:
             log.warning("The batch %s of an earlier session could not be collected (%s); its requests are sent "
                         "again.", batch_id, exc)
@@ -360,6 +491,17 @@ class Batcher:
             self.journal.collected(batch_id)
 
     # --- the run's side ------------------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """FatalModelError (exit 2) when the endpoint has no batch API, refuses the key, or cannot be checked;
+        before any prompt runs."""
+        try:
+            await self._retry(self.api.check)
+        except FatalModelError:
+            raise
+        except ModelCallError as exc:
+            raise FatalModelError(f"Checking the endpoint's batch API failed ({exc}); run without --batch_api, "
+                                  "or again once the endpoint answers.") from exc
 
     def summary(self) -> dict:
         """Lines for the progress display."""
@@ -396,7 +538,7 @@ def management_error(sdk, exc: BaseException, base_url: str, what: str) -> Excep
         if status in (401, 403):
             return FatalModelError(f"The endpoint {base_url} refused the API key for {what} ({status}: {text}); "
                                    "pass a key allowed to use its batch API.")
-        if status == 404 and what == "its batch API":
+        if status in (404, 405, 501) and what == "its batch API":
             return FatalModelError(f"The endpoint {base_url} has no batch API ({status}: {text}); "
                                    "run without --batch_api.")
         if status in RETRYABLE_STATUS:

@@ -90,7 +90,23 @@ def target_for(run_dirs: Sequence[Path], name: str, suffix: str, output: Optiona
         names, manifest, whole = {s: f"{s}{suffix}" for s in splits_all}, MANIFEST, True
     folder = Path(os.path.realpath(folder))
     _refuse_run_folders(folder, shown)
+    _refuse_non_folders(folder, shown, suffix)
     return Target(folder, names, manifest, whole, shown)
+
+
+def _refuse_non_folders(folder: Path, shown: str, suffix: str) -> None:
+    """UsageError when the folder the export would write in is, or lies under, something that is no folder
+    (a plain file): creating it would fail as a disk error (exit 74) for what is a mistake in the command."""
+    for place in (folder, *folder.parents):
+        if not os.path.lexists(place):
+            continue
+        if not place.is_dir():
+            what = "is a file" if place == folder else f"is under {place}, which is a file"
+            raise UsageError(
+                f"--output {shown} {what}, not a folder; pass a folder for the export's files, or a file name "
+                f"ending in {suffix}."
+            )
+        return
 
 
 def _is_run_folder(path: Path, scan: bool) -> bool:

@@ -26,6 +26,15 @@ the import converts the folder once, in place:
 
 Everything is written into ``.import/`` first; a marker file makes the switch
 finish on the next ``hermes-batch import`` if a crash interrupts it.
+
+A seed folder comes from elsewhere, so every file of it is untrusted: its
+batch files and batch_runner.py's own files must be plain files (a link to a
+file elsewhere is refused, not read); lines are read at most
+``MAX_LINE_BYTES`` long (a longer one is skipped and counted, never held);
+its JSON is type-checked where it is read; and a ``.import/`` it carries is
+finished only if an interrupted import of this very folder left it (its
+marker names the staging folder's inode, and only files an import writes),
+never moving a file its marker names outside the folder.
 """
 
 from __future__ import annotations
@@ -50,8 +59,10 @@ from ..session.processor import now_iso
 from ..formats.records import (
     Checkpoint, Discarded, Metadata, SessionInfo, ToolCallRecord, ToolStat, Trajectory, Turn, content_key,
 )
-from ..folder.runfolder import RunFolder
+from ..folder import readback
+from ..folder.runfolder import RunFolder, record_kind
 from ..folder.durable import _fsync_dir, atomic_write_text, write_error
+from ..formats.lines import TOO_LONG, loads, read_lines
 from ..formats.serialization import to_json_line
 
 log = logging.getLogger(__name__)
@@ -61,6 +72,10 @@ STAGING = ".import"
 _COMPLETE = "COMPLETE"
 SEED_FILES = ("trajectories.jsonl", "checkpoint.json", "statistics.json")
 UNKNOWN = "unknown"
+MAX_LINE_BYTES = 64 * 1024 * 1024
+"""Longest record line of batch_runner.py that is imported; a longer one is skipped (counted), never held."""
+MAX_JSON_BYTES = 64 * 1024 * 1024  # batch_runner.py's checkpoint.json and statistics.json, the marker
+_STAGED = frozenset({"run.json", "checkpoint.json", "discarded.jsonl", "unmatched.jsonl", _COMPLETE})
 
 
 @attrs.frozen
@@ -72,6 +87,7 @@ class ImportResult:
     discarded: int = 0
     unmatched: int = 0  # a record whose prompt no row of the dataset has (or has no more)
     unreadable: int = 0
+    too_long: int = 0  # lines longer than MAX_LINE_BYTES: skipped
     checkpoint_only: int = 0  # prompts its checkpoint.json calls completed without a record: they run again
     finished_interrupted: bool = False
 
@@ -117,7 +133,7 @@ def _turns(record: dict) -> Optional[tuple]:
 
 
 def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return value if type(value) is int and 0 <= value < 2**63 else 0
 
 
 def _tool_stats(record: dict) -> tuple[dict, dict]:
@@ -138,21 +154,34 @@ def _prompt_digest(prompt: str) -> bytes:
     return hashlib.blake2b(prompt.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
+def seed_lines(path: Path):
+    """``raw`` for each whole line of one of batch_runner.py's batch files (TOO_LONG for one past MAX_LINE_BYTES);
+    a plain file only."""
+    handle = readback.open_reader(path, advice=_LINK_ADVICE)
+    if handle is None:
+        return
+    with handle:
+        for _offset, raw in read_lines(handle, MAX_LINE_BYTES):
+            yield raw
+
+
+_LINK_ADVICE = "the import reads only the files of the folder itself; put the file there instead, then import again"
+
+
 def _record_prompts(seed_files) -> set:
     """Digests of the prompts of batch_runner.py's records: only the rows that have one are kept in memory."""
     found = set()
     for path in seed_files:
-        with open(path, "rb") as handle:
-            for raw in handle:
-                try:
-                    record = json.loads(raw)
-                except (ValueError, RecursionError):
-                    continue
-                turns = record.get("conversations") if isinstance(record, dict) else None
-                for turn in turns if isinstance(turns, list) else ():
-                    if isinstance(turn, dict) and turn.get("from") == "human" and isinstance(turn.get("value"), str):
-                        found.add(_prompt_digest(turn["value"]))
-                        break
+        for raw in seed_lines(path):
+            try:
+                record = loads(raw) if raw is not TOO_LONG else None
+            except ValueError:
+                continue
+            turns = record.get("conversations") if isinstance(record, dict) else None
+            for turn in turns if isinstance(turns, list) else ():
+                if isinstance(turn, dict) and turn.get("from") == "human" and isinstance(turn.get("value"), str):
+                    found.add(_prompt_digest(turn["value"]))
+                    break
     return found
 
 
@@ -183,32 +212,47 @@ def seed_batch_size(folder: RunFolder) -> Optional[int]:
 
 
 def _seed_json(path: Path) -> dict:
+    """batch_runner.py's checkpoint.json or statistics.json, {} when missing, too large or not a JSON object."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = loads(readback.read_small(path, MAX_JSON_BYTES, advice=_LINK_ADVICE) or b"{}")
+    except (OSError, ValueError) as exc:
+        log.warning("%s cannot be read (%s); the import goes on without it.", path, exc)
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _seed_files(folder: RunFolder) -> list:
+    """batch_runner.py's batch files, each a plain file of the folder (RunFolderError for a link, a FIFO...)."""
+    found = []
+    for entry in os.scandir(folder.dir):
+        if record_kind(entry.name) == "kept" or entry.name in SEED_FILES:
+            readback.check_file(entry.path, written=False, advice=_LINK_ADVICE)
+    for _num, path in folder.iter_batch_files():
+        found.append(path)
+    return found
 
 
 def import_run(folder: RunFolder, dataset_file, batch_size: Optional[int], registry, filter_specs: Sequence[str],
                skip_invalid: bool = False) -> ImportResult:
     """Convert the batch_runner.py run folder ``folder`` in place (see the module docstring); the caller holds its lock."""
     staging = folder.dir / STAGING
-    if (staging / _COMPLETE).exists():
+    if os.path.lexists(staging / _COMPLETE):
         log.warning("%s: finishing the import an interrupted command left half done.", folder.dir)
         _switch(folder, staging)
         return ImportResult(finished_interrupted=True)
-    if staging.exists():
+    if staging.is_symlink() or (os.path.lexists(staging) and not staging.is_dir()):
+        staging.unlink()  # not ours: a link is removed, never what it points to
+    elif staging.exists():
         shutil.rmtree(staging)
-    if folder.run_json.exists():
+    if os.path.lexists(folder.run_json):
         raise RunFolderError(
             f"{folder.dir} is a hermes-batch run folder already (it has run.json); continue it with "
             "'hermes-batch run ... --resume'."
         )
-    seed_files = [path for _num, path in folder.iter_batch_files()]
+    seed_files = _seed_files(folder)
     if not seed_files:
         raise RunFolderError(f"{folder.dir} holds no batch_N.jsonl of batch_runner.py; pass the folder of its run.")
-    if (folder.dir / SEED_FOLDER).exists():
+    if os.path.lexists(folder.dir / SEED_FOLDER):
         raise RunFolderError(
             f"{folder.dir / SEED_FOLDER} exists, where the import would keep batch_runner.py's files; move it away first."
         )
@@ -236,8 +280,9 @@ def import_run(folder: RunFolder, dataset_file, batch_size: Optional[int], regis
     seed_stats = _seed_json(folder.statistics)
     seed_checkpoint = _seed_json(folder.checkpoint)
     completed = seed_checkpoint.get("completed_prompts")
-    if isinstance(completed, list):
-        result = attrs.evolve(result, checkpoint_only=max(0, len(set(completed)) - result.records))
+    if isinstance(completed, list):  # prompt indexes; anything else in it names no prompt
+        indexes = {index for index in completed if type(index) is int}
+        result = attrs.evolve(result, checkpoint_only=max(0, len(indexes) - result.records))
 
     settings: dict = {"filters": list(selection.filter_specs(tuple(filter_specs)))}
     config: dict = {"run_name": folder.run_name, "dataset_file": str(dataset_file), "batch_size": batch_size,
@@ -264,7 +309,9 @@ def import_run(folder: RunFolder, dataset_file, batch_size: Optional[int], regis
         atomic_write_text(staging / "run.json", json.dumps(run_json, indent=2) + "\n")
         atomic_write_text(staging / "checkpoint.json", to_json_line(checkpoint))
         moved = [path.name for path in seed_files] + [name for name in SEED_FILES if (folder.dir / name).exists()]
-        (staging / _COMPLETE).write_text(json.dumps({"originals": moved}) + "\n")
+        # the staging folder's identity: only a .import/ this very import made is finished by the next one
+        st = os.stat(staging)
+        (staging / _COMPLETE).write_text(json.dumps({"originals": moved, "staging": [st.st_dev, st.st_ino]}) + "\n")
         _fsync_dir(staging)
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -284,14 +331,17 @@ def _stage(folder: RunFolder, staging: Path, seed_files, dataset_file, batch_siz
     missing_toolsets: set[str] = set()
     try:
         for path in seed_files:
-            with open(path, "rb") as handle:
-                for raw in handle:
-                    if not raw.strip() or not raw.endswith(b"\n"):
-                        continue  # a blank line, or the torn last line of a killed write: never a record
-                    counts["records"] += 1
-                    kind, name, line = _convert(raw, rows, batch_size, filters, tools_of, models, missing_toolsets)
-                    counts[kind] += 1
-                    writers.write(name if name else UNMATCHED, line)
+            # the torn last line of a killed write is never given: never a record
+            for raw in seed_lines(path):
+                if raw is TOO_LONG:
+                    counts["too_long"] += 1  # no record of a run is that long: not read, not copied
+                    continue
+                if not raw.strip():
+                    continue
+                counts["records"] += 1
+                kind, name, line = _convert(raw, rows, batch_size, filters, tools_of, models, missing_toolsets)
+                counts[kind] += 1
+                writers.write(name if name else UNMATCHED, line)
     except OSError as exc:
         raise write_error(exc.filename or staging, exc, doing="Importing") from exc
     finally:
@@ -306,21 +356,36 @@ def _stage(folder: RunFolder, staging: Path, seed_files, dataset_file, batch_siz
     if missing_toolsets:
         log.warning("The records used toolsets that are not installed (%s): their tools are not in the records' "
                     "metadata.tools_offered.", ", ".join(sorted(missing_toolsets)))
+    if counts["too_long"]:
+        log.warning("%d line(s) of the batch files are longer than %d MiB, more than any record: skipped.",
+                    counts["too_long"], MAX_LINE_BYTES >> 20)
     return ImportResult(counts["records"], counts["kept"], counts["discarded"], counts["unmatched"],
-                        counts["unreadable"]), models
+                        counts["unreadable"], counts["too_long"]), models
+
+
+def _unreadable(raw: bytes) -> tuple[str, Optional[str], str]:
+    return "unreadable", None, reindex._line({"kind": "unreadable", "line": raw.decode("utf-8", "replace").rstrip("\n")})
 
 
 def _convert(raw: bytes, rows: _Rows, batch_size: int, filters, tools_of: dict, models: list,
              missing: set) -> tuple[str, Optional[str], str]:
     """(kind, file name or None for unmatched.jsonl, line) of one line of batch_runner.py."""
     try:
-        record = json.loads(raw)
+        record = json.loads(raw)  # as batch_runner.py wrote it (NaN included)
     except (ValueError, RecursionError):
         record = None
+    try:
+        return _converted(raw, record, rows, batch_size, filters, tools_of, models, missing)
+    except (TypeError, ValueError, AttributeError, RecursionError):  # fields no record of batch_runner.py has
+        return _unreadable(raw)
+
+
+def _converted(raw: bytes, record, rows: _Rows, batch_size: int, filters, tools_of: dict, models: list,
+               missing: set) -> tuple[str, Optional[str], str]:
     turns = _turns(record) if isinstance(record, dict) else None
     prompt = next((t.value for t in turns if t.from_ == "human"), None) if turns else None
     if prompt is None:
-        return "unreadable", None, reindex._line({"kind": "unreadable", "line": raw.decode("utf-8", "replace").rstrip("\n")})
+        return _unreadable(raw)
     metadata = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
     if "content_key" in metadata:
         raise RunFolderError("The batch files hold hermes-batch records (with metadata.content_key), not batch_runner.py's; "
@@ -369,11 +434,14 @@ def _convert(raw: bytes, rows: _Rows, batch_size: int, filters, tools_of: dict, 
 def _switch(folder: RunFolder, staging: Path) -> None:
     """batch_runner.py's files into batch_runner/, then the staged ones in; finished by the next import if cut off."""
     try:
-        originals = json.loads((staging / _COMPLETE).read_text(encoding="utf-8"))["originals"]
+        originals = _staged_originals(folder, staging)
         keep = folder.dir / SEED_FOLDER
-        keep.mkdir(exist_ok=True)
+        if not os.path.lexists(keep):
+            keep.mkdir()
+        elif keep.is_symlink() or not keep.is_dir():  # the originals go into the folder itself, nowhere else
+            raise RunFolderError(f"{keep} is not a folder; move it away, then run the import again.")
         for name in originals:
-            if (folder.dir / name).exists() and not (keep / name).exists():
+            if os.path.lexists(folder.dir / name) and not os.path.lexists(keep / name):
                 os.replace(folder.dir / name, keep / name)
         _fsync_dir(keep)
         _fsync_dir(folder.dir)
@@ -384,3 +452,45 @@ def _switch(folder: RunFolder, staging: Path) -> None:
         shutil.rmtree(staging)
     except OSError as exc:
         raise write_error(exc.filename or folder.dir, exc, doing="Importing") from exc
+
+
+def _staged_originals(folder: RunFolder, staging: Path) -> list:
+    """The names of batch_runner.py's files the marker of ``staging`` says to move, after checking that an
+    import of this folder made it: RunFolderError for a ``.import/`` that came with the folder or was edited
+    (a marker naming a path out of the folder, a run.json an import does not write, a link)."""
+
+    def refuse(why: str) -> RunFolderError:
+        return RunFolderError(
+            f"{staging} was not left by an interrupted 'hermes-batch import' of this folder ({why}); "
+            f"remove it, then run the import again."
+        )
+
+    if staging.is_symlink() or not staging.is_dir():
+        raise refuse("it is not a folder")
+    try:
+        marker = loads(readback.read_small(staging / _COMPLETE, MAX_JSON_BYTES) or b"null")
+    except (ValueError, RunFolderError) as exc:
+        raise refuse(f"its marker cannot be read: {exc}") from None
+    st = os.stat(staging)
+    if not isinstance(marker, dict) or marker.get("staging") != [st.st_dev, st.st_ino]:
+        raise refuse("its marker names another folder")
+    originals = marker.get("originals")
+    if not isinstance(originals, list) or not all(
+            isinstance(name, str) and (record_kind(name) == "kept" or name in SEED_FILES) for name in originals):
+        raise refuse("its marker names files an import never moves")
+    for entry in os.scandir(staging):
+        if not (entry.name in _STAGED or record_kind(entry.name) == "kept") or not entry.is_file(follow_symlinks=False):
+            raise refuse(f"it holds {entry.name!r}, which an import does not write")
+    try:
+        run_json = loads(readback.read_small(staging / "run.json", MAX_JSON_BYTES) or b"null")
+    except (ValueError, RunFolderError) as exc:
+        raise refuse(f"its run.json cannot be read: {exc}") from None
+    config = run_json.get("config") if isinstance(run_json, dict) else None
+    imported = run_json.get("imported") if isinstance(run_json, dict) else None
+    if not isinstance(config, dict) or not set(config) <= _IMPORT_CONFIG or not isinstance(imported, dict) \
+            or imported.get("from") != "batch_runner.py":
+        raise refuse("its run.json is not one an import writes")
+    return originals
+
+
+_IMPORT_CONFIG = frozenset({"run_name", "dataset_file", "batch_size", "filters", "skip_invalid", "model", "distribution"})

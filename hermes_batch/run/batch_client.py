@@ -57,6 +57,10 @@ class BatchingClient(ModelClient):
     def limiter(self):
         return self.inner.limiter
 
+    # the call journal's ``sent`` line of a request is written when its batch goes out (Batcher.on_sent), not
+    # while it waits in the queue: a run killed or stopped meanwhile sent nothing (CallJournal.complete)
+    sends_later = True
+
     async def send(self, messages, tools):
         return await self.batcher.send(messages, tools, current_prompt.get())
 
@@ -82,7 +86,7 @@ class BatchingClient(ModelClient):
 
     async def check_batch_api(self) -> None:
         """FatalModelError (exit 2) when the endpoint has no batch API; before any prompt runs."""
-        await self.batcher.api.check()
+        await self.batcher.check()
 
     def for_model(self, model: str) -> ModelClient:
         other = self.inner.for_model(model)
@@ -100,6 +104,8 @@ class BatchingClient(ModelClient):
             if unfinished is None or submitted.prompts & unfinished:
                 self.batcher.expect(submitted.batch, list(submitted.custom_ids))
         self.batcher.journal = BatchJournal(path, session)
+        if self.journal is not None:  # calls.jsonl: each request counts as sent when its batch goes out
+            self.batcher.on_sent = self.journal.sent
         return self.batcher.journal
 
     def statistics(self) -> dict:

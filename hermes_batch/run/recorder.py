@@ -44,8 +44,8 @@ class Recorder:
         self.tracker = BatchTracker(self._batch_complete)
         self._recording: set = set()  # outcomes being written
 
-    async def record(self, job: PromptJob, outcome) -> None:
-        """Write one prompt's outcome.
+    async def record(self, job: PromptJob, outcome) -> str:
+        """Write one prompt's outcome; what it was recorded as ("kept", "discarded" or "failed").
 
         Shielded: a Ctrl-C that lands while the record is being written must not leave it written but
         uncounted; ``close`` waits for these before the session is saved.
@@ -53,9 +53,9 @@ class Recorder:
         recording = asyncio.ensure_future(self._record(job, outcome))
         self._recording.add(recording)
         recording.add_done_callback(self._recording.discard)
-        await asyncio.shield(recording)
+        return await asyncio.shield(recording)
 
-    async def _record(self, job: PromptJob, outcome) -> None:
+    async def _record(self, job: PromptJob, outcome) -> str:
         outcome = self.redactor.record(outcome)
         kind, record = self._judge(outcome, job.row.prompt)
         log_ = self._batch_log(job.batch_num) if kind == "kept" else self.failed_logs[kind]
@@ -70,6 +70,7 @@ class Recorder:
             self.on_write_failed(exc)
             raise
         self.plugin_failures.observe(self.hook.prompt_finished, job.row.prompt_index, run=self.context, outcome=record)
+        return kind
 
     def _judge(self, outcome, prompt: str) -> tuple:
         """``(kind, record)``: a failure (a filter that raised fails its prompt, naming the plugin), a sample a

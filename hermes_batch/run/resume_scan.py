@@ -32,9 +32,8 @@ def sampling(config: RunConfig) -> bool:
 def nothing_finished(config: RunConfig, keys: rowkeys.RowKeys) -> Match:
     """The match of a run with no finished record: every valid row (every sample of it) runs."""
     if sampling(config):
-        per_row, limit = config.samples_per_prompt, config.max_samples
-        total = sum(samples.count(index, per_row, limit) for index in keys.indexes)
-        return samples.SampleMatch(None, 0, 0, total=total)
+        return samples.SampleMatch(None, 0, 0, total=samples.total_samples(keys, config.samples_per_prompt,
+                                                                          config.max_samples))
     return rowkeys.match_finished(keys, None)
 
 

@@ -109,6 +109,10 @@ class RunEngine:
                 durable.check_free_space(prepared.folder, needed)
             except RunFolderWriteError as exc:
                 return RunResult(exc.exit_code, None, str(exc))
+            try:  # before the preflight too: a --response_cache that cannot be used costs nothing to fix
+                self.journals.open_cache(cfg.response_cache)
+            except HermesBatchError as exc:
+                return RunResult(exc.exit_code, None, str(exc))
         self.context = RunContext(cfg.run_name, prepared.folder.dir, prepared.plan.seed, cfg.verbose,
                                   cfg.log_prefix_chars, pool, private_paths=private_paths(cfg))
         processor = build_processor(prepared.plan, self.context, prepared.registry, prepared.runtimes)
@@ -136,6 +140,7 @@ class RunEngine:
             # off the event loop, like the merge: reading a big run folder must not make Ctrl-C wait
             match = await run_off_loop(resume_scan.read_run_folder, prepared.folder, cfg, prepared.plan, keys,
                                        prepared.checkpoints, self.index)
+            await run_off_loop(self.journals.load, prepared.folder)  # the journals left, checked before the preflight
         prepared.checkpoints.previously_finished = match.finished
         return match
 
@@ -168,8 +173,7 @@ class RunEngine:
                            {"name": backend.name, "isolation": backend.isolation, **backend.isolation_details})
             rowkeys.save(folder, validated, cfg.max_rows)
             validated.keys.digests = validated.keys.indexes = None  # matched: 16 bytes a row less
-            self.journals.open(folder, prepared.checkpoints.session_number, processor, cfg.response_cache,
-                               self.scheduler.match.left)
+            self.journals.open(folder, prepared.checkpoints.session_number, processor, self.scheduler.match.left)
             self.budget.journal = self.journals.calls
             notices.skipped_lines(prepared.plan.dataset, folder, cfg.dataset_file, cfg.max_rows)
             # on record from the start, so a session killed before its first batch completes still counts

@@ -53,7 +53,7 @@ class Scheduler:
             if self.sampling and cfg.stop_on_success:
                 on_outcome = self._record_and_sample_on(processor)
             await self.executor.run(self.jobs, processor, on_outcome, self.concurrency)
-            self.journals.all_recorded = self.jobs.exhausted and not self.jobs.halted
+            self.journals.all_recorded = self.jobs.exhausted and not self.jobs.halted and not self.journals.kept
         except asyncio.CancelledError:
             interrupted = True
         except HermesBatchError as exc:
@@ -103,8 +103,10 @@ class Scheduler:
         return attrs.evolve(job, toolsets=self._toolsets(job.content_key))
 
     async def _record(self, job: PromptJob, outcome) -> None:
-        await self.recorder.record(job, outcome)
-        self.journals.recorded(job)  # its answers are in its record now
+        kind = await self.recorder.record(job, outcome)
+        # its answers are in its record now; a failed prompt's stay in responses.jsonl for the --resume that
+        # runs it again, which replays what was paid for
+        self.journals.recorded(job, failed=kind == "failed")
 
     def _record_and_sample_on(self, processor):
         """The executor's ``on_outcome`` under --stop_on_success: record a sample, then run the row's next one

@@ -15,6 +15,8 @@ import attrs
 
 from ..contract.interfaces import PromptJob
 from ..errors import RunFolderWriteError
+from ..folder import readback
+from ..folder.batch_journal import batch_journal_path
 from ..folder.journal import CallJournal, journal_path
 from ..folder.replay_journal import ResponseJournal, replay_journal_path
 from ..folder.response_cache import open_cache
@@ -32,13 +34,29 @@ class SessionJournals:
         self.calls: Optional[CallJournal] = None
         self.responses: Optional[ResponseJournal] = None
         self.replayer: Optional[Replayer] = None
+        self.cache = None  # --response_cache's ResponseCache, opened before the preflight
         self.all_recorded = False  # every prompt of the run has its record: responses.jsonl goes at close
+        self.kept = 0  # failed prompts whose answers stay in responses.jsonl for the --resume that runs them again
 
-    def open(self, folder: RunFolder, session_number: int, processor, response_cache, left) -> None:
-        """Open the journals and give them to the processor's client and replayer (``left``: the rows to run)."""
-        processor.client.journal = self.calls = CallJournal(journal_path(folder.dir), session_number)
+    def load(self, folder: RunFolder) -> None:
+        """On a resume, before any model call and off the event loop: read (and repair) what the sessions before
+        left, refusing a journal that is no plain file (a link, a FIFO, a device) before the preflight is paid."""
+        for path in (journal_path(folder.dir), batch_journal_path(folder.dir)):
+            readback.check_file(path)
         self.responses = ResponseJournal(replay_journal_path(folder.dir))
-        processor.replayer = self.replayer = Replayer(self.responses, processor.client, open_cache(response_cache))
+
+    def open_cache(self, response_cache) -> None:
+        """Open --response_cache, before the preflight: a cache that cannot be used stops the run (UsageError)
+        before anything is paid or written."""
+        self.cache = open_cache(response_cache)
+
+    def open(self, folder: RunFolder, session_number: int, processor, left) -> None:
+        """Open the journals and give them, with the cache, to the processor's client and replayer (``left``: the
+        rows to run)."""
+        processor.client.journal = self.calls = CallJournal(journal_path(folder.dir), session_number)
+        if self.responses is None:
+            self.responses = ResponseJournal(replay_journal_path(folder.dir))
+        processor.replayer = self.replayer = Replayer(self.responses, processor.client, self.cache)
         if self.responses.cut_off:
             log.info("%d prompt(s) cut off before replay their recorded model answers.", self.responses.cut_off)
         if isinstance(processor.client, BatchingClient):
@@ -60,9 +78,14 @@ class SessionJournals:
             return job
         return attrs.evolve(job, replay=self.responses.recorded(replay_key(job)))
 
-    def recorded(self, job: PromptJob) -> None:
-        """The prompt's record is written: its answers need no replay any more."""
-        self.responses.end(replay_key(job))
+    def recorded(self, job: PromptJob, failed: bool = False) -> None:
+        """The prompt's record is written: its answers need no replay any more, unless it failed (``failed``):
+        a --resume runs it again, and replays the answers it paid for instead of paying again."""
+        key = replay_key(job)
+        if failed and self.responses.holds(key):
+            self.kept += 1
+            return
+        self.responses.end(key)
 
     def close(self) -> None:
         """Close what was opened; responses.jsonl is removed once every prompt has its record."""
@@ -70,5 +93,6 @@ class SessionJournals:
             self.calls.close()
         if self.responses is not None:
             self.responses.close(finished=self.all_recorded)
-        if self.replayer is not None and self.replayer.cache is not None:
-            self.replayer.cache.close()
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None

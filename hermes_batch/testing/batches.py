@@ -42,12 +42,20 @@ class BatchSettings:
     ``delay``: seconds from a batch's creation to its end (a number, or a callable of the batch's number,
     1 for the first batch the server received).  ``expire``: a callable of the batch's number, True for a
     batch that ends expired, none of its requests processed.  ``enabled=False``: the endpoint has no batch
-    API (every batch route answers 404, as an endpoint without it does).
+    API (every batch route answers 404, as an endpoint without it does).  Faults: ``max_bytes`` refuses an
+    upload (OpenAI) or a create call (Anthropic) larger than that with 413; ``results(kind, data)`` rewrites
+    a results file before it is served (``kind``: ``"output"`` or ``"errors"`` for OpenAI's files,
+    ``"results"`` for Anthropic's), returning its bytes or ``(bytes, headers)`` (a ``Content-Encoding``
+    header says the bytes are compressed so); ``list_status`` answers the listing of batches (the check a
+    run makes at start) with that error status.
     """
 
     delay: Union[float, Callable[[int], float]] = 0.0
     expire: Optional[Callable[[int], bool]] = None
     enabled: bool = True
+    max_bytes: Optional[int] = None
+    results: Optional[Callable[[str, bytes], Union[bytes, tuple]]] = None
+    list_status: Optional[int] = None
 
 
 @attrs.define
@@ -89,6 +97,8 @@ class BatchEndpoints:
         self.processed: collections.Counter = collections.Counter()  # body digest -> times processed
         self.created = 0  # batches created
         self.cancelled = 0  # cancel calls
+        self.too_large = 0  # uploads and create calls refused with 413 (BatchSettings.max_bytes)
+        self._kinds: dict = {}  # file id -> "output" or "errors"
 
     async def aclose(self) -> None:
         """Stop processing the batches still in progress (the server is stopping)."""
@@ -207,16 +217,36 @@ class BatchEndpoints:
                     errors.append(line)
             if output:
                 batch.output_file = self._store(output)
+                self._kinds[batch.output_file] = "output"
             if errors:
                 batch.error_file = self._store(errors)
+                self._kinds[batch.error_file] = "errors"
 
     def _store(self, lines: list) -> str:
         file_id = self._new_id("file-hb")
         self._files[file_id] = "".join(json.dumps(line) + "\n" for line in lines).encode()
         return file_id
 
+    def _served(self, kind: str, data: bytes, content_type: str) -> web.Response:
+        headers = {}
+        if self.settings.results is not None:
+            data = self.settings.results(kind, data)
+            if isinstance(data, tuple):
+                data, headers = data
+        return web.Response(body=data, content_type=content_type, headers=headers)
+
+    def _too_large(self, api: str, size: int) -> Optional[web.Response]:
+        limit = self.settings.max_bytes
+        if limit is None or size <= limit:
+            return None
+        with self._lock:
+            self.too_large += 1
+        return self._bad(api, f"Request of {size} bytes is larger than the {limit} bytes allowed.", 413)
+
     async def _list(self, http: web.Request) -> web.Response:
         api = self._api(http)
+        if self.settings.list_status is not None:
+            return self._bad(api, f"Scripted error {self.settings.list_status}.", self.settings.list_status)
         data = [self._render(b) for b in self._batches.values() if b.api == api]
         if api == "anthropic":
             return web.json_response({"data": data, "has_more": False, "first_id": None, "last_id": None})
@@ -276,6 +306,8 @@ class BatchEndpoints:
     # --- OpenAI ------------------------------------------------------------------------------------
 
     async def _upload(self, http: web.Request) -> web.Response:
+        if http.content_length is not None and (refused := self._too_large("openai", http.content_length)):
+            return refused
         form = await http.post()
         upload = form.get("file")
         if not hasattr(upload, "file") or form.get("purpose") != "batch":
@@ -311,11 +343,16 @@ class BatchEndpoints:
         data = self._files.get(http.match_info["id"])
         if data is None:
             return self._bad("openai", f"No such File object: {http.match_info['id']}", 404)
-        return web.Response(body=data, content_type="application/octet-stream")
+        kind = self._kinds.get(http.match_info["id"])
+        if kind is None:
+            return web.Response(body=data, content_type="application/octet-stream")
+        return self._served(kind, data, "application/octet-stream")
 
     # --- Anthropic ---------------------------------------------------------------------------------
 
     async def _anthropic_create(self, http: web.Request) -> web.Response:
+        if http.content_length is not None and (refused := self._too_large("anthropic", http.content_length)):
+            return refused
         try:
             body = await http.json()
             lines = [(r["custom_id"], r["params"]) for r in body["requests"]]
@@ -344,4 +381,4 @@ class BatchEndpoints:
             elif kind == "errored":
                 result["error"] = batch.results[custom_id][1]
             out.append(json.dumps({"custom_id": custom_id, "result": result}) + "\n")
-        return web.Response(body="".join(out).encode(), content_type="application/binary")
+        return self._served("results", "".join(out).encode(), "application/binary")

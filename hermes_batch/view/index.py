@@ -38,7 +38,10 @@ import threading
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Optional
 
+from ..errors import RunFolderError
+from ..folder import readback
 from ..folder.liveness import owner_alive
+from ..formats.lines import loads
 from ..formats.records import key_digest
 from ..folder.runfolder import record_kind, record_order
 from . import cache
@@ -53,6 +56,8 @@ from .search import SearchText
 log = logging.getLogger(__name__)
 
 CACHE_DIR_NAME = ".hermes-batch-view"
+MAX_LINE_BYTES = 64 * 1024 * 1024
+"""Longest line of a record file the viewer reads: a longer one is skipped (counted), never held whole."""
 _HEAD_BYTES = 256
 _CHUNK = 4 * 1024 * 1024
 _WARN_LINES = 10  # lines that are no record, named in the log one by one; the rest are only counted
@@ -63,35 +68,46 @@ def _source_status(name: str) -> Optional[int]:
     return None if kind is None else STATUSES.index(kind)
 
 
-def _head(path: Path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.sha256(fh.read(_HEAD_BYTES)).hexdigest()[:16]
+def _head(source) -> str:
+    """The digest of the first bytes of a record file (a path, or a file object open on it)."""
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as fh:
+            return _head(fh)
+    return hashlib.sha256(os.pread(source.fileno(), _HEAD_BYTES, 0)).hexdigest()[:16]
 
 
-def _whole_lines(fh: BinaryIO, offset: int) -> Iterator[tuple[int, bytes]]:
-    """``(offset, line)`` of each whole line of ``fh`` from ``offset`` on (newline left off); an unfinished
-    last line (one still being written) is not yielded.  A line that spans chunks costs its length once."""
+def _whole_lines(fh: BinaryIO, offset: int) -> Iterator[tuple[int, Optional[bytes], int]]:
+    """``(offset, line, length)`` of each whole line of ``fh`` from ``offset`` on (newline left off); an unfinished
+    last line (one still being written) is not yielded.  A line that spans chunks costs its length once; one
+    longer than MAX_LINE_BYTES comes as None, never held whole."""
     fh.seek(offset)
     pending: list = []  # the pieces of a line that spans chunks, joined once
+    size, skipping = 0, False  # of the pending pieces; past MAX_LINE_BYTES they are dropped, the line skipped
     while chunk := fh.read(_CHUNK):
         start = 0
-        if pending:
+        if pending or skipping:
             end = chunk.find(b"\n")
             if end < 0:
-                pending.append(chunk)
+                size += len(chunk)
+                if size > MAX_LINE_BYTES:
+                    pending, skipping = [], True
+                elif not skipping:
+                    pending.append(chunk)
                 continue
-            pending.append(chunk[:end])
-            line, pending = b"".join(pending), []
-            yield offset, line
-            offset += len(line) + 1
+            size += end
+            line = None if skipping or size > MAX_LINE_BYTES else b"".join([*pending, chunk[:end]])
+            yield offset, line, size
+            offset += size + 1
+            pending, size, skipping = [], 0, False
             start = end + 1
         lines = chunk[start:].split(b"\n") if start else chunk.split(b"\n")
         rest = lines.pop()  # incomplete: the next chunk, or a line still being written
         for line in lines:
-            yield offset, line
+            yield offset, line, len(line)
             offset += len(line) + 1
         if rest:
             pending.append(rest)
+            size = len(rest)
 
 
 def _remove_orphans(cache_dir: Path) -> None:
@@ -222,8 +238,11 @@ class RunIndex:
         path = self.run_dir / name
         status = _source_status(name)
         try:
-            fh = open(path, "rb")
-        except FileNotFoundError:
+            fh = readback.open_reader(path)  # a plain file: a FIFO or a link to a device is not read
+        except RunFolderError as exc:
+            log.warning("%s", exc)
+            return 0
+        if fh is None:
             return 0
         with fh:
             st = os.fstat(fh.fileno())
@@ -231,7 +250,7 @@ class RunIndex:
             if state is None:
                 if st.st_size == 0:
                     return 0
-                state = {"ino": st.st_ino, "head": _head(path), "offset": 0}
+                state = {"ino": st.st_ino, "head": _head(fh), "offset": 0}
             if st.st_size <= state["offset"]:
                 return 0
             if name not in self.files:
@@ -241,10 +260,12 @@ class RunIndex:
             # what was indexed stays indexed even if a write of the search file failed: the next pass goes on
             # from the first line not taken, and never counts a record twice
             self.sources[name] = state
-            for offset, line in _whole_lines(fh, state["offset"]):
-                if line.strip():
+            for offset, line, length in _whole_lines(fh, state["offset"]):
+                if line is None:
+                    self._skip(file_id, offset, f"is longer than {MAX_LINE_BYTES >> 20} MiB")
+                elif line.strip():
                     added += self._add(file_id, status, offset, line)
-                state["offset"] = offset + len(line) + 1
+                state["offset"] = offset + length + 1
             state["size"] = st.st_size
             return added
 
@@ -315,12 +336,12 @@ class RunIndex:
         """The parsed record ``i`` (one positioned read of one line)."""
         cols = self.columns
         path = self.run_dir / self.files[cols.file[i]]
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         try:
             raw = os.pread(fd, cols.length[i], cols.offset[i])
         finally:
             os.close(fd)
-        return json.loads(raw)
+        return loads(raw)  # ValueError for what is not JSON now, or nested too deep to decode
 
     def read_ref(self, ref: str) -> tuple[str, dict]:
         """``(status, record)`` of a link's ``FILE:OFFSET``; only record files of this run, only at a line start."""
@@ -329,16 +350,25 @@ class RunIndex:
         if status is None or name not in self.files or not offset_text.isdigit():
             raise LookupError(f"no record {ref!r} in this run")
         offset = int(offset_text)
-        with open(self.run_dir / name, "rb") as fh:
+        try:
+            fh = readback.open_reader(self.run_dir / name)
+        except RunFolderError as exc:
+            raise LookupError(str(exc)) from None
+        if fh is None:
+            raise LookupError(f"no record {ref!r} in this run")
+        with fh:
             if offset:
                 fh.seek(offset - 1)
                 if fh.read(1) != b"\n":
                     raise LookupError(f"no record starts at {ref!r}")
             fh.seek(offset)
-            line = fh.readline()
+            line = fh.readline(MAX_LINE_BYTES + 1)
         if not line.endswith(b"\n"):
-            raise LookupError(f"no record {ref!r} in this run")
-        return STATUSES[status], json.loads(line)
+            raise LookupError(f"no record {ref!r} in this run (or it is longer than {MAX_LINE_BYTES >> 20} MiB)")
+        try:
+            return STATUSES[status], loads(line)
+        except ValueError as exc:
+            raise LookupError(f"the line at {ref!r} is no record ({exc})") from None
 
     def search(self, query: str, within: Optional[int] = None) -> Iterator[int]:
         """Record numbers whose prompt, answer or id contains ``query`` (case-insensitive), in index order."""

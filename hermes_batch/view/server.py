@@ -140,10 +140,11 @@ class Viewer:
         ref = request.query.get("ref", "")
         try:
             status, data = await asyncio.to_thread(self.index.read_ref, ref)
-        except (LookupError, OSError, ValueError) as exc:
+            html = record_html(status, data, link="#/" + ref)
+        except (LookupError, OSError, ValueError, RecursionError) as exc:  # RecursionError: nested past rendering
             return web.Response(status=404, text=f'<p class="placeholder">{escape(str(exc))}</p>',
                                 content_type="text/html")
-        return web.Response(text=record_html(status, data, link="#/" + ref), content_type="text/html")
+        return web.Response(text=html, content_type="text/html")
 
     async def summary(self, request: web.Request) -> web.Response:
         generation, when, html = self._summary
