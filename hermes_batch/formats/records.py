@@ -130,9 +130,15 @@ class ModelResponse:
     model: Optional[str] = None
 
 
+# The status of a request this run cut off itself (Ctrl-C, SIGTERM, --prompt_timeout) before its answer came:
+# nginx's "client closed request".  A request, maybe paid for, but no error of the endpoint.
+CANCELLED_STATUS = 499
+
+
 @frozen
 class CallRecord:
-    """One model request as sent: who served it, how long it took, its HTTP status (None: no answer)."""
+    """One model request as sent: who served it, how long it took, its HTTP status (None: no answer;
+    CANCELLED_STATUS: cut off by the run)."""
 
     provider: Optional[str] = None
     latency_s: float = 0.0
