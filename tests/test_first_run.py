@@ -48,9 +48,11 @@ def commands(text: str, program: str) -> list[list[str]]:
 def test_the_quick_start_runs_on_a_file_that_exists():
     runs = [words for words in commands((ROOT / "README.md").read_text(), "hermes-batch") if "run" in words]
     first, resume = runs[:2]
-    for words in (first, resume):
-        [path] = [w.split("=", 1)[1] for w in words if w.startswith("--dataset_file=")]
-        assert (ROOT / path).is_file(), path
+    [path] = [w.split("=", 1)[1] for w in first if w.startswith("--dataset_file=")]
+    assert (ROOT / path).is_file(), path
+    # the resume names the run only: the dataset and every other option come from its run.json
+    assert "--resume" in resume and not [w for w in resume if w.startswith("--dataset_file")]
+    assert [w for w in resume if w.startswith("--run_name")] == [w for w in first if w.startswith("--run_name")]
 
 
 def test_every_pip_command_that_installs_a_plugin_from_the_checkout_installs_the_core_with_it():

@@ -153,3 +153,55 @@ def test_no_word_when_the_filters_keep_most(runner, model_server, tmp_path):
     data = write_dataset(tmp_path / "data.jsonl", prompts(3))
     result = run(runner, data, server, "--model", "thinker")
     assert result.exit_code == 0 and "filter discarded" not in result.output and "turns reasoning off" not in result.output
+
+
+def test_a_resume_needs_only_the_run_name_and_takes_the_dataset_and_batch_size_from_run_json(
+        runner, model_server, tmp_path, monkeypatch):
+    server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", prompts(3))
+    assert run(runner, data, server, "--batch_size", "2").exit_code == 0
+    write_dataset(data, prompts(5))  # two rows more
+    monkeypatch.chdir(tmp_path)  # the dataset's path as run.json recorded it (absolute here) needs no cwd
+
+    resumed = runner.cli("run", "--run_name", "run", "--resume", "--output_dir", str(tmp_path / "out"),
+                         "--api_key", TEST_API_KEY, "--no-progress", "--base_url", server.base_url)
+    assert resumed.exit_code == 0, resumed.output
+    assert len(runner.records("trajectories.jsonl")) == 5
+    assert sorted(p.name for p in runner.folder().glob("batch_*.jsonl")) == ["batch_0.jsonl", "batch_1.jsonl",
+                                                                             "batch_2.jsonl"]  # two a batch, kept
+
+    # without --resume both are required, as click says it
+    fresh = runner.cli("run", "--run_name", "other", "--output_dir", str(tmp_path / "out"), "--base_url",
+                       server.base_url)
+    assert fresh.exit_code == 2 and "Missing option '--dataset_file' / '--dataset-file'." in fresh.output
+    fresh = runner.cli("run", "--run_name", "other", "--dataset_file", str(data), "--base_url", server.base_url)
+    assert fresh.exit_code == 2 and "Missing option '--batch_size' / '--batch-size'." in fresh.output
+
+
+def test_a_resume_of_a_folder_without_run_json_asks_for_the_dataset(runner, model_server, tmp_path):
+    (tmp_path / "out" / "run").mkdir(parents=True)  # a first session killed before it wrote run.json
+    resumed = runner.cli("run", "--run_name", "run", "--resume", "--output_dir", str(tmp_path / "out"),
+                         "--api_key", TEST_API_KEY, "--base_url", model_server().base_url)
+    assert resumed.exit_code == 2
+    assert "has no run.json to take --dataset_file and --batch_size from" in resumed.output
+
+
+def test_a_resume_of_a_run_name_without_a_folder_is_refused_naming_the_closest(runner, model_server, tmp_path):
+    server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", prompts(2))
+    assert run(runner, data, server).exit_code == 0  # out/run
+    (tmp_path / "out" / "notes").mkdir()  # not a run folder
+    sent = len(server.requests)
+
+    typo = runner.cli("run", "--dataset_file", str(data), "--batch_size", "5", "--run_name", "rnu", "--resume",
+                      "--output_dir", str(tmp_path / "out"), "--api_key", TEST_API_KEY, "--base_url", server.base_url)
+    assert typo.exit_code == 2, typo.output
+    [line] = typo.output.strip().splitlines()
+    assert line == (f"Error: There is no run folder {tmp_path}/out/rnu to resume, so --resume would pay for every "
+                    "prompt again; the closest run folders there are run. Check --run_name and --output_dir, or "
+                    "leave out --resume to start a new run.")
+    assert len(server.requests) == sent and not (tmp_path / "out" / "rnu").exists()
+
+    elsewhere = runner.cli("run", "--dataset_file", str(data), "--batch_size", "5", "--run_name", "run", "--resume",
+                           "--output_dir", str(tmp_path / "empty"), "--api_key", TEST_API_KEY)
+    assert elsewhere.exit_code == 2 and f"{tmp_path}/empty holds no run folder" in elsewhere.output

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import re
 import shlex
@@ -271,6 +272,12 @@ def check_run(ctx: click.Context) -> Optional[str]:
     """Build the run's configuration with the real command, then select what it names, as the run would."""
     seen = []
     keys = {"OPENROUTER_API_KEY": "example", "OPENAI_API_KEY": "example", "ANTHROPIC_API_KEY": "example"}
+    if ctx.params.get("resume"):  # the example continues a run an earlier command made (in the scratch folder)
+        folder = Path(ctx.params["output_dir"]) / ctx.params["run_name"]
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            config = {"dataset_file": REQUIRED["run"]["--dataset_file"], "batch_size": 10}
+            (folder / "run.json").write_text(json.dumps({"config": config}))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(run_cli, "execute", lambda config: seen.append(config) or 0)
         for name, value in keys.items():
@@ -280,6 +287,8 @@ def check_run(ctx: click.Context) -> Optional[str]:
                 ctx.command.invoke(ctx)
         except SystemExit:
             pass
+    if not seen:
+        return "stopped before its run would start (see above)"
     config = seen.pop()
     registry = plugins.get_plugin_manager().registry()
     if config.distribution_file is None:  # else the distribution is in the user's file

@@ -27,6 +27,7 @@ DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 PROVIDER_SORTS = ("price", "throughput", "latency")
+RESUME_TAKES = "required; with --resume, the run's (run.json)"
 
 
 def split_list(value: Optional[str], option: str = "the option") -> tuple:
@@ -71,8 +72,13 @@ class RunConfig:
     and docs/options.md is checked against them.
     """
 
-    dataset_file: Path = option(help="JSONL file of prompts.", cli=Cli(type=click.Path(path_type=Path, dir_okay=True)))
-    batch_size: int = option(help="Prompts per batch file and checkpoint unit.", validator=at_least(1))
+    # required, but a resume takes them from run.json (cli/run.py checks them)
+    dataset_file: Path = option(
+        help="JSONL file of prompts.",
+        cli=Cli(type=click.Path(path_type=Path, dir_okay=True), required=False, default_text=RESUME_TAKES))
+    batch_size: int = option(
+        help="Prompts per batch file and checkpoint unit.", validator=at_least(1),
+        cli=Cli(required=False, default_text=RESUME_TAKES))
     run_name: str = option(help="Name of the run folder and checkpoint identity.")
     distribution: str = option("default", help="Toolset distribution to sample from.")
     distribution_file: Optional[Path] = option(

@@ -34,6 +34,7 @@ class Cli:
     type: Any = None  # a click type; default: from the field's annotation and validator
     default_text: Optional[str] = None  # what --help shows as the default, when not the default itself
     eager: bool = False
+    required: Optional[bool] = None  # None: required when the field has no default; False: the command checks it
 
 
 def option(default: Any = attrs.NOTHING, *, help: str, validator=None, cli: Cli = Cli(), **kwargs: Any) -> Any:
@@ -147,7 +148,7 @@ def click_option(field: attrs.Attribute, base: Any) -> Callable:
     else:
         kwargs["type"] = _click_type(field, cli, base)
         if field.default is attrs.NOTHING:
-            kwargs["required"] = True
+            kwargs["required"] = cli.required is not False
         else:
             kwargs["default"] = default
     if cli.metavar:

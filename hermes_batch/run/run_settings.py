@@ -20,9 +20,11 @@ as it was started.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import logging
+import os
 import typing
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
@@ -70,6 +72,60 @@ def read_run_json(folder: RunFolder) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+# --- the run folder a resume continues --------------------------------------------------------------
+
+
+def require_run_folder(config: RunConfig) -> None:
+    """A resume needs its run folder: without one it would run, and pay for, every prompt again.
+
+    Raises UsageError naming the closest run folders of --output_dir (a misspelled --run_name).
+    """
+    folder = RunFolder(config.output_dir, config.run_name)
+    if folder.dir.is_dir():
+        return
+    runs = _run_folders(Path(config.output_dir))
+    close = difflib.get_close_matches(config.run_name, runs, n=3, cutoff=0.6)
+    if close:
+        hint = f"the closest run folders there are {', '.join(close)}"
+    elif runs:
+        shown = ", ".join(runs[:5]) + (", ..." if len(runs) > 5 else "")
+        hint = f"the run folders there are {shown}"
+    else:
+        hint = f"{config.output_dir} holds no run folder"
+    raise UsageError(
+        f"There is no run folder {folder.dir} to resume, so --resume would pay for every prompt again; {hint}. "
+        "Check --run_name and --output_dir, or leave out --resume to start a new run."
+    )
+
+
+def _run_folders(output_dir: Path) -> list:
+    """The names of the folders of ``output_dir`` that hold a run (its run.json or checkpoint.json)."""
+    try:
+        entries = sorted(os.scandir(output_dir), key=lambda entry: entry.name)
+    except OSError:
+        return []
+    names = []
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False) and any(
+                    os.path.isfile(os.path.join(entry.path, name)) for name in ("run.json", "checkpoint.json")):
+                names.append(entry.name)
+        except OSError:
+            continue
+    return names
+
+
+def require_dataset(config: RunConfig) -> None:
+    """After ``inherit``: a resume whose run.json did not give --dataset_file and --batch_size asks for them."""
+    missing = [f"--{name}" for name in ("dataset_file", "batch_size") if getattr(config, name) is None]
+    if missing:
+        raise UsageError(
+            f"The run folder {RunFolder(config.output_dir, config.run_name).dir} has no run.json to take "
+            f"{' and '.join(missing)} from (its first session stopped before writing one); pass "
+            f"{' and '.join(missing)} with --resume."
+        )
 
 
 # --- taking the options not given from run.json ----------------------------------------------------
