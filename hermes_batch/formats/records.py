@@ -255,6 +255,7 @@ class Metadata:
     usage: Usage = Usage()
     calls: tuple[CallRecord, ...] = ()  # every request of the session, failed attempts included
     replayed_turns: int = 0  # model answers taken from the replay journal (--resume) or --response_cache, not paid again
+    sampling: dict = field(factory=dict)  # the sampling settings given (--temperature, --top_p, ..., --extra_body)
     # Samples and verification (--samples_per_prompt, --verifier); records written before them read as these defaults.
     sample_index: int = 0  # which of the row's samples this is, 0-based
     reward: float = 0.0  # the minimum of the verifiers' rewards; 0.0 when not verified

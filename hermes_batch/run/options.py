@@ -67,6 +67,17 @@ def at_least(minimum: int):
     return check
 
 
+def at_most(maximum: float):
+    """The value (when given) is a finite number of at most ``maximum``."""
+
+    def check(_instance, attribute, value):
+        _finite(attribute, value)
+        if value is not None and value > maximum:
+            raise UsageError(f"--{attribute.name} must be at most {_number(maximum)}, got {_number(value)}.")
+
+    return check
+
+
 def finite(_instance, attribute, value) -> None:
     """The value is a finite number (any sign)."""
     _finite(attribute, value)

@@ -91,6 +91,7 @@ def make_plan(
     tools = {name: tuple(tool.name for tool in found) for name, found in selection.toolset_tools(registry, sorted(available)).items()}
     backend_cls, sandbox_config = selection.sandbox_backend(registry, config.sandbox, config.sandbox_options)
     client_cls = selection.model_client_class(registry, config.model_client, config.base_url)
+    client_cls.check_settings(model)  # a sampling setting it cannot send stops the run here, not every prompt
     filter_specs = selection.filter_specs(config.filters)
     selection.filters(registry, filter_specs)  # unknown names and bad options stop the run here
     selection.writers(registry, config.writers)
@@ -197,6 +198,7 @@ def build_processor(
         verifiers=selection.verifiers(registry, plan.verifiers),
         min_reward=plan.config.min_reward,
         model_client=lambda name, settings: _other_client(registry, client, name, settings),
+        sampling=plan.model.sampling(),
     )
 
 

@@ -43,6 +43,8 @@ MEANING = frozenset({
     "max_tool_calls_per_turn", "max_tokens", "reasoning_effort", "reasoning_disabled", "ephemeral_system_prompt",
     "prefill_messages_file", "sandbox", "sandbox_options", "filters", "tool_options", "seed",
     "verifiers", "min_reward",
+    # sampling: what a sample is drawn from (pass@k, DPO pairs)
+    "temperature", "top_p", "top_k", "frequency_penalty", "presence_penalty", "extra_body",
 })
 RUN = frozenset({
     "dataset_file", "batch_size", "num_workers", "verbose", "max_samples", "providers_allowed",

@@ -58,6 +58,7 @@ class PromptProcessor:
     verifiers: tuple = ()  # Verifier instances, in --verifier order
     min_reward: float = 1.0  # what a verified sample's reward must reach to pass
     model_client: Optional[Callable] = None  # (name, ModelSettings) -> another installed client, for verifiers
+    sampling: Mapping = attrs.Factory(dict)  # the sampling settings the requests send (ModelSettings.sampling)
     closer: SandboxCloser = attrs.field(factory=SandboxCloser, init=False)  # sandboxes closed once they are open
     replayer: Optional[object] = None  # session.replay.Replayer: answers journaled, replayed on --resume (set by run/session_journals.py)
 
@@ -169,6 +170,7 @@ class PromptProcessor:
             calls=tuple(state.calls),
             sample_index=job.sample_index,
             replayed_turns=state.replayed_turns,
+            sampling=dict(self.sampling),
         )
         trajectory = Trajectory(
             prompt_index=row.prompt_index,
