@@ -4,8 +4,11 @@ change what the data means are refused unless --allow_changed_settings (then run
 from __future__ import annotations
 
 import json
+import os
 
 import attrs
+
+from hermes_batch import hookimpl
 
 from hermes_batch.run.config import RunConfig
 from hermes_batch.run.run_settings import COMMAND, MEANING, RUN
@@ -205,3 +208,57 @@ def test_a_resume_of_a_run_name_without_a_folder_is_refused_naming_the_closest(r
     elsewhere = runner.cli("run", "--dataset_file", str(data), "--batch_size", "5", "--run_name", "run", "--resume",
                            "--output_dir", str(tmp_path / "empty"), "--api_key", TEST_API_KEY)
     assert elsewhere.exit_code == 2 and f"{tmp_path}/empty holds no run folder" in elsewhere.output
+
+
+class _Gadget:
+    """A throwaway plugin: the toolset gadget, which can run only where GADGET_READY is set (as a browser
+    toolset needs Chromium)."""
+
+    def __init__(self):
+        import hermes_batch
+
+        @hermes_batch.tool
+        async def gadget(text: str) -> dict:
+            """Do nothing.
+
+            Args:
+                text: Anything.
+            """
+            return {"error": None}
+
+        class Runtime(hermes_batch.ToolsetRuntime):
+            def unavailable_reason(self):
+                return None if os.environ.get("GADGET_READY") else "GADGET_READY is not set."
+
+        self.toolset = hermes_batch.Toolset("gadget", "A gadget.", (gadget,), runtime=Runtime)
+
+    @hookimpl
+    def register_toolsets(self, register):
+        register(self.toolset)
+
+
+def test_a_resume_on_a_machine_that_offers_other_toolsets_is_refused(runner, model_server, tmp_path, monkeypatch):
+    monkeypatch.delenv("GADGET_READY", raising=False)
+    server = model_server()
+    runner.plugins = (_Gadget(),)
+    distributions = tmp_path / "d.toml"
+    distributions.write_text('[both]\ndescription = "x"\ntoolsets = { terminal = 100, gadget = 100 }\n')
+    data = write_dataset(tmp_path / "data.jsonl", prompts(2))
+    first = run(runner, data, server, "--distribution_file", str(distributions), "--distribution", "both")
+    assert first.exit_code == 0, first.output
+    assert {tuple(r["toolsets_used"]) for r in runner.records("trajectories.jsonl")} == {("terminal",)}
+    write_dataset(data, prompts(4))
+    sent = len(server.requests)
+
+    monkeypatch.setenv("GADGET_READY", "1")  # the machine now offers gadget, as after installing Chromium
+    refused = run(runner, data, server, "--resume")
+    assert refused.exit_code == 2, refused.output
+    assert ('the toolsets this machine can offer (installed plugins, Chromium, -T providers and keys) was '
+            '["terminal"] and is ["gadget", "terminal"] now; give this machine the toolsets the run had, or pass '
+            '--allow_changed_settings') in refused.output
+    assert len(server.requests) == sent
+
+    allowed = run(runner, data, server, "--resume", "--allow_changed_settings")
+    assert allowed.exit_code == 0, allowed.output
+    history = json.loads((runner.folder() / "run.json").read_text())["settings_history"]
+    assert [entry["settings"]["toolsets"] for entry in history] == [["terminal"], ["gadget", "terminal"]]

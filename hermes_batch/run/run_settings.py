@@ -203,7 +203,8 @@ def settings(plan) -> dict:
 
     Defaults are resolved (the filters a run applies, the model client chosen
     from the URL), files are their content's digest, the distribution its
-    probabilities, and the ephemeral system prompt its digest.
+    probabilities, and the ephemeral system prompt its digest; ``toolsets`` are
+    those of the distribution this machine can offer (installed and configured).
     """
     from ..formats.serialization import record_converter
 
@@ -217,6 +218,8 @@ def settings(plan) -> dict:
     prefill = [record_converter.unstructure(m) for m in plan.agent.prefill]
     out["prefill_messages"] = digest(json.dumps(prefill, sort_keys=True)) if prefill else None
     out["ephemeral_system_prompt"] = digest(config.ephemeral_system_prompt)
+    # what this machine can offer: a plugin installed, Chromium or a provider's key changes the prompts' tools
+    out["toolsets"] = sorted(plan.toolsets)
     return _json(out)
 
 
@@ -228,6 +231,7 @@ _OPTION = {
     "verifiers": "--verifier",
     "sandbox_options": "-S/--sandbox_option",
     "tool_options": "-T/--tool_option",
+    "toolsets": "the toolsets this machine can offer (installed plugins, Chromium, -T providers and keys)",
 }
 _SECRET_TEXT = ("ephemeral_system_prompt", "prefill_messages")  # shown as given or not, never as a digest
 
@@ -303,10 +307,14 @@ def check_resume(plan, folder: RunFolder, session: int) -> list:
     if not changed:
         return history
     if not plan.config.allow_changed_settings:
+        how = "leave those options out to continue the run as it was"
+        if "toolsets" in changed:  # no option of this command changed them: the machine did
+            how = "give this machine the toolsets the run had" + (" and leave the other options out"
+                                                                   if len(changed) > 1 else "")
         raise UsageError(
-            f"This resume changes settings that change what the run's data means: {describe(changed)}; "
-            "leave those options out to continue the run as it was, or pass --allow_changed_settings to change "
-            "them (run.json keeps each session's settings and every record names its model)."
+            f"This resume changes settings that change what the run's data means: {describe(changed)}; {how}, "
+            "or pass --allow_changed_settings to change them (run.json keeps each session's settings and every "
+            "record names its model)."
         )
     log.warning(
         "Settings that change what the data means differ from the earlier sessions (%s); allowed by "
