@@ -262,3 +262,46 @@ def test_a_resume_on_a_machine_that_offers_other_toolsets_is_refused(runner, mod
     assert allowed.exit_code == 0, allowed.output
     history = json.loads((runner.folder() / "run.json").read_text())["settings_history"]
     assert [entry["settings"]["toolsets"] for entry in history] == [["terminal"], ["gadget", "terminal"]]
+
+
+def test_the_samples_of_a_row_share_its_toolsets_unless_asked_otherwise(runner, model_server, tmp_path):
+    server = model_server()
+    coin = tmp_path / "coin.toml"  # every toolset a coin flip: independent draws would differ within a row
+    coin.write_text('[coin]\ndescription = "x"\ntoolsets = { terminal = 50, file = 50 }\n')
+    data = write_dataset(tmp_path / "data.jsonl", prompts(4))
+    options = ("--distribution_file", str(coin), "--distribution", "coin", "--samples_per_prompt", "6", "--seed", "7",
+               "--no_filters")
+
+    def toolsets_by_row(run_name):
+        rows: dict = {}
+        for record in runner.records("trajectories.jsonl", run_name):
+            rows.setdefault(record["prompt_index"], set()).add(tuple(record["toolsets_used"]))
+        return rows
+
+    shared = runner.cli("run", "--dataset_file", str(data), "--batch_size", "5", "--run_name", "shared",
+                        "--output_dir", str(tmp_path / "out"), "--api_key", TEST_API_KEY, "--no-progress",
+                        "--base_url", server.base_url, *options)
+    assert shared.exit_code == 0, shared.output
+    rows = toolsets_by_row("shared")
+    assert len(rows) == 4 and all(len(draws) == 1 for draws in rows.values()), rows
+    assert len({draws.pop() for draws in rows.values()}) > 1  # still drawn per row
+
+    own = runner.cli("run", "--dataset_file", str(data), "--batch_size", "5", "--run_name", "own",
+                     "--output_dir", str(tmp_path / "out"), "--api_key", TEST_API_KEY, "--no-progress",
+                     "--base_url", server.base_url, *options, "--toolsets_per_sample")
+    assert own.exit_code == 0, own.output
+    assert any(len(draws) > 1 for draws in toolsets_by_row("own").values())
+
+
+def test_a_run_folder_from_before_shared_toolsets_resumes_drawing_them_per_sample(tmp_path):
+    folder = tmp_path / "out" / "old"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"config": {"dataset_file": "d.jsonl", "batch_size": 5,
+                                                            "samples_per_prompt": 4}}))
+    from hermes_batch.run.run_settings import inherit
+
+    config = RunConfig(dataset_file=None, batch_size=None, run_name="old", output_dir=tmp_path / "out", resume=True)
+    assert inherit(config, {"run_name", "output_dir", "resume"}).toolsets_per_sample is True
+    (folder / "run.json").write_text(json.dumps({"config": {"dataset_file": "d.jsonl", "batch_size": 5,
+                                                            "toolsets_per_sample": False}}))
+    assert inherit(config, {"run_name", "output_dir", "resume"}).toolsets_per_sample is False

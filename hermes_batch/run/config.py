@@ -239,7 +239,11 @@ class RunConfig:
         cli=Cli(decls=("--verifier",), multiple=True, metavar="NAME[:OPTIONS]", convert=tuple),
     )
     samples_per_prompt: int = option(
-        1, validator=at_least(1), help="Sessions per row, each with its own sandbox and toolset sample.")
+        1, validator=at_least(1),
+        help="Sessions per row, each with its own sandbox; they share the row's toolset sample.")
+    toolsets_per_sample: bool = option(
+        False, help="With --samples_per_prompt: draw each sample's toolsets on its own instead of the row's "
+        "(its samples are then offered different tools, and pairs of them compare less).")
     stop_on_success: bool = option(
         False, help="Sample a row no further once one of its samples passed (--min_reward).")
     min_reward: float = option(

@@ -45,6 +45,7 @@ MEANING = frozenset({
     "verifiers", "min_reward",
     # sampling: what a sample is drawn from (pass@k, DPO pairs)
     "temperature", "top_p", "top_k", "frequency_penalty", "presence_penalty", "extra_body",
+    "toolsets_per_sample",
 })
 RUN = frozenset({
     "dataset_file", "batch_size", "num_workers", "verbose", "max_samples", "providers_allowed",
@@ -59,6 +60,8 @@ COMMAND = frozenset({"run_name", "output_dir", "resume", "overwrite", "allow_cha
 NEVER_SAVED = frozenset({"api_key", "ephemeral_system_prompt"})  # run.json keeps a digest of the prompt only
 
 HISTORY = "settings_history"
+# Options whose default is not what the versions before them did: a run folder of such a version resumes as it ran.
+BEFORE_THE_OPTION = {"toolsets_per_sample": True}  # each sample drew its toolsets from its own key
 
 
 def read_run_json(folder: RunFolder) -> dict:
@@ -164,6 +167,9 @@ def inherit(config: RunConfig, given: Iterable[str]) -> RunConfig:
     names = {f.name for f in attrs.fields(RunConfig)}
     taken = {}
     for name in sorted((MEANING | RUN) - NEVER_SAVED - given):
+        if name not in recorded and name in BEFORE_THE_OPTION:
+            taken[name] = BEFORE_THE_OPTION[name]  # the run folder's version did what the option now asks for
+            continue
         if name not in recorded or name not in names:
             continue  # an option newer than the run folder: its default
         value = recorded[name]

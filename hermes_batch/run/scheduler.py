@@ -98,9 +98,11 @@ class Scheduler:
         return distributions.sample_toolsets(self.plan.distribution, self.available, rng)
 
     def _sample_job(self, row, batch: int, sample: int) -> PromptJob:
-        """The job of a row's sample: a toolset sample of its own, drawn from the sample's key."""
+        """The job of a row's sample: the row's toolsets (drawn from the row's key), or with --toolsets_per_sample
+        a toolset sample of its own, drawn from the sample's key."""
         job = PromptJob(row, batch, (), sample)
-        return attrs.evolve(job, toolsets=self._toolsets(job.content_key))
+        key = job.content_key if self.config.toolsets_per_sample else row.content_key
+        return attrs.evolve(job, toolsets=self._toolsets(key))
 
     async def _record(self, job: PromptJob, outcome) -> None:
         await self.recorder.record(job, outcome)
