@@ -29,6 +29,13 @@ BUILTIN_DISTRIBUTIONS = (
 )
 ALL_TOOLS = ["patch", "read_file", "search_files", "terminal", "write_file"]  # terminal + file toolsets
 
+
+def every_installed_tool() -> list[str]:
+    """The tools every record lists: those of every installed toolset (the plugins of this venv's too)."""
+    installed = collect(get_plugin_manager())
+    return sorted(tool.name for toolset in installed.names("toolsets") for tool in installed.get("toolsets", toolset).tools)
+
+
 # Each call appends a line that only a real shell can compute to a file of the prompt's sandbox and
 # prints the file: the second result shows both lines only if both calls ran in the same sandbox.
 SANDBOX_COMMAND = 'echo "$(( 0x{prompt_hash} % 9973 ))-{turn}" >> log.txt && cat log.txt'
@@ -142,7 +149,7 @@ def test_every_field_of_the_trajectory_record(fifty):
                 "toolsets_used", "tool_stats", "tool_error_counts"}
     for t in trajectories:
         assert set(t) == top_keys
-        assert sorted(t["tool_stats"]) == ALL_TOOLS and sorted(t["tool_error_counts"]) == ALL_TOOLS
+        assert sorted(t["tool_stats"]) == every_installed_tool() == sorted(t["tool_error_counts"])
 
     t = trajectories[17]
     row = rows[17]
@@ -180,10 +187,10 @@ def test_every_field_of_the_trajectory_record(fifty):
 
     assert (t["completed"], t["partial"], t["api_calls"]) == (True, False, 3)
     assert sorted(t["toolsets_used"]) == ["file", "terminal"]
-    assert t["tool_stats"] == {name: {"count": 0, "success": 0, "failure": 0} for name in ALL_TOOLS} | {
+    assert t["tool_stats"] == {name: {"count": 0, "success": 0, "failure": 0} for name in every_installed_tool()} | {
         "terminal": {"count": 2, "success": 2, "failure": 0}
     }
-    assert t["tool_error_counts"] == {name: 0 for name in ALL_TOOLS}
+    assert t["tool_error_counts"] == {name: 0 for name in every_installed_tool()}
 
 
 def test_huggingface_datasets_loads_the_trajectories(fifty, tmp_path, monkeypatch):
@@ -435,3 +442,28 @@ def test_reasoning_disabled_turns_reasoning_off_in_the_request(model_server, run
     assert server.request_count == 1 + 4  # the preflight, then two calls per prompt
     for request in server.requests:
         assert request.body["reasoning"] in ({"enabled": False}, {"effort": "none"})
+
+
+def test_two_runs_of_different_toolsets_load_together_in_datasets(tmp_path):
+    """Every record lists every tool of every installed toolset (as the seed's did), whatever the run offered."""
+    import datasets
+
+    runner = Runner(tmp_path)
+    (tmp_path / "d.toml").write_text('[alone]\ndescription = "x"\ntoolsets = { terminal = 100 }\n')
+    with ScriptedModelServer(ToolLoopScript(tool_calls=1), api_key=API_KEY) as server:
+        for name, distribution in (("small", "alone"), ("large", "development")):
+            data = write_dataset(tmp_path / f"{name}.jsonl", prompts(2, name))
+            result = runner.invoke(data, "--distribution_file", str(tmp_path / "d.toml"), "--distribution",
+                                   distribution, "--no_filters", server=server, run_name=name)
+            assert result.exit_code == 0, result.output
+    every_tool = every_installed_tool()
+    small, large = runner.records("trajectories.jsonl", "small"), runner.records("trajectories.jsonl", "large")
+    assert {tuple(r["toolsets_used"]) for r in small} == {("terminal",)}
+    for record in small + large:
+        assert sorted(record["tool_stats"]) == sorted(record["tool_error_counts"]) == every_tool
+    assert json.loads((runner.folder("small") / "run.json").read_text())["tools"] == every_tool
+
+    files = [str(runner.folder(name) / "trajectories.jsonl") for name in ("small", "large")]
+    loaded = datasets.load_dataset("json", data_files=files, split="train", cache_dir=str(tmp_path / "hf"))
+    assert len(loaded) == 4
+    assert sorted(loaded[0]["tool_stats"]) == every_tool
