@@ -222,8 +222,10 @@ def test_api_key_is_in_no_file_of_the_run_folder_nor_in_verbose_logs(model_serve
     assert {"trajectories.jsonl", "run.json", "statistics.json", "checkpoint.json", "env.txt"} <= names
     for path in files:
         assert API_KEY.encode() not in path.read_bytes(), path
-    # the verbose log shows each prompt's tool calls and results, but never the key
+    # the verbose log shows each prompt's toolsets, tool calls and results, but never the key
     assert "[B0:P0]" in result.output and "PATH=" in result.output
+    for index in range(3):
+        assert re.search(rf"\[B0:P{index}\] toolsets: [a-z_]+(, [a-z_]+)* -> [1-9][0-9]* tools: [a-z_]+", result.output)
     assert API_KEY not in result.output
 
 

@@ -104,6 +104,9 @@ class PromptProcessor:
     async def _run(self, job: PromptJob, row: PromptRow, started: float, state: SessionLog) -> Trajectory:
         tools = {tool.name: tool for name in job.toolsets for tool in self.toolsets[name]}
         say = self._logger(job) if self.verbose else None
+        if say:
+            sample = f" (sample {job.sample_index})" if job.sample_index else ""
+            say(f"toolsets{sample}: {', '.join(job.toolsets) or 'none'} -> {len(tools)} tools: {', '.join(tools)}")
         await self.backend.prepare_image(row.image)  # shared by every prompt of the image, so not on its clock
         commands = any(getattr(tool, "runs_commands", False) for tool in tools.values())
         key = job.content_key if job.sample_index else row.content_key  # the sample's key (sample 0: the row's)
