@@ -59,6 +59,7 @@ def _setup_logging(verbose: bool) -> None:
     root.setLevel(logging.INFO if verbose else logging.WARNING)
     root.propagate = False
     logging.getLogger("hermes_batch.run.progress").setLevel(logging.INFO)
+    logging.getLogger("hermes_batch.run.start").setLevel(logging.INFO)  # the start banner
 
 
 @click.command("run", cls=_RunCommand, context_settings={"show_default": True})
