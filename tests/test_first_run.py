@@ -187,8 +187,8 @@ def test_a_truncated_line_is_reported_where_it_broke(tmp_path):
          "pip install . ./plugins/hermes_batch_toolbox)"),
         (["docker", "cleanup"], "No command 'docker': hermes-batch-docker provides docker (from this repository: "
          "pip install . ./hermes_batch_docker); install it."),
-        (["run", "--filter", "no-reasonin"], "Unknown --filter 'no-reasonin'; installed: hallucinated-tools, "
-         "no-reasoning, verified; did you mean --filter no-reasoning?"),
+        (["run", "--filter", "no-reasonin"], "Unknown --filter 'no-reasonin'; installed: empty-answer, "
+         "hallucinated-tools, no-reasoning, verified; did you mean --filter no-reasoning?"),
     ],
 )
 def test_a_first_party_plugin_that_is_not_installed_is_named_with_its_install_line(

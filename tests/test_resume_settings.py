@@ -305,3 +305,23 @@ def test_a_run_folder_from_before_shared_toolsets_resumes_drawing_them_per_sampl
     (folder / "run.json").write_text(json.dumps({"config": {"dataset_file": "d.jsonl", "batch_size": 5,
                                                             "toolsets_per_sample": False}}))
     assert inherit(config, {"run_name", "output_dir", "resume"}).toolsets_per_sample is False
+
+
+def test_a_run_of_an_earlier_version_resumes_with_the_default_filters_it_had(runner, model_server, tmp_path):
+    server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", prompts(2))
+    assert run(runner, data, server, "--distribution", "terminal_only").exit_code == 0
+    # as a version whose default filters were the two of the seed wrote it: no --filter given, resolved to those two
+    path = runner.folder() / "run.json"
+    run_json = json.loads(path.read_text())
+    assert run_json["config"]["filters"] is None
+    for entry in run_json["settings_history"]:
+        entry["settings"]["filters"] = ["no-reasoning", "hallucinated-tools"]
+    path.write_text(json.dumps(run_json))
+    write_dataset(data, prompts(3))
+
+    resumed = run(runner, data, server, "--resume")
+    assert resumed.exit_code == 0, resumed.output  # not refused as a change of the filters
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert sorted(stats["discarded_by_filter"]) == ["hallucinated-tools", "no-reasoning"]
+    assert stats["prompts"]["finished"] == 3

@@ -249,7 +249,7 @@ class Metadata:
     image: str = ""
     cwd: str = ""
     tools_offered: tuple[str, ...] = ()
-    end_reason: str = ""  # "final_answer", "max_turns", "length", "timeout", ...
+    end_reason: str = ""  # "final_answer", "max_turns", "length", "timeout", "empty_answer", "unparsed_tool_call", ...
     invalid_tool_calls: tuple[InvalidToolCall, ...] = ()
     duration_s: float = 0.0
     usage: Usage = Usage()

@@ -166,7 +166,7 @@ class RunConfig:
     filters: Optional[tuple] = option(
         None, help="Quality filter, in order (repeatable).",
         cli=Cli(decls=("--filter",), multiple=True, metavar="NAME", convert=lambda names: tuple(names) or None,
-                default_text="no-reasoning, hallucinated-tools"),
+                default_text="no-reasoning, hallucinated-tools, empty-answer"),
     )  # None: the default filters; (): none (--no_filters)
     writers: tuple = option(
         ("jsonl",), help="Output writer (repeatable).",

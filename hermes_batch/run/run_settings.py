@@ -160,7 +160,8 @@ def _holds_redacted(value: Any) -> bool:
 
 def inherit(config: RunConfig, given: Iterable[str]) -> RunConfig:
     """``config`` (a resume) with every option not in ``given`` taken from the run's run.json, where it has one."""
-    recorded = read_run_json(RunFolder(config.output_dir, config.run_name)).get("config")
+    run_json = read_run_json(RunFolder(config.output_dir, config.run_name))
+    recorded = run_json.get("config")
     if not isinstance(recorded, dict):
         return config  # a folder of a run killed before it wrote run.json, or not a run folder at all
     given = set(given)
@@ -173,6 +174,12 @@ def inherit(config: RunConfig, given: Iterable[str]) -> RunConfig:
         if name not in recorded or name not in names:
             continue  # an option newer than the run folder: its default
         value = recorded[name]
+        if name == "filters" and value is None:
+            # the defaults of the version that ran it (filters were added to them since): as run.json resolved them
+            last = recorded_settings(run_json) or {}
+            if isinstance(last.get("filters"), list) and all(isinstance(f, str) for f in last["filters"]):
+                taken[name] = tuple(last["filters"])
+                continue
         if _holds_redacted(value):
             raise UsageError(
                 f"run.json does not keep the secret part of --{name} of this run; pass --{name} again with --resume."
