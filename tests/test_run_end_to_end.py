@@ -469,3 +469,76 @@ def test_two_runs_of_different_toolsets_load_together_in_datasets(tmp_path):
     loaded = datasets.load_dataset("json", data_files=files, split="train", cache_dir=str(tmp_path / "hf"))
     assert len(loaded) == 4
     assert sorted(loaded[0]["tool_stats"]) == every_tool
+
+
+FEW_SHOT = [
+    {"role": "user", "content": "SHOT: how many files are here?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "shot_1", "type": "function", "function": {"name": "terminal", "arguments": '{"command": "ls | wc -l"}'}}]},
+    {"role": "tool", "tool_call_id": "shot_1", "content": '{"output": "3\\n", "exit_code": 0, "error": null}'},
+    {"role": "assistant", "content": "SHOT-ANSWER: there are 3 files."},
+]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_few_shot_example_with_tool_calls_is_sent_in_each_clients_format(model_server, runner, tmp_path, api):
+    def script(request):
+        prompt_at = max(i for i, m in enumerate(request.messages) if m["role"] == "user" and m["content"]
+                        and not m["content"].startswith("SHOT"))
+        if any(m["role"] == "tool" for m in request.messages[prompt_at:]):
+            return Reply(content="Done.", reasoning="The tool answered.")
+        return Reply(reasoning="Let me look.", tool_calls=[("terminal", {"command": "echo hello"})])
+
+    server = runner.server = model_server(script)
+    prefill = tmp_path / "few_shot.json"
+    prefill.write_text(json.dumps(FEW_SHOT))
+    dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(2))
+    client = (("--model_client", "anthropic", "--base_url", server.anthropic_base_url) if api == "anthropic" else ())
+    result = runner.invoke(dataset, "--prefill_messages_file", str(prefill), "--distribution", "terminal_only", *client)
+    assert result.exit_code == 0, result.output
+
+    requests = [r for r in server.requests if not r.preflight]
+    assert len(requests) == 4 and {r.api for r in requests} == {api}
+    for request in requests:
+        wire = request.body["messages"]
+        if api == "openai":
+            assert wire[1] == {"role": "user", "content": "SHOT: how many files are here?"}
+            assert wire[2]["role"] == "assistant" and wire[2]["content"] is None
+            [call] = wire[2]["tool_calls"]
+            assert (call["id"], call["type"], call["function"]["name"]) == ("shot_1", "function", "terminal")
+            assert json.loads(call["function"]["arguments"]) == {"command": "ls | wc -l"}
+            assert wire[3] == {"role": "tool", "tool_call_id": "shot_1", "content": FEW_SHOT[2]["content"]}
+            assert wire[4] == {"role": "assistant", "content": "SHOT-ANSWER: there are 3 files."}
+        else:  # tool_use and tool_result blocks, the system prompt outside the messages
+            assert wire[0] == {"role": "user", "content": "SHOT: how many files are here?"}
+            assert wire[1] == {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "shot_1", "name": "terminal", "input": {"command": "ls | wc -l"}}]}
+            assert wire[2] == {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "shot_1", "content": FEW_SHOT[2]["content"]}]}
+            assert wire[3]["role"] == "assistant" and wire[3]["content"] == [
+                {"type": "text", "text": "SHOT-ANSWER: there are 3 files."}]
+    for t in runner.records("trajectories.jsonl"):  # never saved
+        assert [turn["from"] for turn in t["conversations"]] == ["system", "human", "gpt", "tool", "gpt"]
+        assert "SHOT" not in json.dumps(t)
+
+
+@pytest.mark.parametrize(("messages", "says"), [
+    ([{"role": "assistant", "content": "", "tool_calls": [{"id": "a", "function": {"name": "terminal",
+                                                                                   "arguments": "{}"}}]}],
+     "the calls a of the last assistant message have no tool result"),
+    ([{"role": "tool", "tool_call_id": "nope", "content": "x"}], "answers no call of the assistant message before it"),
+    ([{"role": "assistant", "content": "", "tool_calls": [{"id": "a", "function": {"name": "terminal",
+                                                                                   "arguments": "not json"}}]}],
+     "the arguments of tool call 0 (terminal) must be a JSON object or its text"),
+    ([{"role": "assistant", "content": "", "tool_calls": [{"id": "a", "function": {"name": "terminal"}}]},
+      {"role": "user", "content": "next"}], "comes before the tool results of the calls a"),
+    ([{"role": "user", "content": "x", "tool_calls": []}], "only an assistant message may make"),
+])
+def test_a_few_shot_example_with_unanswered_or_broken_calls_is_refused_in_one_sentence(tmp_path, messages, says):
+    from hermes_batch.errors import UsageError
+    from hermes_batch.run.inputfiles import load_prefill
+
+    path = tmp_path / "few_shot.json"
+    path.write_text(json.dumps(messages))
+    with pytest.raises(UsageError, match=re.escape(says)):
+        load_prefill(path)
