@@ -32,6 +32,7 @@ from ..formats.records import Checkpoint, SessionInfo
 from ..formats.redaction import Redactor
 from ..session.processor import quietly
 from . import cleanup, limits, notices, preparation, resume_scan, run_settings
+from ..model.batching import Batcher
 from .batch_client import BatchingClient
 from .budget import Budget
 from .checkpoint import write_run_json
@@ -187,7 +188,11 @@ class RunEngine:
         progress = Progress(total=to_run, enabled=cfg.progress)
         progress.watch(processor.client.limiter.summary)
         if isinstance(processor.client, BatchingClient):
-            progress.watch(processor.client.batcher.summary)
+            batcher = processor.client.batcher
+            progress.watch(batcher.summary)
+            if isinstance(batcher, Batcher):  # the run's own (a worker's relays to the driver's, which is this)
+                batcher.senders = self.scheduler.sessions_that_may_send
+                self.scheduler.on_session_end = batcher.wake
         self.recorder = Recorder(
             prepared.folder, self.index, prepared.checkpoints, prepared.filters, self.redactor, progress,
             self.pm.hook, self.context, prepared.plugin_failures,
