@@ -255,7 +255,8 @@ class RunConfig:
         MAX_BATCH_REQUESTS, validator=at_least(1), help="With --batch_api: a batch is submitted once it holds this many requests.")
     batch_api_max_wait: float = option(
         MAX_BATCH_WAIT_S, validator=positive,
-        help="With --batch_api: a batch is submitted this many seconds after its first request, however full.")
+        help="With --batch_api: a batch is submitted this many seconds after its first request, however full (at once "
+        "when every session that may still send a request waits on one).")
     batch_api_poll_interval: float = option(
         BATCH_POLL_INTERVAL_S, validator=positive, help="With --batch_api: seconds between checks of a batch in flight.")
 
