@@ -205,6 +205,8 @@ def check(command: Command, shell: Shell) -> Optional[str]:
         return check_script(program, words[1:], shell)
     if name == "cd":
         return check_cd(words[1:], shell)
+    if program in (".", "source"):
+        return check_activate(words[1:], shell)
     if name in CLICK_PROGRAMS:
         return check_click_program(name, words[1:])
     if name in OTHERS:
@@ -248,6 +250,10 @@ def check_hermes_batch(args: list[str], shell: Shell) -> Optional[str]:
     args = _complete(args, shell)
     try:
         ctx = _parse(cli, "hermes-batch", args)
+        dataset = ctx.params.get("dataset_file")
+        if dataset is not None and str(dataset) != REQUIRED["run"]["--dataset_file"] and not shell.path(str(dataset)).is_file():
+            return (f"reads the dataset {dataset}, which is no file of the checkout nor one an earlier command made; "
+                    "use examples/prompts.jsonl, or make the file first")
         if ctx.command.name == "run":
             return check_run(ctx)
         if ctx.command.name == "new-plugin":
@@ -387,6 +393,13 @@ def check_cd(args: list[str], shell: Shell) -> Optional[str]:
     return None
 
 
+def check_activate(args: list[str], shell: Shell) -> Optional[str]:
+    """``. .venv/bin/activate``: the virtual environment the README's set-up makes (it need not exist yet)."""
+    if args == [".venv/bin/activate"] or (args and shell.path(args[0]).is_file()):
+        return None
+    return f"sources {' '.join(args) or 'nothing'}, which is neither .venv/bin/activate nor a file of the checkout"
+
+
 def check_click_program(name: str, args: list[str]) -> Optional[str]:
     module, _, attr = CLICK_PROGRAMS[name].partition(":")
     try:
@@ -421,6 +434,19 @@ def test_the_shell_example_works_when_pasted(block, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # nothing a check does lands in the checkout
     problems = problems_of(block, tmp_path)
     assert not problems, "\n".join(problems)
+
+
+def test_the_readme_says_once_how_to_paste_the_documents_bare_commands():
+    """The documents write `hermes-batch` and `pip` bare, where the README installs into .venv/bin/: it says to
+    activate the virtual environment, in an example of its own, before its first bare command."""
+    readme = REPO / "README.md"
+    commands = [command for block in read_blocks(readme) for command in block.commands]
+    activate = next(i for i, command in enumerate(commands) if command.words[:2] in ((".", ".venv/bin/activate"),
+                                                                                   ("source", ".venv/bin/activate")))
+    bare = [i for i, command in enumerate(commands) if command.words and command.words[0] in ("hermes-batch", "pip")]
+    assert not bare or activate < bare[0], commands[bare[0]].where()
+    documents = [document for document in DOCUMENTS if document != readme]
+    assert any(c.words[:1] == ("hermes-batch",) for d in documents for b in read_blocks(d) for c in b.commands)
 
 
 def test_the_examples_were_found():
