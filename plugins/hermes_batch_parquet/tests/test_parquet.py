@@ -2,7 +2,6 @@
 
 import json
 import datasets
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -49,6 +48,8 @@ def test_datasets_loads_parquet_splits(run_dir, tmp_path):
 
 
 def test_duckdb_queries_the_nested_columns(run_dir):
+    import duckdb  # installed by scripts/test.sh --all, which runs this test (marked slow)
+
     path = run_dir / "trajectories.parquet"
     con = duckdb.connect()
     # failed calls per sample, from the list of tool stats
