@@ -368,18 +368,19 @@ def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path, exe
 @pytest.mark.parametrize("executor", ["processes"])
 def test_a_request_cut_off_by_prompt_timeout_leaves_the_batch_being_filled(tmp_path, executor):
     """One session at a time: the first prompt's request waits for its batch (due at 3 s) past its --prompt_timeout
-    (2 s); the batch then goes out with the second prompt's request alone.  (The local executor sends a lone
-    session's request at once, nothing more can come: test_a_batch_goes_out_when_no_more_requests_can_come; the
-    driver of worker processes counts the prompts its workers hold, the second one too, so it waits.)"""
+    (2 s): the driver of worker processes counts the prompts its workers hold, the second one too, so the batch
+    waits.  The batch then goes out with the second prompt's request alone, at once (nothing more can come), and so
+    does each of its next turns; the cut request is never sent.  (The local executor sends a lone session's request
+    at once: test_a_batch_goes_out_when_no_more_requests_can_come.)"""
     data = dataset(tmp_path, 2)
     with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(delay=0.1)) as server:
         runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "1", *EXECUTORS[executor]))
         result = runner.invoke(data, *FAST, "--batch_api_max_wait", "3", "--prompt_timeout", "2")
         assert result.exit_code == 3, result.output
-        assert server.batches.batch_sizes == [1] and server.batches.requests_processed == 1
+        assert server.batches.batch_sizes == [1, 1, 1] and server.batches.requests_processed == 3
     assert [r["prompt"] for r in runner.records("failed.jsonl")] == ["Task 0: look around"]
     pending = [line["requests"] for line in runner.records("batches.jsonl") if line["event"] == "pending"]
-    assert [[prompt for _id, prompt, _turn in requests] for requests in pending] == [[1]]
+    assert [[prompt for _id, prompt, _turn in requests] for requests in pending] == [[1], [1], [1]]
 
 
 def test_prompt_timeout_before_the_first_answer_fails_the_prompt(tmp_path):

@@ -102,8 +102,9 @@ def test_several_runs_with_different_tools_export_and_load_as_one_parquet_datase
     other = run_shapes(tmp_path, model_server(script=ShapeScript()), shape_rows(["ok", "notool"], 2),
                        run_name="other", extra=["--writer", "jsonl", "--writer", "parquet", "--distribution_file", tmp_path / "dists.toml",
                               "--distribution", "terminal_alone"])
-    tools = [json.loads((folder / "run.json").read_text())["tools"] for folder in (run_dir, other)]
-    assert tools[0] != tools[1]
+    offered = [{tool for r in lines(folder / "trajectories.jsonl") for tool in r["metadata"]["tools_offered"]}
+               for folder in (run_dir, other)]
+    assert offered[0] != offered[1]  # (their JSON records list the same tools: every installed toolset's)
     # the runs' own trajectories.parquet files share the one schema, so they load together whatever the tools
     both = datasets.load_dataset("parquet", data_files=[str(run_dir / "trajectories.parquet"),
                                                         str(other / "trajectories.parquet")],
