@@ -10,7 +10,7 @@ pytest_plugins = ["hermes_batch.testing.fixtures"]
 #   docker     a Docker engine and the busybox test images (scripts/docker.sh)
 #   apptainer  Apptainer, run in a Docker container (scripts/apptainer.sh)
 #   modal      the modal sandbox against the local Modal stand-in, whose sandboxes are Docker containers
-#   ray        a local Ray cluster of two nodes
+#   ray        Ray (installed by scripts/test.sh --all); most start a local Ray cluster of two nodes
 #   browser    Debian's Chromium (scripts/chromium.sh), through Playwright
 #   slow       takes about a second or more on an idle 2-core machine: whole runs, resumes, child processes, timeouts
 #              (the everyday run keeps at least one such test per area, so it still catches a broken feature)
@@ -50,6 +50,8 @@ NEEDS_OF_TESTS = {
     "tests/test_replay_journal.py::test_response_cache_answers_a_second_run_folder": ("slow",),
     "tests/test_batch_api.py::test_a_resume_collects_the_batches_in_flight_instead_of_sending_them_again": ("slow",),
     "tests/test_batch_api.py::test_a_resume_replays_the_journaled_turns_and_collects_the_batch_in_flight": ("slow",),
+    # Ray itself, which scripts/test.sh installs with --all only (it needs no cluster)
+    "plugins/hermes_batch_ray/tests/test_ray_executor.py::test_an_unreachable_cluster_is_one_sentence_and_exit_status_2": ("ray",),
     "plugins/hermes_batch_ray/tests/test_ray_executor.py::test_driver_killed_mid_session_replays_the_journaled_answers_on_resume":
         ("slow",),  # two runs of ten-turn sessions in child processes, about two minutes
     # slow: many prompts

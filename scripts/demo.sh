@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${HERMES_BATCH_VENV:-.venv}
 ensure_venv "$VENV"
-quietly "$VENV/bin/pip" install --disable-pip-version-check -e '.[testing]'
+install_once "$VENV" demo -e '.[testing]'  # pip only the first time, or after a pyproject.toml changed
 
 args=(--dataset_file examples/prompts.jsonl --batch_size 2 --run_name demo --num_workers 4 --overwrite "$@")
 if [ -n "${OPENROUTER_API_KEY:-}" ]; then

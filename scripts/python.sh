@@ -13,6 +13,40 @@ quietly() {
     return $status
 }
 
+# pip_install VENV PIP_ARGS...: pip install PIP_ARGS into VENV, saying what it does as it goes (each package
+# it collects), everything else pip says set aside and shown only if it fails.
+pip_install() {
+    local venv=$1 log status
+    shift
+    log=$(mktemp "${TMPDIR:-/tmp}/hermes-batch-setup.XXXXXX") || return 1
+    { "$venv/bin/pip" install --disable-pip-version-check "$@" 2>&1; echo "hermes-batch-pip-status $?"; } \
+        | tee "$log" \
+        | awk '/^(Collecting|Obtaining) / { sub(/[<>=!~;\[ ].*/, "", $2); printf "  pip: %s %s\n", tolower($1), $2; fflush() }
+               /^Installing collected packages/ { print "  pip: installing what it collected"; fflush() }' >&2
+    status=$(sed -n 's/^hermes-batch-pip-status //p' "$log")
+    if [ "${status:-1}" != 0 ]; then
+        echo "failed (exit status ${status:-unknown}): pip install $*" >&2
+        grep -v '^hermes-batch-pip-status ' "$log" >&2
+    fi
+    rm -f "$log"
+    return "${status:-1}"
+}
+
+# install_once VENV NAME PIP_ARGS...: pip install PIP_ARGS into VENV unless that was done already for the same
+# arguments and pyproject.toml files (noted in VENV/.hermes-batch-NAME-install): an editable install sees the
+# code's changes by itself, and a new dependency or entry point is in a pyproject.toml.
+install_once() {
+    local venv=$1 name=$2 digest
+    shift 2
+    local stamp="$venv/.hermes-batch-$name-install"
+    digest=$({ printf '%s\n' "$@"; cat pyproject.toml hermes_batch_*/pyproject.toml plugins/*/pyproject.toml; } | cksum)
+    [ "$(cat "$stamp" 2>/dev/null)" = "$digest" ] && return 0
+    rm -f "$stamp"
+    echo "${0##*/}: installing into $venv ($name): pip install $* (a minute or more the first time)" >&2
+    pip_install "$venv" "$@"
+    echo "$digest" >"$stamp"
+}
+
 # The first python3 that can make a venv and open TLS connections (pip needs both).
 find_python() {
     for candidate in ${PYTHON:-} python3 /usr/bin/python3 python3.13 python3.12 python3.11; do

@@ -5,8 +5,9 @@
 #   scripts/test.sh --all [pytest arguments]   every test, with the services they need (what .ci/run calls)
 #
 # Both make the virtual environment $HERMES_BATCH_VENV (default .venv) and install this checkout and its
-# plugins into it, editable, with the test dependencies (pip, quietly; skipped while the venv holds what the
-# pyproject.toml files ask for, noted in $VENV/.hermes-batch-test-install).
+# plugins into it, editable, with the test dependencies (pip, naming each package it collects; skipped while the
+# venv holds what the pyproject.toml files ask for, noted in $VENV/.hermes-batch-*-install).  Without --all only
+# what the tests it runs use: the large libraries only marked tests need (ray, playwright, duckdb) come with --all.
 #
 # Without --all it runs, in parallel (pytest-xdist, one process per core), every test that needs nothing
 # but Python: those marked docker, apptainer, modal, ray, browser, slow or perf (the root conftest.py marks
@@ -69,36 +70,33 @@ if [ "${1:-}" = --all ]; then
     shift
 fi
 
-# The distributions of this checkout that the tests import, editable, and what the tests need besides.
+# The distributions of this checkout that the tests import, editable, and what the tests need besides; for the
+# default run without the large libraries that only its deselected (marked) tests use: ray, playwright and duckdb.
 PACKAGES=(
     -e '.[test]'
     -e plugins/hermes_batch_example
     -e hermes_batch_docker
     -e hermes_batch_singularity
     -e hermes_batch_modal
-    -e plugins/hermes_batch_toolbox
     -e plugins/hermes_batch_filters
     -e plugins/hermes_batch_parquet
-    -e plugins/hermes_batch_ray
-    'duckdb>=1.1'
+    # the dependencies of plugins/hermes_batch_toolbox but playwright (tests/test_scripts.py checks them)
+    'aiohttp>=3.9' 'trafilatura>=1.12' lxml_html_clean
 )
-
-# install_python_packages VENV: pip install PACKAGES into VENV, unless it did so already for the same
-# PACKAGES and pyproject.toml files (an editable install sees the code's changes by itself; a new
-# dependency or entry point is in a pyproject.toml).
-install_python_packages() {
-    local stamp=$1/.hermes-batch-test-install digest
-    digest=$({ printf '%s\n' "${PACKAGES[@]}"; cat pyproject.toml hermes_batch_*/pyproject.toml plugins/*/pyproject.toml; } \
-        | cksum)
-    [ "$(cat "$stamp" 2>/dev/null)" = "$digest" ] && return 0
-    rm -f "$stamp"
-    quietly "$1/bin/pip" install --disable-pip-version-check "${PACKAGES[@]}"
-    echo "$digest" >"$stamp"
-}
+# installed without their dependencies: what they need besides the above is ray (hermes-batch-ray) and playwright
+# (the toolbox's browser), which only the tests marked ray and browser use
+WITHOUT_DEPENDENCIES=(-e plugins/hermes_batch_toolbox -e plugins/hermes_batch_ray)
+# what --all adds: the same two with their dependencies, Playwright for the viewer's browser tests, DuckDB for the
+# Parquet tests' queries
+ALL_PACKAGES=(-e plugins/hermes_batch_toolbox -e plugins/hermes_batch_ray 'playwright>=1.49' 'duckdb>=1.1')
 
 VENV=${HERMES_BATCH_VENV:-.venv}
 ensure_venv "$VENV"
-install_python_packages "$VENV"
+install_once "$VENV" test "${PACKAGES[@]}"
+install_once "$VENV" test-plugins --no-deps "${WITHOUT_DEPENDENCIES[@]}"
+if [ -n "$ALL" ]; then
+    install_once "$VENV" test-all "${ALL_PACKAGES[@]}"
+fi
 export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
 # Compiled modules are kept even where PYTHONDONTWRITEBYTECODE is set, under the venv rather than beside the sources:
 # without them each pytest worker compiles and assertion-rewrites every test module again (about 10 of its 25 s of
@@ -114,6 +112,7 @@ fi
 SERVICES='docker or apptainer or modal or ray or browser or slow or perf'
 
 if [ -z "$ALL" ]; then
+    echo "test.sh: running the tests that need nothing but Python (pytest -n auto; the marked ones left out)" >&2
     "$VENV/bin/python" -m pytest -n auto --dist loadgroup -m "not ($SERVICES)" "$@" 9>&-
     exit
 fi

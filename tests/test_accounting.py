@@ -144,4 +144,5 @@ def test_ctrl_c_counts_every_prompt_it_saved_and_every_request_it_sent(tmp_path,
     assert stats["prompts"]["finished"] == saved
     requests = stats["model_requests"]
     assert requests["requests"] == server.request_count - server.calls_for(PREFLIGHT_PROMPT) == 48
-    assert requests["errors"] == len(stuck)  # cut off by Ctrl-C without an answer
+    # cut off by Ctrl-C without an answer: requests the run cut itself, none an error of the endpoint
+    assert requests["errors"] == 0

@@ -243,6 +243,21 @@ def test_a_batch_run_makes_the_trajectories_of_a_synchronous_run(tmp_path, clien
     assert "batch_api" not in sync_stats
 
 
+def test_each_turn_goes_out_once_every_session_waits_not_after_max_wait(tmp_path):
+    """6 prompts of 3 turns at a 30 s --batch_api_max_wait took 2 minutes against a 3 s batch: every round waited
+    the full 30 s although every session of the run waited on the batch already."""
+    data = dataset(tmp_path, 6)
+    with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(delay=0.1)) as server:
+        runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "6"))
+        started = time.monotonic()
+        result = runner.invoke(data, "--batch_api", "--batch_api_max_wait", "30", "--batch_api_poll_interval", "0.05")
+        took = time.monotonic() - started
+        assert result.exit_code == 0, result.output
+        assert server.batches.batch_sizes == [6, 6, 6]  # each turn of every prompt in one batch
+        assert took < 20, f"{took:.1f} s: a turn waited for --batch_api_max_wait"
+    assert len(runner.records("trajectories.jsonl")) == 6
+
+
 def test_an_expired_batch_sends_its_requests_again(tmp_path):
     data = dataset(tmp_path, 6)
     settings = BatchSettings(delay=0.2, expire=lambda number: number == 1)
@@ -350,19 +365,22 @@ def test_prompt_timeout_applies_to_a_session_waiting_for_its_batch(tmp_path, exe
     assert {(r["partial"], r["metadata"]["end_reason"]) for r in ended} == {(True, "timeout")}
 
 
-@pytest.mark.parametrize("executor", BOTH)
+@pytest.mark.parametrize("executor", ["processes"])
 def test_a_request_cut_off_by_prompt_timeout_leaves_the_batch_being_filled(tmp_path, executor):
     """One session at a time: the first prompt's request waits for its batch (due at 3 s) past its --prompt_timeout
-    (2 s); the batch then goes out with the second prompt's request alone."""
+    (2 s): the driver of worker processes counts the prompts its workers hold, the second one too, so the batch
+    waits.  The batch then goes out with the second prompt's request alone, at once (nothing more can come), and so
+    does each of its next turns; the cut request is never sent.  (The local executor sends a lone session's request
+    at once: test_a_batch_goes_out_when_no_more_requests_can_come.)"""
     data = dataset(tmp_path, 2)
     with ScriptedModelServer(script(), api_key=TEST_API_KEY, batches=BatchSettings(delay=0.1)) as server:
         runner = Runner(tmp_path, server=server, options=run_options("--num_workers", "1", *EXECUTORS[executor]))
         result = runner.invoke(data, *FAST, "--batch_api_max_wait", "3", "--prompt_timeout", "2")
         assert result.exit_code == 3, result.output
-        assert server.batches.batch_sizes == [1] and server.batches.requests_processed == 1
+        assert server.batches.batch_sizes == [1, 1, 1] and server.batches.requests_processed == 3
     assert [r["prompt"] for r in runner.records("failed.jsonl")] == ["Task 0: look around"]
     pending = [line["requests"] for line in runner.records("batches.jsonl") if line["event"] == "pending"]
-    assert [[prompt for _id, prompt, _turn in requests] for requests in pending] == [[1]]
+    assert [[prompt for _id, prompt, _turn in requests] for requests in pending] == [[1], [1], [1]]
 
 
 def test_prompt_timeout_before_the_first_answer_fails_the_prompt(tmp_path):
@@ -550,6 +568,38 @@ async def test_a_batch_goes_out_when_full_or_after_the_wait():
     assert loop.time() - started >= 0.5
     assert batcher.counts.batches == 3 and batcher.counts.largest == 2
     assert "0 in flight, 3 submitted, 0 request(s) queued" in batcher.summary()["batches"]
+    await batcher.aclose()
+
+
+async def test_a_batch_goes_out_when_no_more_requests_can_come():
+    """Every session that may still send a request waits on the batch: it goes out at once, not after max_wait; a
+    request cut off meanwhile (its session ended) is not sent."""
+    from hermes_batch.formats.records import Message
+    from hermes_batch.model.batching import Batcher, BatchOptions
+
+    api = FakeBatches()
+    batcher = Batcher(api, BatchOptions(max_requests=100, max_wait=30, poll_interval=0.01))
+    sessions = {"may_send": 3}
+    batcher.senders = lambda: sessions["may_send"]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    answers = await asyncio.gather(*(batcher.send((Message("user", f"q{i}"),), ()) for i in range(3)))
+    assert [a.message.content for a in answers] == ["q0", "q1", "q2"] and api.submitted == [[b"q0", b"q1", b"q2"]]
+    assert loop.time() - started < 5  # not max_wait's 30 s
+
+    cut = loop.create_task(batcher.send((Message("user", "cut"),), ()))
+    await asyncio.sleep(0.05)
+    assert len(api.submitted) == 1  # one of the three sessions waits, two may still send
+    cut.cancel()  # --prompt_timeout: its session ends, so one session less may send
+    await asyncio.gather(cut, return_exceptions=True)
+    sessions["may_send"] = 2
+    later = loop.create_task(batcher.send((Message("user", "later"),), ()))
+    await asyncio.sleep(0.05)
+    assert len(api.submitted) == 1  # one waits, the other may still send
+    sessions["may_send"] = 1
+    batcher.wake()  # the run: a session ended
+    assert (await later).message.content == "later"
+    assert api.submitted[1] == [b"later"]  # the cut request was not sent
     await batcher.aclose()
 
 

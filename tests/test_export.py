@@ -470,13 +470,13 @@ def test_several_runs_export_as_one_dataset_with_one_schema(tmp_path, model_serv
     a, b, same_as_a = run("a", "terminal_alone"), run("b", "with_files"), run("c", "terminal_alone")
     tools = {name: json.loads((folder / "run.json").read_text())["tools"] for name, folder in
              (("a", a), ("b", b), ("c", same_as_a))}
-    assert tools["a"] == tools["c"] == ["terminal"] and len(tools["b"]) > 1
+    # every record lists every installed tool, whatever its run offered (docs/training-data.md)
+    assert tools["a"] == tools["b"] == tools["c"] and "terminal" in tools["a"] and "write_file" in tools["a"]
     raw = lambda *folders: datasets.load_dataset(  # noqa: E731
         "json", data_files=[str(f / "trajectories.jsonl") for f in folders], split="train", cache_dir=str(tmp_path / "hf"))
-    # the runs' own files load together only when the runs had the same tools (docs/training-data.md)
+    # the runs' own files load together
     assert len(raw(a, same_as_a)) == 2 * len(lines(a / "trajectories.jsonl"))
-    with pytest.raises(datasets.exceptions.DatasetGenerationError):
-        raw(a, b)
+    assert len(raw(a, b)) == len(lines(a / "trajectories.jsonl")) + len(lines(b / "trajectories.jsonl"))
 
     result = hb("export", a, b, "--format", "sharegpt", "--split", "validation=0.5", "--output", tmp_path / "merged")
     kept = lines(a / "trajectories.jsonl") + lines(b / "trajectories.jsonl")
@@ -502,3 +502,27 @@ def test_several_runs_export_as_one_dataset_with_one_schema(tmp_path, model_serv
     assert result.exit_code == 2 and "Exporting several runs needs --output" in result.output
     result = hb("export", a, a, "--format", "sharegpt", "--output", tmp_path / "twice", ok=False)
     assert result.exit_code == 2 and "is given twice" in result.output
+
+
+def test_no_export_carries_the_rows_verifier_only_fields_unless_asked(tmp_path, model_server):
+    from hermes_batch.testing import Reply, Runner, write_dataset
+
+    runner = Runner(tmp_path, server=model_server(lambda request: Reply(content="42", reasoning="Easy.")))
+    secret = {"tests": "SECRET-TESTS pytest -q", "test_files": {"t.py": "SECRET-FILES"}, "answer": "SECRET-ANSWER",
+              "rubric": "SECRET-RUBRIC", "solution": "SECRET-SOLUTION"}
+    data = write_dataset(tmp_path / "d.jsonl", [{"prompt": f"q{i}", "topic": "math", **secret} for i in range(3)])
+    result = runner.invoke(data, "--distribution", "terminal_only", "--verifier", "answer:field=solution",
+                           "--samples_per_prompt", "2")
+    assert result.exit_code == 0, result.output
+    assert "SECRET-TESTS" in (runner.folder() / "trajectories.jsonl").read_text()  # the run's own records keep them
+
+    for format_ in ("sharegpt", "openai", "rollouts", "dpo"):
+        out = tmp_path / f"out.{format_}.jsonl"
+        hb("export", runner.folder(), "--format", format_, "--output", out)
+        assert out.exists() and "SECRET" not in out.read_text(), format_
+    rows = [json.loads(r["metadata"]["row"]) for r in lines(tmp_path / "out.sharegpt.jsonl")]
+    assert len(rows) == 6 and all(row == {"topic": "math"} for row in rows)  # answer:field=solution's field too
+
+    hb("export", runner.folder(), "--format", "sharegpt", "--output", tmp_path / "all.jsonl", "--keep_verifier_fields")
+    [row] = {r["metadata"]["row"] for r in lines(tmp_path / "all.jsonl")}
+    assert json.loads(row) == {"topic": "math", **secret}

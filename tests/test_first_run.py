@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from hermes_batch.contract import plugins
+from hermes_batch.run import selection
 from hermes_batch.cli import cli
 from hermes_batch.testing import TEST_API_KEY, write_dataset
 
@@ -48,9 +49,11 @@ def commands(text: str, program: str) -> list[list[str]]:
 def test_the_quick_start_runs_on_a_file_that_exists():
     runs = [words for words in commands((ROOT / "README.md").read_text(), "hermes-batch") if "run" in words]
     first, resume = runs[:2]
-    for words in (first, resume):
-        [path] = [w.split("=", 1)[1] for w in words if w.startswith("--dataset_file=")]
-        assert (ROOT / path).is_file(), path
+    [path] = [w.split("=", 1)[1] for w in first if w.startswith("--dataset_file=")]
+    assert (ROOT / path).is_file(), path
+    # the resume names the run only: the dataset and every other option come from its run.json
+    assert "--resume" in resume and not [w for w in resume if w.startswith("--dataset_file")]
+    assert [w for w in resume if w.startswith("--run_name")] == [w for w in first if w.startswith("--run_name")]
 
 
 def test_every_pip_command_that_installs_a_plugin_from_the_checkout_installs_the_core_with_it():
@@ -85,11 +88,42 @@ def test_a_run_says_once_which_plugin_provides_the_missing_toolsets(runner, mode
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(6)])
     result = runner.invoke(data, "--distribution", "default")
     assert result.exit_code == 0, result.output
-    [warning] = [line for line in result.output.splitlines() if "names toolsets no installed plugin provides" in line]
-    assert "hermes-batch-toolbox provides web, vision, image_gen, moa, browser" in warning
+    # the default distribution names every toolset: what it cannot offer is said once, in the start banner,
+    # not warned about (the user asked for none of them by name)
+    [line] = [line for line in result.output.splitlines() if "Toolsets of distribution default" in line]
+    assert "; not installed: web, vision, image_gen, moa, browser (hermes-batch-toolbox provides" in line
+    assert " INFO " in line and not [w for w in result.output.splitlines() if "WARNING" in w and "oolset" in w]
+    # a distribution chosen by name warns about what it names and the machine lacks
+    research = runner.invoke(data, "--distribution", "research", run_name="research")
+    assert research.exit_code == 0, research.output
+    [warning] = [line for line in research.output.splitlines() if "names toolsets no installed plugin provides" in line]
+    assert "WARNING" in warning and "hermes-batch-toolbox provides" in warning
     refused = runner.invoke(data, "--distribution", "browser_only", run_name="other")
     assert refused.exit_code == 2
     assert "hermes-batch-toolbox provides browser" in refused.output
+
+
+def test_the_start_banner_names_the_filters_in_force_and_those_a_filter_given_turned_off(runner, model_server, tmp_path):
+    runner.server = model_server()
+    runner.options = ("--distribution", "terminal_only")
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": "task"}])
+
+    def filters_line(result):
+        assert result.exit_code == 0, result.output
+        [line] = [line for line in result.output.splitlines() if " INFO Filters: " in line]
+        return line.split(" INFO Filters: ", 1)[1]
+
+    defaults = ", ".join(selection.DEFAULT_FILTERS)
+    assert filters_line(runner.invoke(data)) == f"{defaults} (the defaults; a --filter replaces them, see docs/options.md)"
+    others = [name for name in selection.DEFAULT_FILTERS if name != "no-reasoning"]
+    assert filters_line(runner.invoke(data, "--filter", "no-reasoning", run_name="one")) == (
+        f"no-reasoning; the default filter{'s' if len(others) > 1 else ''} {', '.join(others)} "
+        f"{'are' if len(others) > 1 else 'is'} off, as --filter replaces the defaults "
+        f"(add {' '.join(f'--filter {name}' for name in others)} to keep {'them' if len(others) > 1 else 'it'})")
+    assert filters_line(runner.invoke(data, "--no_filters", run_name="none")) == "none (--no_filters)"
+    every = [f"--filter={name}" for name in selection.DEFAULT_FILTERS]
+    assert filters_line(runner.invoke(data, *every, "--filter", "verified", "--verifier", "answer",
+                                      run_name="all")) == f"{defaults}, verified"
 
 
 def test_the_local_sandbox_says_once_that_it_ignores_images(runner, model_server, tmp_path):
@@ -153,8 +187,8 @@ def test_a_truncated_line_is_reported_where_it_broke(tmp_path):
          "pip install . ./plugins/hermes_batch_toolbox)"),
         (["docker", "cleanup"], "No command 'docker': hermes-batch-docker provides docker (from this repository: "
          "pip install . ./hermes_batch_docker); install it."),
-        (["run", "--filter", "no-reasonin"], "Unknown --filter 'no-reasonin'; installed: hallucinated-tools, "
-         "no-reasoning, no-shortcuts, verified; did you mean --filter no-reasoning?"),
+        (["run", "--filter", "no-reasonin"], "Unknown --filter 'no-reasonin'; installed: empty-answer, "
+         "hallucinated-tools, no-reasoning, no-shortcuts, verified; did you mean --filter no-reasoning?"),
     ],
 )
 def test_a_first_party_plugin_that_is_not_installed_is_named_with_its_install_line(

@@ -73,7 +73,7 @@ def test_the_plan_keeps_filter_and_writer_specs_with_their_options(tmp_path, mod
     server = model_server()
     plan = plan_of(config(tmp_path, server, filters=("no-reasoning:0.5",), writers=("jsonl", "openai:reasoning=drop")))
     assert (plan.filters, plan.writers) == (("no-reasoning:0.5",), ("jsonl", "openai:reasoning=drop"))
-    assert plan_of(config(tmp_path, server)).filters == ("no-reasoning", "hallucinated-tools")  # the defaults, named
+    assert plan_of(config(tmp_path, server)).filters == ("no-reasoning", "hallucinated-tools", "empty-answer")  # named
     with pytest.raises(HermesBatchError, match="Invalid options for the filter no-reasoning"):
         plan_of(config(tmp_path, server, filters=("no-reasoning:nope",)))  # refused before anything is sent
 

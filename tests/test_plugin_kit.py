@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import hermes_batch
 from hermes_batch.testing import Runner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,3 +80,55 @@ def test_ended_names_the_processes_that_still_hold_a_runs_output():
         subprocess.run(["pkill", "-f", f"^sleep {marker}"])
     out, _err = ended(proc)
     assert out == "started\n"
+
+
+class _OwnFinalAnswer:
+    """A plugin whose filter has a name hermes-batch-filters (installed here) also registers."""
+
+    def __init__(self):
+        from hermes_batch import Filter
+
+        class OwnFinalAnswer(Filter):
+            name = "final-answer"
+
+            def check(self, trajectory):
+                return None
+
+        self.filter = OwnFinalAnswer
+
+    @hermes_batch.hookimpl
+    def register_filters(self, register):
+        register(self.filter)
+
+
+def test_the_kit_loads_the_plugin_under_test_only_so_its_names_do_not_clash_with_other_plugins(tmp_path):
+    from hermes_batch import PluginError, get_plugin_manager
+    from hermes_batch.testing import make_filter
+    from hermes_batch.testing.scope import others, plugin_entry_points, plugin_manager, under_test
+
+    # the plugin under test: the entry points of the pyproject.toml nearest above the test file
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "hermes-batch-mine"\n'
+                                             '[project.entry-points.hermes_batch]\nexample = "hermes_batch_example"\n')
+    assert plugin_entry_points(tmp_path / "tests" / "test_mine.py") == ("example",)
+    assert plugin_entry_points(REPO / "plugins" / "hermes_batch_filters" / "tests" / "test_filters.py") == ("filters",)
+    assert plugin_entry_points(Path(__file__)) is None  # hermes-batch's own suite: every installed plugin
+
+    own = _OwnFinalAnswer()
+    with pytest.raises(PluginError, match="registered by 2 plugins"):  # every installed plugin: two final-answers
+        make_filter("final-answer", get_plugin_manager(extra_plugins=[own]))
+    with under_test(("example",)):
+        assert isinstance(make_filter("final-answer", plugin_manager(extra_plugins=[own])), own.filter)
+        assert "filters" in others(("example",))  # what a spawned run leaves out (HERMES_BATCH_DISABLE_PLUGINS)
+        runner = Runner(tmp_path)  # the runner fixture's default: the plugin under test
+        listed = runner.cli("filters")
+        assert listed.exit_code == 0 and "final-answer" not in listed.output and "no-reasoning" in listed.output
+        everything = Runner(tmp_path, entry_points=None).cli("filters")  # asked for more: every installed plugin
+        assert "final-answer" in everything.output
+
+
+def test_the_runner_fixture_is_scoped_to_this_suite_which_declares_no_plugin(runner):
+    from hermes_batch.testing.scope import current
+
+    assert current() is None  # this repository's own tests see every installed plugin
+    assert "final-answer" in runner.cli("filters").output

@@ -25,7 +25,7 @@ def test_default_plugins_register_the_core_features():
     assert registry.names("sandboxes") == ["local"]
     assert registry.names("model_clients") == ["anthropic", "openai"]
     assert {"terminal", "file"} <= set(registry.names("toolsets"))
-    assert registry.names("filters") == ["hallucinated-tools", "no-reasoning", "no-shortcuts", "verified"]
+    assert registry.names("filters") == ["empty-answer", "hallucinated-tools", "no-reasoning", "no-shortcuts", "verified"]
     assert registry.names("writers") == ["dpo", "jsonl", "openai", "rollouts", "sharegpt"]
     assert registry.names("executors") == ["local", "processes"]
     assert "default" in registry.names("distributions")

@@ -328,4 +328,5 @@ def test_after_ctrl_c_no_request_counts_as_unanswered_whatever_the_executor(tmp_
     events = Counter(entry["event"] for entry in journal)
     assert events["sent"] == events["done"] == 16  # the first turn answered, the second cut off
     requests = json.loads((folder / "statistics.json").read_text())["model_requests"]
-    assert requests["unanswered"] == 0 and requests["requests"] == 16 and requests["errors"] == 8
+    # the 8 requests Ctrl-C cut off ended (journaled, status 499), and none is an error of the endpoint
+    assert requests["unanswered"] == 0 and requests["requests"] == 16 and requests["errors"] == 0

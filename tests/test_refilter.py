@@ -21,7 +21,9 @@ from hermes_batch.testing import run_cli as hb
 from hermes_batch.testing.run_folders import run_args
 from hermes_batch_filters import FinalAnswerFilter
 
-SEED_FILTERS = ["--filter", "no-reasoning", "--filter", "hallucinated-tools"]
+from hermes_batch.run.selection import DEFAULT_FILTERS
+
+SEED_FILTERS = [word for name in DEFAULT_FILTERS for word in ("--filter", name)]  # those the run applied
 STRICTER = SEED_FILTERS + ["--filter", "final-answer"]
 
 
@@ -64,7 +66,7 @@ def test_the_same_filters_change_nothing(run_dir):
     assert snapshot(run_dir) == before
     audit = lines(run_dir / AUDIT)
     assert [a["type"] for a in audit] == ["refilter"]
-    assert audit[0]["filters"] == ["no-reasoning", "hallucinated-tools"]
+    assert audit[0]["filters"] == list(DEFAULT_FILTERS)
 
 
 def test_a_stricter_filter_moves_exactly_what_it_rejects(run_dir):
@@ -75,20 +77,22 @@ def test_a_stricter_filter_moves_exactly_what_it_rejects(run_dir):
         for traj in (from_json(r, Trajectory) for r in lines(p))
         if FinalAnswerFilter().check(traj) is not None
     }
-    assert rejects and rejects < kept_before  # the cut and empty-answer samples
+    assert rejects and rejects < kept_before  # the cut samples (the empty answers are discarded by default)
     result = hb("refilter", run_dir, *STRICTER)
     assert f"moved {len(rejects)} kept -> discarded and 0 discarded -> kept" in result.output
     check_consistent(run_dir, kept_before - rejects, set(discarded_before) | rejects)
     now = discarded_map(run_dir)
     for index in rejects:
         assert now[index][0] == ("final-answer",)
-    for index, verdict in discarded_before.items():
-        assert now[index] == verdict  # what stays discarded keeps its reasons
+    for index, (names, reasons) in discarded_before.items():
+        # what stays discarded keeps its reasons (an empty answer is also no final answer: both filters say so)
+        assert now[index][0][:len(names)] == names and now[index][1][:len(reasons)] == reasons
     moves = [a for a in lines(run_dir / AUDIT) if a["type"] == "move"]
     assert {m["prompt_index"] for m in moves} == rejects
     assert all(m["from"] == "kept" and m["to"] == "discarded" and m["reasons"] for m in moves)
     stats = json.loads((run_dir / "statistics.json").read_text())
-    assert stats["discarded_by_filter"]["final-answer"] == len(rejects)
+    empty = {i for i, (names, _r) in discarded_before.items() if names == ("empty-answer",)}
+    assert empty and stats["discarded_by_filter"]["final-answer"] == len(rejects) + len(empty)  # both filters say so
 
     # and back: the seed filters alone restore the run as it was
     hb("refilter", run_dir, *SEED_FILTERS)
@@ -98,10 +102,10 @@ def test_a_stricter_filter_moves_exactly_what_it_rejects(run_dir):
 
 def test_a_looser_filter_brings_discarded_records_back(run_dir):
     kept_before, discarded_before = kept_set(run_dir), discarded_map(run_dir)
-    no_reasoning_only = {i for i, (names, _r) in discarded_before.items() if names == ("no-reasoning",)}
-    assert no_reasoning_only
+    back = {i for i, (names, _r) in discarded_before.items() if "hallucinated-tools" not in names}
+    assert {names for i, (names, _r) in discarded_before.items() if i in back} == {("no-reasoning",), ("empty-answer",)}
     hb("refilter", run_dir, "--filter", "hallucinated-tools")
-    check_consistent(run_dir, kept_before | no_reasoning_only, set(discarded_before) - no_reasoning_only)
+    check_consistent(run_dir, kept_before | back, set(discarded_before) - back)
     hb("refilter", run_dir, "--no_filters")
     check_consistent(run_dir, kept_before | set(discarded_before), set())
 

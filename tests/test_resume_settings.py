@@ -4,8 +4,11 @@ change what the data means are refused unless --allow_changed_settings (then run
 from __future__ import annotations
 
 import json
+import os
 
 import attrs
+
+from hermes_batch import hookimpl
 
 from hermes_batch.run.config import RunConfig
 from hermes_batch.run.run_settings import COMMAND, MEANING, RUN
@@ -153,3 +156,172 @@ def test_no_word_when_the_filters_keep_most(runner, model_server, tmp_path):
     data = write_dataset(tmp_path / "data.jsonl", prompts(3))
     result = run(runner, data, server, "--model", "thinker")
     assert result.exit_code == 0 and "filter discarded" not in result.output and "turns reasoning off" not in result.output
+
+
+def test_a_resume_needs_only_the_run_name_and_takes_the_dataset_and_batch_size_from_run_json(
+        runner, model_server, tmp_path, monkeypatch):
+    server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", prompts(3))
+    assert run(runner, data, server, "--batch_size", "2").exit_code == 0
+    write_dataset(data, prompts(5))  # two rows more
+    monkeypatch.chdir(tmp_path)  # the dataset's path as run.json recorded it (absolute here) needs no cwd
+
+    resumed = runner.cli("run", "--run_name", "run", "--resume", "--output_dir", str(tmp_path / "out"),
+                         "--api_key", TEST_API_KEY, "--no-progress", "--base_url", server.base_url)
+    assert resumed.exit_code == 0, resumed.output
+    assert len(runner.records("trajectories.jsonl")) == 5
+    assert sorted(p.name for p in runner.folder().glob("batch_*.jsonl")) == ["batch_0.jsonl", "batch_1.jsonl",
+                                                                             "batch_2.jsonl"]  # two a batch, kept
+
+    # without --resume both are required, as click says it
+    fresh = runner.cli("run", "--run_name", "other", "--output_dir", str(tmp_path / "out"), "--base_url",
+                       server.base_url)
+    assert fresh.exit_code == 2 and "Missing option '--dataset_file' / '--dataset-file'." in fresh.output
+    fresh = runner.cli("run", "--run_name", "other", "--dataset_file", str(data), "--base_url", server.base_url)
+    assert fresh.exit_code == 2 and "Missing option '--batch_size' / '--batch-size'." in fresh.output
+
+
+def test_a_resume_of_a_folder_without_run_json_asks_for_the_dataset(runner, model_server, tmp_path):
+    (tmp_path / "out" / "run").mkdir(parents=True)  # a first session killed before it wrote run.json
+    resumed = runner.cli("run", "--run_name", "run", "--resume", "--output_dir", str(tmp_path / "out"),
+                         "--api_key", TEST_API_KEY, "--base_url", model_server().base_url)
+    assert resumed.exit_code == 2
+    assert "has no run.json to take --dataset_file and --batch_size from" in resumed.output
+
+
+def test_a_resume_of_a_run_name_without_a_folder_is_refused_naming_the_closest(runner, model_server, tmp_path):
+    server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", prompts(2))
+    assert run(runner, data, server).exit_code == 0  # out/run
+    (tmp_path / "out" / "notes").mkdir()  # not a run folder
+    sent = len(server.requests)
+
+    typo = runner.cli("run", "--dataset_file", str(data), "--batch_size", "5", "--run_name", "rnu", "--resume",
+                      "--output_dir", str(tmp_path / "out"), "--api_key", TEST_API_KEY, "--base_url", server.base_url)
+    assert typo.exit_code == 2, typo.output
+    [line] = typo.output.strip().splitlines()
+    assert line == (f"Error: There is no run folder {tmp_path}/out/rnu to resume, so --resume would pay for every "
+                    "prompt again; the closest run folders there are run. Check --run_name and --output_dir, or "
+                    "leave out --resume to start a new run.")
+    assert len(server.requests) == sent and not (tmp_path / "out" / "rnu").exists()
+
+    elsewhere = runner.cli("run", "--dataset_file", str(data), "--batch_size", "5", "--run_name", "run", "--resume",
+                           "--output_dir", str(tmp_path / "empty"), "--api_key", TEST_API_KEY)
+    assert elsewhere.exit_code == 2 and f"{tmp_path}/empty holds no run folder" in elsewhere.output
+
+
+class _Gadget:
+    """A throwaway plugin: the toolset gadget, which can run only where GADGET_READY is set (as a browser
+    toolset needs Chromium)."""
+
+    def __init__(self):
+        import hermes_batch
+
+        @hermes_batch.tool
+        async def gadget(text: str) -> dict:
+            """Do nothing.
+
+            Args:
+                text: Anything.
+            """
+            return {"error": None}
+
+        class Runtime(hermes_batch.ToolsetRuntime):
+            def unavailable_reason(self):
+                return None if os.environ.get("GADGET_READY") else "GADGET_READY is not set."
+
+        self.toolset = hermes_batch.Toolset("gadget", "A gadget.", (gadget,), runtime=Runtime)
+
+    @hookimpl
+    def register_toolsets(self, register):
+        register(self.toolset)
+
+
+def test_a_resume_on_a_machine_that_offers_other_toolsets_is_refused(runner, model_server, tmp_path, monkeypatch):
+    monkeypatch.delenv("GADGET_READY", raising=False)
+    server = model_server()
+    runner.plugins = (_Gadget(),)
+    distributions = tmp_path / "d.toml"
+    distributions.write_text('[both]\ndescription = "x"\ntoolsets = { terminal = 100, gadget = 100 }\n')
+    data = write_dataset(tmp_path / "data.jsonl", prompts(2))
+    first = run(runner, data, server, "--distribution_file", str(distributions), "--distribution", "both")
+    assert first.exit_code == 0, first.output
+    assert {tuple(r["toolsets_used"]) for r in runner.records("trajectories.jsonl")} == {("terminal",)}
+    write_dataset(data, prompts(4))
+    sent = len(server.requests)
+
+    monkeypatch.setenv("GADGET_READY", "1")  # the machine now offers gadget, as after installing Chromium
+    refused = run(runner, data, server, "--resume")
+    assert refused.exit_code == 2, refused.output
+    assert ('the toolsets this machine can offer (installed plugins, Chromium, -T providers and keys) was '
+            '["terminal"] and is ["gadget", "terminal"] now; give this machine the toolsets the run had, or pass '
+            '--allow_changed_settings') in refused.output
+    assert len(server.requests) == sent
+
+    allowed = run(runner, data, server, "--resume", "--allow_changed_settings")
+    assert allowed.exit_code == 0, allowed.output
+    history = json.loads((runner.folder() / "run.json").read_text())["settings_history"]
+    assert [entry["settings"]["toolsets"] for entry in history] == [["terminal"], ["gadget", "terminal"]]
+
+
+def test_the_samples_of_a_row_share_its_toolsets_unless_asked_otherwise(runner, model_server, tmp_path):
+    server = model_server()
+    coin = tmp_path / "coin.toml"  # every toolset a coin flip: independent draws would differ within a row
+    coin.write_text('[coin]\ndescription = "x"\ntoolsets = { terminal = 50, file = 50 }\n')
+    data = write_dataset(tmp_path / "data.jsonl", prompts(4))
+    options = ("--distribution_file", str(coin), "--distribution", "coin", "--samples_per_prompt", "6", "--seed", "7",
+               "--no_filters")
+
+    def toolsets_by_row(run_name):
+        rows: dict = {}
+        for record in runner.records("trajectories.jsonl", run_name):
+            rows.setdefault(record["prompt_index"], set()).add(tuple(record["toolsets_used"]))
+        return rows
+
+    shared = runner.cli("run", "--dataset_file", str(data), "--batch_size", "5", "--run_name", "shared",
+                        "--output_dir", str(tmp_path / "out"), "--api_key", TEST_API_KEY, "--no-progress",
+                        "--base_url", server.base_url, *options)
+    assert shared.exit_code == 0, shared.output
+    rows = toolsets_by_row("shared")
+    assert len(rows) == 4 and all(len(draws) == 1 for draws in rows.values()), rows
+    assert len({draws.pop() for draws in rows.values()}) > 1  # still drawn per row
+
+    own = runner.cli("run", "--dataset_file", str(data), "--batch_size", "5", "--run_name", "own",
+                     "--output_dir", str(tmp_path / "out"), "--api_key", TEST_API_KEY, "--no-progress",
+                     "--base_url", server.base_url, *options, "--toolsets_per_sample")
+    assert own.exit_code == 0, own.output
+    assert any(len(draws) > 1 for draws in toolsets_by_row("own").values())
+
+
+def test_a_run_folder_from_before_shared_toolsets_resumes_drawing_them_per_sample(tmp_path):
+    folder = tmp_path / "out" / "old"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"config": {"dataset_file": "d.jsonl", "batch_size": 5,
+                                                            "samples_per_prompt": 4}}))
+    from hermes_batch.run.run_settings import inherit
+
+    config = RunConfig(dataset_file=None, batch_size=None, run_name="old", output_dir=tmp_path / "out", resume=True)
+    assert inherit(config, {"run_name", "output_dir", "resume"}).toolsets_per_sample is True
+    (folder / "run.json").write_text(json.dumps({"config": {"dataset_file": "d.jsonl", "batch_size": 5,
+                                                            "toolsets_per_sample": False}}))
+    assert inherit(config, {"run_name", "output_dir", "resume"}).toolsets_per_sample is False
+
+
+def test_a_run_of_an_earlier_version_resumes_with_the_default_filters_it_had(runner, model_server, tmp_path):
+    server = model_server()
+    data = write_dataset(tmp_path / "data.jsonl", prompts(2))
+    assert run(runner, data, server, "--distribution", "terminal_only").exit_code == 0
+    # as a version whose default filters were the two of the seed wrote it: no --filter given, resolved to those two
+    path = runner.folder() / "run.json"
+    run_json = json.loads(path.read_text())
+    assert run_json["config"]["filters"] is None
+    for entry in run_json["settings_history"]:
+        entry["settings"]["filters"] = ["no-reasoning", "hallucinated-tools"]
+    path.write_text(json.dumps(run_json))
+    write_dataset(data, prompts(3))
+
+    resumed = run(runner, data, server, "--resume")
+    assert resumed.exit_code == 0, resumed.output  # not refused as a change of the filters
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert sorted(stats["discarded_by_filter"]) == ["hallucinated-tools", "no-reasoning"]
+    assert stats["prompts"]["finished"] == 3

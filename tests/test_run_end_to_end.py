@@ -29,6 +29,13 @@ BUILTIN_DISTRIBUTIONS = (
 )
 ALL_TOOLS = ["patch", "read_file", "search_files", "terminal", "write_file"]  # terminal + file toolsets
 
+
+def every_installed_tool() -> list[str]:
+    """The tools every record lists: those of every installed toolset (the plugins of this venv's too)."""
+    installed = collect(get_plugin_manager())
+    return sorted(tool.name for toolset in installed.names("toolsets") for tool in installed.get("toolsets", toolset).tools)
+
+
 # Each call appends a line that only a real shell can compute to a file of the prompt's sandbox and
 # prints the file: the second result shows both lines only if both calls ran in the same sandbox.
 SANDBOX_COMMAND = 'echo "$(( 0x{prompt_hash} % 9973 ))-{turn}" >> log.txt && cat log.txt'
@@ -142,7 +149,7 @@ def test_every_field_of_the_trajectory_record(fifty):
                 "toolsets_used", "tool_stats", "tool_error_counts"}
     for t in trajectories:
         assert set(t) == top_keys
-        assert sorted(t["tool_stats"]) == ALL_TOOLS and sorted(t["tool_error_counts"]) == ALL_TOOLS
+        assert sorted(t["tool_stats"]) == every_installed_tool() == sorted(t["tool_error_counts"])
 
     t = trajectories[17]
     row = rows[17]
@@ -180,10 +187,10 @@ def test_every_field_of_the_trajectory_record(fifty):
 
     assert (t["completed"], t["partial"], t["api_calls"]) == (True, False, 3)
     assert sorted(t["toolsets_used"]) == ["file", "terminal"]
-    assert t["tool_stats"] == {name: {"count": 0, "success": 0, "failure": 0} for name in ALL_TOOLS} | {
+    assert t["tool_stats"] == {name: {"count": 0, "success": 0, "failure": 0} for name in every_installed_tool()} | {
         "terminal": {"count": 2, "success": 2, "failure": 0}
     }
-    assert t["tool_error_counts"] == {name: 0 for name in ALL_TOOLS}
+    assert t["tool_error_counts"] == {name: 0 for name in every_installed_tool()}
 
 
 def test_huggingface_datasets_loads_the_trajectories(fifty, tmp_path, monkeypatch):
@@ -215,8 +222,10 @@ def test_api_key_is_in_no_file_of_the_run_folder_nor_in_verbose_logs(model_serve
     assert {"trajectories.jsonl", "run.json", "statistics.json", "checkpoint.json", "env.txt"} <= names
     for path in files:
         assert API_KEY.encode() not in path.read_bytes(), path
-    # the verbose log shows each prompt's tool calls and results, but never the key
+    # the verbose log shows each prompt's toolsets, tool calls and results, but never the key
     assert "[B0:P0]" in result.output and "PATH=" in result.output
+    for index in range(3):
+        assert re.search(rf"\[B0:P{index}\] toolsets: [a-z_]+(, [a-z_]+)* -> [1-9][0-9]* tools: [a-z_]+", result.output)
     assert API_KEY not in result.output
 
 
@@ -435,3 +444,101 @@ def test_reasoning_disabled_turns_reasoning_off_in_the_request(model_server, run
     assert server.request_count == 1 + 4  # the preflight, then two calls per prompt
     for request in server.requests:
         assert request.body["reasoning"] in ({"enabled": False}, {"effort": "none"})
+
+
+def test_two_runs_of_different_toolsets_load_together_in_datasets(tmp_path):
+    """Every record lists every tool of every installed toolset (as the seed's did), whatever the run offered."""
+    import datasets
+
+    runner = Runner(tmp_path)
+    (tmp_path / "d.toml").write_text('[alone]\ndescription = "x"\ntoolsets = { terminal = 100 }\n')
+    with ScriptedModelServer(ToolLoopScript(tool_calls=1), api_key=API_KEY) as server:
+        for name, distribution in (("small", "alone"), ("large", "development")):
+            data = write_dataset(tmp_path / f"{name}.jsonl", prompts(2, name))
+            result = runner.invoke(data, "--distribution_file", str(tmp_path / "d.toml"), "--distribution",
+                                   distribution, "--no_filters", server=server, run_name=name)
+            assert result.exit_code == 0, result.output
+    every_tool = every_installed_tool()
+    small, large = runner.records("trajectories.jsonl", "small"), runner.records("trajectories.jsonl", "large")
+    assert {tuple(r["toolsets_used"]) for r in small} == {("terminal",)}
+    for record in small + large:
+        assert sorted(record["tool_stats"]) == sorted(record["tool_error_counts"]) == every_tool
+    assert json.loads((runner.folder("small") / "run.json").read_text())["tools"] == every_tool
+
+    files = [str(runner.folder(name) / "trajectories.jsonl") for name in ("small", "large")]
+    loaded = datasets.load_dataset("json", data_files=files, split="train", cache_dir=str(tmp_path / "hf"))
+    assert len(loaded) == 4
+    assert sorted(loaded[0]["tool_stats"]) == every_tool
+
+
+FEW_SHOT = [
+    {"role": "user", "content": "SHOT: how many files are here?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "shot_1", "type": "function", "function": {"name": "terminal", "arguments": '{"command": "ls | wc -l"}'}}]},
+    {"role": "tool", "tool_call_id": "shot_1", "content": '{"output": "3\\n", "exit_code": 0, "error": null}'},
+    {"role": "assistant", "content": "SHOT-ANSWER: there are 3 files."},
+]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_few_shot_example_with_tool_calls_is_sent_in_each_clients_format(model_server, runner, tmp_path, api):
+    def script(request):
+        prompt_at = max(i for i, m in enumerate(request.messages) if m["role"] == "user" and m["content"]
+                        and not m["content"].startswith("SHOT"))
+        if any(m["role"] == "tool" for m in request.messages[prompt_at:]):
+            return Reply(content="Done.", reasoning="The tool answered.")
+        return Reply(reasoning="Let me look.", tool_calls=[("terminal", {"command": "echo hello"})])
+
+    server = runner.server = model_server(script)
+    prefill = tmp_path / "few_shot.json"
+    prefill.write_text(json.dumps(FEW_SHOT))
+    dataset = write_dataset(tmp_path / "prompts.jsonl", prompts(2))
+    client = (("--model_client", "anthropic", "--base_url", server.anthropic_base_url) if api == "anthropic" else ())
+    result = runner.invoke(dataset, "--prefill_messages_file", str(prefill), "--distribution", "terminal_only", *client)
+    assert result.exit_code == 0, result.output
+
+    requests = [r for r in server.requests if not r.preflight]
+    assert len(requests) == 4 and {r.api for r in requests} == {api}
+    for request in requests:
+        wire = request.body["messages"]
+        if api == "openai":
+            assert wire[1] == {"role": "user", "content": "SHOT: how many files are here?"}
+            assert wire[2]["role"] == "assistant" and wire[2]["content"] is None
+            [call] = wire[2]["tool_calls"]
+            assert (call["id"], call["type"], call["function"]["name"]) == ("shot_1", "function", "terminal")
+            assert json.loads(call["function"]["arguments"]) == {"command": "ls | wc -l"}
+            assert wire[3] == {"role": "tool", "tool_call_id": "shot_1", "content": FEW_SHOT[2]["content"]}
+            assert wire[4] == {"role": "assistant", "content": "SHOT-ANSWER: there are 3 files."}
+        else:  # tool_use and tool_result blocks, the system prompt outside the messages
+            assert wire[0] == {"role": "user", "content": "SHOT: how many files are here?"}
+            assert wire[1] == {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "shot_1", "name": "terminal", "input": {"command": "ls | wc -l"}}]}
+            assert wire[2] == {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "shot_1", "content": FEW_SHOT[2]["content"]}]}
+            assert wire[3]["role"] == "assistant" and wire[3]["content"] == [
+                {"type": "text", "text": "SHOT-ANSWER: there are 3 files."}]
+    for t in runner.records("trajectories.jsonl"):  # never saved
+        assert [turn["from"] for turn in t["conversations"]] == ["system", "human", "gpt", "tool", "gpt"]
+        assert "SHOT" not in json.dumps(t)
+
+
+@pytest.mark.parametrize(("messages", "says"), [
+    ([{"role": "assistant", "content": "", "tool_calls": [{"id": "a", "function": {"name": "terminal",
+                                                                                   "arguments": "{}"}}]}],
+     "the calls a of the last assistant message have no tool result"),
+    ([{"role": "tool", "tool_call_id": "nope", "content": "x"}], "answers no call of the assistant message before it"),
+    ([{"role": "assistant", "content": "", "tool_calls": [{"id": "a", "function": {"name": "terminal",
+                                                                                   "arguments": "not json"}}]}],
+     "the arguments of tool call 0 (terminal) must be a JSON object or its text"),
+    ([{"role": "assistant", "content": "", "tool_calls": [{"id": "a", "function": {"name": "terminal"}}]},
+      {"role": "user", "content": "next"}], "comes before the tool results of the calls a"),
+    ([{"role": "user", "content": "x", "tool_calls": []}], "only an assistant message may make"),
+])
+def test_a_few_shot_example_with_unanswered_or_broken_calls_is_refused_in_one_sentence(tmp_path, messages, says):
+    from hermes_batch.errors import UsageError
+    from hermes_batch.run.inputfiles import load_prefill
+
+    path = tmp_path / "few_shot.json"
+    path.write_text(json.dumps(messages))
+    with pytest.raises(UsageError, match=re.escape(says)):
+        load_prefill(path)

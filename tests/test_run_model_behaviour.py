@@ -112,7 +112,7 @@ def test_tool_errors_turn_limits_truncation_and_the_default_filters(misbehaving,
     assert discarded["Answer without thinking."]["filters"] == ["no-reasoning"]
 
     stats = json.loads((runner.folder() / "statistics.json").read_text())
-    assert stats["discarded_by_filter"] == {"hallucinated-tools": 1, "no-reasoning": 1}
+    assert stats["discarded_by_filter"] == {"empty-answer": 0, "hallucinated-tools": 1, "no-reasoning": 1}
     assert stats["prompts"]["discarded"] == 2 and stats["prompts"]["failed"] == 0
 
 
@@ -305,3 +305,44 @@ def test_the_per_turn_cap_must_be_positive(runner, tmp_path):
     result = runner.invoke(dataset, "--max_tool_calls_per_turn", "0")
     assert result.exit_code == 2
     assert "--max_tool_calls_per_turn must be at least 1, got 0." in result.output
+
+
+def test_an_empty_reply_or_an_unparsed_tool_call_ends_without_an_answer_and_is_discarded(model_server, runner, tmp_path):
+    """As Qwen behind llama.cpp did for 89 of 164 HumanEval problems: each was recorded as completed and kept."""
+    unparsed = '<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"\n</tool_call>'  # cut JSON
+
+    def script(request):
+        if request.prompt == "Say nothing.":
+            return Reply(content="", reasoning="I have nothing to add.")
+        if request.prompt == "Call in your own syntax.":
+            return Reply(content=unparsed, reasoning="Let me look.")
+        if request.prompt == "Stop with tool_calls.":  # a server that said it made calls and sent none
+            return Reply(content="", reasoning="Calling.", finish_reason="tool_calls")
+        return Reply(content="Here it is.", reasoning="Easy.")
+
+    runner.server = model_server(script)
+    prompts = ["Say nothing.", "Call in your own syntax.", "Stop with tool_calls.", "Answer."]
+    data = write_dataset(tmp_path / "data.jsonl", [{"prompt": p} for p in prompts])
+    result = runner.invoke(data, "--distribution", "terminal_only")
+    assert result.exit_code == 0, result.output
+
+    [kept] = runner.records("trajectories.jsonl")
+    assert kept["metadata"]["end_reason"] == "final_answer" and (kept["completed"], kept["partial"]) == (True, False)
+    discarded = {r["trajectory"]["conversations"][1]["value"]: r for r in runner.records("discarded.jsonl")}
+    ends = {prompt: discarded[prompt]["trajectory"]["metadata"]["end_reason"] for prompt in prompts[:3]}
+    assert ends == {"Say nothing.": "empty_answer", "Call in your own syntax.": "unparsed_tool_call",
+                    "Stop with tool_calls.": "unparsed_tool_call"}
+    for prompt in prompts[:3]:
+        record = discarded[prompt]
+        assert (record["trajectory"]["completed"], record["trajectory"]["partial"]) == (False, True)
+        assert record["filters"] == ["empty-answer"]
+    assert discarded["Say nothing."]["reasons"] == ["the session ended in an empty reply"]
+    stats = json.loads((runner.folder() / "statistics.json").read_text())
+    assert stats["finished"]["partial_by_reason"] == {"empty_answer": 1, "unparsed_tool_call": 2}
+    assert stats["discarded_by_filter"]["empty-answer"] == 3
+
+    # kept without the filter, still saying why they ended
+    kept_all = runner.invoke(data, "--distribution", "terminal_only", "--filter", "no-reasoning", run_name="all")
+    assert kept_all.exit_code == 0, kept_all.output
+    assert sorted(r["metadata"]["end_reason"] for r in runner.records("trajectories.jsonl", "all")) == [
+        "empty_answer", "final_answer", "unparsed_tool_call", "unparsed_tool_call"]

@@ -185,7 +185,11 @@ def test_test_sh_alone_runs_the_fast_tests_in_parallel_and_starts_nothing(tmp_pa
     assert done.returncode == 3, done.stderr  # pytest's status
     assert pytest_runs(log) == [f"{FAST} -q tests/test_x.py (fd 9 closed)"]  # the caller's arguments come last
     assert not [line for line in log.splitlines() if line.startswith(("docker", "apt-get"))], log
-    assert done.stderr == ""
+    # it says what it does, step by step (the first run's pip took a minute in silence), and starts nothing
+    said = done.stderr.splitlines()
+    assert [line.split(":", 1)[0] for line in said] == ["test.sh"] * 3, said
+    assert said[0].startswith("test.sh: installing into") and said[2].startswith("test.sh: running the tests")
+    assert "docker.sh" not in done.stderr and "apt-get" not in done.stderr
 
 
 def test_test_sh_all_runs_the_perf_tests_alone_after_the_others(tmp_path):
@@ -215,12 +219,63 @@ def test_test_sh_all_fails_when_either_run_fails(tmp_path, statuses, status):
 def test_pip_runs_again_only_when_what_it_installs_changed(tmp_path):
     pip_calls = lambda log: [line for line in log.splitlines() if line.startswith("pip ")]  # noqa: E731
     _, log = run_test_sh(tmp_path, args=())
-    [first] = pip_calls(log)
-    assert "install --disable-pip-version-check -e .[test]" in first and "-e plugins/hermes_batch_ray" in first
+    first, plugins = pip_calls(log)
+    assert "install --disable-pip-version-check -e .[test]" in first and "-e plugins/hermes_batch_filters" in first
+    # the default run's tests use neither ray nor playwright: their plugins come without their dependencies
+    assert "ray" not in first and "playwright" not in first and "duckdb" not in first
+    assert plugins.endswith("--no-deps -e plugins/hermes_batch_toolbox -e plugins/hermes_batch_ray")
     _, log = run_test_sh(tmp_path, args=())
-    assert len(pip_calls(log)) == 1, "the second run does not run pip"
+    assert len(pip_calls(log)) == 2, "the second run does not run pip"
     stamp = tmp_path / "venv" / ".hermes-batch-test-install"
     stamp.write_text("another set of pyproject.toml files\n")
     _, log = run_test_sh(tmp_path, args=())
-    assert len(pip_calls(log)) == 2
+    assert len(pip_calls(log)) == 3
     assert stamp.read_text() != "another set of pyproject.toml files\n"
+
+
+def test_test_sh_all_installs_what_the_marked_tests_need_too(tmp_path):
+    done, log = run_test_sh(tmp_path, {"FOUND_ENGINE": "1"}, args=("--all", "-q"))
+    assert done.returncode == 0, done.stderr
+    pips = [line for line in log.splitlines() if line.startswith("pip ")]
+    assert len(pips) == 3 and pips[2].endswith(
+        "-e plugins/hermes_batch_toolbox -e plugins/hermes_batch_ray playwright>=1.49 duckdb>=1.1")
+    assert "--no-deps" not in pips[2]  # with ray and the toolbox's playwright
+
+
+def test_the_default_install_lists_the_toolboxs_dependencies_but_playwright():
+    import re
+    import tomllib
+
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    block = script[script.index("PACKAGES=(") : script.index("\n)\n", script.index("PACKAGES=("))]
+    block = "\n".join(line for line in block.splitlines() if not line.strip().startswith("#"))
+    listed = set(re.findall(r"'([^']+)'|\b(lxml_html_clean)\b", block))
+    listed = {a or b for a, b in listed} - {".[test]"}
+    toolbox = tomllib.loads((ROOT / "plugins" / "hermes_batch_toolbox" / "pyproject.toml").read_text())
+    wanted = {dep for dep in toolbox["project"]["dependencies"] if not dep.startswith(("hermes-batch", "playwright"))}
+    assert listed == wanted
+
+
+def test_demo_sh_runs_pip_only_the_first_time(tmp_path):
+    """A second demo ran pip again (9.8 s); the first said nothing for a minute."""
+    venv, state = tmp_path / "venv", tmp_path / "state"
+    (venv / "bin").mkdir(parents=True)
+    state.mkdir()
+    for path, text in [(venv / "bin" / "python", '#!/bin/sh\n[ "$1" = -c ] && exit 0\n'),
+                       (venv / "bin" / "pip", '#!/bin/sh\necho "pip $*" >> "$STATE/log"\necho "Collecting attrs>=23"\n'),
+                       (venv / "bin" / "hermes-batch", '#!/bin/sh\necho "hermes-batch $*" >> "$STATE/log"\n')]:
+        path.write_text(text)
+        path.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path), "STATE": str(state),
+           "HERMES_BATCH_VENV": str(venv), "OPENROUTER_API_KEY": "sk-test"}
+    said = []
+    for _ in range(2):
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh")], env=env, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        said.append(done.stderr)
+    log = (state / "log").read_text().splitlines()
+    assert [line for line in log if line.startswith("pip ")] == ["pip install --disable-pip-version-check -e .[testing]"]
+    assert len([line for line in log if line.startswith("hermes-batch run")]) == 2
+    assert "demo.sh: installing into" in said[0] and "  pip: collecting attrs" in said[0]
+    assert said[1] == ""

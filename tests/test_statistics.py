@@ -195,3 +195,26 @@ def test_render_shows_the_tables(folder):
     for expected in ("Tool usage", "terminal", "66.7%", "Reasoning coverage", "57.1%", "no-reasoning",
                      "Failed prompts by kind", "sandbox", "$0.0100", "2m 30s over 2 session(s)"):
         assert expected in text
+
+
+def test_the_tables_fit_80_columns_without_cutting_a_name_or_a_number(folder):
+    """A pipe is 80 columns wide: `56.…` and `browser_c…` said nothing."""
+    stats = build(folder)
+    long_tools = {"browser_get_images": (123456, 70000, 53456), "mixture_of_agents": (9, 5, 4),
+                  "vision_analyze": (0, 0, 0)}
+    for scope in ("finished", "kept"):
+        for name, (count, success, failure) in long_tools.items():
+            stats[scope]["tool_usage"][name] = {"count": count, "success": success, "failure": failure,
+                                                "success_rate": success / count if count else None,
+                                                "failure_rate": failure / count if count else None}
+    stats["discarded_by_filter"]["hermes-batch-filters:near-duplicates"] = 12
+    stats["model_requests"]["by_provider"] = {"Google Vertex (europe-west1)": {
+        "requests": 1000000, "errors": 3, "median_latency_s": 12.345}}
+    console = Console(record=True, width=80)
+    render_statistics(stats, console)
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    for whole in ("browser_get_images", "mixture_of_agents", "56.7%", "123456", "Google Vertex (europe-west1)",
+                  "hermes-batch-filters:near-duplicates", "1000000"):
+        assert whole in text, whole
+    assert "vision_analyze" not in text and "not called" in text  # listed in statistics.json, not in the table

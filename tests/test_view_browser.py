@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from playwright.sync_api import expect
 
+from view_rig import expect
 from view_rig import (  # noqa: F401 (fixtures)
     browser, demo_run_dir, needs_chromium, page, read_jsonl, run_copy, shared_viewer, viewer,
 )

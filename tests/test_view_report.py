@@ -274,3 +274,19 @@ def test_the_report_sums_what_statistics_json_counts(run_copy):
     assert summary["partial"] == finished["partial"]
     assert summary["tokens"]["completion"] == stats["tokens"]["completion"]
     assert saved == {path.name: path.read_bytes() for path in (run_copy / "index").iterdir()}  # the run's, untouched
+
+
+def test_view_takes_a_free_port_by_default_not_one_a_model_server_may_use(run_copy, monkeypatch):
+    from hermes_batch.view import server
+
+    asked = []
+
+    async def serve(run_dir, host, port, announce, progress=None):
+        asked.append((host, port))
+        announce(f"http://{host}:40123/?token=t", 0)
+
+    monkeypatch.setattr(server, "serve", serve)
+    result = CliRunner().invoke(cli, ["view", str(run_copy)])
+    assert result.exit_code == 0, result.output
+    assert asked == [("127.0.0.1", 0)]  # 0: the system picks a free port, which the printed URL names
+    assert "at http://127.0.0.1:40123/" in result.output

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from playwright.sync_api import expect
 
 from hermes_batch.view.index import RunIndex
 from hermes_batch.view.query import Query, run_query
 from hermes_batch.view.report import write_report
 from reward_rig import rewarded  # noqa: F401 (fixture)
 from view_rig import browser, demo_run_dir, needs_chromium, page, run_copy, viewer  # noqa: F401 (fixtures)
+from view_rig import expect
 
 
 @pytest.fixture

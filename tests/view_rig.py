@@ -106,6 +106,14 @@ def shared_viewer(demo_run_dir, tmp_path_factory):
     v.stop()
 
 
+def expect(*args, **kwargs):
+    """Playwright's ``expect``, imported when a browser test calls it: the everyday run, which leaves those tests
+    out, does without Playwright (scripts/test.sh --all installs it)."""
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect(*args, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Chromium for one module: Playwright's sync API keeps an event loop running while it is open, which the

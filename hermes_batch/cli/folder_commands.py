@@ -48,8 +48,11 @@ def _logging() -> None:
               help="Leave out what this filter rejects (repeatable); also whole-run filters such as near-duplicates.")
 @click.option("--seed", type=int, default=None,
               help="The seed of the formats that choose at random (dpo pairs; same as dpo:seed=N) [default: 0].")
+@click.option("--keep_verifier_fields", "--keep-verifier-fields", "keep_verifier_fields", is_flag=True,
+              help="Keep the rows' verifier-only fields (tests, test_files, answer, rubric) in metadata.row; "
+                   "without it no export carries them.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def export_command(run_dirs, format_, output, include, split, filter_, force, seed, as_json):
+def export_command(run_dirs, format_, output, include, split, filter_, force, seed, keep_verifier_fields, as_json):
     """Write the trajectories of one run, or several merged, as training files (splits stable across re-exports)."""
     from ..offline.export import as_json as result_json
     from ..offline.export import describe, export, parse_splits
@@ -68,7 +71,7 @@ def export_command(run_dirs, format_, output, include, split, filter_, force, se
     filters = selection.filters(registry, tuple(filter_), whole_run=True)
     _refuse_verified_without_verifiers(folders, filters)
     result = export(folders, writer, output=output, include=include, splits=parse_splits(split), filters=filters,
-                    force=force)
+                    force=force, keep_verifier_fields=keep_verifier_fields)
     click.echo(result_json(result) if as_json else describe(result))
 
 

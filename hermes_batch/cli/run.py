@@ -59,6 +59,7 @@ def _setup_logging(verbose: bool) -> None:
     root.setLevel(logging.INFO if verbose else logging.WARNING)
     root.propagate = False
     logging.getLogger("hermes_batch.run.progress").setLevel(logging.INFO)
+    logging.getLogger("hermes_batch.run.start").setLevel(logging.INFO)  # the start banner
 
 
 @click.command("run", cls=_RunCommand, context_settings={"show_default": True})
@@ -74,12 +75,19 @@ def run_command(**values):
     no_filters = values.pop("no_filters")
     if no_filters and values["filters"]:
         raise click.UsageError("--no_filters and --filter contradict each other; pass one of them.")
-    given = given_options(click.get_current_context()) | ({"filters"} if no_filters else set())
+    ctx = click.get_current_context()
+    if not values["resume"]:  # a resume takes them from run.json
+        for name in ("dataset_file", "batch_size"):
+            if values[name] is None:
+                raise click.MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == name))
+    given = given_options(ctx) | ({"filters"} if no_filters else set())
     config = options.from_cli(RunConfig, values, **({"filters": ()} if no_filters else {}))
     if config.resume:
-        from ..run.run_settings import inherit
+        from ..run.run_settings import inherit, require_dataset, require_run_folder
 
+        require_run_folder(config)  # a misspelled --run_name would run every prompt again
         config = inherit(config, given)  # the options not given: as the run was started
+        require_dataset(config)
         _setup_logging(config.verbose)
     api_key = resolve_api_key(config.api_key, config.base_url, model_client=config.model_client)
     require_api_key(api_key, config.base_url, config.model_client)

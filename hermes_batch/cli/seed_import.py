@@ -16,7 +16,8 @@ import click
 @click.option("--batch_size", "--batch-size", "batch_size", type=click.IntRange(min=1), default=None,
               help="Prompts per batch file.  [default: the batch size of batch_runner.py's statistics.json]")
 @click.option("--filter", "filter_", multiple=True, metavar="NAME[:OPTIONS]",
-              help="A filter to judge each record by (repeatable).  [default: no-reasoning, hallucinated-tools]")
+              help="A filter to judge each record by (repeatable).  [default: no-reasoning, hallucinated-tools, as "
+                   "batch_runner.py did]")
 @click.option("--no_filters", "--no-filters", "no_filters", is_flag=True, help="Keep every record.")
 @click.option("--skip_invalid", "--skip-invalid", "skip_invalid", is_flag=True,
               help="Skip invalid dataset lines instead of stopping.")
@@ -47,7 +48,7 @@ def import_command(seed_run_dir, dataset_file, batch_size, filter_, no_filters, 
             "rename the folder, then import it."
         ) from None
     registry = collect(plugin_manager())
-    specs = () if no_filters else (tuple(filter_) or selection.DEFAULT_FILTERS)
+    specs = () if no_filters else (tuple(filter_) or selection.SEED_FILTERS)
     with locked(folder, "hermes-batch import"):
         result = import_run(folder, dataset_file, batch_size, registry, specs, skip_invalid=skip_invalid)
         merge_run(folder, selection.writers(registry, ("jsonl",)))

@@ -60,6 +60,24 @@ class ModelSettings:
     max_requests_per_minute: Optional[float] = None
     max_tokens_per_minute: Optional[float] = None
     http_backend: str = "aiohttp"  # transport under the SDKs: "aiohttp", or "httpx" for its proxy and TLS handling
+    # Sampling, sent only when set (the endpoint's defaults otherwise); ``ModelClient.sampling`` names what a client sends.
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    extra_body: dict = attrs.field(factory=dict, hash=False)  # more request fields, sent as given (--extra_body)
+
+    def sampling(self) -> dict:
+        """The sampling settings given, as a record's ``metadata.sampling`` keeps them (``extra_body`` among them)."""
+        given = {name: getattr(self, name) for name in SAMPLING_SETTINGS[:-1] if getattr(self, name) is not None}
+        if self.extra_body:
+            given["extra_body"] = dict(self.extra_body)
+        return given
+
+
+# The ModelSettings fields a client may send as sampling settings (``ModelClient.sampling``), extra_body last.
+SAMPLING_SETTINGS = ("temperature", "top_p", "top_k", "frequency_penalty", "presence_penalty", "extra_body")
 
 
 # The probe sent by ModelClient.preflight; the scripted test server answers it without calling the script.
@@ -76,6 +94,8 @@ class ModelClient(abc.ABC):
     description: ClassVar[str] = ""
     # Top-level packages its first request imports (its SDK): worker processes that start warm import them ahead.
     packages: ClassVar[tuple[str, ...]] = ()
+    # The ModelSettings sampling fields (SAMPLING_SETTINGS) its requests send; a run refuses the others when given.
+    sampling: ClassVar[tuple[str, ...]] = ()
     _limiter = None
     journal = None  # the run's CallJournal (calls.jsonl), set by run/session_journals.py
 
@@ -86,6 +106,20 @@ class ModelClient(abc.ABC):
     def handles_base_url(cls, base_url: str) -> bool:
         """True when this client should be picked automatically for ``base_url``."""
         return False
+
+    @classmethod
+    def check_settings(cls, settings: ModelSettings) -> None:
+        """Before the run: raise ConfigError for settings this client cannot send (a sampling setting not in
+        ``sampling``, by default), rather than failing every prompt."""
+        from ..errors import ConfigError
+
+        given = [name for name in settings.sampling() if name not in cls.sampling]
+        if given:
+            sent = f"it sends {', '.join(cls.sampling)}" if cls.sampling else "it sends no sampling setting"
+            raise ConfigError(
+                f"The model client {cls.name!r} does not send {', '.join(f'--{name}' for name in given)} ({sent}); "
+                "leave it out or choose another --model_client."
+            )
 
     @abc.abstractmethod
     async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:

@@ -23,10 +23,10 @@ import attrs
 
 import hermes_batch
 from hermes_batch.formats.endpoint_numbers import token_count
-from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
+from hermes_batch.errors import ConfigError, FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
 from hermes_batch.contract.interfaces import ModelClient, ModelSettings
 from hermes_batch.model.model_http import (
-    WireCache, http_client, json_array, json_bytes, json_object, poster, transport_error_text,
+    WireCache, http_client, json_array, json_bytes, json_fields, json_object, poster, transport_error_text,
 )
 from hermes_batch.formats.reasoning import split_inline_reasoning
 from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
@@ -109,10 +109,14 @@ class AnthropicClient(ModelClient):
     name = "anthropic"
     description = "Anthropic's Messages API (api.anthropic.com, or any endpoint that speaks it)."
     packages = ("anthropic", "aiohttp")
+    sampling = ("temperature", "top_p", "top_k", "extra_body")  # the Messages API has no penalties
 
     def __init__(self, settings: ModelSettings):
         super().__init__(settings)
         self._budget, self._max_tokens = thinking_limits(settings)
+        fields = settings.sampling()
+        fields.update(fields.pop("extra_body", {}))  # --extra_body's fields as fields of the body
+        self._sampling = json_fields(fields)[:-1]  # ',"temperature":0.7', or b"" when none is given
         self._provider = "Anthropic" if is_anthropic_url(settings.base_url) else None
         # The parts of every body that do not change during the run, serialized once, in create()'s order.
         self._body_head = b'{"max_tokens":' + json_bytes(self._max_tokens) + b',"messages":'
@@ -154,6 +158,22 @@ class AnthropicClient(ModelClient):
     def handles_base_url(cls, base_url: str) -> bool:
         return is_anthropic_url(base_url)
 
+    @classmethod
+    def check_settings(cls, settings: ModelSettings) -> None:
+        super().check_settings(settings)
+        # with extended thinking the API takes no top_k, a temperature of 1 only and a top_p of 0.95 or more
+        if settings.reasoning_disabled or (settings.reasoning_effort or DEFAULT_EFFORT) == "none":
+            return
+        odd = [f"--{name} {value:g}" for name, value, fine in (
+            ("temperature", settings.temperature, lambda v: v == 1), ("top_k", settings.top_k, lambda v: False),
+            ("top_p", settings.top_p, lambda v: v >= 0.95)) if value is not None and not fine(value)]
+        if odd:
+            raise ConfigError(
+                f"The Anthropic API takes no {', '.join(odd)} while the model thinks (with thinking on it takes a "
+                "temperature of 1, a top_p of 0.95 or more and no top_k); pass --reasoning_disabled to sample "
+                "without thinking, or leave those options out."
+            )
+
     def _request(self, messages, tools) -> bytes:
         """The JSON body of a Messages API call: only messages new since the last turn are serialized."""
         system, items = _group(map(self._part_json, messages))
@@ -165,7 +185,7 @@ class AnthropicClient(ModelClient):
         parts.append(self._thinking)
         if tools:
             parts += [b',"tools":', json_array(map(self._tool_json, tools))]
-        parts.append(b"}")
+        parts += [self._sampling, b"}"]
         return b"".join(parts)
 
     async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import hermes_batch
 from hermes_batch.formats.endpoint_numbers import call_cost, token_count
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
-from hermes_batch.contract.interfaces import ModelClient, ModelSettings
+from hermes_batch.contract.interfaces import SAMPLING_SETTINGS, ModelClient, ModelSettings
 from hermes_batch.model.model_http import (
     WireCache, http_client, is_openrouter, json_array, json_bytes, json_fields, json_object, poster, transport_error_text,
 )
@@ -44,10 +44,13 @@ class OpenAIClient(ModelClient):
     name = "openai"
     description = "Any OpenAI-compatible chat-completions endpoint (OpenRouter, OpenAI, vLLM, llama.cpp, Ollama)."
     packages = ("openai", "aiohttp")
+    sampling = SAMPLING_SETTINGS  # all of them: OpenAI-compatible servers take what they know (top_k: vLLM, llama.cpp)
 
     def __init__(self, settings: ModelSettings):
         super().__init__(settings)
-        self._extra_body = self._routing_body(settings)
+        # --extra_body last: a field it names is sent as given, over the one the routing options made
+        self._extra_body = {**self._routing_body(settings), **settings.sampling()}
+        self._extra_body.update(self._extra_body.pop("extra_body", {}))
         # The parts of every body that do not change during the run, serialized once, in create()'s order.
         self._body_head = b'{"model":' + json_bytes(settings.model) + b',"messages":'
         self._max_tokens = b',"max_tokens":' + json_bytes(settings.max_tokens) if settings.max_tokens else b""

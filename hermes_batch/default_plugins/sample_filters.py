@@ -1,5 +1,5 @@
-"""The default quality filters: no-reasoning, hallucinated-tools; verified (for runs with --verifier) and
-no-shortcuts (the shortcut audit of metadata.audit), which a run applies only when asked."""
+"""The default quality filters: no-reasoning, hallucinated-tools, empty-answer; verified (for runs with --verifier)
+and no-shortcuts (the shortcut audit of metadata.audit), which a run applies only when asked."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 def register_filters(register):
     register(NoReasoningFilter)
     register(HallucinatedToolsFilter)
+    register(EmptyAnswerFilter)
     register(VerifiedFilter)
     register(NoShortcutsFilter)
 
@@ -59,6 +60,25 @@ class HallucinatedToolsFilter(Filter):
         unknown = sorted(called - offered)
         if unknown:
             return f"called tools that were not offered: {', '.join(unknown)}"
+        return None
+
+
+class EmptyAnswerFilter(Filter):
+    """Discard samples whose session ended in an empty reply or in a tool call the endpoint could not parse."""
+
+    name = "empty-answer"
+    description = ("Discard samples that ended in an empty reply or a tool call the endpoint could not parse "
+                   "(end_reason empty_answer or unparsed_tool_call) instead of an answer; other partial samples "
+                   "(turn limit, timeout) are kept.")
+
+    def check(self, trajectory: Trajectory) -> Optional[str]:
+        end = trajectory.metadata.end_reason
+        if end == "empty_answer":
+            return "the session ended in an empty reply"
+        if end == "unparsed_tool_call":
+            return "the session ended in a tool call the endpoint could not parse"
+        if trajectory.completed and not (trajectory.final_answer or "").strip():  # a record of an earlier version
+            return "the final answer is empty"
         return None
 
 

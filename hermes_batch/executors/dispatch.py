@@ -36,6 +36,7 @@ import time
 from typing import Awaitable, Callable, Iterator, Optional
 
 from ..formats.endpoint_numbers import stored_cost
+from ..formats.records import CANCELLED_STATUS
 from ..errors import HermesBatchError
 from ..contract.interfaces import PromptJob, PromptJobs
 from ..run.batch_client import BatchingClient
@@ -413,7 +414,7 @@ def _mirror(processor) -> tuple:
             return
         limiter.requests += 1
         status = entry.get("status")
-        if status != 200:
+        if status not in (200, CANCELLED_STATUS):  # as the worker's limiter counts them
             limiter.errors += 1
         if status == 429:
             limiter.rate_limited += 1

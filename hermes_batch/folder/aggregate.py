@@ -21,7 +21,7 @@ from typing import Iterable, Optional, Union
 
 from ..formats.conversation import reasoning_counts
 from ..formats.endpoint_numbers import TOKEN_FIELDS, stored_usage
-from ..formats.records import AUDIT_KINDS, CallRecord, Discarded, Failure, Trajectory, Usage
+from ..formats.records import AUDIT_KINDS, CANCELLED_STATUS, CallRecord, Discarded, Failure, Trajectory, Usage
 from ..formats.reward_numbers import stored_reward
 
 _SCALE = 1074  # every finite double is an integer multiple of 2**-1074
@@ -332,7 +332,7 @@ class Requests:
         for call in calls:
             provider = call.provider or "unknown"
             self.requests[provider] += 1
-            if call.status != 200:
+            if call.status not in (200, CANCELLED_STATUS):  # cut off by the run itself: no error of the endpoint
                 self.errors[provider] += 1
                 self.refused[provider] += call.status == 429
             self.latency_ms[provider][int(round(call.latency_s * 1000))] += 1

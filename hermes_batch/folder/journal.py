@@ -28,7 +28,7 @@ import attrs
 
 from ..formats.endpoint_numbers import checked_usage, finite_seconds, stored_cost, stored_usage
 from ..formats.jsonguard import finite_dumps
-from ..formats.records import CallRecord, ModelResponse, Usage
+from ..formats.records import CANCELLED_STATUS, CallRecord, ModelResponse, Usage
 from ..errors import RunFolderWriteError
 from ..formats.lines import TOO_LONG, loads, read_lines
 from .durable import repair_torn_tail, write_all, write_error
@@ -196,7 +196,7 @@ class JournalTotals:
     first_session: Optional[int] = None  # None: no journal
     sent: int = 0
     done: int = 0
-    errors: int = 0  # answered with a status other than 200, or ended without an answer
+    errors: int = 0  # answered with a status other than 200, or ended without an answer (not cut off by the run)
     rate_limited: int = 0
     usage: Usage = Usage()
     cost_by_session: dict = attrs.Factory(dict)
@@ -266,7 +266,7 @@ def scan_journal(path, totals: JournalTotals, start: int = 0) -> int:
                     status, provider = 0, "unknown"  # an edited line: counted as an unknown failure
                 totals.requests_by_provider[provider] += 1
                 totals.latency_ms[provider][int(round(finite_seconds(entry.get("latency_s")) * 1000))] += 1
-                if status != 200:
+                if status not in (200, CANCELLED_STATUS):  # cut off by the run itself: not the endpoint's error
                     totals.errors += 1
                     totals.errors_by_provider[provider] += 1
                 if status == 429:

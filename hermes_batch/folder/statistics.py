@@ -422,18 +422,21 @@ def render_statistics(stats: dict, console: Console) -> None:
     kept, finished = stats["kept"], stats["finished"]
 
     if finished["tool_usage"]:
-        tools = Table(title="Tool usage (kept samples; all finished in the last columns)")
-        for header in ("Tool", "Calls", "Success", "Failure", "Success rate", "All calls", "All success rate"):
-            tools.add_column(header, justify="left" if header == "Tool" else "right")
-        for name, row in kept["tool_usage"].items():
-            every = finished["tool_usage"][name]
+        # every installed tool is in the statistics (records list them all): the table shows those called
+        called = [name for name, row in finished["tool_usage"].items() if row["count"]]
+        unused = len(finished["tool_usage"]) - len(called)
+        tools = _table("Tool usage (kept samples; all finished in the last two columns)",
+                       ("Tool", "Calls", "Success", "Failure", "Rate", "All calls", "All rate"))
+        for name in called:
+            row, every = kept["tool_usage"][name], finished["tool_usage"][name]
             tools.add_row(name, str(row["count"]), str(row["success"]), str(row["failure"]),
                           _fmt_rate(row["success_rate"]), str(every["count"]), _fmt_rate(every["success_rate"]))
+        tools.caption = "Rate: the share of calls that succeeded" + (
+            f"; {unused} tool(s) of the installed toolsets not called" if unused else "")
         console.print(tools)
 
-    reasoning = Table(title="Reasoning coverage (assistant turns)")
-    for header in ("Samples", "Turns", "With reasoning", "Without", "Share with", "Samples with none"):
-        reasoning.add_column(header, justify="left" if header == "Samples" else "right")
+    reasoning = _table("Reasoning coverage (assistant turns)",
+                       ("Samples", "Turns", "With reasoning", "Without", "Share with", "Samples with none"))
     for label, scope in (("all finished", finished), ("kept", kept)):
         r = scope["reasoning"]
         reasoning.add_row(label, str(r["assistant_turns"]), str(r["with_reasoning"]), str(r["without_reasoning"]),
@@ -441,17 +444,13 @@ def render_statistics(stats: dict, console: Console) -> None:
     console.print(reasoning)
 
     if stats["discarded_by_filter"]:
-        discarded = Table(title="Discarded by filter")
-        discarded.add_column("Filter")
-        discarded.add_column("Samples", justify="right")
+        discarded = _table("Discarded by filter", ("Filter", "Samples"))
         for name, count in stats["discarded_by_filter"].items():
             discarded.add_row(name, str(count))
         console.print(discarded)
 
     if stats["failures"]["by_kind"]:
-        failures = Table(title="Failed prompts by kind")
-        failures.add_column("Kind")
-        failures.add_column("Prompts", justify="right")
+        failures = _table("Failed prompts by kind", ("Kind", "Prompts"))
         for kind, count in stats["failures"]["by_kind"].items():
             failures.add_row(kind, str(count))
         console.print(failures)
@@ -464,18 +463,14 @@ def render_statistics(stats: dict, console: Console) -> None:
 
     requests = stats.get("model_requests") or {}
     if requests.get("by_provider"):
-        providers = Table(title="Model requests by provider")
-        for header in ("Provider", "Requests", "Errors", "Median latency"):
-            providers.add_column(header, justify="left" if header == "Provider" else "right")
+        providers = _table("Model requests by provider", ("Provider", "Requests", "Errors", "Median latency"))
         for name, row in requests["by_provider"].items():
             providers.add_row(name, str(row["requests"]), str(row["errors"]), f"{row['median_latency_s']:.3f} s")
         console.print(providers)
 
     tokens = stats["tokens"]
     duration = stats["duration"]
-    totals = Table(title="Totals", show_header=False)
-    totals.add_column("What")
-    totals.add_column("Value", justify="right")
+    totals = _table("Totals", ("What", "Value"), show_header=False)
     rows: list[tuple[str, Any]] = [
         ("Prompts finished", prompts["finished"]),
         ("  kept", prompts["kept"]),
@@ -502,6 +497,18 @@ def render_statistics(stats: dict, console: Console) -> None:
     for label, value in rows:
         totals.add_row(label, str(value))
     console.print(totals)
+
+
+def _table(title: str, headers: Sequence[str], show_header: bool = True) -> Table:
+    """A table that fits an 80-column terminal (a pipe's width): no outer rules, a name column that folds rather
+    than being cut short with an ellipsis, numbers that never wrap."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, show_header=show_header)
+    for i, header in enumerate(headers):
+        if i == 0:
+            table.add_column(header, overflow="fold")
+        else:
+            table.add_column(header, justify="right", no_wrap=True)
+    return table
 
 
 def _fmt_pass(value: Optional[float]) -> str:

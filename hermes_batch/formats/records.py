@@ -130,9 +130,15 @@ class ModelResponse:
     model: Optional[str] = None
 
 
+# The status of a request this run cut off itself (Ctrl-C, SIGTERM, --prompt_timeout) before its answer came:
+# nginx's "client closed request".  A request, maybe paid for, but no error of the endpoint.
+CANCELLED_STATUS = 499
+
+
 @frozen
 class CallRecord:
-    """One model request as sent: who served it, how long it took, its HTTP status (None: no answer)."""
+    """One model request as sent: who served it, how long it took, its HTTP status (None: no answer;
+    CANCELLED_STATUS: cut off by the run)."""
 
     provider: Optional[str] = None
     latency_s: float = 0.0
@@ -278,12 +284,13 @@ class Metadata:
     image: str = ""
     cwd: str = ""
     tools_offered: tuple[str, ...] = ()
-    end_reason: str = ""  # "final_answer", "max_turns", "length", "timeout", ...
+    end_reason: str = ""  # "final_answer", "max_turns", "length", "timeout", "empty_answer", "unparsed_tool_call", ...
     invalid_tool_calls: tuple[InvalidToolCall, ...] = ()
     duration_s: float = 0.0
     usage: Usage = Usage()
     calls: tuple[CallRecord, ...] = ()  # every request of the session, failed attempts included
     replayed_turns: int = 0  # model answers taken from the replay journal (--resume) or --response_cache, not paid again
+    sampling: dict = field(factory=dict)  # the sampling settings given (--temperature, --top_p, ..., --extra_body)
     # Samples and verification (--samples_per_prompt, --verifier); records written before them read as these defaults.
     sample_index: int = 0  # which of the row's samples this is, 0-based
     reward: float = 0.0  # the minimum of the verifiers' rewards; 0.0 when not verified

@@ -12,7 +12,7 @@ empty list carries a type, so a later value of another type breaks the load.
 Hence: no nulls (an absent string is ``""``, an absent status ``0``, cost
 ``0.0`` with ``cost_reported`` false), floats always written as floats, and
 the fields whose shape the model, the dataset or the run decides
-(``tool_calls[].arguments``, ``metadata.row``, ``metadata.invalid_tool_calls``,
+(``tool_calls[].arguments``, ``metadata.row``, ``metadata.sampling``, ``metadata.invalid_tool_calls``,
 ``metadata.verifiers``, ``metadata.audit``)
 written as JSON text, which is one string type whatever it holds.
 """
@@ -226,6 +226,7 @@ def _make_record_converter() -> cattrs.Converter:
     unstructure_metadata = make_dict_unstructure_fn(
         Metadata, conv,
         row=override(unstruct_hook=_json_text),
+        sampling=override(unstruct_hook=_json_text),
         invalid_tool_calls=override(unstruct_hook=_unstructure_invalid_calls),
         duration_s=override(unstruct_hook=finite_seconds),
         reward=override(unstruct_hook=_reward),
@@ -239,6 +240,7 @@ def _make_record_converter() -> cattrs.Converter:
     structure_metadata = make_dict_structure_fn(
         Metadata, conv,
         row=override(struct_hook=_structure_row),
+        sampling=override(struct_hook=_structure_row),
         invalid_tool_calls=override(struct_hook=_structure_invalid_calls),
         duration_s=override(struct_hook=_seconds),
         sample_index=override(struct_hook=_sample_index),

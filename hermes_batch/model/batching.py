@@ -2,8 +2,10 @@
 
 A session's model call (``send``) puts its request body into the current
 batch and waits.  The batch is submitted when it holds ``max_requests``
-requests or ``max_wait`` seconds after its first one came, whichever is first;
-then a new one starts, so several batches are in flight at once.  Each batch
+requests or ``max_wait`` seconds after its first one came, whichever is first,
+or at once when no more requests can come: every session that may still send
+one (``senders``, the run's count) waits on a batch already; then a new one
+starts, so several batches are in flight at once.  Each batch
 is polled every ``poll_interval`` seconds until it ends, and its results go to
 their sessions, which run their tools and queue their next request.
 
@@ -227,6 +229,10 @@ class Batcher:
         # told the prompt index of each request as its batch goes out: the run's call journal writes its ``sent``
         # line then, not while it waits in the queue (a kill there sent nothing, and pays for nothing)
         self.on_sent: Optional[Callable[[int], None]] = None
+        self._waiting: set = set()  # requests queued or in a batch, not answered yet: one per waiting session
+        # How many sessions may still send a request, or None while more may start (set by the run): once all of
+        # them wait on a batch, no request can come to fill the open one, and waiting for max_wait gains nothing.
+        self.senders: Optional[Callable[[], Optional[int]]] = None
 
     # --- sessions' side ------------------------------------------------------------------------------
 
@@ -307,10 +313,26 @@ class Batcher:
     def _enqueue(self, request: _Request) -> None:
         self._queue.append(request)
         self._queued_bytes += request.size
-        if len(self._queue) >= self._max_requests or self._queued_bytes >= self.api.max_bytes:
+        if request not in self._waiting:
+            self._waiting.add(request)
+            request.future.add_done_callback(lambda _f: self._waiting.discard(request))
+        if (len(self._queue) >= self._max_requests or self._queued_bytes >= self.api.max_bytes
+                or self._nothing_more_comes()):
             self._flush()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.options.max_wait, self._flush)
+
+    def _nothing_more_comes(self) -> bool:
+        """Every session that may still send a request waits on a batch (``senders``)."""
+        if self.senders is None or not self._queue:
+            return False
+        senders = self.senders()
+        return senders is not None and sum(not r.future.done() for r in self._waiting) >= senders
+
+    def wake(self) -> None:
+        """A session ended, or no more can start: submit the open batch now if every session left waits on one."""
+        if self._nothing_more_comes():
+            self._flush()
 
     def _flush(self) -> None:
         if self._timer is not None:

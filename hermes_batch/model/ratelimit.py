@@ -23,7 +23,7 @@ import attrs
 from ..formats.endpoint_numbers import checked_usage
 from ..errors import FatalModelError, ModelCallError, ModelEndpointError, ModelOutcome, RetryableModelError
 from ..formats.jsonguard import scrub_text
-from ..formats.records import CallRecord, ModelResponse
+from ..formats.records import CANCELLED_STATUS, CallRecord, ModelResponse
 from .retry import MAX_RETRIES, backoff_delay
 
 log = logging.getLogger("hermes_batch.model.ratelimit")
@@ -103,8 +103,10 @@ class CallLimiter:
             except BaseException as exc:
                 self._release()
                 if sent:
-                    # a refusal, or a call cut short by a deadline or Ctrl-C: an attempt without an answer
-                    self._attempted(calls, getattr(exc, "provider", None), started, getattr(exc, "status", None), estimate)
+                    # a refusal, or a call cut short by a deadline or Ctrl-C: an attempt without an answer, which
+                    # the run cut off itself when cancelled (no error of the endpoint)
+                    status = CANCELLED_STATUS if isinstance(exc, asyncio.CancelledError) else getattr(exc, "status", None)
+                    self._attempted(calls, getattr(exc, "provider", None), started, status, estimate)
                 raise
             else:
                 self._release()
@@ -201,7 +203,7 @@ class CallLimiter:
 
     def _attempted(self, calls, provider, started, status, estimate, response: Optional[ModelResponse] = None) -> None:
         self.requests += 1
-        if status != 200:
+        if status not in (200, CANCELLED_STATUS):
             self.errors += 1
         if calls is not None:
             latency = round(time.monotonic() - started, 3) if started else 0.0

@@ -19,7 +19,8 @@ from typing import Iterator, Optional, Sequence
 
 import attrs
 
-from ..errors import UsageError
+from ..errors import HermesBatchError, UsageError
+from ..contract.plugin_options import parse_spec
 from .export_files import TRAIN, locked, other_data_files, prepare, publish, remove_if_empty, target_for
 from ..contract.run_filters import INCLUDE, Entry, iter_entries, judge
 from ..folder.runfolder import RunFolder
@@ -29,6 +30,44 @@ from ..contract.writers import FileWriter, report_skipped
 
 log = logging.getLogger(__name__)
 _SPLIT_SALT = b"hermes-batch split\0"
+
+# Fields of a dataset row that only the verifiers read (the tests, their files, the expected answer, the rubric):
+# training on them teaches the model the grader's answers, so no export carries them unless asked.
+VERIFIER_FIELDS = ("tests", "test_files", "answer", "rubric")
+# Options of the run's verifiers that name another row field they read (answer:field=, command:files_field=).
+_FIELD_OPTIONS = ("field", "files_field")
+
+
+def verifier_fields(folders: Sequence[RunFolder]) -> frozenset:
+    """VERIFIER_FIELDS and the row fields the runs' --verifier options named."""
+    from .folder_info import read_run_json
+
+    names = set(VERIFIER_FIELDS)
+    for folder in folders:
+        run_json = read_run_json(folder)
+        specs = list((run_json.get("config") or {}).get("verifiers") or ()) if isinstance(run_json.get("config"), dict) else []
+        for entry in run_json.get("settings_history") or ():
+            settings = entry.get("settings") if isinstance(entry, dict) else None
+            if isinstance(settings, dict) and isinstance(settings.get("verifiers"), list):
+                specs += settings["verifiers"]
+        for spec in specs:
+            if not isinstance(spec, str):
+                continue
+            try:
+                options = parse_spec(spec, "--verifier").options
+            except HermesBatchError:  # an options file that is gone: the fixed names still go
+                continue
+            names.update(v for k, v in options.items() if k in _FIELD_OPTIONS and isinstance(v, str))
+    return frozenset(names)
+
+
+def without_fields(traj, fields: frozenset):
+    """``traj`` without the ``fields`` of its ``metadata.row`` (itself when it has none of them)."""
+    row = traj.metadata.row
+    if not row or not fields.intersection(row):
+        return traj
+    kept = {name: value for name, value in row.items() if name not in fields}
+    return attrs.evolve(traj, metadata=attrs.evolve(traj.metadata, row=kept))
 
 
 def parse_splits(items: Sequence[str]) -> dict:
@@ -114,7 +153,8 @@ def _tool_names(folder: RunFolder, include: str) -> set:
 
 
 def export(folders, writer: FileWriter, *, output: Optional[Path] = None, include: Optional[str] = None,
-           splits: Optional[dict] = None, filters: Sequence = (), force: bool = False) -> ExportResult:
+           splits: Optional[dict] = None, filters: Sequence = (), force: bool = False,
+           keep_verifier_fields: bool = False) -> ExportResult:
     """Write the records ``include`` selects that pass ``filters``, one file per split, replacing the export's
     previous files there (export_files.py says which it owns and how they are switched).
 
@@ -123,6 +163,9 @@ def export(folders, writer: FileWriter, *, output: Optional[Path] = None, includ
 
     ``folders`` is one RunFolder or several, merged into one dataset: run by run, each in prompt_index order,
     every line listing the tools of all of them.  Whole-run filters (near-duplicates) compare across runs.
+
+    The rows' verifier-only fields (``verifier_fields``) are left out of ``metadata.row`` unless
+    ``keep_verifier_fields``.
     """
     folders = [folders] if isinstance(folders, RunFolder) else list(folders)
     include = include or writer.include
@@ -144,7 +187,8 @@ def export(folders, writer: FileWriter, *, output: Optional[Path] = None, includ
     target = target_for([f.dir for f in folders], writer.name, writer.suffix, output, splits)
     with locked(target) as created:
         try:
-            return _export(folders, writer, target, include, splits, filters, force)
+            hidden = frozenset() if keep_verifier_fields else verifier_fields(folders)
+            return _export(folders, writer, target, include, splits, filters, force, hidden)
         except BaseException:
             if created:
                 remove_if_empty(target.folder)
@@ -161,7 +205,7 @@ def _entries(folders: Sequence[RunFolder], include: str) -> Iterator[Entry]:
             yield Entry((number, *entry.where), entry.trajectory, entry.discarded)
 
 
-def _export(folders, writer, target, include, splits, filters, force) -> ExportResult:
+def _export(folders, writer, target, include, splits, filters, force, hidden: frozenset) -> ExportResult:
     plan = prepare(target, force=force)
     rejected = judge(lambda: _entries(folders, include), filters) if filters else {}
     filtered: dict = {f.name: 0 for f in filters}
@@ -181,7 +225,7 @@ def _export(folders, writer, target, include, splits, filters, force) -> ExportR
                 continue
             traj = entry.trajectory
             split = split_of(row_key(traj), splits)  # a row's samples (--samples_per_prompt) in one split
-            _write(final[split], sinks[split].add, traj.with_tools(names))
+            _write(final[split], sinks[split].add, without_fields(traj.with_tools(names), hidden))
         written = {target.names[split]: _write(final[split], sink.seal) for split, sink in sinks.items()}
     except BaseException:
         for sink in sinks.values():

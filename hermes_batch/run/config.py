@@ -14,12 +14,12 @@ import click
 from ..session.agent import MAX_TOOL_CALLS_PER_TURN, MAX_TURNS, AgentSettings
 from ..formats.conversation import DEFAULT_SYSTEM_PROMPT
 from ..errors import UsageError
-from ..contract.interfaces import COMMAND_TIMEOUT, MAX_RETRIES, REQUEST_TIMEOUT, ModelSettings
+from ..contract.interfaces import COMMAND_TIMEOUT, MAX_RETRIES, REQUEST_TIMEOUT, SAMPLING_SETTINGS, ModelSettings
 from ..formats.jsonguard import has_lone_surrogate
 from ..model.batching import MAX_REQUESTS as MAX_BATCH_REQUESTS, MAX_WAIT_S as MAX_BATCH_WAIT_S
 from ..model.batching import POLL_INTERVAL_S as BATCH_POLL_INTERVAL_S
 from ..model.model_http import HTTP_BACKENDS
-from .options import Cli, at_least, finite, one_of, option, positive
+from .options import Cli, at_least, at_most, finite, one_of, option, positive
 from ..contract.run_context import LOG_PREFIX_CHARS
 from ..formats.serialization import parse_key_values
 
@@ -27,6 +27,7 @@ DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 PROVIDER_SORTS = ("price", "throughput", "latency")
+RESUME_TAKES = "required; with --resume, the run's (run.json)"
 
 
 def split_list(value: Optional[str], option: str = "the option") -> tuple:
@@ -55,6 +56,20 @@ def _key_values(option: str) -> Callable[[tuple], dict]:
     return lambda items: parse_key_values(items, option)
 
 
+# Request fields a run sets itself: --extra_body may not send them (the options for them say what they mean).
+OWN_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "stream", "max_tokens", "temperature",
+                        "top_p", "top_k", "frequency_penalty", "presence_penalty", "n", "logprobs", "top_logprobs"})
+
+
+def check_extra_body(fields: dict) -> None:
+    """--extra_body may add any field but those the run sends itself."""
+    taken = sorted(set(fields) & OWN_FIELDS)
+    if taken:
+        named = [name for name in taken if name in SAMPLING_SETTINGS or name == "max_tokens"]
+        fix = f"pass {', '.join(f'--{name}' for name in named)} instead" if named else "leave it out"
+        raise UsageError(f"--extra_body cannot set {', '.join(taken)}, which the run sends itself; {fix}.")
+
+
 def _tool_options(items: tuple) -> dict:
     from ..contract.toolsets import parse_tool_options  # toolsets imports the interfaces; config stays light
 
@@ -71,8 +86,13 @@ class RunConfig:
     and docs/options.md is checked against them.
     """
 
-    dataset_file: Path = option(help="JSONL file of prompts.", cli=Cli(type=click.Path(path_type=Path, dir_okay=True)))
-    batch_size: int = option(help="Prompts per batch file and checkpoint unit.", validator=at_least(1))
+    # required, but a resume takes them from run.json (cli/run.py checks them)
+    dataset_file: Path = option(
+        help="JSONL file of prompts.",
+        cli=Cli(type=click.Path(path_type=Path, dir_okay=True), required=False, default_text=RESUME_TAKES))
+    batch_size: int = option(
+        help="Prompts per batch file and checkpoint unit.", validator=at_least(1),
+        cli=Cli(required=False, default_text=RESUME_TAKES))
     run_name: str = option(help="Name of the run folder and checkpoint identity.")
     distribution: str = option("default", help="Toolset distribution to sample from.")
     distribution_file: Optional[Path] = option(
@@ -107,6 +127,28 @@ class RunConfig:
     provider_sort: Optional[str] = option(None, help="Sort OpenRouter providers by this.", validator=one_of(PROVIDER_SORTS))
     reasoning_effort: Optional[str] = option(None, help="Reasoning effort.", validator=one_of(REASONING_EFFORTS))
     reasoning_disabled: bool = option(False, help="Turn reasoning/thinking off entirely.")
+    # sampling: sent only when given, so the endpoint's own defaults hold otherwise
+    temperature: Optional[float] = option(
+        None, validator=at_least(0), cli=Cli(default_text="the endpoint's"), help="Sampling temperature.")
+    top_p: Optional[float] = option(
+        None, validator=[positive, at_most(1)], cli=Cli(default_text="the endpoint's"),
+        help="Nucleus sampling: the smallest set of tokens whose probabilities add up to this (0 to 1).")
+    top_k: Optional[int] = option(
+        None, validator=at_least(1), cli=Cli(default_text="the endpoint's"),
+        help="Sample among the K most likely tokens only.")
+    frequency_penalty: Optional[float] = option(
+        None, validator=finite, cli=Cli(default_text="the endpoint's"),
+        help="Penalty on tokens by how often they appeared so far (OpenAI-compatible endpoints).")
+    presence_penalty: Optional[float] = option(
+        None, validator=finite, cli=Cli(default_text="the endpoint's"),
+        help="Penalty on tokens that appeared at all so far (OpenAI-compatible endpoints).")
+    extra_body: dict = option(
+        factory=dict, validator=lambda _i, _a, value: check_extra_body(value),
+        help="Any other field of the request body, sent as given (repeatable), e.g. --extra_body min_p=0.05; "
+             "values are JSON when they parse as JSON.",
+        cli=Cli(decls=("--extra_body", "--extra-body"), multiple=True, metavar="KEY=VALUE",
+                convert=_key_values("--extra_body")),
+    )
     ephemeral_system_prompt: Optional[str] = option(None, help="System prompt used while running, never saved.")
     log_prefix_chars: int = option(
         LOG_PREFIX_CHARS, help="Characters of tool calls/results shown in logs.", validator=at_least(0))
@@ -124,7 +166,7 @@ class RunConfig:
     filters: Optional[tuple] = option(
         None, help="Quality filter, in order (repeatable).",
         cli=Cli(decls=("--filter",), multiple=True, metavar="NAME", convert=lambda names: tuple(names) or None,
-                default_text="no-reasoning, hallucinated-tools"),
+                default_text="no-reasoning, hallucinated-tools, empty-answer"),
     )  # None: the default filters; (): none (--no_filters)
     writers: tuple = option(
         ("jsonl",), help="Output writer (repeatable).",
@@ -197,7 +239,11 @@ class RunConfig:
         cli=Cli(decls=("--verifier",), multiple=True, metavar="NAME[:OPTIONS]", convert=tuple),
     )
     samples_per_prompt: int = option(
-        1, validator=at_least(1), help="Sessions per row, each with its own sandbox and toolset sample.")
+        1, validator=at_least(1),
+        help="Sessions per row, each with its own sandbox; they share the row's toolset sample.")
+    toolsets_per_sample: bool = option(
+        False, help="With --samples_per_prompt: draw each sample's toolsets on its own instead of the row's "
+        "(its samples are then offered different tools, and pairs of them compare less).")
     stop_on_success: bool = option(
         False, help="Sample a row no further once one of its samples passed (--min_reward).")
     min_reward: float = option(
@@ -209,7 +255,8 @@ class RunConfig:
         MAX_BATCH_REQUESTS, validator=at_least(1), help="With --batch_api: a batch is submitted once it holds this many requests.")
     batch_api_max_wait: float = option(
         MAX_BATCH_WAIT_S, validator=positive,
-        help="With --batch_api: a batch is submitted this many seconds after its first request, however full.")
+        help="With --batch_api: a batch is submitted this many seconds after its first request, however full (at once "
+        "when every session that may still send a request waits on one).")
     batch_api_poll_interval: float = option(
         BATCH_POLL_INTERVAL_S, validator=positive, help="With --batch_api: seconds between checks of a batch in flight.")
 
@@ -268,6 +315,9 @@ def model_settings(config: RunConfig, concurrency: int) -> ModelSettings:
     """How the run reaches and drives the model; the call limit starts at --max_concurrent_requests or ``concurrency``."""
     return ModelSettings(
         model=config.model, base_url=config.base_url, api_key=config.api_key, max_tokens=config.max_tokens,
+        temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+        frequency_penalty=config.frequency_penalty, presence_penalty=config.presence_penalty,
+        extra_body=dict(config.extra_body),
         reasoning_effort=config.reasoning_effort, reasoning_disabled=config.reasoning_disabled,
         providers_allowed=config.providers_allowed, providers_ignored=config.providers_ignored,
         providers_order=config.providers_order, provider_sort=config.provider_sort, max_retries=config.max_retries,

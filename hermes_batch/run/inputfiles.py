@@ -10,7 +10,7 @@ from typing import Union
 
 from ..errors import HermesBatchError, UsageError
 from ..formats.jsonguard import value_problem
-from ..formats.records import Message
+from ..formats.records import Message, ToolCall
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -58,7 +58,13 @@ def _unreadable(error: type, what: str, name: str, exc: OSError) -> HermesBatchE
 
 
 def load_prefill(path) -> tuple:
-    """The few-shot messages of --prefill_messages_file: a JSON list of {role, content}."""
+    """The few-shot messages of --prefill_messages_file: a JSON list of messages in the OpenAI chat format.
+
+    ``{role, content}`` for system, user and assistant messages; an assistant message may carry ``tool_calls``
+    (``[{id, type: "function", function: {name, arguments}}]``, the arguments a JSON object or its text) and each
+    call is answered by a ``{role: "tool", tool_call_id, content}`` message after it, so every client can send the
+    example in its own format (the Anthropic client as tool_use and tool_result blocks).
+    """
     if path is None:
         return ()
     text = read_text_file(path, "prefill messages file", "--prefill_messages_file", UsageError)
@@ -72,14 +78,70 @@ def load_prefill(path) -> tuple:
     if not isinstance(data, list):
         raise UsageError(f"The prefill messages file {path} must hold a JSON list of {{role, content}} objects.")
     out = []
+    unanswered: dict = {}  # tool call id -> tool name, of the last assistant message's calls
     for i, item in enumerate(data):
-        if (
-            not isinstance(item, dict)
-            or item.get("role") not in ("system", "user", "assistant")
-            or not isinstance(item.get("content"), str)
-        ):
+        where = f"{path}: message {i}"
+        role = item.get("role") if isinstance(item, dict) else None
+        if role == "tool":
+            call_id = item.get("tool_call_id")
+            if not isinstance(call_id, str) or call_id not in unanswered:
+                raise UsageError(f"{where} is a tool result whose tool_call_id answers no call of the assistant "
+                                 "message before it; give each call's id to the tool message that answers it.")
+            out.append(Message("tool", _text(item.get("content"), where), tool_call_id=call_id,
+                               name=unanswered.pop(call_id)))
+            continue
+        if unanswered:
+            raise UsageError(f"{where} comes before the tool results of the calls {', '.join(sorted(unanswered))}; "
+                             "answer each call with a tool message right after the assistant message that made it.")
+        if role not in ("system", "user", "assistant") or not (
+                isinstance(item.get("content"), str) or (role == "assistant" and item.get("content") is None)):
             raise UsageError(
-                f"{path}: message {i} must be an object with role system, user or assistant and a string content."
+                f"{where} must be an object with role system, user, assistant or tool and a string content."
             )
-        out.append(Message(item["role"], item["content"]))
+        calls = _tool_calls(item.get("tool_calls"), where) if role == "assistant" else ()
+        if role != "assistant" and "tool_calls" in item:
+            raise UsageError(f"{where} has tool_calls, which only an assistant message may make.")
+        unanswered = {call.id: call.name for call in calls}
+        out.append(Message(role, item.get("content") or "", tool_calls=calls))
+    if unanswered:
+        raise UsageError(f"{path}: the calls {', '.join(sorted(unanswered))} of the last assistant message have no "
+                         "tool result; answer each with a tool message.")
+    return tuple(out)
+
+
+def _text(content, where: str) -> str:
+    """A tool result's content: text, or a JSON value (written as its text)."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        raise UsageError(f"{where} is a tool result without a content; give its output as text.")
+    return json.dumps(content, ensure_ascii=False)
+
+
+def _tool_calls(calls, where: str) -> tuple:
+    """An assistant message's ``tool_calls`` in the OpenAI format, as ToolCalls."""
+    if calls is None:
+        return ()
+    if not isinstance(calls, list):
+        raise UsageError(f"{where}: tool_calls must be a list of calls.")
+    out, seen = [], set()
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        call_id = call.get("id") if isinstance(call, dict) else None
+        if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
+            raise UsageError(f'{where}: tool call {j} must be {{"id", "type": "function", "function": {{"name", '
+                             f'"arguments"}}}} with a text id and name.')
+        if call_id in seen:
+            raise UsageError(f"{where}: the tool call id {call_id!r} is given twice; give each call its own id.")
+        seen.add(call_id)
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                arguments = None
+        if not isinstance(arguments, dict):
+            raise UsageError(f"{where}: the arguments of tool call {j} ({name}) must be a JSON object or its text.")
+        out.append(ToolCall(call_id, name, arguments, json.dumps(arguments, ensure_ascii=False)))
     return tuple(out)

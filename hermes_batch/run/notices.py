@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+
+import attrs
 
 from ..formats import dataset
 from ..model.model_http import is_openrouter
@@ -11,10 +14,77 @@ from ..folder.runfolder import RunFolder
 from ..folder.durable import atomic_write_lines
 
 log = logging.getLogger("hermes_batch.run")
+# The start banner: said on every run (the command line sets it to INFO), not only under --verbose.
+banner_log = logging.getLogger("hermes_batch.run.start")
 
 SKIPPED_LINES = "skipped_lines.txt"  # every line --skip_invalid skipped, as FILE:LINE: reason
 SKIPPED_SHOWN = 10  # of them in the log
 ROUTING_OPTIONS = ("providers_allowed", "providers_ignored", "providers_order", "provider_sort")
+
+
+def start_banner(plan, installed_toolsets, to_run: int, finished: int, concurrency: int, sandbox) -> None:
+    """What the run is about to do, said once before its first prompt: the prompts, the model, the toolsets it
+    offers (and those of its distribution it cannot), the filters in force, the sandbox.
+
+    Toolsets the distribution names and this machine cannot offer are warned about only when the user asked for
+    them by name (a distribution other than ``default``, or a ``-T`` option); the ``default`` distribution names
+    every toolset, so on most machines some are missing, and the banner's toolset line says which.
+    """
+    from ..formats.redaction import display_url
+    from .config import RunConfig
+    from .distributions import unavailable_toolsets, unavailable_warning, where_to_get
+    from .selection import DEFAULT_FILTERS
+
+    config = plan.config
+    done = f" ({finished} finished before)" if finished else ""
+    banner_log.info(
+        "Run %s: %d prompt(s) to run%s, %d at once; model %s at %s (%s client)",
+        config.run_name, to_run, done, concurrency, config.model, display_url(config.base_url), plan.model_client,
+    )
+    missing = unavailable_toolsets(plan.distribution, installed_toolsets)
+    offered = [name for name, _p in plan.distribution.probabilities if name in plan.toolsets]
+    line = f"Toolsets of distribution {plan.distribution.name}: {', '.join(offered)}"
+    if missing:
+        line += f"; not installed: {', '.join(missing)} ({where_to_get(missing)})"
+    if plan.unconfigured:
+        line += (f"; not configured here: {', '.join(plan.unconfigured)} (--verbose says what each needs, "
+                 "docs/sandboxes.md how to give it)")
+    banner_log.info("%s", line)
+    banner_log.info("Filters: %s", _filters_line(config.filters, plan.filters, DEFAULT_FILTERS))
+    sampling = plan.model.sampling()
+    if sampling:
+        banner_log.info("Sampling: %s", ", ".join(f"{k} {json.dumps(v)}" for k, v in sampling.items()))
+    if plan.verifiers:
+        banner_log.info("Verifiers: %s; %d sample(s) a row", ", ".join(plan.verifiers), config.samples_per_prompt)
+    banner_log.info("Sandbox: %s (isolation %s); executor %s", sandbox.name, sandbox.isolation or "unknown",
+                    plan.executor)
+
+    named = set(config.tool_options)  # toolsets the user configured by name
+    chosen = config.distribution != attrs.fields(RunConfig).distribution.default  # a distribution chosen by name
+    if chosen:
+        warning = unavailable_warning(plan.distribution, installed_toolsets)
+        if warning:
+            log.warning("%s", warning)
+    for name, reason in plan.unconfigured.items():
+        if chosen or name in named:
+            log.warning("Toolset %s is left out of sampling: %s", name, reason)
+        else:
+            log.info("Toolset %s is left out of sampling: %s", name, reason)
+    if not chosen and missing:
+        log.info("%s", unavailable_warning(plan.distribution, installed_toolsets))
+
+
+def _filters_line(given, specs, defaults) -> str:
+    if given is None:
+        return f"{', '.join(specs)} (the defaults; a --filter replaces them, see docs/options.md)"
+    if not specs:
+        return "none (--no_filters)"
+    off = [name for name in defaults if name not in {spec.split(":", 1)[0] for spec in specs}]
+    if not off:
+        return ", ".join(specs)
+    which = f"filters {', '.join(off)} are" if len(off) > 1 else f"filter {off[0]} is"
+    return (f"{', '.join(specs)}; the default {which} off, as --filter replaces the defaults "
+            f"(add {' '.join(f'--filter {name}' for name in off)} to keep {'them' if len(off) > 1 else 'it'})")
 
 
 def routing_elsewhere(config) -> None:

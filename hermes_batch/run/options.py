@@ -34,6 +34,7 @@ class Cli:
     type: Any = None  # a click type; default: from the field's annotation and validator
     default_text: Optional[str] = None  # what --help shows as the default, when not the default itself
     eager: bool = False
+    required: Optional[bool] = None  # None: required when the field has no default; False: the command checks it
 
 
 def option(default: Any = attrs.NOTHING, *, help: str, validator=None, cli: Cli = Cli(), **kwargs: Any) -> Any:
@@ -62,6 +63,17 @@ def at_least(minimum: int):
         _finite(attribute, value)
         if value is not None and value < minimum:
             raise UsageError(f"--{attribute.name} must be {wording}, got {_number(value)}.")
+
+    return check
+
+
+def at_most(maximum: float):
+    """The value (when given) is a finite number of at most ``maximum``."""
+
+    def check(_instance, attribute, value):
+        _finite(attribute, value)
+        if value is not None and value > maximum:
+            raise UsageError(f"--{attribute.name} must be at most {_number(maximum)}, got {_number(value)}.")
 
     return check
 
@@ -147,7 +159,7 @@ def click_option(field: attrs.Attribute, base: Any) -> Callable:
     else:
         kwargs["type"] = _click_type(field, cli, base)
         if field.default is attrs.NOTHING:
-            kwargs["required"] = True
+            kwargs["required"] = cli.required is not False
         else:
             kwargs["default"] = default
     if cli.metavar:

@@ -40,7 +40,7 @@ class RunPlan:
     unconfigured: Mapping[str, str]  # installed toolsets left out of sampling -> why
     toolset_configs: Mapping[str, Any]  # every toolset with a runtime -> its structured -T options
     tools: Mapping[str, tuple[str, ...]]  # toolset -> the names of its tools
-    all_tools: tuple[str, ...]  # every tool name of the run, for the fixed record schema
+    all_tools: tuple[str, ...]  # every tool of every installed toolset, for the fixed record schema
     sandbox: str
     sandbox_config: Any
     model_client: str
@@ -89,8 +89,12 @@ def make_plan(
         reasons = " ".join(f"{name}: {reason}" for name, reason in unconfigured.items())
         raise UsageError(f"No toolset of distribution {config.distribution!r} can run. {reasons}")
     tools = {name: tuple(tool.name for tool in found) for name, found in selection.toolset_tools(registry, sorted(available)).items()}
+    # every record lists every tool of every installed toolset, as the seed's did: any two runs on this machine
+    # (terminal_only and default, or sessions of other distributions) then have one schema and load together
+    every_tool = {tool.name for found in selection.toolset_tools(registry, sorted(installed)).values() for tool in found}
     backend_cls, sandbox_config = selection.sandbox_backend(registry, config.sandbox, config.sandbox_options)
     client_cls = selection.model_client_class(registry, config.model_client, config.base_url)
+    client_cls.check_settings(model)  # a sampling setting it cannot send stops the run here, not every prompt
     filter_specs = selection.filter_specs(config.filters)
     selection.filters(registry, filter_specs)  # unknown names and bad options stop the run here
     selection.writers(registry, config.writers)
@@ -120,7 +124,7 @@ def make_plan(
         unconfigured=unconfigured,
         toolset_configs={name: runtime.config for name, runtime in runtimes.items()},
         tools=tools,
-        all_tools=tuple(sorted(name for names in tools.values() for name in names)),
+        all_tools=tuple(sorted(every_tool)),
         sandbox=config.sandbox,
         sandbox_config=sandbox_config,
         model_client=client_cls.name,
@@ -197,6 +201,7 @@ def build_processor(
         verifiers=selection.verifiers(registry, plan.verifiers),
         min_reward=plan.config.min_reward,
         model_client=lambda name, settings: _other_client(registry, client, name, settings),
+        sampling=plan.model.sampling(),
     )
 
 

@@ -20,9 +20,11 @@ as it was started.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import logging
+import os
 import typing
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
@@ -41,6 +43,9 @@ MEANING = frozenset({
     "max_tool_calls_per_turn", "max_tokens", "reasoning_effort", "reasoning_disabled", "ephemeral_system_prompt",
     "prefill_messages_file", "sandbox", "sandbox_options", "filters", "tool_options", "seed",
     "verifiers", "min_reward",
+    # sampling: what a sample is drawn from (pass@k, DPO pairs)
+    "temperature", "top_p", "top_k", "frequency_penalty", "presence_penalty", "extra_body",
+    "toolsets_per_sample",
 })
 RUN = frozenset({
     "dataset_file", "batch_size", "num_workers", "verbose", "max_samples", "providers_allowed",
@@ -55,6 +60,8 @@ COMMAND = frozenset({"run_name", "output_dir", "resume", "overwrite", "allow_cha
 NEVER_SAVED = frozenset({"api_key", "ephemeral_system_prompt"})  # run.json keeps a digest of the prompt only
 
 HISTORY = "settings_history"
+# Options whose default is not what the versions before them did: a run folder of such a version resumes as it ran.
+BEFORE_THE_OPTION = {"toolsets_per_sample": True}  # each sample drew its toolsets from its own key
 
 
 def read_run_json(folder: RunFolder) -> dict:
@@ -70,6 +77,60 @@ def read_run_json(folder: RunFolder) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+# --- the run folder a resume continues --------------------------------------------------------------
+
+
+def require_run_folder(config: RunConfig) -> None:
+    """A resume needs its run folder: without one it would run, and pay for, every prompt again.
+
+    Raises UsageError naming the closest run folders of --output_dir (a misspelled --run_name).
+    """
+    folder = RunFolder(config.output_dir, config.run_name)
+    if folder.dir.is_dir():
+        return
+    runs = _run_folders(Path(config.output_dir))
+    close = difflib.get_close_matches(config.run_name, runs, n=3, cutoff=0.6)
+    if close:
+        hint = f"the closest run folders there are {', '.join(close)}"
+    elif runs:
+        shown = ", ".join(runs[:5]) + (", ..." if len(runs) > 5 else "")
+        hint = f"the run folders there are {shown}"
+    else:
+        hint = f"{config.output_dir} holds no run folder"
+    raise UsageError(
+        f"There is no run folder {folder.dir} to resume, so --resume would pay for every prompt again; {hint}. "
+        "Check --run_name and --output_dir, or leave out --resume to start a new run."
+    )
+
+
+def _run_folders(output_dir: Path) -> list:
+    """The names of the folders of ``output_dir`` that hold a run (its run.json or checkpoint.json)."""
+    try:
+        entries = sorted(os.scandir(output_dir), key=lambda entry: entry.name)
+    except OSError:
+        return []
+    names = []
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False) and any(
+                    os.path.isfile(os.path.join(entry.path, name)) for name in ("run.json", "checkpoint.json")):
+                names.append(entry.name)
+        except OSError:
+            continue
+    return names
+
+
+def require_dataset(config: RunConfig) -> None:
+    """After ``inherit``: a resume whose run.json did not give --dataset_file and --batch_size asks for them."""
+    missing = [f"--{name}" for name in ("dataset_file", "batch_size") if getattr(config, name) is None]
+    if missing:
+        raise UsageError(
+            f"The run folder {RunFolder(config.output_dir, config.run_name).dir} has no run.json to take "
+            f"{' and '.join(missing)} from (its first session stopped before writing one); pass "
+            f"{' and '.join(missing)} with --resume."
+        )
 
 
 # --- taking the options not given from run.json ----------------------------------------------------
@@ -99,16 +160,26 @@ def _holds_redacted(value: Any) -> bool:
 
 def inherit(config: RunConfig, given: Iterable[str]) -> RunConfig:
     """``config`` (a resume) with every option not in ``given`` taken from the run's run.json, where it has one."""
-    recorded = read_run_json(RunFolder(config.output_dir, config.run_name)).get("config")
+    run_json = read_run_json(RunFolder(config.output_dir, config.run_name))
+    recorded = run_json.get("config")
     if not isinstance(recorded, dict):
         return config  # a folder of a run killed before it wrote run.json, or not a run folder at all
     given = set(given)
     names = {f.name for f in attrs.fields(RunConfig)}
     taken = {}
     for name in sorted((MEANING | RUN) - NEVER_SAVED - given):
+        if name not in recorded and name in BEFORE_THE_OPTION:
+            taken[name] = BEFORE_THE_OPTION[name]  # the run folder's version did what the option now asks for
+            continue
         if name not in recorded or name not in names:
             continue  # an option newer than the run folder: its default
         value = recorded[name]
+        if name == "filters" and value is None:
+            # the defaults of the version that ran it (filters were added to them since): as run.json resolved them
+            last = recorded_settings(run_json) or {}
+            if isinstance(last.get("filters"), list) and all(isinstance(f, str) for f in last["filters"]):
+                taken[name] = tuple(last["filters"])
+                continue
         if _holds_redacted(value):
             raise UsageError(
                 f"run.json does not keep the secret part of --{name} of this run; pass --{name} again with --resume."
@@ -145,7 +216,8 @@ def settings(plan) -> dict:
 
     Defaults are resolved (the filters a run applies, the model client chosen
     from the URL), files are their content's digest, the distribution its
-    probabilities, and the ephemeral system prompt its digest.
+    probabilities, and the ephemeral system prompt its digest; ``toolsets`` are
+    those of the distribution this machine can offer (installed and configured).
     """
     from ..formats.serialization import record_converter
 
@@ -159,6 +231,8 @@ def settings(plan) -> dict:
     prefill = [record_converter.unstructure(m) for m in plan.agent.prefill]
     out["prefill_messages"] = digest(json.dumps(prefill, sort_keys=True)) if prefill else None
     out["ephemeral_system_prompt"] = digest(config.ephemeral_system_prompt)
+    # what this machine can offer: a plugin installed, Chromium or a provider's key changes the prompts' tools
+    out["toolsets"] = sorted(plan.toolsets)
     return _json(out)
 
 
@@ -170,6 +244,7 @@ _OPTION = {
     "verifiers": "--verifier",
     "sandbox_options": "-S/--sandbox_option",
     "tool_options": "-T/--tool_option",
+    "toolsets": "the toolsets this machine can offer (installed plugins, Chromium, -T providers and keys)",
 }
 _SECRET_TEXT = ("ephemeral_system_prompt", "prefill_messages")  # shown as given or not, never as a digest
 
@@ -245,10 +320,14 @@ def check_resume(plan, folder: RunFolder, session: int) -> list:
     if not changed:
         return history
     if not plan.config.allow_changed_settings:
+        how = "leave those options out to continue the run as it was"
+        if "toolsets" in changed:  # no option of this command changed them: the machine did
+            how = "give this machine the toolsets the run had" + (" and leave the other options out"
+                                                                   if len(changed) > 1 else "")
         raise UsageError(
-            f"This resume changes settings that change what the run's data means: {describe(changed)}; "
-            "leave those options out to continue the run as it was, or pass --allow_changed_settings to change "
-            "them (run.json keeps each session's settings and every record names its model)."
+            f"This resume changes settings that change what the run's data means: {describe(changed)}; {how}, "
+            "or pass --allow_changed_settings to change them (run.json keeps each session's settings and every "
+            "record names its model)."
         )
     log.warning(
         "Settings that change what the data means differ from the earlier sessions (%s); allowed by "

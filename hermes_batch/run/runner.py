@@ -31,7 +31,8 @@ from ..formats.jsonguard import finite_dumps
 from ..formats.records import Checkpoint, SessionInfo
 from ..formats.redaction import Redactor
 from ..session.processor import quietly
-from . import cleanup, distributions, limits, notices, preparation, resume_scan, run_settings
+from . import cleanup, limits, notices, preparation, resume_scan, run_settings
+from ..model.batching import Batcher
 from .batch_client import BatchingClient
 from .budget import Budget
 from .checkpoint import write_run_json
@@ -186,16 +187,16 @@ class RunEngine:
         """Lease every prompt left to the executor and record the outcomes; (interrupted, fatal error)."""
         cfg, prepared = self.config, self.prepared
         plan = prepared.plan
-        # uninstalled toolsets first (one warning naming the plugins), then installed but unconfigured ones
-        warning = distributions.unavailable_warning(plan.distribution, prepared.registry.names("toolsets"))
-        if warning:
-            log.warning("%s", warning)
-        for name, reason in plan.unconfigured.items():
-            log.warning("Toolset %s is left out of sampling: %s", name, reason)
+        notices.start_banner(plan, prepared.registry.names("toolsets"), to_run, self.scheduler.match.finished,
+                             prepared.concurrency, processor.backend)
         progress = Progress(total=to_run, enabled=cfg.progress)
         progress.watch(processor.client.limiter.summary)
         if isinstance(processor.client, BatchingClient):
-            progress.watch(processor.client.batcher.summary)
+            batcher = processor.client.batcher
+            progress.watch(batcher.summary)
+            if isinstance(batcher, Batcher):  # the run's own (a worker's relays to the driver's, which is this)
+                batcher.senders = self.scheduler.sessions_that_may_send
+                self.scheduler.on_session_end = batcher.wake
         self.recorder = Recorder(
             prepared.folder, self.index, prepared.checkpoints, prepared.filters, self.redactor, progress,
             self.pm.hook, self.context, prepared.plugin_failures,

@@ -9,7 +9,7 @@ With --stop_on_success a row's samples run one after another in the same worker,
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
+from typing import Callable, Optional
 
 import attrs
 
@@ -38,6 +38,15 @@ class Scheduler:
         self.later_samples: dict[int, tuple] = {}  # --stop_on_success: prompt_index -> its samples still to run
         self.recorder: Optional[Recorder] = None
         self.progress: Optional[Progress] = None
+        self.on_session_end: Optional[Callable[[], None]] = None  # after each outcome recorded, and the last job
+
+    def sessions_that_may_send(self) -> Optional[int]:
+        """How many sessions can still send a model request: those running, once no other can start (the jobs are
+        all leased, or every slot of the executor is taken); None while more may start."""
+        running = self.progress.in_flight if self.progress is not None else 0
+        if self.jobs.exhausted or self.jobs.halted or running >= self.concurrency:
+            return running
+        return None
 
     async def run(self, processor, recorder: Recorder, progress: Progress) -> tuple[bool, Optional[HermesBatchError]]:
         """Lease every prompt left and record the outcomes; (interrupted, fatal error).  The engine shuts down."""
@@ -86,6 +95,8 @@ class Scheduler:
                 yield self._dispatched(batch, self._sample_job(row, batch, sample))
         self.jobs.exhausted = True
         self.recorder.tracker.end_of_jobs()
+        if self.on_session_end is not None:
+            self.on_session_end()
 
     def _dispatched(self, batch: int, job: PromptJob) -> PromptJob:
         """``job``, counted as running (its batch is not complete until it is recorded), with its replay."""
@@ -98,15 +109,19 @@ class Scheduler:
         return distributions.sample_toolsets(self.plan.distribution, self.available, rng)
 
     def _sample_job(self, row, batch: int, sample: int) -> PromptJob:
-        """The job of a row's sample: a toolset sample of its own, drawn from the sample's key."""
+        """The job of a row's sample: the row's toolsets (drawn from the row's key), or with --toolsets_per_sample
+        a toolset sample of its own, drawn from the sample's key."""
         job = PromptJob(row, batch, (), sample)
-        return attrs.evolve(job, toolsets=self._toolsets(job.content_key))
+        key = job.content_key if self.config.toolsets_per_sample else row.content_key
+        return attrs.evolve(job, toolsets=self._toolsets(key))
 
     async def _record(self, job: PromptJob, outcome) -> None:
         kind = await self.recorder.record(job, outcome)
         # its answers are in its record now; a failed prompt's stay in responses.jsonl for the --resume that
         # runs it again, which replays what was paid for
         self.journals.recorded(job, failed=kind == "failed")
+        if self.on_session_end is not None:
+            self.on_session_end()
 
     def _record_and_sample_on(self, processor):
         """The executor's ``on_outcome`` under --stop_on_success: record a sample, then run the row's next one

@@ -11,7 +11,9 @@ from ..contract.plugin_options import build_config, parse_spec, structure_option
 from ..contract.plugins import KIND, Registry, unknown_name
 
 # The quality filters a run applies when --filter is not given (the default plugin sample_filters registers them).
-DEFAULT_FILTERS = ("no-reasoning", "hallucinated-tools")
+DEFAULT_FILTERS = ("no-reasoning", "hallucinated-tools", "empty-answer")
+# The filters batch_runner.py applied at its merge: what `hermes-batch import` judges its records by by default.
+SEED_FILTERS = ("no-reasoning", "hallucinated-tools")
 
 
 def _pick(registry: Registry, kind: str, name: str, option: Optional[str] = None):

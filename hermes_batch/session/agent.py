@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import logging
+import re
 from typing import Callable, Mapping, Optional
 
 import attrs
@@ -21,6 +22,11 @@ log = logging.getLogger("hermes_batch.session.agent")
 
 # finish reasons that end a session early although the model was not done
 _EARLY_STOPS = {"length": "length", "content_filter": "content_filter"}
+# A reply without tool calls whose text holds a tool call's markup: the endpoint could not parse the call the model
+# made (a local server's template, a call in another model's syntax), so the session ended without an answer.
+_TOOL_CALL_MARKUP = re.compile(r"<tool_call>|<tool_calls>|<function=|<\|tool_call|\[TOOL_CALLS\]|<\|python_tag\|>")
+# Why a reply without tool calls is no answer (end_reason), or None when it is one.
+EMPTY_ANSWER, UNPARSED_TOOL_CALL = "empty_answer", "unparsed_tool_call"
 # a tool call may outlive --command_timeout by this much (killing a process tree, a slow sandbox) before it is cut
 TOOL_GRACE_S = 30.0
 MAX_TURNS = 10  # the default of --max_turns
@@ -159,8 +165,8 @@ async def run_session(
             end_reason = _EARLY_STOPS[response.finish_reason]
             break
         if not message.tool_calls:
-            completed = True
-            end_reason = "final_answer"
+            end_reason = _no_answer(message, response.finish_reason) or "final_answer"
+            completed = end_reason == "final_answer"
             break
         for index, call in enumerate(message.tool_calls):
             if index < settings.max_tool_calls_per_turn:
@@ -174,6 +180,15 @@ async def run_session(
             session.append(Message("tool", content, tool_call_id=call.id, name=call.name))
 
     return state.result(completed=completed, end_reason=end_reason)
+
+
+def _no_answer(message: Message, finish_reason: Optional[str]) -> Optional[str]:
+    """Why a reply without tool calls ends the session without an answer, or None when it is an answer."""
+    if finish_reason == "tool_calls" or _TOOL_CALL_MARKUP.search(message.content):
+        return UNPARSED_TOOL_CALL
+    if not message.content.strip():  # reasoning alone is no answer
+        return EMPTY_ANSWER
+    return None
 
 
 def _not_run(made: int, cap: int) -> dict:

@@ -59,6 +59,7 @@ class PromptProcessor:
     verifiers: tuple = ()  # Verifier instances, in --verifier order
     min_reward: float = 1.0  # what a verified sample's reward must reach to pass
     model_client: Optional[Callable] = None  # (name, ModelSettings) -> another installed client, for verifiers
+    sampling: Mapping = attrs.Factory(dict)  # the sampling settings the requests send (ModelSettings.sampling)
     closer: SandboxCloser = attrs.field(factory=SandboxCloser, init=False)  # sandboxes closed once they are open
     replayer: Optional[object] = None  # session.replay.Replayer: answers journaled, replayed on --resume (set by run/session_journals.py)
 
@@ -105,6 +106,9 @@ class PromptProcessor:
     async def _run(self, job: PromptJob, row: PromptRow, started: float, state: SessionLog) -> Trajectory:
         tools = {tool.name: tool for name in job.toolsets for tool in self.toolsets[name]}
         say = self._logger(job) if self.verbose else None
+        if say:
+            sample = f" (sample {job.sample_index})" if job.sample_index else ""
+            say(f"toolsets{sample}: {', '.join(job.toolsets) or 'none'} -> {len(tools)} tools: {', '.join(tools)}")
         await self.backend.prepare_image(row.image)  # shared by every prompt of the image, so not on its clock
         commands = any(getattr(tool, "runs_commands", False) for tool in tools.values())
         key = job.content_key if job.sample_index else row.content_key  # the sample's key (sample 0: the row's)
@@ -189,6 +193,7 @@ class PromptProcessor:
             calls=tuple(state.calls),
             sample_index=job.sample_index,
             replayed_turns=state.replayed_turns,
+            sampling=dict(self.sampling),
         )
         trajectory = Trajectory(
             prompt_index=row.prompt_index,

@@ -23,6 +23,16 @@ from .scripts import ToolLoopScript
 from .runner import TEST_API_KEY
 
 
+@pytest.fixture(autouse=True)
+def _plugin_under_test(request):
+    """The helpers of this kit load the core's plugins and the plugin under test only (``scope``): the one whose
+    pyproject.toml is nearest above the test file."""
+    from .scope import plugin_entry_points, under_test
+
+    with under_test(plugin_entry_points(Path(str(request.path)))):
+        yield
+
+
 @pytest.fixture
 def model_server():
     """Factory: ``model_server(script=..., **options)`` starts a ScriptedModelServer, stopped after the test."""

@@ -56,12 +56,14 @@ def make_trajectory(**overrides: Any) -> Trajectory:
 def make_filter(spec: str, pm=None):
     """The filter ``--filter SPEC`` selects (``NAME[:OPTIONS]``), its options structured as the command line does.
 
-    ``pm``: a plugin manager (default: the core's plugins and the installed ones).
+    ``pm``: a plugin manager (default: the core's plugins and the plugin under test, ``hermes_batch.testing.scope``;
+    ``get_plugin_manager()`` for every installed one).
     """
-    from hermes_batch import get_plugin_manager
     from hermes_batch.run.selection import plugin
 
-    return plugin((pm or get_plugin_manager()).registry(), "filters", spec, "--filter")
+    from .scope import plugin_manager
+
+    return plugin((pm or plugin_manager()).registry(), "filters", spec, "--filter")
 
 
 RUN_NOISE = frozenset({"timestamp", "duration_s", "latency_s"})

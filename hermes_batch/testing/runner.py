@@ -11,7 +11,10 @@ from typing import Any, Optional
 
 import attrs
 
+from ..contract.plugins import DISABLE_ENV
 from ..formats import hermes_format
+from . import scope
+from .scope import UNDER_TEST
 
 TEST_API_KEY = "sk-test-canary-3f9c1d"
 """The key ``Runner`` passes and the ``model_server`` fixture expects; tests check it never reaches a run folder."""
@@ -26,6 +29,9 @@ class Runner:
     folder is ``tmp_path/out/RUN_NAME``.  With ``plugins`` (modules or objects with
     hook implementations), in-process commands see the core's plugins and those
     only, not the installed entry points: a test does not depend on what is installed.
+    Without, they see the core's plugins and the installed ``entry_points``: by default
+    those of the plugin under test (``hermes_batch.testing.scope``), None for every
+    installed plugin; a spawned run too (through HERMES_BATCH_DISABLE_PLUGINS).
     """
 
     tmp_path: Path
@@ -34,6 +40,7 @@ class Runner:
     options: tuple[str, ...] = ()
     env: dict[str, str] = attrs.Factory(dict)  # added to the environment of spawned runs
     plugins: tuple = ()
+    entry_points: Any = UNDER_TEST  # the installed plugins commands see: the plugin under test's, None for all
 
     def args(self, dataset, *extra: str, server=None, run_name: Optional[str] = None) -> list[str]:
         """The arguments of ``hermes-batch run`` for ``dataset``."""
@@ -77,19 +84,24 @@ class Runner:
         from hermes_batch import get_plugin_manager
         from hermes_batch.cli import cli
 
-        pm = get_plugin_manager(load_entry_points=False, extra_plugins=self.plugins) if self.plugins else None
+        if self.plugins:
+            pm = get_plugin_manager(load_entry_points=False, extra_plugins=self.plugins)
+        else:
+            pm = None if scope.resolve(self.entry_points) is None else scope.plugin_manager(self.entry_points)
         return CliRunner().invoke(cli, list(args), obj=pm, catch_exceptions=False)
 
     def spawn(self, dataset, *extra: str, server=None, run_name: Optional[str] = None, env=None, **popen) -> subprocess.Popen:
         """Run as a child process (``python -m hermes_batch``), for signals and SIGKILL; text pipes.
 
-        The child loads the installed plugins (``plugins`` cannot reach it).
+        The child loads the installed plugins of ``entry_points`` (``plugins`` cannot reach it).
         """
+        environ = dict(os.environ, PYTHONUNBUFFERED="1", **self.env, **(env or {}))
+        left_out = scope.others(self.entry_points)
+        if left_out:
+            environ[DISABLE_ENV] = ",".join(filter(None, (environ.get(DISABLE_ENV, ""), *left_out)))
         return subprocess.Popen(
             [sys.executable, "-m", "hermes_batch", *self.args(dataset, *extra, server=server, run_name=run_name)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=dict(os.environ, PYTHONUNBUFFERED="1", **self.env, **(env or {})),
-            **popen,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ, **popen,
         )
 
     def records(self, name: str, run_name: Optional[str] = None) -> list[dict]:

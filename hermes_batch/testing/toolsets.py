@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from hermes_batch import ModelClient, ModelSettings, RunContext, ToolContext, ToolsetRuntime, Usage, get_plugin_manager
+from hermes_batch import ModelClient, ModelSettings, RunContext, ToolContext, ToolsetRuntime, Usage
 from hermes_batch.contract.toolsets import PromptToolsets, build_runtimes
 
 from .runner import TEST_API_KEY
+from .scope import plugin_manager as scoped_plugin_manager
 
 
 class ToolsetHarness:
@@ -20,7 +21,8 @@ class ToolsetHarness:
 
     def __init__(self, run_dir: Path, plugin_manager=None):
         self.run_dir = Path(run_dir)
-        self.registry = (plugin_manager or get_plugin_manager()).registry()
+        # the core's toolsets and the plugin under test's (hermes_batch.testing.scope), unless given another manager
+        self.registry = (plugin_manager or scoped_plugin_manager()).registry()
         self.runtimes: list[ToolsetRuntime] = []
         self.usage = Usage()
 

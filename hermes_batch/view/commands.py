@@ -79,7 +79,9 @@ def report_command(run_dir, samples):
 
 @click.command("view")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port to listen on (0: any free port).")
+# a free port by default: model servers (vLLM, llama.cpp, ...) take the usual fixed ones on the same machine
+@click.option("--port", type=click.IntRange(0, 65535), default=0,
+              help="Port to listen on; the URL printed says which.  [default: 0, any free port]")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; anything but 127.0.0.1 lets other machines read your run.")
 def view_command(run_dir, port, host):

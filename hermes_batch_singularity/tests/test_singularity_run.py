@@ -244,6 +244,10 @@ def test_a_missing_runtime_stops_the_run_before_the_preflight_with_status_2(tmp_
 
     cleanup = runner.cli("singularity", "cleanup")
     assert cleanup.exit_code == 2 and "Neither apptainer nor singularity is on PATH" in cleanup.output
+    # the fix it names is an option of that command (--binary), not the run's -S binary
+    assert "give its path with --binary=PATH." in cleanup.output and "-S binary" not in cleanup.output
+    cleanup = runner.cli("singularity", "cleanup", "--binary", f"{tmp_path}/no-such-apptainer")
+    assert cleanup.exit_code == 2 and f"--binary={tmp_path}/no-such-apptainer: no such command" in cleanup.output
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ def singularity_group():
 @click.option("--binary", metavar="PATH", default=None, help="The apptainer or singularity command (default: found on PATH).")
 def cleanup_command(run_name, force, binary):
     """Stop instances left behind by hermes-batch runs that crashed or were killed."""
-    binary = runtime.find_binary(binary)
+    binary = runtime.find_binary(binary, "--binary")
     found = instances.ours(runtime.list_instances(binary), run_name)
     busy = [item for item in found if not force and item.owner_alive()]
     stale = [item for item in found if item not in busy]

@@ -41,8 +41,12 @@ def runtime_environment(*, proxies: bool = False) -> dict:
     return env
 
 
-def find_binary(binary: Optional[str]) -> str:
-    """The runtime's path: ``-S binary=`` if given, else apptainer, else singularity on PATH."""
+def find_binary(binary: Optional[str], option: str = "-S binary") -> str:
+    """The runtime's path: ``binary`` if given, else apptainer, else singularity on PATH.
+
+    ``option`` is how the user gives ``binary`` to the command at hand (``-S binary`` for a run, ``--binary``
+    for ``hermes-batch singularity cleanup``), which the errors name.
+    """
     candidates = (binary,) if binary else RUNTIMES
     for candidate in candidates:
         found = shutil.which(candidate)
@@ -50,12 +54,12 @@ def find_binary(binary: Optional[str]) -> str:
             return found
     if binary:
         raise ConfigError(
-            f"-S binary={binary}: no such command on PATH or file that can be run; "
+            f"{option}={binary}: no such command on PATH or file that can be run; "
             "give the path of apptainer or singularity, or leave the option out to find one on PATH."
         )
     raise ConfigError(
         "Neither apptainer nor singularity is on PATH, so the singularity sandbox cannot run; "
-        "install Apptainer (or SingularityCE), load its module, or give its path with -S binary=PATH."
+        f"install Apptainer (or SingularityCE), load its module, or give its path with {option}=PATH."
     )
 
 

@@ -80,6 +80,8 @@ class FinalAnswerFilter(Filter):
 
     def check(self, trajectory: Trajectory) -> Optional[str]:
         end = trajectory.metadata.end_reason
+        if end == "empty_answer":  # the model ended with nothing to say
+            return "the final answer is empty"
         if end and end != "final_answer":
             return f"ended by {end}, not by a final answer"
         if trajectory.partial or not trajectory.completed:
