@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -164,3 +166,48 @@ async def test_abstract_sockets_of_the_machine_and_of_other_prompts_are_out_of_r
         own.close()
     assert served.output.strip() == "1", served  # it listens, in its own namespace
     assert seen.output.startswith("0\n") and "ConnectionRefusedError" in seen.output, seen
+
+
+SHARED_MOUNTS = r"""
+import asyncio, os, subprocess, sys
+from pathlib import Path
+from hermes_batch.contract.run_context import RunContext
+from hermes_batch.formats.records import SandboxSpec
+from hermes_batch.local_sandbox import nat
+from hermes_batch.local_sandbox.backend import LocalSandboxBackend, LocalSandboxConfig
+
+base = Path(sys.argv[1])
+nat.PROGRAMS = (sys.argv[2],)
+# in this process's own mount namespace: a shared mount with a mount beneath it, as Docker's /var/lib/docker holds
+# each running container's root file system
+subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(base / "shared")], check=True)
+subprocess.run(["mount", "--make-shared", str(base / "shared")], check=True)
+(base / "shared" / "container").mkdir()
+subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(base / "shared" / "container")], check=True)
+
+async def main():
+    backend = LocalSandboxBackend(LocalSandboxConfig(network="nat"), RunContext("r", base / "run", seed=0))
+    await backend.start()
+    sandbox = await backend.open(SandboxSpec("r", 0, "0123456789abcdef", commands=True))
+    await sandbox.exec("true", 30)
+    await sandbox.close()
+    await backend.shutdown()
+
+asyncio.run(main())
+mounted = [line.split()[4] for line in open("/proc/self/mountinfo")]
+print("still mounted" if str(base / "shared" / "container") in mounted else "gone")
+"""
+
+
+def test_the_nat_program_leaves_the_machines_shared_mounts_alone(tmp_path, program):
+    # slirp4netns's sandbox detached its old root with only "/" made private: as root, every mount shared with the
+    # machine's namespace went with it (Docker's running containers lost their root file systems).
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a mount namespace of the test's own takes root and util-linux unshare")
+    (tmp_path / "shared").mkdir()
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", SHARED_MOUNTS, str(tmp_path), program],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("still mounted"), done.stdout + done.stderr[-2000:]

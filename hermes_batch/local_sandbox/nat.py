@@ -66,9 +66,15 @@ class Nat:
                 "--netns", f"/proc/self/fd/{netns}",
                 *(("--userns", f"/proc/self/fd/{userns}") if userns is not None else ()),
             ]
+        # slirp4netns's sandbox makes only "/" private before it detaches the old root, so as root, in the machine's
+        # mount namespace, that detach reached every shared mount's peers (a running container's root file system
+        # under /var/lib/docker vanished): it starts in a mount namespace of its own whose mounts are all private.
+        private = (os.geteuid() == 0 and shutil.which("unshare")) or None
+        wrapper = (private, "--mount", "--propagation", "private", "--") if private else ()
+        sandbox = ("--enable-sandbox",) if private or os.geteuid() != 0 else ()
         return [
-            self.path, "--configure", "--mtu=65520", *(() if self.loopback else ("--disable-host-loopback",)),
-            "--enable-sandbox", "--enable-seccomp", f"--ready-fd={ready}", f"--exit-fd={exit_fd}",
+            *wrapper, self.path, "--configure", "--mtu=65520", *(() if self.loopback else ("--disable-host-loopback",)),
+            *sandbox, "--enable-seccomp", f"--ready-fd={ready}", f"--exit-fd={exit_fd}",
             "--netns-type=path", *((f"--userns-path=/proc/self/fd/{userns}",) if userns is not None else ()),
             f"/proc/self/fd/{netns}", "tap0",
         ]
