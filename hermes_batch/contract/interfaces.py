@@ -301,8 +301,9 @@ class Sandbox(abc.ABC):
         from a place nothing the session left can reach.  At ``timeout`` the
         tests are killed (``timed_out``).  The compiled helper's supervisor
         (``-G``) and :mod:`hermes_batch.sandbox_blocks.grading` do the work
-        inside a sandbox; ``SandboxContract``'s grading tests hold a backend to
-        this.  Raises ``SandboxError`` like :meth:`exec`.
+        inside a sandbox; ``VerifierContract``'s reward-hack corpus
+        (``hermes_batch.testing.reward_hacks``) holds a backend to this.
+        Raises ``SandboxError`` like :meth:`exec`.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot run tests apart from the agent")
 
