@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional
 
 import attrs
 
-from hermes_batch import BoundedOutput, ExecResult, Sandbox, SandboxError
+from hermes_batch import BoundedOutput, ExecResult, Sandbox, SandboxError, TestsRun, grading
 
 from . import leftovers
 from ._sdk import modal
@@ -62,6 +62,7 @@ STDIN_CHUNK = 1024 * 1024
 DRAIN_AFTER_EXIT_S = 1.0  # output still in flight when a command exits; background children may hold it open longer
 DRAIN_AFTER_KILL_S = 0.5
 PID_WAIT_S = 5.0
+REPORT_BYTES = 64 * 1024  # of a verifier's tests' standard error, where the supervisor's report line is the last
 NOT_REGULAR = "not a regular file (a FIFO, socket or device); only regular files can be read or written"
 
 
@@ -143,6 +144,16 @@ class ModalSandbox(Sandbox):
         output = BoundedOutput(self._max_output)
         outcome = await self._run([SHELL, "-c", RUN_WRAPPER, "sh", command], timeout, output)
         return ExecResult(output.text(), outcome.exit_code, outcome.timed_out)
+
+    async def run_tests(self, command: str, files: tuple, timeout: float) -> TestsRun:
+        """A verifier's tests apart from the agent: one exec of the static helper's supervisor, sent with the tests'
+        script on its standard input (``hermes_batch.grading.launcher``), as the sandbox's root (the agent's user:
+        Modal runs every command as the image's); the report is read from the exec's standard error only."""
+        helper = await self._backend.grading_helper()
+        argv, stdin = grading.launcher(helper, command, files, self._workdir)
+        output, errors = BoundedOutput(self._max_output), BoundedOutput(REPORT_BYTES)
+        outcome = await self._run(argv, timeout, output, errors, stdin=stdin, workdir="/")
+        return grading.tests_run(ExecResult(output.text(), outcome.exit_code, outcome.timed_out), errors.text())
 
     async def _run(self, argv: list, timeout: Optional[float], stdout, stderr=None, *, stdin: Optional[bytes] = None,
                    workdir: Optional[str] = None) -> _Outcome:
