@@ -128,9 +128,14 @@ async def test_hidden_files_far_beyond_an_argument_s_limit_reach_the_tests(tmp_p
 
 
 def test_without_landlock_root_s_instances_cannot_keep_the_tests_apart(monkeypatch):
+    monkeypatch.setattr(grading, "landlock_abi", lambda: 6)
+    assert tests_apart.missing(None, as_root=True) == ""
     monkeypatch.setattr(grading, "landlock_abi", lambda: 0)
     assert tests_apart.missing(None, as_root=True) == tests_apart.NO_LANDLOCK
+    monkeypatch.setattr(tests_apart, "user_namespaces", lambda: True)
     assert tests_apart.missing(None, as_root=False) == ""  # an ordinary user's run-untrusted has namespaces
+    monkeypatch.setattr(tests_apart, "user_namespaces", lambda: False)
+    assert tests_apart.missing(None, as_root=False) == tests_apart.NEITHER
     assert "could not be built (no C compiler)" in tests_apart.missing("no C compiler", as_root=False)
 
 

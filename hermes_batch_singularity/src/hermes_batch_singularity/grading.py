@@ -46,10 +46,30 @@ def build_helper(folder: str) -> tuple:
     return build_namespace_helper(folder, static=True)
 
 
+NEITHER = (
+    "this kernel has neither Landlock nor user namespaces for an ordinary user, so the agent's code that the tests "
+    "run ($HERMES_RUN_UNTRUSTED, as the same user as the tests) could not be kept away from the tests' files"
+)
+
+
+def user_namespaces() -> bool:
+    """Whether this kernel lets an ordinary user make a user namespace (what run-untrusted does as that user)."""
+    for path, off in (("/proc/sys/user/max_user_namespaces", "0"), ("/proc/sys/kernel/unprivileged_userns_clone", "0")):
+        try:
+            with open(path) as f:
+                if f.read().strip() == off:
+                    return False
+        except OSError:
+            pass  # not this kernel's knob
+    return True
+
+
 def missing(helper_problem: Optional[str], as_root: bool) -> str:
     """``tests_apart_missing`` of a singularity backend: "" when its sandboxes can run tests apart."""
     if helper_problem:
         return f"hermes-batch's static helper, which runs the tests apart, could not be built ({helper_problem})"
-    if as_root and grading.landlock_abi() < 1:
+    if grading.landlock_abi() >= 1:
+        return ""
+    if as_root:
         return NO_LANDLOCK
-    return ""
+    return "" if user_namespaces() else NEITHER
