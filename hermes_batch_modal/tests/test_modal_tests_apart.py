@@ -99,3 +99,17 @@ async def test_without_the_helper_the_backend_says_why_it_cannot_keep_the_tests_
         await sandbox.close()
     finally:
         await backend.shutdown()
+
+
+async def test_the_sandbox_s_first_process_starts_no_program_once_the_session_ran(backend, run_name):
+    """What PID 1 started after stop_processes would be whatever the agent (root) put at that program's path, running
+    beside the tests with root's capabilities: a `sleep` replaced in a dash image wrote their reward."""
+    sandbox = await backend.open(SandboxSpec(run_name, 0, "0c0ffee"))
+    assert "started" in (await sandbox.exec("(sleep 600 &); echo started", 30)).output  # an orphan PID 1 reaps later
+    assert await sandbox.stop_processes()
+    listing = "for p in /proc/[0-9]*; do printf '%s ' \"${p#/proc/}\"; tr '\\0' ' ' < $p/cmdline; echo; done"
+    lines = (await sandbox.exec(listing, 30)).output.splitlines()
+    first = next(line.split(" ", 1)[1] for line in lines if line.startswith("1 "))
+    others = [line for line in lines if line.split(" ", 1)[1] != first and "for p in /proc" not in line]
+    await sandbox.close()
+    assert first.startswith("/bin/sh -c ") and others == []  # the first process and copies of it (forks), no program
