@@ -204,14 +204,15 @@ done
 set -- "$@" -v "PATH=${hb_path:-@STANDARD_PATH@}"
 IFS='
 '
-hb_seen=' '
+hb_seen=' ' hb_count=0
 for hb_line in $(env); do
+    [ "$hb_count" -lt 250 ] || break  # the supervisor takes 256 of each option
     hb_key=${hb_line%%=*}
     case $hb_key in ''|[0-9]*|*[!A-Za-z0-9_]*|PWD|OLDPWD|SHLVL|_) continue;; esac
     case $hb_seen in *" $hb_key "*) continue;; esac
     eval "[ -n \"\${$hb_key+x}\" ]" || continue
     eval "hb_value=\${$hb_key}"
-    hb_seen="$hb_seen$hb_key "
+    hb_seen="$hb_seen$hb_key " hb_count=$((hb_count + 1))
     set -- "$@" -x "$hb_key=$hb_value"
 done
 IFS=$hb_ifs

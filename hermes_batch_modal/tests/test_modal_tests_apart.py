@@ -113,3 +113,12 @@ async def test_the_sandbox_s_first_process_starts_no_program_once_the_session_ra
     others = [line for line in lines if line.split(" ", 1)[1] != first and "for p in /proc" not in line]
     await sandbox.close()
     assert first.startswith("/bin/sh -c ") and others == []  # the first process and copies of it (forks), no program
+
+
+async def test_an_environment_of_hundreds_of_variables_still_gets_the_tests_run(backend, run_name):
+    """The supervisor takes 256 variables of the agent's environment; more (a row's own) must not stop the tests."""
+    env = {f"ROW_VARIABLE_{i}": str(i) for i in range(300)}
+    sandbox = await backend.open(SandboxSpec(run_name, 0, "0c0ffee", env=env))
+    run = await sandbox.run_tests('echo 1 > "$HERMES_REWARD_FILE"', (), 60)
+    await sandbox.close()
+    assert (run.result.exit_code, run.reward, run.problem) == (0, b"1\n", ""), run.result.output
