@@ -5,19 +5,13 @@
    with ``--verifier command`` (a one-line test), the difference divided by the
    samples.  CPU is the run's process tree (Docker's engine and container
    processes are not children of the run, so for Docker it is the client side only).
-2. What running the tests apart from the agent costs (issue 43: ``Sandbox.run_tests``, the static helper sent
-   along, the supervisor, ``$HERMES_RUN_UNTRUSTED``) against ``--verifier command:apart=false`` (the old way:
-   one exec in the agent's own context), per sample, with ``--apart singularity`` (Apptainer, each
-   ``-S reuse=`` of ``--reuse``): wall time of the run, the verifier's own time, and the CPU of the run's process
-   tree and of the container engine's processes (where the test rig runs Apptainer: its runtime is counted there).
-3. The cost saved by ``--stop_on_success`` on rows that pass with probability
+2. The cost saved by ``--stop_on_success`` on rows that pass with probability
    ``--pass_rate`` per sample (the scripted server decides each sample with a
    seeded draw), ``--samples_per_prompt K``: sessions and cost with and without
    it, beside the expected values (a row passes with probability 1-(1-p)^K and
    takes (1-(1-p)^K)/p samples on average under --stop_on_success, K without).
 
     python bench/bench_verification.py [--prompts 40] [--rows 300] [--pass_rate 0.3] [--samples 8] [--skip_docker]
-    python bench/bench_verification.py --apart singularity [--reuse none,namespace] --prompts 40 --skip_overhead --rows 0
 """
 
 from __future__ import annotations
@@ -25,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -36,8 +29,6 @@ from hermes_batch.testing import Reply, ScriptedModelServer
 
 DOCKER_IMAGE = "hermes-batch-test/busybox-a:1"
 COST_PER_CALL = 0.001
-# Tests that run the agent's code as the tests of issue 43 do (with apart=false $HERMES_RUN_UNTRUSTED is `env`).
-APART_TESTS = '"$HERMES_RUN_UNTRUSTED" sh -c "test -n ok" && test -d "$HERMES_TESTS_DIR"'
 
 
 def overhead(sandbox: str, prompts: int, workers: int, options: list[str]) -> None:
@@ -64,43 +55,6 @@ def overhead(sandbox: str, prompts: int, workers: int, options: list[str]) -> No
           f"(the verifier's own time: {1000 * sum(durations) / len(durations):.1f} ms per sample, in parallel)")
     print(f"  CPU   {plain['cpu_s']:.2f} s -> {checked['cpu_s']:.2f} s: "
           f"{1000 * (checked['cpu_s'] - plain['cpu_s']) / prompts:+.1f} ms per sample (process tree)")
-
-
-def apart_run(url: str, sandbox: str, count: int, workers: int, options: list[str], apart: bool) -> tuple:
-    """(measure_run's figures with the engine's CPU, the verifier's time of each sample) of one run."""
-    from bench_docker import EngineCPU
-
-    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
-        dataset = write_prompts(Path(tmp) / "prompts.jsonl", count, tests=APART_TESTS)
-        with EngineCPU() as engine:
-            measured = measure_run([
-                "run", "--dataset_file", str(dataset), "--batch_size", "100", "--run_name", "bench",
-                "--output_dir", tmp, "--base_url", url, "--model", "bench-model", "--api_key", "bench",
-                "--num_workers", str(workers), "--distribution", "terminal_only", "--sandbox", sandbox,
-                "--no-progress", "--seed", "1", *options, "--verifier", "command" if apart else "command:apart=false",
-            ])
-        records = [json.loads(line) for line in (Path(tmp) / "bench" / "trajectories.jsonl").open()]
-    assert len(records) == count and all(r["metadata"]["passed"] for r in records), "a sample did not pass its test"
-    return {**measured, "engine_s": engine.seconds}, [
-        json.loads(r["metadata"]["verifiers"])[0]["duration_s"] for r in records]
-
-
-def apart_cost(sandbox: str, prompts: int, workers: int, options: list[str], rounds: int) -> None:
-    results = {False: [], True: []}
-    durations = {False: [], True: []}
-    with model_server(0.02, tool_calls=1) as url:
-        apart_run(url, sandbox, 2, workers, options, False)  # not counted: converts the image, builds the helper
-        for apart in (False, True) * rounds:  # alternated, so the machine's other work falls on both
-            measured, times = apart_run(url, sandbox, prompts, workers, options, apart)
-            results[apart].append(measured)
-            durations[apart] += times
-    print(f"{sandbox} {' '.join(options[-2:])}: {prompts} samples, {workers} workers, {rounds} run(s) each, "
-          "median; apart=false -> apart (per sample)")
-    for key, label in (("wall_s", "wall"), ("cpu_s", "CPU, the run's process tree"), ("engine_s", "CPU, the engine")):
-        before, after = (statistics.median(r[key] for r in results[apart]) for apart in (False, True))
-        print(f"  {label:<28} {before:7.2f} s -> {after:7.2f} s: {1000 * (after - before) / prompts:+7.1f} ms")
-    medians = {apart: 1000 * statistics.median(values) for apart, values in durations.items()}
-    print(f"  the verifier's own time      {medians[False]:7.0f} ms -> {medians[True]:7.0f} ms (median of the samples)")
 
 
 def passes(prompt: str, sample: int, rate: float) -> bool:
@@ -144,27 +98,11 @@ def main() -> None:
     parser.add_argument("--pass_rate", type=float, default=0.3)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--skip_docker", action="store_true")
-    parser.add_argument("--skip_overhead", action="store_true", help="no runs without and with --verifier command")
-    parser.add_argument("--apart", default="", help="sandboxes whose tests apart are measured: singularity")
-    parser.add_argument("--reuse", default="none", help="-S reuse= of the singularity runs, comma-separated")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each kind for --apart (alternated)")
     args = parser.parse_args()
-    if not args.skip_overhead:
-        overhead("local", args.prompts, args.workers, [])
-        if not args.skip_docker:
-            overhead("docker", args.prompts, args.workers, ["-S", f"image={DOCKER_IMAGE}"])
-    if "singularity" in args.apart.split(","):
-        from bench_singularity import ensure_runtime, make_archive
-
-        ensure_runtime()
-        with tempfile.TemporaryDirectory(dir="/tmp") as folder:  # where the test rig's Apptainer sees it too
-            archive = make_archive(Path(folder))
-            for reuse in args.reuse.split(","):
-                apart_cost("singularity", args.prompts, args.workers,
-                           ["-S", f"image=docker-archive://{archive}", "-S", f"cache_dir={folder}/cache", "-S", f"reuse={reuse}"],
-                           args.rounds)
-    if args.rows:
-        stop_on_success(args.rows, args.pass_rate, args.samples)
+    overhead("local", args.prompts, args.workers, [])
+    if not args.skip_docker:
+        overhead("docker", args.prompts, args.workers, ["-S", f"image={DOCKER_IMAGE}"])
+    stop_on_success(args.rows, args.pass_rate, args.samples)
 
 
 if __name__ == "__main__":
