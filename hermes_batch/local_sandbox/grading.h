@@ -237,6 +237,18 @@ static int wait_for(pid_t child, const sigset_t *handled) {
 
 /* --- run-untrusted -------------------------------------------------------------------------------------- */
 
+/* PATH opened (O_PATH) only if no part of it is a symbolic link: the supervisor gave the -w folders resolved, so a
+ * link there now was put by an earlier untrusted command (a working folder swapped for a link to /, to write
+ * anywhere); openat2 (Linux 5.6), else at least the last part not a link. */
+static int open_without_links(const char *path) {
+    struct {
+        uint64_t flags, mode, resolve;
+    } how = {O_PATH | O_CLOEXEC, 0, 0x04 /* RESOLVE_NO_SYMLINKS */};
+    int fd = (int)syscall(437 /* openat2 */, AT_FDCWD, path, &how, sizeof how);
+    if (fd >= 0 || (errno != ENOSYS && errno != EPERM)) return fd;
+    return open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+}
+
 static int landlock(const struct untrusted *settings) {
     int abi = (int)syscall(LL_CREATE_RULESET, NULL, 0, LL_VERSION);
     if (abi < 1) return -1;
@@ -256,8 +268,8 @@ static int landlock(const struct untrusted *settings) {
     rules[count++] = (typeof(rules[0])){"/dev", LL_READ_FILE | LL_READ_DIR | LL_WRITE_FILE | LL_TRUNCATE | LL_IOCTL_DEV};
     for (int i = 0; i < settings->writable_count; i++) rules[count++] = (typeof(rules[0])){settings->writable[i], handled};
     for (int i = 0; i < count; i++) {
-        int dir = open(rules[i].path, O_PATH | O_CLOEXEC);
-        if (dir < 0) continue; /* a folder that is not there holds nothing to write */
+        int dir = open_without_links(rules[i].path);
+        if (dir < 0) continue; /* a folder that is not there (or reached through a link) holds nothing to write */
         struct ll_path_beneath rule = {rules[i].access & handled, dir};
         struct stat seen;
         if (fstat(dir, &seen) == 0 && !S_ISDIR(seen.st_mode)) rule.allowed_access &= LL_EXECUTE | LL_READ_FILE | LL_WRITE_FILE | LL_TRUNCATE | LL_IOCTL_DEV;
@@ -358,6 +370,17 @@ static void untrusted_view(const struct untrusted *settings) {
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NOEXEC | MS_NODEV, NULL); /* else the tests' pids mean nothing here */
 }
 
+/* Whether a user namespace of its own could map this process's user: root's (uid 0 mapped onto itself) needs
+ * CAP_SETFCAP (Linux 5.12), which a container's root may lack (Apptainer's with --no-privs --add-caps); once
+ * unshared, a namespace whose map cannot be written cannot be left, so it is not tried then (Landlock instead). */
+static int may_map_self(void) {
+    if (geteuid() != 0) return 1;
+    struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    if (syscall(SYS_capget, &header, data) < 0) return 0;
+    return (data[CAP_SETFCAP / 32].effective >> (CAP_SETFCAP % 32)) & 1;
+}
+
 static int untrusted_main(int argc, char **argv) {
     char exe[PATH_MAX], settings_path[PATH_MAX + 16];
     ssize_t length = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -389,7 +412,7 @@ static int untrusted_main(int argc, char **argv) {
     getuid_before = getuid();
     close_from(3);
     int namespaces = unshare(CLONE_NEWNS | CLONE_NEWPID) == 0;
-    if (!namespaces && (!settings.identity || settings.uid == getuid())) {
+    if (!namespaces && (!settings.identity || settings.uid == getuid()) && may_map_self()) {
         uid_t uid = getuid();
         gid_t gid = getgid();
         if (unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID) == 0) {
@@ -572,7 +595,10 @@ static int supervise(const struct grading *g, char **command, int out) {
     if (ok) ok = record(settings, 'r', g->grade) == 0;
     snprintf(path, sizeof path, "%s/untrusted-tmp", g->grade);
     if (ok) ok = record(settings, 'w', path) == 0;
-    for (int i = 0; ok && i < g->writable_count; i++) ok = record(settings, 'w', g->writable[i]) == 0;
+    for (int i = 0; ok && i < g->writable_count; i++) { /* resolved now, while nothing of the agent's runs */
+        char real[PATH_MAX];
+        ok = record(settings, 'w', realpath(g->writable[i], real) ? real : g->writable[i]) == 0;
+    }
     for (int i = 0; ok && i < g->agent_env_count; i++) ok = record(settings, 'x', g->agent_env[i]) == 0;
     if (settings >= 0) close(settings);
     if (!ok) {

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 import posixpath
+import secrets
 import shlex
 from typing import Iterable, Mapping, Optional
 
-from ..formats.records import TestsRun
+from ..formats.records import ExecResult, TestsRun
 
 __all__ = ["TestsRun", "checked_files", "read_report", "tests_environment", "tests_script", "REPORT_PREFIX",
-           "REWARD_MAX_BYTES", "MAX_TEST_FILES", "MAX_TEST_FILES_BYTES", "STANDARD_PATH"]
+           "REWARD_MAX_BYTES", "MAX_TEST_FILES", "MAX_TEST_FILES_BYTES", "STANDARD_PATH", "launcher", "tests_run",
+           "landlock_abi", "GRADE_OWNER"]
 
 REWARD_MAX_BYTES = 256  # a reward file longer than this is refused (the supervisor reads one byte more)
 MAX_TEST_FILES = 10_000
@@ -138,3 +140,117 @@ def report_in(text: str) -> Optional[str]:
         if line.startswith(REPORT_PREFIX):
             found = line[len(REPORT_PREFIX):]
     return found
+
+
+# --- backends that send the helper along: one command, its standard input the helper and the tests' script -------
+
+GRADE_OWNER = "2147480000:2147480000"  # -o, when the tests run as root: reward/'s owner, neither root nor an agent's
+GRADE_PREFIX = ".hermes-grade-"  # the grading folder's name, with random hexadecimal after it
+# Run with ``/bin/sh -c LAUNCHER sh NAME SIZE WORKDIR USER N AGENT_ENV(N)... [-v KEY=VALUE]...``, as the tests'
+# identity, once every process of the session has ended; its standard input is SIZE bytes of the static helper
+# followed by the tests' script.  It prints its pid (which the supervisor keeps: exec), makes NAME.in at / (else
+# /run: never beneath a folder of the agent's) with the helper and the script in it, and runs the supervisor with
+# GRADE = NAME beside it, the agent's user (USER, or its own), its writable folders (the working folder, HOME and
+# the temporary folders, resolved, never / or GRADE's parent), its environment (the sandbox's, with AGENT_ENV
+# exported as its commands had them) and the tests' PATH (the sandbox's without entries in those folders).  The
+# reward folder gets GRADE_OWNER when the tests run as root with CAP_DAC_OVERRIDE (so they can still write it).
+# Only builtins, /proc and cat, head, tail, env: busybox has them.
+LAUNCHER = r'''echo "$$"
+hb_name=$1 hb_size=$2 hb_workdir=$3 hb_user=$4 hb_n=$5
+shift 5
+while [ "$hb_n" -gt 0 ]; do export "$1"; shift; hb_n=$((hb_n - 1)); done
+hb_fail() { echo "hermes-batch: the tests cannot start: $1"; exit 125; }
+umask 077
+hb_dir=
+for hb_base in "" /run; do
+    if mkdir "$hb_base/$hb_name.in" 2>/dev/null; then hb_dir=$hb_base/$hb_name.in; hb_grade=$hb_base/$hb_name; break; fi
+done
+[ -n "$hb_dir" ] || hb_fail "no folder can be made at / or /run for the grading folder"
+cat > "$hb_dir/bundle" && head -c "$hb_size" "$hb_dir/bundle" > "$hb_dir/helper" &&
+    tail -c +"$((hb_size + 1))" "$hb_dir/bundle" > "$hb_dir/tests.sh" && rm -f "$hb_dir/bundle" &&
+    chmod 700 "$hb_dir/helper" || hb_fail "the helper and the tests' script cannot be written into $hb_dir"
+hb_caps=0
+while read -r hb_key hb_value hb_rest; do
+    case $hb_key in Uid:) hb_uid=$hb_value;; Gid:) hb_gid=$hb_value;; CapEff:) hb_caps=$hb_value;; esac
+done < /proc/self/status
+[ -n "$hb_user" ] || hb_user=$hb_uid:$hb_gid
+hb_folders=
+for hb_w in "$hb_workdir" "$HOME" /tmp /var/tmp /dev/shm; do
+    case $hb_w in /*) ;; *) continue;; esac
+    hb_folders="$hb_folders$hb_w
+"
+    hb_real=$(cd -P -- "$hb_w" 2>/dev/null && pwd -P) || continue
+    case $hb_real in /|/run|"${hb_grade%/*}") continue;; esac
+    hb_folders="$hb_folders$hb_real
+"
+    set -- "$@" -w "$hb_real"
+done
+hb_ifs=$IFS
+set -f
+IFS=:
+hb_path=
+for hb_e in $PATH; do
+    case $hb_e in /*) ;; *) continue;; esac
+    case $hb_e/ in */./*|*/../*) continue;; esac
+    IFS='
+'
+    for hb_a in $hb_folders; do
+        case $hb_e/ in "${hb_a%/}"/*) IFS=:; continue 2;; esac
+    done
+    IFS=:
+    case :$hb_path: in *:"$hb_e":*) continue;; esac
+    hb_path=${hb_path:+$hb_path:}$hb_e
+done
+set -- "$@" -v "PATH=${hb_path:-@STANDARD_PATH@}"
+IFS='
+'
+hb_seen=' ' hb_count=0
+for hb_line in $(env); do
+    [ "$hb_count" -lt 250 ] || break  # the supervisor takes 256 of each option
+    hb_key=${hb_line%%=*}
+    case $hb_key in ''|[0-9]*|*[!A-Za-z0-9_]*|PWD|OLDPWD|SHLVL|_) continue;; esac
+    case $hb_seen in *" $hb_key "*) continue;; esac
+    eval "[ -n \"\${$hb_key+x}\" ]" || continue
+    eval "hb_value=\${$hb_key}"
+    hb_seen="$hb_seen$hb_key " hb_count=$((hb_count + 1))
+    set -- "$@" -x "$hb_key=$hb_value"
+done
+IFS=$hb_ifs
+set +f
+if [ "$hb_uid" = 0 ] && [ $((0x$hb_caps & 2)) != 0 ]; then set -- -o @GRADE_OWNER@ "$@"; fi
+exec "$hb_dir/helper" -G "$hb_grade" -i "$hb_user" "$@" -- /bin/sh "$hb_dir/tests.sh"
+'''.replace("@STANDARD_PATH@", STANDARD_PATH).replace("@GRADE_OWNER@", GRADE_OWNER)
+
+
+def launcher(helper: bytes, command: str, files: Iterable, workdir: str, agent_env: Optional[Mapping] = None,
+             user: str = "") -> tuple:
+    """``(argv, stdin)`` of one command that runs a verifier's tests apart (see LAUNCHER) in a sandbox that has
+    no copy of the static ``helper`` (its bytes): ``argv`` (``/bin/sh -c ...``) runs as the tests' identity, with
+    ``stdin`` on its standard input; its first line of output is its pid, the rest the tests' output, and its
+    standard error the supervisor's report (:func:`tests_run`).  ``agent_env``: variables the sandbox gives every
+    command besides its own environment; ``user``: the agent's user (``UID:GID``) where it is not the tests'."""
+    exports = [f"{k}={v}" for k, v in (agent_env or {}).items()]
+    tests = [part for k, v in tests_environment(None).items() if k != "PATH" for part in ("-v", f"{k}={v}")]
+    argv = ["/bin/sh", "-c", LAUNCHER, "sh", GRADE_PREFIX + secrets.token_hex(16), str(len(helper)), workdir, user,
+            str(len(exports)), *exports, *tests]
+    return argv, bytes(helper) + tests_script(command, files, workdir).encode("utf-8", "surrogatepass")
+
+
+def tests_run(result: ExecResult, errors: str) -> TestsRun:
+    """The tests' :class:`TestsRun` from their ``result`` and the supervisor's standard error (``errors``)."""
+    found = report_in(errors)
+    if found is None:
+        return TestsRun(result, None, "the tests ended without a report")
+    reward, problem = read_report(found)
+    return TestsRun(result, reward, problem)
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI this machine's kernel offers (0: none), which a container on it shares, seccomp allowing."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return max(0, int(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))))  # landlock_create_ruleset
+    except (OSError, AttributeError):
+        return 0

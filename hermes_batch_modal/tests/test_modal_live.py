@@ -1,4 +1,5 @@
-"""Against Modal's real servers: the contract suite and a 5-prompt run, when a token is in the environment.
+"""Against Modal's real servers: the contract suite, the verification test with its reward-hack corpus and a 5-prompt
+run, when a token is in the environment.
 
 Skipped unless MODAL_TOKEN_ID and MODAL_TOKEN_SECRET are set (they cost a little money:
 about two dozen short sandboxes of python:3.11-slim in the app hermes-batch-tests).
@@ -13,7 +14,7 @@ import modal
 import pytest
 
 from hermes_batch import RunContext
-from hermes_batch.testing import Runner, SandboxContract, ToolLoopScript, write_dataset
+from hermes_batch.testing import Runner, SandboxContract, ToolLoopScript, VerifierContract, write_dataset
 from hermes_batch_modal import ModalBackend, ModalConfig, ModalSandbox
 
 
@@ -41,6 +42,19 @@ class TestModalSandboxContractLive(SandboxContract):
     async def sandbox_exists(self, sandbox: ModalSandbox) -> bool:
         found = await modal.Sandbox.from_id.aio(sandbox.id)
         return await found.poll.aio() is None
+
+
+class TestModalVerificationLive(VerifierContract):
+    """The shared verification test and its reward-hack corpus under gVisor, which has no Landlock: whether
+    $HERMES_RUN_UNTRUSTED can make namespaces there (else it refuses, and the honest cases fail) is what it shows."""
+
+    corpus_offers = ("python3",)  # python:3.11-slim has no pytest
+
+    @pytest.fixture
+    def runner(self, tmp_path, run_name):
+        return Runner(tmp_path, run_name=run_name, options=(
+            "--distribution", "terminal_only", "--sandbox", "modal", "-S", f"app={APP}", "-S", f"image={IMAGE}",
+            "-S", "timeout=600"))
 
 
 def test_five_prompts_run_on_modal(tmp_path, run_name, model_server):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import uuid
 from typing import Optional
 
-from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec
+from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec, build_namespace_helper
 
 from . import connection, leftovers
 from ._sdk import modal
@@ -70,13 +71,31 @@ class ModalBackend(SandboxBackend):
         self._background: set[asyncio.Future] = set()
         self.created = 0
         self.creation_retries = 0
+        self._helper: Optional[str] = None  # the static helper a verifier's tests run with (Sandbox.run_tests)
+        self._helper_bytes: Optional[bytes] = None
 
     # --- run lifecycle -------------------------------------------------------------------------
 
     async def check(self) -> None:
-        """Find the credentials and say hello to Modal's server; ConfigError (exit status 2) otherwise."""
+        """Find the credentials and say hello to Modal's server; ConfigError (exit status 2) otherwise.  Build the static
+        helper a verifier's tests run with (once per machine; ``tests_apart_missing`` says why, if it cannot be)."""
         if self.client is None:
             self.client = await connection.connect()
+        if self._helper is None:
+            loop = asyncio.get_running_loop()
+            self._helper, problem = await loop.run_in_executor(None, functools.partial(build_namespace_helper, static=True))
+            self.tests_apart_missing = "" if self._helper else (
+                f"hermes-batch's static helper, which runs the tests apart, could not be built ({problem})")
+
+    async def grading_helper(self) -> bytes:
+        """The static helper's bytes, read once; NotImplementedError (with why) where the tests cannot run apart."""
+        if self._helper is None:
+            raise NotImplementedError(f"the modal sandbox cannot run tests apart from the agent here: "
+                                      f"{self.tests_apart_missing}")
+        if self._helper_bytes is None:
+            loop = asyncio.get_running_loop()
+            self._helper_bytes = await loop.run_in_executor(None, _read_bytes, self._helper)
+        return self._helper_bytes
 
     async def start(self) -> None:
         """Look up (or create) the app once, then terminate what an earlier process of this run left running."""
@@ -242,3 +261,8 @@ class ModalBackend(SandboxBackend):
         self._track(future)
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
         return future
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional
 
 import attrs
 
-from hermes_batch import BoundedOutput, ExecResult, Sandbox, SandboxError
+from hermes_batch import BoundedOutput, ExecResult, Sandbox, SandboxError, TestsRun, grading
 
 from . import leftovers
 from ._sdk import modal
@@ -24,8 +24,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("hermes_batch.modal")
 
 SHELL = "/bin/sh"
-# PID 1 of every sandbox: a shell that idles (and, as PID 1, reaps the orphans of commands).
-KEEP_ALIVE = (SHELL, "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600; done")
+# PID 1 of every sandbox: a shell that idles and, as PID 1, reaps the orphans of commands (`wait` takes any child).
+# It starts no program once the session may have run: stop_processes leaves it alone, and a `sleep` it started
+# afresh would be whatever the agent (root in most images) put on its PATH, running beside a verifier's tests
+# and able to write their reward.  So it waits on a copy of itself (a fork, no exec) that reads a FIFO nobody
+# writes, made before any command; only without mkfifo does it fall back to `sleep`.
+KEEP_ALIVE = (SHELL, "-c", (
+    "trap 'exit 0' TERM INT; hb_fd=; "
+    "for hb_d in /tmp /dev/shm /run; do hb_f=$hb_d/.hermes-batch-pid1-$$; "
+    'mkfifo "$hb_f" 2>/dev/null && exec 3<>"$hb_f" && rm -f "$hb_f" && hb_fd=3 && break; done; '
+    'if [ -n "$hb_fd" ]; then while :; do { read -r _ <&3; } & wait; done; fi; '
+    "while :; do sleep 3600; done"
+))
 # Every command prints its process id as the first line of stdout, then runs as the leader of a process
 # group of its own (setsid when the exec is not one already), with stderr merged into stdout and stdin
 # closed; so one output stream per command, not two.
@@ -62,6 +72,7 @@ STDIN_CHUNK = 1024 * 1024
 DRAIN_AFTER_EXIT_S = 1.0  # output still in flight when a command exits; background children may hold it open longer
 DRAIN_AFTER_KILL_S = 0.5
 PID_WAIT_S = 5.0
+REPORT_BYTES = 64 * 1024  # of a verifier's tests' standard error, where the supervisor's report line is the last
 NOT_REGULAR = "not a regular file (a FIFO, socket or device); only regular files can be read or written"
 
 
@@ -143,6 +154,16 @@ class ModalSandbox(Sandbox):
         output = BoundedOutput(self._max_output)
         outcome = await self._run([SHELL, "-c", RUN_WRAPPER, "sh", command], timeout, output)
         return ExecResult(output.text(), outcome.exit_code, outcome.timed_out)
+
+    async def run_tests(self, command: str, files: tuple, timeout: float) -> TestsRun:
+        """A verifier's tests apart from the agent: one exec of the static helper's supervisor, sent with the tests'
+        script on its standard input (``hermes_batch.grading.launcher``), as the sandbox's root (the agent's user:
+        Modal runs every command as the image's); the report is read from the exec's standard error only."""
+        helper = await self._backend.grading_helper()
+        argv, stdin = grading.launcher(helper, command, files, self._workdir)
+        output, errors = BoundedOutput(self._max_output), BoundedOutput(REPORT_BYTES)
+        outcome = await self._run(argv, timeout, output, errors, stdin=stdin, workdir="/")
+        return grading.tests_run(ExecResult(output.text(), outcome.exit_code, outcome.timed_out), errors.text())
 
     async def _run(self, argv: list, timeout: Optional[float], stdout, stderr=None, *, stdin: Optional[bytes] = None,
                    workdir: Optional[str] = None) -> _Outcome:

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from grpclib import GRPCError, Status
+from hermes_batch_modal.sandbox import KEEP_ALIVE as BACKENDS_FIRST_PROCESS
 from modal._image import LATEST_IMAGE_BUILDER_VERSION
 from modal_proto import api_grpc, api_pb2
 
@@ -20,7 +21,9 @@ from .state import Sandbox, new_id
 if TYPE_CHECKING:
     from . import ModalStandIn
 
-KEEP_ALIVE = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600; done"]
+# What a sandbox created without a command runs, and what the warm containers run: the backend's first process, so
+# that its sandboxes can take them.
+KEEP_ALIVE = list(BACKENDS_FIRST_PROCESS)
 LIST_PAGE = 10  # small pages, so the SDK's paging is exercised
 _FROM = re.compile(r"^\s*FROM\s+(\S+)", re.IGNORECASE)
 

@@ -12,7 +12,7 @@ from typing import Optional
 
 from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec, WarmPool
 
-from . import instances, runtime, views
+from . import grading as tests_apart, instances, runtime, views
 from .config import DEFAULT_WORKDIR, SingularityConfig
 from .images import ImageCache
 from .runner import NO_WORKDIR, START_SCRIPT, Runner
@@ -48,6 +48,8 @@ class SingularityBackend(SandboxBackend):
             capabilities = views.HELPER_CAPABILITIES + (("CAP_NET_ADMIN",) if config.network == "none" else ())
             self._privs += ["--add-caps", ",".join(capabilities)]
         self._helper: Optional[str] = None  # the namespace helper of -S reuse=namespace
+        self._tests_helper: Optional[str] = None  # the static helper a verifier's tests run with (grading.py)
+        self._tests_helper_bytes: Optional[bytes] = None
         self._image_binds: dict[str, str] = {}  # image path -> the --bind of its files for the views
         self._finding_binds = asyncio.Lock()  # the first prompts of a run ask at once: one `sif list` per image
         self._starting = asyncio.Semaphore(config.max_starting)
@@ -83,6 +85,20 @@ class SingularityBackend(SandboxBackend):
         """The start of every ``exec`` on an instance: a clean environment, in ``pwd``."""
         return [self.binary, "exec", *self._privs, "--cleanenv", "--pwd", pwd]
 
+    def tests_prefix(self) -> list:
+        """The start of the ``exec`` of a verifier's tests (not in a view): as root, the capabilities they keep."""
+        privs = ["--no-privs", "--add-caps", ",".join(tests_apart.TESTS_CAPABILITIES)] if self._privs else []
+        return [self.binary, "exec", *privs, "--cleanenv", "--pwd", "/"]
+
+    async def grading_helper(self) -> bytes:
+        """The static helper's bytes, read once; NotImplementedError (with why) where the tests cannot run apart."""
+        if self.tests_apart_missing or self._tests_helper is None:
+            raise NotImplementedError(f"the singularity sandbox cannot run tests apart from the agent here: "
+                                      f"{self.tests_apart_missing or 'the backend was not started'}")
+        if self._tests_helper_bytes is None:
+            self._tests_helper_bytes = await self.blocking(_read_bytes, self._tests_helper)
+        return self._tests_helper_bytes
+
     # --- run lifecycle -------------------------------------------------------------------------
 
     async def check(self) -> None:
@@ -100,6 +116,10 @@ class SingularityBackend(SandboxBackend):
         self.images = ImageCache(binary, cache, self.config.convert_timeout)
         if self._reuse:
             self._helper = await self.blocking(views.helper_path, cache)
+            self._tests_helper, problem = self._helper, None
+        else:  # sent to the instance with the tests: it need not be where the runtime can read it
+            self._tests_helper, problem = await self.blocking(tests_apart.build_helper, None)
+        self.tests_apart_missing = tests_apart.missing(problem, self.config.drop_privileges)
         self.binary = binary
         log.debug("singularity sandbox: %s (%s), images cached in %s", binary, self.version, cache)
 
@@ -407,3 +427,8 @@ class SingularityBackend(SandboxBackend):
         except Exception:
             return True  # unknown: report the runtime's own error instead
         return any(item.get("instance") == name for item in listing)
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

@@ -10,9 +10,11 @@ import shlex
 import subprocess
 from typing import TYPE_CHECKING, Optional
 
-from hermes_batch import BoundedOutput, ExecResult, FirstBytes, Sandbox, SandboxError, command_runner
+import attrs
 
-from . import runtime, views
+from hermes_batch import BoundedOutput, ExecResult, FirstBytes, Sandbox, SandboxError, TestsRun, command_runner, grading
+
+from . import grading as tests_apart, runtime, views
 from .runner import Runner
 
 if TYPE_CHECKING:
@@ -153,6 +155,16 @@ async def _drain(stream: asyncio.StreamReader, output: BoundedOutput) -> None:
         output.add(chunk)
 
 
+async def _feed(stream: asyncio.StreamWriter, data: bytes) -> None:
+    """``data`` to a command's standard input, then its end; a command that stopped reading early is no error."""
+    try:
+        stream.write(data)
+        await stream.drain()
+        stream.close()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
 class SingularitySandbox(Sandbox):
     """An instance of its own; each command a ``/bin/sh -c`` with the sandbox's variables only.
 
@@ -211,13 +223,21 @@ class SingularitySandbox(Sandbox):
 
     async def _exec_alone(self, command: str, timeout: float) -> ExecResult:
         """``exec`` as an ``apptainer exec`` of its own."""
-        output, diagnostics = BoundedOutput(self._max_output), BoundedOutput(_STDERR_LIMIT)
         argv = self._argv(SHELL, "-c", RUN_WRAPPER, "sh", str(len(self._env)), *self._env, command)
-        proc = await self._spawn(argv)
+        result, _ = await self._run_alone(argv, timeout)
+        return result
+
+    async def _run_alone(self, argv: list, timeout: float, stdin: Optional[bytes] = None) -> tuple:
+        """``(ExecResult, its standard error)`` of one ``apptainer exec`` whose output starts with its wrapper's pid,
+        ``stdin`` (if given) on its standard input; at ``timeout`` every process the wrapper started is killed.
+        With ``stdin``, the standard error is read to its end (the tests' report is there)."""
+        output, diagnostics = BoundedOutput(self._max_output), BoundedOutput(_STDERR_LIMIT)
+        proc = await self._spawn(argv, stdin is not None)
         reader = _Reader(proc.stdout, output)
         reading = asyncio.ensure_future(reader.run())
         errors = asyncio.ensure_future(_drain(proc.stderr, diagnostics))
         exited = asyncio.ensure_future(proc.wait())
+        feeding = asyncio.ensure_future(_feed(proc.stdin, stdin)) if stdin is not None else None
         timed_out = settled = exited_in_time = False
         try:
             _, pending = await asyncio.wait({reading, exited}, timeout=max(timeout, 0.0))
@@ -227,21 +247,23 @@ class SingularitySandbox(Sandbox):
                 exited_in_time = exited.done()  # only its output was still held open
                 await self._kill(reader)
                 await asyncio.wait({reading, exited}, timeout=POST_KILL_DRAIN_S)
+            if stdin is not None:
+                await asyncio.wait({errors}, timeout=POST_KILL_DRAIN_S)  # its last words, after its output closed
         finally:
             if not settled:  # cancelled: stop the command, but do not wait for it
                 self._backend.in_background(self._kill(reader))
             runtime.kill(proc)
-            for task in (reading, errors, exited):
-                if not task.done():
+            for task in (reading, errors, exited, feeding):
+                if task is not None and not task.done():
                     task.cancel()
         code = proc.returncode if exited.done() and not exited.cancelled() else None
         if timed_out:
-            return ExecResult(output.text(), code if exited_in_time else None, True)
+            return ExecResult(output.text(), code if exited_in_time else None, True), diagnostics.text()
         if reader.pid is None:  # the runtime never started the wrapper
             raise await self._failure(diagnostics, "while a command was started")
         if code is not None and code >= 128 and not await self._answers():
             raise await self._failure(diagnostics, "while a command ran")
-        return ExecResult(output.text(), code, False)
+        return ExecResult(output.text(), code, False), diagnostics.text()
 
     async def _exec_through(self, runner: Runner, nonce: str, line: bytes, timeout: float) -> Optional[ExecResult]:
         """``exec`` through the runner; None when the command never started there (run it as an exec)."""
@@ -340,11 +362,28 @@ class SingularitySandbox(Sandbox):
             return done.returncode == 0
         return await super().stop_processes()
 
-    async def _spawn(self, argv: list):
+    async def run_tests(self, command: str, files: tuple, timeout: float) -> TestsRun:
+        """A verifier's tests apart from the agent: the static helper's supervisor, sent with the tests' script on
+        the standard input of one exec (``hermes_batch.grading.launcher``), as grading.py says; the report is read
+        from the exec's standard error only."""
+        self._check_open()
+        helper = await self._backend.grading_helper()
+        self.drop_runner()  # stop_processes did; the tests' output must be a stream no process of the prompt holds
+        env = dict(pair.split("=", 1) for pair in self._env)
+        argv, stdin = grading.launcher(helper, command, files, self._workdir, env)
+        if self._view is not None:  # joined lowered as the view's commands are, but keeping what the tests need
+            view = attrs.evolve(self._view, mask=tests_apart.TESTS_MASK)
+            argv = [*self._backend.exec_prefix("/"), f"instance://{self.name}", *view.join_argv(argv, "/")]
+        else:
+            argv = [*self._backend.tests_prefix(), f"instance://{self.name}", *argv]
+        result, errors = await self._run_alone(argv, timeout, stdin)
+        return grading.tests_run(result, errors)
+
+    async def _spawn(self, argv: list, stdin: bool = False):
         try:
             return await asyncio.create_subprocess_exec(
                 *argv,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=self._backend.env,
