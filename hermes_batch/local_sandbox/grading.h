@@ -80,6 +80,7 @@ struct untrusted {
     int identity;                     /* -i was given */
     const char *hidden[4], *read_only[4], *writable[GRADE_MAX_ITEMS];
     int hidden_count, read_only_count, writable_count;
+    const char *grade;                /* GRADE, where run-untrusted was copied to */
     char *env[GRADE_MAX_ITEMS + 1];
     int env_count, env_given;
 };
@@ -249,7 +250,46 @@ static int open_without_links(const char *path) {
     return open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 }
 
-static int landlock(const struct untrusted *settings) {
+/* Whether the folder open at `dir` is GRADE, holds it, or lies in it (but for its untrusted-tmp/).  Without namespaces
+ * nothing but Landlock keeps a root agent's code from the tests' files (root's own, which uid 0 may write without a
+ * capability): a -w folder such as a HOME of /, or one the agent left as a link to / (which the supervisor's
+ * resolution follows), gets no rule. */
+static int touches_grade(int dir, const char *grade) {
+    struct stat folder, seen, own;
+    char path[PATH_MAX];
+    if (fstat(dir, &folder) < 0 || strlen(grade) >= sizeof path - 16) return 1;
+    snprintf(path, sizeof path, "%s", grade);
+    for (;;) { /* GRADE and its parents */
+        if (stat(path, &seen) == 0 && seen.st_dev == folder.st_dev && seen.st_ino == folder.st_ino) return 1;
+        char *slash = strrchr(path, '/');
+        if (slash == NULL || (slash == path && path[1] == 0)) break;
+        slash[slash == path] = 0;
+    }
+    struct stat grade_seen;
+    snprintf(path, sizeof path, "%s/untrusted-tmp", grade);
+    if (stat(grade, &grade_seen) < 0) return 1;
+    if (stat(path, &own) == 0 && own.st_dev == folder.st_dev && own.st_ino == folder.st_ino) return 0;
+    int at = openat(dir, "..", O_PATH | O_DIRECTORY | O_CLOEXEC); /* the folder's parents, up to / */
+    for (int depth = 0; at >= 0 && depth < 4096; depth++) {
+        if (fstat(at, &seen) < 0) break;
+        if (seen.st_dev == grade_seen.st_dev && seen.st_ino == grade_seen.st_ino) {
+            close(at);
+            return 1;
+        }
+        int up = openat(at, "..", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        struct stat above;
+        if (up < 0 || fstat(up, &above) < 0 || (above.st_dev == seen.st_dev && above.st_ino == seen.st_ino)) {
+            if (up >= 0) close(up);
+            break; /* the root */
+        }
+        close(at);
+        at = up;
+    }
+    if (at >= 0) close(at);
+    return 0;
+}
+
+static int landlock(const struct untrusted *settings, int namespaces) {
     int abi = (int)syscall(LL_CREATE_RULESET, NULL, 0, LL_VERSION);
     if (abi < 1) return -1;
     uint64_t handled = (UINT64_C(1) << 13) - 1; /* ABI 1: execute up to make_sym */
@@ -270,6 +310,10 @@ static int landlock(const struct untrusted *settings) {
     for (int i = 0; i < count; i++) {
         int dir = open_without_links(rules[i].path);
         if (dir < 0) continue; /* a folder that is not there (or reached through a link) holds nothing to write */
+        if (i >= 2 && !namespaces && settings->grade && touches_grade(dir, settings->grade)) {
+            close(dir);
+            continue;
+        }
         struct ll_path_beneath rule = {rules[i].access & handled, dir};
         struct stat seen;
         if (fstat(dir, &seen) == 0 && !S_ISDIR(seen.st_mode)) rule.allowed_access &= LL_EXECUTE | LL_READ_FILE | LL_WRITE_FILE | LL_TRUNCATE | LL_IOCTL_DEV;
@@ -291,14 +335,12 @@ static uid_t getuid_before; /* the tests' user, as run-untrusted started */
 static int lower_untrusted(const struct untrusted *settings, int namespaces, const char **why) {
     int switching = settings->identity && (getuid() != settings->uid || getgid() != settings->gid);
     int root = switching ? settings->uid == 0 : getuid() == 0 || geteuid() == 0;
-    int bounded = 1; /* while it still holds CAP_SETPCAP */
-    for (int cap = 0; cap <= 63; cap++) {
-        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) bounded = 0;
-    }
-    if (root && prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
-                                              SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED, 0, 0, 0) < 0 && !bounded) {
-        return *why = "root's capabilities cannot be taken away here", -1;
-    }
+    for (int cap = 0; cap <= 63; cap++) prctl(PR_CAPBSET_DROP, cap, 0, 0, 0); /* where it holds CAP_SETPCAP */
+    /* Root's securebits keep an exec from giving root its capabilities again.  Without CAP_SETPCAP (a container's root,
+     * whose engine dropped it) neither they nor the bounding set can be changed; no_new_privs, set below before the
+     * exec, does the same then: an exec under it never gains a capability its caller lacks, and the caller drops all. */
+    if (root) prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
+                                           SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED, 0, 0, 0);
     if (switching) {
         if (setgroups(0, NULL) < 0 && errno != EPERM) return *why = "dropping its groups", -1;
         if (setresgid(settings->gid, settings->gid, settings->gid) < 0) return *why = "taking the agent's group", -1;
@@ -310,7 +352,7 @@ static int lower_untrusted(const struct untrusted *settings, int namespaces, con
     if (syscall(SYS_capset, &header, data) < 0) return *why = "dropping its capabilities", -1;
     if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL) return *why = "dropping its capabilities", -1;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return *why = "no_new_privs", -1;
-    int locked = landlock(settings) > 0;
+    int locked = landlock(settings, namespaces) > 0;
     /* Kept from the tests' files by a namespace, by Landlock, or by being another user than the tests and not root. */
     if (!namespaces && !locked && (root || getuid() == getuid_before)) {
         return *why = "no namespaces and no Landlock here, and the agent's user is root or the tests' own", -1;
@@ -399,6 +441,7 @@ static int untrusted_main(int argc, char **argv) {
         grade_say("run-untrusted cannot read its settings", settings_path);
         return 125;
     }
+    settings.grade = exe;
     if (argc < 2) {
         fprintf(stderr, "usage: %s CMD [ARGS...]\n", argv[0]);
         return 125;
