@@ -52,6 +52,16 @@ class View:
         """What runs ``argv`` inside the view, lowered as its commands are, in ``pwd`` (default its working folder)."""
         return [self.helper, "-J", self.tag, *self._options(pwd), "--", *argv]
 
+    def tests_argv(self, argv: list) -> list:
+        """What runs ``argv`` inside the view as the container's root, with the capabilities the prompt's processes
+        keep (``mask``, the container's own) and the view's seccomp filter, but not the prompt's user: a verifier's
+        tests (``Sandbox.run_tests``), whom the agent's leftovers (file modes, read-only folders) must not stop.
+
+        ``argv`` starts in ``/``; the helper's own program is ``/proc/self/exe`` there (the view does not show where
+        the container binds it), which is how ``-G``, the tests' supervisor, is started in the view.
+        """
+        return [self.helper, "-J", self.tag, "-k", f"{self.mask:x}", "-w", "/", "--", *argv]
+
     def stop_argv(self) -> list:
         """What kills every process of the view but its first, which then outlives the runner."""
         return [self.helper, "-J", self.tag, "-X"]
