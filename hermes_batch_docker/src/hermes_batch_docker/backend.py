@@ -71,7 +71,9 @@ class DockerBackend(SandboxBackend):
         self._background: set[asyncio.Future] = set()  # creations, removals and kills still running in threads
         self._pools: dict[tuple, WarmPool] = {}  # (image, working folder) -> containers started ahead (-S pool=)
         self._taken: dict[DockerSandbox, WarmPool] = {}  # open sandboxes of a pool, replaced (or given back) when closed
-        self.helper: Optional[str] = None  # -S reuse=namespace: the static namespace helper on this machine
+        self.helper: Optional[str] = None  # the static namespace helper on this machine (views, tests' supervisor)
+        self._helper_program: Optional[asyncio.Future] = None  # its bytes, copied into a container for each grading
+        self.tests_apart_missing = "it was not started"  # set at check: "" once the helper is built
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the run's event loop, for runners started in threads
 
     # --- plumbing --------------------------------------------------------------------------
@@ -111,6 +113,14 @@ class DockerBackend(SandboxBackend):
             await self._check_network(api)
             if self.config.reuse == "namespace":
                 self.helper = await self.blocking(_namespace_helper)
+                self.tests_apart_missing = ""
+            else:  # only a verifier's tests need it here (Sandbox.run_tests): a run without one goes on without it
+                self.helper, why = await self.blocking(build_namespace_helper, None, "hermes-batch-namespace", True)
+                self.tests_apart_missing = ""
+                if self.helper is None:
+                    self.tests_apart_missing = (
+                        f"hermes-batch's static namespace helper, which supervises the tests in the container, could "
+                        f"not be built ({why}; install gcc and libc6-dev)")
         except BaseException:
             api.close()
             raise
@@ -458,6 +468,19 @@ class DockerBackend(SandboxBackend):
         raise SandboxError(
             f"the user {user} of the container's commands could not be looked up ({output.strip()[:200]})"
         )
+
+    def image_info(self, image: str) -> dict:
+        """The engine's description of ``image`` (blocking; as prepared for the run when it was)."""
+        future = self._images.get(image)
+        return future.result() if future is not None and future.done() and not future.exception() else (
+            self.api.inspect_image(image))
+
+    async def helper_program(self) -> bytes:
+        """The static helper's bytes, read once (the tests' supervisor of a strict container is a copy of it)."""
+        if self._helper_program is None:
+            loop = asyncio.get_running_loop()
+            self._helper_program = loop.run_in_executor(self.run.thread_pool, Path(self.helper).read_bytes)
+        return await asyncio.shield(self._helper_program)
 
     def pooled(self) -> int:
         """Containers started ahead of need and not yet handed to a prompt, over all images."""

@@ -8,17 +8,19 @@ import io
 import logging
 import os
 import posixpath
+import socket as socket_module
 import tarfile
 import time
 from typing import TYPE_CHECKING, Optional
 
 import attrs
 
-from hermes_batch import BoundedOutput, ExecResult, FirstBytes, Sandbox, SandboxError
+from hermes_batch import BoundedOutput, ExecResult, FirstBytes, Sandbox, SandboxError, TestsRun, grading
 
 from . import agent as agents
+from . import grading as tests
 from .engine import docker, engine_errors, requests_exceptions
-from .streams import ExecStream
+from .streams import ExecStream, close_quietly, read_frames
 from .views import VIEW_ENDED, VIEW_READY_S
 
 if TYPE_CHECKING:
@@ -348,6 +350,135 @@ class DockerSandbox(Sandbox):
             return outcome.exit_code == 0
         self.drop_agent()
         return await super().stop_processes()
+
+    # --- a verifier's tests ------------------------------------------------------------------------
+
+    async def run_tests(self, command: str, files: tuple, timeout: float) -> TestsRun:
+        """The tests as the container's root under the static helper's supervisor, apart from the agent (grading.py)."""
+        self._check_open()
+        why = self._backend.tests_apart_missing
+        if why:
+            raise NotImplementedError(f"the docker sandbox cannot run tests apart from the agent here: {why}")
+        uid, gid, agent_env = await self._agent_identity()
+        info = await self._backend.blocking(self._backend.image_info, self._image)
+        folders = tests.agent_folders(self._workdir, agent_env.get("HOME"))
+        stage = tests.new_stage()
+        script = grading.tests_script(command, files, self._workdir)
+        run, script_path = tests.script_command(script, stage)
+        if self._view is None:
+            program = f"{stage}/helper"  # a fresh folder of root's: nothing of the agent's can be there
+            archive = tests.stage_archive(stage, await self._backend.helper_program(), script_path, script)
+            await self._call(self._backend.put_archive, self.id, archive)
+        else:
+            program = "/proc/self/exe"
+            if script_path is not None:
+                await self._write_as_tests(stage, script_path, script.encode("utf-8", "surrogateescape"))
+        argv = tests.supervisor_argv(program, tests.new_grade(), f"{uid}:{gid}", folders, agent_env,
+                                     tests.tests_environment(info, folders), run)
+        if self._view is not None:
+            argv = self._view.tests_argv(argv)
+        stdout, stderr = BoundedOutput(self._max_output), BoundedOutput(64 * 1024)
+        exit_code, timed_out = await self._run_as_tests(argv, timeout, stdout, stderr)
+        result = ExecResult(stdout.text(), exit_code, timed_out)
+        report = grading.report_in(stderr.text())
+        if timed_out:
+            return TestsRun(result, None, "")
+        if report is None:
+            said = stderr.text().strip()
+            return TestsRun(result, None, "the tests ended without a report" + (f" ({said[:200]})" if said else ""))
+        return TestsRun(result, *grading.read_report(report))
+
+    async def _agent_identity(self) -> tuple:
+        """(uid, gid, environment) of the agent's commands: one exec run as they are (its user, its view, its
+        environment) that prints them; the identity given run-untrusted for the agent's code."""
+        argv = self._argv([SHELL, "-c", tests.IDENTITY_SCRIPT])
+        code, out, err = await self._call(self._exec_sync, argv, self._exec_user, self._exec_env.get("environment"))
+        self._raise_if_view_ended(code, _said(err))
+        try:
+            if code == 0:
+                return tests.parse_identity(out)
+        except ValueError:
+            pass
+        raise SandboxError(
+            f"The user of the commands of prompt {self.prompt_index} could not be found in the container {self.name} "
+            f"before its tests (exit status {code}: {(err or out)[-200:].decode(errors='replace').strip()})."
+        )
+
+    def _exec_sync(self, argv: list, user: str, env: Optional[dict] = None, data: Optional[bytes] = None) -> tuple:
+        """(exit status, stdout, stderr) of a short exec in ``/`` (blocking; the engine's request timeout bounds it)."""
+        api = self._backend.api
+        created = api.exec_create(self.id, argv, stdout=True, stderr=True, stdin=data is not None, tty=False,
+                                  user=user, workdir="/", **({"environment": env} if env else {}))
+        if data is None:
+            out, err = api.exec_start(created["Id"], demux=True)
+        else:
+            sock = api.exec_start(created["Id"], socket=True)
+            parts = {1: bytearray(), 2: bytearray()}
+            try:
+                raw = getattr(sock, "_sock", sock)
+                raw.sendall(data)
+                raw.shutdown(socket_module.SHUT_WR)
+                read_frames(sock, lambda kind, payload: parts.get(kind, parts[2]).extend(payload[:65536]))
+            finally:
+                close_quietly(sock)
+            out, err = bytes(parts[1]), bytes(parts[2])
+        for _ in range(DEATH_NOTICE_POLLS):
+            info = api.exec_inspect(created["Id"])
+            if not info.get("Running"):
+                break
+            time.sleep(0.05)
+        return info.get("ExitCode"), out or b"", err or b""
+
+    async def _write_as_tests(self, stage: str, path: str, data: bytes) -> None:
+        """Write a file of the tests into a fresh folder of root's in the view (the archive API would write the
+        container's root, beneath every view)."""
+        argv = self._view.tests_argv([SHELL, "-c", 'umask 077 && mkdir -- "$1" && cat > "$2"', "sh", stage, path])
+        code, _out, err = await self._call(self._exec_sync, argv, "0", None, data)
+        self._raise_if_view_ended(code, _said(err))
+        if code != 0:
+            raise SandboxError(
+                f"The tests' script could not be written into the view of prompt {self.prompt_index} (exit status "
+                f"{code}: {err[-200:].decode(errors='replace').strip()})."
+            )
+
+    async def _run_as_tests(self, argv: list, timeout: float, stdout: BoundedOutput, stderr: BoundedOutput) -> tuple:
+        """(exit status, timed out) of the supervisor's exec as root in ``/``; at ``timeout`` every process of the
+        tests is killed (in strict mode every process of the container but its first, in a view every process of
+        the view but its first)."""
+        api = self._backend.api
+        loop = asyncio.get_running_loop()
+        created = await self._call(api.exec_create, self.id, argv, stdout=True, stderr=True, stdin=False, tty=False,
+                                   user="0", workdir="/")
+        sock = await self._call(api.exec_start, created["Id"], socket=True)
+        stream = ExecStream(sock, loop, stdout, stderr)
+        stream.parser.flush()  # no wrapper prints a pid first: every byte of its stdout is the tests' output
+        stream.start()
+        settled = False
+        try:
+            done, _ = await asyncio.wait({stream.done}, timeout=max(timeout, 0.0))
+            settled = True
+        finally:
+            if not settled:  # cancelled: the tests must not run on
+                self._backend.in_background(self._kill_tests_sync)
+        if not done:
+            await self._backend.blocking(self._kill_tests_sync)
+            await asyncio.wait({stream.done}, timeout=tests.TESTS_KILL_WAIT_S)
+            stream.interrupt()
+            return None, True
+        exit_code = await self._exit_code(created["Id"], loop.time() + tests.TESTS_KILL_WAIT_S)
+        self._raise_if_view_ended(exit_code, stderr)
+        if exit_code is None or exit_code >= 128 or stream.error is not None:
+            reason = await self._backend.blocking(self._backend.dead_reason, self.id)
+            if reason is not None:
+                raise self._failure(reason, "while its tests ran")
+        return exit_code, False
+
+    def _kill_tests_sync(self) -> None:
+        argv = self._view.stop_argv() if self._view is not None else [SHELL, "-c", tests.KILL_EVERYTHING]
+        try:
+            self._exec_sync(argv, "0")
+        except engine_errors() as exc:
+            log.warning("The tests of prompt %d in %s could not be stopped: %s", self.prompt_index, self.name, exc)
 
     async def _run_exec(self, argv: list, timeout: float, stdout: BoundedOutput, stderr: Optional[BoundedOutput] = None,
                         wrap: bool = True) -> _Outcome:
@@ -731,3 +862,9 @@ def _tar_one(name: str, data: bytes) -> bytes:
         info.mtime = int(time.time())
         tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def _said(data: bytes) -> BoundedOutput:
+    said = BoundedOutput(64 * 1024)
+    said.add(data or b"")
+    return said
