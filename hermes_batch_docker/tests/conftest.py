@@ -14,7 +14,7 @@ import pytest
 from hermes_batch.testing import Runner
 from hermes_batch_docker.engine import LABEL_RUN
 
-from docker_rig import IMAGE_A, SESSION, containers_of, engine_problem, make_backend
+from docker_rig import IMAGE_A, IMAGE_PYTHON, SESSION, containers_of, engine_problem, make_backend, python_image_problem
 
 
 _counter = itertools.count()
@@ -38,6 +38,17 @@ def docker_api():
         client.remove_container(container["Id"], force=True)
     client.close()
     assert not leftovers, f"{len(leftovers)} container(s) of this test session were left behind"
+
+
+@pytest.fixture(scope="session")
+def python_image(docker_api):
+    """The name of the test image with python3 and pytest; skips (fails in CI) when it cannot be built."""
+    problem = python_image_problem(docker_api)
+    if problem:
+        if os.environ.get("CI") == "true":
+            pytest.fail(problem)
+        pytest.skip(problem)
+    return IMAGE_PYTHON
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from hermes_batch_docker.engine import LABEL_RUN
 IMAGE_A = "hermes-batch-test/busybox-a:1"
 IMAGE_B = "hermes-batch-test/busybox-b:1"
 MISSING_IMAGE = "hermes-batch-test/no-such-image:1"
+IMAGE_PYTHON = "hermes-batch-test/python:1"  # Debian with python3 and pytest (scripts/docker.sh python-image)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SESSION = uuid.uuid4().hex[:6]  # run names of this test session start with hbtest-SESSION-
 
@@ -58,3 +59,17 @@ def engine_problem() -> tuple[Optional[str], Optional[docker.APIClient]]:
         if build.returncode != 0 or _images_missing(client):
             return f"the test images could not be built: {build.stderr.strip()[-500:]}", client
     return None, client
+
+
+def python_image_problem(client) -> Optional[str]:
+    """None once IMAGE_PYTHON is on the engine (built now when missing, about a minute once per machine), else why not."""
+    try:
+        client.inspect_image(IMAGE_PYTHON)
+        return None
+    except docker.errors.NotFound:
+        pass
+    build = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "docker.sh"), "python-image"], capture_output=True,
+                           text=True)
+    if build.returncode != 0:
+        return f"the Python test image could not be built: {build.stderr.strip()[-500:]}"
+    return None

@@ -11,7 +11,14 @@ from hermes_batch.testing import Reply, VerifierContract
 
 
 class TestDockerVerification(VerifierContract):
-    """The shared verification test, through the ``runner`` of conftest.py (--sandbox docker)."""
+    """The shared verification test, through the ``runner`` of conftest.py (--sandbox docker), in an image with
+    python3 and pytest, so that the reward-hack corpus runs its Python cases too; the agent is the image's root."""
+
+    corpus_offers = ("python3", "pytest")
+
+    @pytest.fixture
+    def run_options(self, python_image):
+        return ("-S", f"image={python_image}")
 
 
 # --- the worked example of docs/verification.md -------------------------------------------------------------
@@ -56,8 +63,23 @@ def test_the_worked_example_runs_as_documented(tmp_path, runner, model_server):
 
 class TestDockerReusedVerification(VerifierContract):
     """The same with containers that serve prompts one after another, each in a view of its own (-S reuse=namespace):
-    the checks join the sample's view after its processes were stopped, and a process it left cannot forge them."""
+    the tests join the sample's view as root after its processes were stopped, and a process it left cannot forge
+    them."""
+
+    corpus_offers = ("python3", "pytest")
 
     @pytest.fixture
-    def run_options(self):
-        return ("-S", "reuse=namespace")
+    def run_options(self, python_image):
+        return ("-S", f"image={python_image}", "-S", "reuse=namespace")
+
+
+class TestDockerVerificationAsAUser(VerifierContract):
+    """The same with an agent of its own (-S user=), which run-untrusted becomes, in both modes: a user the tests'
+    files and the reward's folder do not let in, besides Landlock."""
+
+    corpus_offers = ("python3", "pytest")
+
+    @pytest.fixture(params=["strict", "reuse"])
+    def run_options(self, request, python_image):
+        reuse = ("-S", "reuse=namespace") if request.param == "reuse" else ()
+        return ("-S", f"image={python_image}", "-S", "user=1000:1000", *reuse)
