@@ -19,6 +19,7 @@
 #   - installs system packages with apt-get when missing: docker.io, busybox-static, gcc and libc6-dev,
 #     slirp4netns and passt, openssl, debootstrap, chromium (and python3-venv);
 #   - starts a Docker engine (dockerd) and builds the test images hermes-batch-test/busybox-{a,b}:1
+#     and, once per machine, debootstraps hermes-batch-test/python:1 (Debian with python3 and pytest)
 #     (scripts/docker.sh);
 #   - debootstraps the image hermes-batch-test/apptainer:2 and starts the container
 #     hermes-batch-apptainer of it, with the capabilities and devices Apptainer needs and /tmp mounted,
