@@ -37,8 +37,8 @@ from typing import Iterable, Mapping, Optional
 from hermes_batch import grading
 
 # reward/'s owner: neither root (the tests) nor any user an image gives its agent, so the agent's code cannot read it.
-REWARD_OWNER = "2147480000:2147480000"
-GRADE_PREFIX = "/.hermes-grade-"
+REWARD_OWNER = grading.GRADE_OWNER
+GRADE_PREFIX = "/" + grading.GRADE_PREFIX
 STAGE_PREFIX = "/.hermes-batch-tests-"  # the helper (strict mode) and a long script, root's alone
 # The agent's writable folders besides its working folder and HOME: run-untrusted lets its code write only there.
 TEMPORARY_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
