@@ -89,8 +89,9 @@ class CommandVerifier(Verifier):
         if self.config.clean and not self.config.apart:
             raise UsageError("--verifier command:clean=true grades apart from the agent; drop apart=false.")
         if self.config.clean and not getattr(backend, "copies_workdirs", False):
-            raise UsageError(f"--verifier command:clean=true needs a sandbox backend that copies a working folder into "
-                             f"a fresh sandbox, which the {backend.name} sandbox cannot; use the local or docker one.")
+            raise UsageError(f"--verifier command:clean=true needs a sandbox backend that copies a working folder "
+                             f"into a fresh sandbox, which the {backend.name} sandbox cannot here; use the local one "
+                             "or docker's -S reuse=none.")
         why = getattr(backend, "tests_apart_missing", "")
         if self.config.apart and why:
             raise UsageError(

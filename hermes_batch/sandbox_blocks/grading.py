@@ -22,7 +22,7 @@ from typing import Iterable, Mapping, Optional
 from ..formats.records import ExecResult, TestsRun
 
 __all__ = ["TestsRun", "checked_files", "read_report", "tests_environment", "tests_script", "REPORT_PREFIX",
-           "REWARD_MAX_BYTES", "MAX_TEST_FILES", "MAX_TEST_FILES_BYTES", "STANDARD_PATH", "launcher", "tests_run",
+           "REWARD_MAX_BYTES", "IDLE_FIRST_PROCESS", "MAX_TEST_FILES", "MAX_TEST_FILES_BYTES", "STANDARD_PATH", "launcher", "tests_run",
            "landlock_abi", "GRADE_OWNER"]
 
 REWARD_MAX_BYTES = 256  # a reward file longer than this is refused (the supervisor reads one byte more)
@@ -254,3 +254,18 @@ def landlock_abi() -> int:
         return max(0, int(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))))  # landlock_create_ruleset
     except (OSError, AttributeError):
         return 0
+
+
+# The first process of a container sandbox (PID 1, a shell that idles and reaps orphans): it starts no program once
+# the session may have run.  stop_processes leaves it alone, and a `sleep` it started afresh would be whatever a
+# root agent put on its PATH, running beside a verifier's tests, able to write their reward.  So it waits on a copy
+# of itself (a fork, no exec) that reads a FIFO nobody writes, made before any command; only without mkfifo does it
+# fall back to `sleep`.
+IDLE_FIRST_PROCESS = (
+    "trap 'exit 0' TERM INT; hb_fd=; "
+    "for hb_d in /tmp /dev/shm /run; do hb_f=$hb_d/.hermes-batch-pid1-$$; "
+    'mkfifo "$hb_f" 2>/dev/null && exec 3<>"$hb_f" && rm -f "$hb_f" && hb_fd=3 && break; done; '
+    'if [ -n "$hb_fd" ]; then while :; do { read -r _ <&3; } & wait; done; fi; '
+    "while :; do sleep 3600; done"
+)
+

@@ -83,3 +83,48 @@ class TestDockerVerificationAsAUser(VerifierContract):
     def run_options(self, request, python_image):
         reuse = ("-S", "reuse=namespace") if request.param == "reuse" else ()
         return ("-S", f"image={python_image}", "-S", "user=1000:1000", *reuse)
+
+
+# --- command:clean=true: a fresh container holding only the final working folder ------------------------------
+
+def test_clean_grading_undoes_a_program_a_root_agent_replaced(tmp_path, runner, model_server, python_image):
+    """A root agent may replace the container's programs, which in-place tests then call (the README says so): its
+    cmp that always agrees passes a wrong rev.sh in place; the fresh container's real cmp fails it, and the entry
+    says the two verdicts disagree.  An honest row passes both ways."""
+    import json as _json
+
+    from hermes_batch.testing import write_dataset
+
+    tests = '"$HERMES_RUN_UNTRUSTED" sh rev.sh hello > "$TMPDIR/out" && echo olleh | cmp - "$TMPDIR/out"'
+    commands = {
+        "Forge": "printf 'echo WRONG\\n' > rev.sh; c=$(command -v cmp); rm -f \"$c\"; "
+                 "printf '#!/bin/sh\\nexit 0\\n' > \"$c\"; chmod 755 \"$c\"",
+        "Honest": "printf 'echo olleh\\n' > rev.sh; mkdir -p deep/er; echo x > deep/er/f; mkfifo pipe; "
+                  "ln -s /etc/passwd link",
+    }
+
+    def script(request):
+        if request.turn == 0:
+            return Reply(reasoning="Working.", tool_calls=[("terminal", {"command": commands[request.prompt]})])
+        return Reply(content="Done.", reasoning="Done.")
+
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": name, "tests": tests} for name in commands])
+    # a Debian image: busybox's shell runs its own cmp whatever is on PATH
+    result = runner.invoke(dataset, "--verifier", "command:clean=true", "-S", f"image={python_image}",
+                           server=model_server(script))
+    assert result.exit_code == 0, result.output
+    records = runner.records("trajectories.jsonl") + [d["trajectory"] for d in runner.records("discarded.jsonl")]
+    entries = {r["conversations"][1]["value"]: _json.loads(r["metadata"]["verifiers"])[0] for r in records}
+    assert (entries["Forge"]["reward"], entries["Forge"]["disagree"]) == (0.0, True), entries["Forge"]
+    assert entries["Forge"]["reason"].startswith("clean: exit status 1; in place: exit status 0")
+    assert (entries["Honest"]["reward"], entries["Honest"]["disagree"]) == (1.0, False), entries["Honest"]
+
+
+def test_clean_grading_is_refused_with_reused_containers(tmp_path, runner, model_server):
+    from hermes_batch.testing import write_dataset
+
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"prompt": "p", "tests": "true"}])
+    refused = runner.invoke(dataset, "--verifier", "command:clean=true", "-S", "reuse=namespace",
+                            server=model_server(lambda request: Reply(content="Done.", reasoning="Done.")))
+    assert refused.exit_code == 2
+    assert "docker's -S reuse=none" in refused.output

@@ -9,12 +9,16 @@ import os
 import posixpath
 import re
 import socket
+import tarfile
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Optional
 
 
-from hermes_batch import ConfigError, SandboxBackend, SandboxError, SandboxSpec, WarmPool, build_namespace_helper
+from hermes_batch import (
+    ConfigError, SandboxBackend, SandboxError, SandboxSpec, WarmPool, build_namespace_helper, grading,
+)
 
 from . import engine
 from .config import BASE_CAPABILITIES, DEFAULT_DISK, DEFAULT_WORKDIR, HELPER_CAPABILITIES, DockerConfig, parse_size
@@ -37,7 +41,9 @@ from .views import HELPER, IDENTITY_SCRIPT, VIEW_END_S, VIEW_FOLDER, new_view, p
 log = logging.getLogger("hermes_batch.docker")
 
 # PID 1 of every container: a shell that idles (and, as PID 1, reaps the orphans of commands).
-KEEPALIVE = "trap 'exit 0' TERM INT; while :; do sleep 3600; done"
+ARCHIVE_IN_MEMORY = 16 << 20  # bytes of a working folder's archive (command:clean=true) kept in memory, the rest on disk
+# a container's first process: it idles, reaps, and never starts a program again (a root agent may replace them)
+KEEPALIVE = grading.IDLE_FIRST_PROCESS
 DEFAULT_CPUS = 2.0
 # Storage drivers that take a per-container size (storage_opt): overlay2 only on xfs mounted with pquota.
 _SIZED_DRIVERS = ("btrfs", "zfs", "devicemapper", "windowsfilter")
@@ -58,6 +64,12 @@ class DockerBackend(SandboxBackend):
         "no-new-privileges and pids, memory and CPU limits; commands through the Docker API."
     )
     Config = DockerConfig
+
+    @property
+    def copies_workdirs(self) -> bool:
+        """command:clean=true: a strict container's working folder is copied into a fresh one (a view's is not the
+        container's, so -S reuse=namespace cannot)."""
+        return self.config.reuse == "none"
 
     def __init__(self, config: DockerConfig, run):
         super().__init__(config, run)
@@ -625,13 +637,37 @@ class DockerBackend(SandboxBackend):
         response = api._post_json(api._url("/containers/{0}/update", container_id), data={"PidsLimit": limit})
         api._raise_for_status(response)
 
-    def put_archive(self, container_id: str, archive: bytes) -> None:
+    def put_archive(self, container_id: str, archive, path: str = "/") -> None:
         # The SDK's put_archive cannot refuse to replace a folder by a file (noOverwriteDirNonDir),
         # and without it a write to a folder's path would delete the folder.
         api = self.api
         url = api._url("/containers/{0}/archive", container_id)
-        response = api._put(url, params={"path": "/", "noOverwriteDirNonDir": True}, data=archive)
+        response = api._put(url, params={"path": path, "noOverwriteDirNonDir": True}, data=archive)
         api._raise_for_status(response)
+
+    def folder_archive(self, container_id: str, path: str):
+        """A tar archive (an open temporary file, which the caller closes) of the folder ``path`` of a container:
+        its folders, regular files and links, FIFOs, sockets and devices left out (command:clean=true)."""
+        stream, _stat = self.api.get_archive(container_id, path)
+        raw = tempfile.SpooledTemporaryFile(ARCHIVE_IN_MEMORY)
+        kept = tempfile.SpooledTemporaryFile(ARCHIVE_IN_MEMORY)
+        try:
+            for chunk in stream:
+                raw.write(chunk)
+            raw.seek(0)
+            with tarfile.open(fileobj=raw, mode="r|") as source, tarfile.open(fileobj=kept, mode="w|") as target:
+                for member in source:
+                    if member.isdir() or member.issym() or member.islnk():
+                        target.addfile(member)
+                    elif member.isreg():
+                        target.addfile(member, source.extractfile(member))
+        except BaseException:
+            kept.close()
+            raise
+        finally:
+            raw.close()
+        kept.seek(0)
+        return kept
 
 
 def _fits_runner(env: dict) -> bool:

@@ -388,6 +388,29 @@ class DockerSandbox(Sandbox):
             return TestsRun(result, None, "the tests ended without a report" + (f" ({said[:200]})" if said else ""))
         return TestsRun(result, *grading.read_report(report))
 
+    async def copy_workdir_to(self, other: Sandbox) -> None:
+        """command:clean=true: make the fresh container ``other``'s working folder what this one's is now (folders,
+        regular files and links as the archive API gives them, owners and modes kept; FIFOs, sockets and devices
+        left out).  Between containers of the strict mode only: a view's files are not the container's."""
+        self._check_open()
+        if not isinstance(other, DockerSandbox) or self._view is not None or other._view is not None:
+            raise NotImplementedError("the docker sandbox copies a working folder only between containers of "
+                                      "-S reuse=none")
+        other._check_open()
+        workdir = posixpath.normpath(self._workdir)
+        if workdir == "/" or posixpath.normpath(other._workdir) != workdir:
+            raise SandboxError(f"The working folder {workdir} cannot be copied into a fresh container "
+                               "(command:clean=true needs a working folder below /).")
+        archive = await self._call(self._backend.folder_archive, self.id, workdir)
+        try:
+            code, _out, err = await other._call(other._exec_sync, ["rm", "-rf", "--", workdir], "0")
+            if code != 0:
+                raise SandboxError(f"The fresh container {other.name} could not empty its working folder {workdir} "
+                                   f"(exit status {code}: {err[-200:].decode(errors='replace').strip()}).")
+            await other._call(self._backend.put_archive, other.id, archive, posixpath.dirname(workdir))
+        finally:
+            archive.close()
+
     async def _agent_identity(self) -> tuple:
         """(uid, gid, environment) of the agent's commands: one exec run as they are (its user, its view, its
         environment) that prints them; the identity given run-untrusted for the agent's code."""

@@ -24,18 +24,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("hermes_batch.modal")
 
 SHELL = "/bin/sh"
-# PID 1 of every sandbox: a shell that idles and, as PID 1, reaps the orphans of commands (`wait` takes any child).
-# It starts no program once the session may have run: stop_processes leaves it alone, and a `sleep` it started
-# afresh would be whatever the agent (root in most images) put on its PATH, running beside a verifier's tests
-# and able to write their reward.  So it waits on a copy of itself (a fork, no exec) that reads a FIFO nobody
-# writes, made before any command; only without mkfifo does it fall back to `sleep`.
-KEEP_ALIVE = (SHELL, "-c", (
-    "trap 'exit 0' TERM INT; hb_fd=; "
-    "for hb_d in /tmp /dev/shm /run; do hb_f=$hb_d/.hermes-batch-pid1-$$; "
-    'mkfifo "$hb_f" 2>/dev/null && exec 3<>"$hb_f" && rm -f "$hb_f" && hb_fd=3 && break; done; '
-    'if [ -n "$hb_fd" ]; then while :; do { read -r _ <&3; } & wait; done; fi; '
-    "while :; do sleep 3600; done"
-))
+# PID 1 of every sandbox: a shell that idles and, as PID 1, reaps the orphans of commands (`wait` takes any child),
+# and never starts a program once the session may have run (hermes_batch.grading.IDLE_FIRST_PROCESS).
+KEEP_ALIVE = (SHELL, "-c", grading.IDLE_FIRST_PROCESS)
 # Every command prints its process id as the first line of stdout, then runs as the leader of a process
 # group of its own (setsid when the exec is not one already), with stderr merged into stdout and stdin
 # closed; so one output stream per command, not two.
