@@ -297,7 +297,13 @@ def _make_config_converter() -> cattrs.Converter:
 
     conv.register_structure_hook(int, strict_scalar(int))
     conv.register_structure_hook(float, finite_float)
-    conv.register_structure_hook(str, strict_scalar(str))
+    def text(value, _type):  # a whole number given on a command line (-S user=1000) is its digits
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return strict_scalar(str)(value, _type)
+
+    conv.register_structure_hook(str, text)
+    conv.register_structure_hook(Optional[str], lambda value, _type: None if value is None else text(value, str))
     return conv
 
 

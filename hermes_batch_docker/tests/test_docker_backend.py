@@ -65,6 +65,7 @@ def test_options_parse_sizes_capabilities_and_defaults():
     assert structure({"memory": 1073741824}).memory_bytes == 1024**3
     assert structure({"memory": "1.5g"}).memory_bytes == int(1.5 * 1024**3)
     assert structure({"cap_add": ["NET_RAW"]}).cap_add == ("NET_RAW",)
+    assert structure({"user": 1000}).user == "1000"  # -S user=1000, as the README writes it, reads as a number
     default = DockerConfig()
     assert default.max_starting == default_max_starting()
     assert 2 <= default.max_starting <= 16
