@@ -48,7 +48,7 @@ def test_a_low_hard_limit_runs_fewer_prompts_at_once_instead_of_failing_them(run
 
 def test_the_soft_limit_is_raised_to_the_hard_limit_at_start(runner, tmp_path, slow_server):
     data = write_dataset(tmp_path / "d.jsonl", [{"prompt": f"task {i}"} for i in range(300)])
-    status, err = spawn_with_open_files(runner, data, slow_server, 256, 8192, "--num_workers", "1000")
+    status, err = spawn_with_open_files(runner, data, slow_server, 256, 16384, "--num_workers", "1000")
     assert status == 0, err[-3000:]
     assert "needs more" not in err and not (runner.folder() / "failed.jsonl").exists()
     assert len(runner.records("trajectories.jsonl")) == 300
@@ -69,17 +69,17 @@ def fake_limits(files=(1024, 1024), tasks=(resource.RLIM_INFINITY, resource.RLIM
 
 
 def test_the_estimate_counts_files_and_tasks_per_prompt():
-    fit = limits.fit_concurrency(100, raise_limit=fake_limits(), files_open=lambda: 20, euid=1000)
-    assert fit == limits.Fit(100)
+    fit = limits.fit_concurrency(80, raise_limit=fake_limits(), files_open=lambda: 20, euid=1000)
+    assert fit == limits.Fit(80)
     fit = limits.fit_concurrency(1000, raise_limit=fake_limits(), files_open=lambda: 20, euid=1000)
     assert fit.concurrency == (1024 - 20 - limits.FILES_BASE) // limits.FILES_PER_PROMPT
-    assert fit.reasons == (("open files", 1024, "ulimit -n 10240"),)  # (20 + 64 + 8 * 1000) * 1.25, rounded up to 1024s
+    assert fit.reasons == (("open files", 1024, "ulimit -n 13312"),)  # (20 + 96 + 10 * 1000) * 1.25, rounded up to 1024s
 
 
 def test_descriptors_a_toolset_holds_whatever_the_prompts_are_counted_once():
     fit = limits.fit_concurrency(1000, files_reserved=528, raise_limit=fake_limits(), files_open=lambda: 20, euid=1000)
     assert fit.concurrency == (1024 - 20 - limits.FILES_BASE - 528) // limits.FILES_PER_PROMPT
-    assert fit.reasons == (("open files", 1024, "ulimit -n 11264"),)  # (20 + 64 + 528 + 8 * 1000) * 1.25
+    assert fit.reasons == (("open files", 1024, "ulimit -n 13312"),)  # (20 + 96 + 528 + 10 * 1000) * 1.25
     with pytest.raises(UsageError, match="open files \\(limit 1024\\)"):
         limits.fit_concurrency(1, files_reserved=1000, raise_limit=fake_limits(), files_open=lambda: 20, euid=1000)
 
@@ -89,8 +89,8 @@ def test_threads_and_processes_limit_the_concurrency_of_a_user_but_not_of_root()
     fit = limits.fit_concurrency(2000, raise_limit=tasks, files_open=lambda: 20, tasks_in_use=lambda uid: 1000,
                                  euid=1000)
     assert fit.concurrency == (4096 - 1000 - limits.TASKS_BASE) // limits.TASKS_PER_PROMPT
-    assert fit.reasons == (("threads and processes", 4096, "ulimit -u 9216"),)  # (1000 + 64 + 3 * 2000) * 1.25
-    assert "ulimit -u 9216" in limits.describe(2000, fit)
+    assert fit.reasons == (("threads and processes", 4096, "ulimit -u 12288"),)  # (1000 + 64 + 4 * 2000) * 1.25
+    assert "ulimit -u 12288" in limits.describe(2000, fit)
     assert limits.fit_concurrency(2000, raise_limit=tasks, files_open=lambda: 20, euid=0) == limits.Fit(2000)
     with pytest.raises(UsageError, match="threads and processes \\(limit 4096\\)"):
         limits.fit_concurrency(10, raise_limit=tasks, files_open=lambda: 20, tasks_in_use=lambda uid: 4090, euid=1)

@@ -97,7 +97,12 @@ class Nat:
 
     async def attach(self, pid: int, user: bool, nicer: int = 0) -> "Attached":
         """Start the program for the network namespace of ``pid`` (with ``user``, entering its user namespace too)
-        and wait until the namespace's interface is up; raises OSError or RuntimeError."""
+        and wait until the namespace's interface is up; raises OSError or RuntimeError.  A few at a time: each holds
+        six descriptors while it starts (run/limits.py counts them once, in FILES_BASE)."""
+        async with _starting():
+            return await self._attach(pid, user, nicer)
+
+    async def _attach(self, pid: int, user: bool, nicer: int) -> "Attached":
         netns, userns, ready_r, ready_w, exit_r, exit_w = self._fds(pid, user)
         kept = (netns, ready_w, exit_r, *((userns,) if userns is not None else ()))
         child = None
@@ -135,6 +140,18 @@ class Nat:
             for fd in kept:
                 os.close(fd)
             os.close(ready_r)
+
+
+STARTING_AT_ONCE = 4  # NAT programs being started at the same time (each holds six descriptors meanwhile)
+_semaphores: dict = {}
+
+
+def _starting() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    if loop not in _semaphores:
+        _semaphores.clear()  # a semaphore belongs to one event loop; the run has one
+        _semaphores[loop] = asyncio.Semaphore(STARTING_AT_ONCE)
+    return _semaphores[loop]
 
 
 class Attached:

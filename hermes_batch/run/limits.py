@@ -26,16 +26,18 @@ from ..folder.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
 
-FILES_PER_PROMPT = 8
+FILES_PER_PROMPT = 10
 """Descriptors one prompt in flight may hold: its model connection; with the local sandbox, its namespace's
 pipe and the pidfd of its first process, its command's output pipe and pidfd; spawning (the pipe's other end
-and subprocess's error pipe)."""
+and subprocess's error pipe); its NAT program's pidfd and the pipe whose end stops it."""
 
-FILES_BASE = 64
-"""Descriptors of the run itself: run-folder files, the event loop, the SDKs' pools, standard streams."""
+FILES_BASE = 96
+"""Descriptors of the run itself: run-folder files, the event loop, the SDKs' pools, standard streams, and the
+local sandbox's NAT programs being started (a few at a time, each with its namespaces and two pipes)."""
 
-TASKS_PER_PROMPT = 3
-"""Threads and processes one prompt in flight may hold: the shell, its command, the thread waiting for it."""
+TASKS_PER_PROMPT = 4
+"""Threads and processes one prompt in flight may hold: the shell, its command, the thread waiting for it, and
+the local sandbox's NAT program."""
 
 TASKS_BASE = 64
 """Threads of the run itself: thread pools, the run folder's writers."""
