@@ -52,10 +52,13 @@ ROOT_CAPABILITY_MASK = sum(1 << number for number in ROOT_CAPABILITIES.values())
 HELPERS = ("auto", "bash")
 # First process of a prompt's namespace: says when it is ready, then idles and reaps orphans.  Its
 # stdin is a pipe only the runner writes to: when the runner dies, however, the read ends and the
-# namespace with it (cheaper than a parent-death signal, which takes a setpriv per prompt).
+# namespace with it (cheaper than a parent-death signal, which takes a setpriv per prompt).  Its commands
+# can signal it (the kernel passes on a signal it has a handler for, and dash has one for INT): each
+# handler is a no-op, so that `kill -TERM 1` never ends the namespace under the prompt, as the compiled
+# helper ignores them too.  The runner ends it with SIGKILL, which it cannot catch.
 KEEPALIVE = (
-    "trap 'exit 0' TERM INT; exec 5<&0; (read _ <&5; kill -TERM 1) & exec 5<&-; "
-    "echo ready; while :; do sleep 3600 & wait $!; done"  # a trap interrupts a wait, not a foreground sleep
+    "trap : TERM INT; exec 5<&0; (read _ <&5) & w=$!; exec 5<&-; "
+    "echo ready; while :; do wait $w; [ $? -gt 128 ] || break; done"  # a trap interrupts the wait: wait again
 )
 # Commands start in the prompt's working folder as the namespace sees it.
 ENTER_CWD = 'cd -- "$1" || exit 126; exec /bin/sh -c "$2"'
@@ -67,7 +70,7 @@ ENTER_CWD = 'cd -- "$1" || exit 126; exec /bin/sh -c "$2"'
 # output: "p <id> <pgid>" once started, "x <id> <status>" once ended.  `set -m` gives each command a
 # process group of its own, as a session leader had.
 HELPER = (
-    "set -m; trap 'exit 143' TERM; trap 'exit 130' INT; ctl=$1 cwd=$2 spill=$3; echo ready; "
+    "set -m; trap : TERM INT; ctl=$1 cwd=$2 spill=$3; echo ready; "  # signals from its commands: see KEEPALIVE
     "while IFS= read -r request; do jobs >/dev/null; case $request in "  # jobs: forget the ended ones
     'k*) kill -KILL -- "-${request#k}" 2>/dev/null; continue ;; '
     'd*) dir=$spill id=${request#d} ;; '
