@@ -131,7 +131,7 @@ NEEDS_OF_TESTS = {
     "tests/test_local_network.py::test_abstract_sockets_of_the_machine_and_of_other_prompts_are_out_of_reach": ("slow",),
     "tests/test_local_boundary.py::test_a_runner_without_root_in_a_privileged_group_is_refused_unless_it_allows_the_group":
         ("slow",),  # four backends started by another user
-    "tests/test_local_boundary.py::test_a_command_that_signals_pid_1_is_ignored_or_fails_its_prompt_with_the_reason[bash]":
+    "tests/test_local_boundary.py::test_a_command_that_signals_pid_1_is_ignored[bash]":
         ("slow",),  # (keeps: the one of the compiled helper) a whole run
     "tests/test_local_sandbox.py::TestLocalSandboxContractProcessMode": ("slow",),
     "tests/test_local_sandbox.py::TestLocalSandboxContractBashHelper": ("slow",),
