@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from hermes_batch.testing import write_dataset
 
-from hermes_batch.default_plugins.openai_client import OpenAIClient, is_openrouter
+from hermes_batch.default_plugins.openai_client import OpenAIClient
+from hermes_batch.model.model_http import is_openrouter
 from hermes_batch.contract.interfaces import ModelSettings
 from hermes_batch.testing import ToolLoopScript
 

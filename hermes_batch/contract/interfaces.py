@@ -54,6 +54,7 @@ class ModelSettings:
     providers_ignored: tuple = ()
     providers_order: tuple = ()
     provider_sort: Optional[str] = None
+    routing: str = "auto"  # where OpenRouter's routing fields go (--routing; hermes_batch.model.model_http.sends_routing)
     request_timeout: float = REQUEST_TIMEOUT
     max_retries: int = MAX_RETRIES
     max_concurrent_requests: Optional[int] = None  # starting limit of calls in flight; None: no limit until a 429
@@ -98,6 +99,7 @@ class ModelClient(abc.ABC):
     sampling: ClassVar[tuple[str, ...]] = ()
     _limiter = None
     journal = None  # the run's CallJournal (calls.jsonl), set by run/session_journals.py
+    guard = None  # the run's ProviderGuard (hermes_batch.model.provider_guard), set by the engine on its own client
 
     def __init__(self, settings: ModelSettings):
         self.settings = settings
@@ -139,9 +141,16 @@ class ModelClient(abc.ABC):
         Each attempt is appended to ``calls`` (a CallRecord: provider, latency, status), and to the run's
         journal when there is one.
         """
+        guard = self.guard
+        if guard is not None and calls is None:
+            calls = []  # the guard reads the answer's latency from it
         if self.journal is not None:
-            return await self.journal.complete(self, messages, tools, calls)
-        return await self.limiter.call(self.send, messages, tools, calls=calls)
+            response = await self.journal.complete(self, messages, tools, calls)
+        else:
+            response = await self.limiter.call(self.send, messages, tools, calls=calls)
+        if guard is not None:
+            guard.answered(response, tools, calls[-1].latency_s if calls else 0.0)
+        return response
 
     @property
     def limiter(self) -> "CallLimiter":
@@ -185,6 +194,10 @@ class ModelClient(abc.ABC):
         other._limiter = self.limiter
         other.journal = self.journal  # its requests are the run's requests
         return other
+
+    def excludes_providers(self) -> bool:
+        """True when its requests can leave out the providers ``guard`` excluded (OpenRouter's routing fields)."""
+        return False
 
     def batch_api(self) -> "Optional[BatchAPI]":
         """The endpoint's batch API for ``--batch_api`` (see :mod:`hermes_batch.model.batching`), None without one."""

@@ -13,10 +13,12 @@ from hermes_batch.formats.endpoint_numbers import call_cost, token_count
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
 from hermes_batch.contract.interfaces import SAMPLING_SETTINGS, ModelClient, ModelSettings
 from hermes_batch.model.model_http import (
-    WireCache, http_client, is_openrouter, json_array, json_bytes, json_fields, json_object, poster, transport_error_text,
+    WireCache, http_client, json_array, json_bytes, json_fields, json_object, poster, sends_routing, speaks_openrouter,
+    transport_error_text,
 )
 from hermes_batch.formats.reasoning import extract_reasoning
 from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
+from hermes_batch.model.provider_guard import provider_name
 from hermes_batch.model.batching import BatchAPI, keep_result, management_error, result_lines, status_error
 from hermes_batch.model.retry import RETRYABLE_STATUS, api_error_text, rate_limit_reset_seconds, retry_after_seconds
 
@@ -55,6 +57,7 @@ class OpenAIClient(ModelClient):
         self._body_head = b'{"model":' + json_bytes(settings.model) + b',"messages":'
         self._max_tokens = b',"max_tokens":' + json_bytes(settings.max_tokens) if settings.max_tokens else b""
         self._body_tail = json_fields(self._extra_body)
+        self._guarded = (-1, b"")  # (the guard's version, the tail with its exclusions)
         self._message_json = WireCache(lambda message: json_bytes(_to_wire(message)))
         self._tool_json = WireCache(lambda tool: json_bytes(_tool_to_wire(tool)))
 
@@ -95,22 +98,40 @@ class OpenAIClient(ModelClient):
             provider["order"] = list(settings.providers_order)
         if settings.provider_sort:
             provider["sort"] = settings.provider_sort
-        if provider and is_openrouter(settings.base_url):  # strict OpenAI-compatible servers refuse unknown fields
+        if provider and sends_routing(settings):  # strict OpenAI-compatible servers refuse unknown fields
             body["provider"] = provider
         if settings.reasoning_disabled or settings.reasoning_effort == "none":
-            body["reasoning"] = {"enabled": False} if is_openrouter(settings.base_url) else {"effort": "none"}
+            body["reasoning"] = {"enabled": False} if speaks_openrouter(settings) else {"effort": "none"}
         elif settings.reasoning_effort:
             body["reasoning"] = {"effort": settings.reasoning_effort}
-        if is_openrouter(settings.base_url):
+        if speaks_openrouter(settings):
             body["usage"] = {"include": True}  # OpenRouter's usage accounting: cost and cached tokens per call
         return body
+
+    def excludes_providers(self) -> bool:
+        return sends_routing(self.settings)
+
+    def _tail(self) -> bytes:
+        """The body's fixed fields, with the providers the run's guard excluded added to ``provider.ignore``."""
+        guard = self.guard
+        if guard is None or not guard.excluded or not sends_routing(self.settings):
+            return self._body_tail
+        if self._guarded[0] != guard.version:
+            body = dict(self._extra_body)
+            provider = body.get("provider", {})
+            if isinstance(provider, dict):  # --extra_body may set it as it likes: then it is sent as given
+                ignore = provider.get("ignore")
+                ignore = list(ignore) if isinstance(ignore, list) else []
+                body["provider"] = {**provider, "ignore": ignore + [p for p in guard.excluded if p not in ignore]}
+            self._guarded = (guard.version, json_fields(body))
+        return self._guarded[1]
 
     def _request(self, messages, tools) -> bytes:
         """The JSON body of a chat completion: only messages new since the last turn are serialized."""
         parts = [self._body_head, json_array(map(self._message_json, messages)), self._max_tokens]
         if tools:
             parts += [b',"tools":', json_array(map(self._tool_json, tools))]
-        parts.append(self._body_tail)
+        parts.append(self._tail())
         return b"".join(parts)
 
     async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
@@ -281,8 +302,7 @@ def _error_code(exc: openai.APIStatusError) -> Optional[str]:
 def _error_provider(exc: openai.APIStatusError) -> Optional[str]:
     """The upstream provider OpenRouter names in an error's metadata."""
     metadata = _error_field(exc).get("metadata")
-    name = metadata.get("provider_name") if isinstance(metadata, dict) else None
-    return name if isinstance(name, str) else None
+    return provider_name(metadata.get("provider_name")) if isinstance(metadata, dict) else None
 
 
 def _tool_to_wire(tool: ToolSpec) -> dict:
@@ -351,7 +371,7 @@ def _from_wire(data: dict) -> ModelResponse:
         message=message,
         finish_reason=_text(choice.get("finish_reason")),
         usage=_usage(data.get("usage")),
-        provider=_text(data.get("provider")),
+        provider=provider_name(data.get("provider")),
         model=_text(data.get("model")),
     )
 

@@ -301,6 +301,23 @@ async def _read_capped(response) -> bytes:
     return b"".join(chunks)
 
 
+ROUTINGS = ("auto", "openrouter", "none")
+
+
+def speaks_openrouter(settings) -> bool:
+    """OpenRouter's own request fields (usage accounting, its reasoning switch) go to the endpoint: OpenRouter's
+    URLs, or any endpoint ``--routing openrouter`` says speaks them (a gateway, the scripted test server)."""
+    return settings.routing == "openrouter" or is_openrouter(settings.base_url)
+
+
+def sends_routing(settings) -> bool:
+    """The ``provider`` routing object goes to the endpoint: ``--routing openrouter``, or ``auto`` (the default)
+    for OpenRouter's own URLs; never with ``none``."""
+    if settings.routing == "none":
+        return False
+    return speaks_openrouter(settings)
+
+
 def is_openrouter(base_url: str) -> bool:
     """True for OpenRouter's API, the one endpoint that understands the ``provider`` routing object."""
     try:

@@ -22,8 +22,8 @@ import attrs
 
 from ..formats.endpoint_numbers import checked_usage
 from ..errors import FatalModelError, ModelCallError, ModelEndpointError, ModelOutcome, RetryableModelError
-from ..formats.jsonguard import scrub_text
 from ..formats.records import CANCELLED_STATUS, CallRecord, ModelResponse
+from .provider_guard import provider_name
 from .retry import MAX_RETRIES, backoff_delay
 
 log = logging.getLogger("hermes_batch.model.ratelimit")
@@ -207,8 +207,8 @@ class CallLimiter:
             self.errors += 1
         if calls is not None:
             latency = round(time.monotonic() - started, 3) if started else 0.0
-            # the provider is the endpoint's text: half an emoji in it must not reach records or the journal
-            calls.append(CallRecord(scrub_text(provider) if provider else provider, latency, status))
+            # the provider is the endpoint's text: only a short line of it reaches records and the journal
+            calls.append(CallRecord(provider_name(provider), latency, status))
         if response is None:
             if estimate:
                 self._tokens += estimate  # refused or unanswered: assume nothing was used

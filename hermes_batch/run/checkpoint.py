@@ -139,7 +139,7 @@ def repair_torn_tails(folder: RunFolder) -> None:
 
 def write_run_json(
     folder: RunFolder, plan: RunPlan, plugins: list[dict], redactor: Redactor, settings_history: list = (),
-    sandbox: Optional[dict] = None,
+    sandbox: Optional[dict] = None, excluded_providers: tuple = (),
 ) -> None:
     """run.json: the configuration (never the API key), the plan's decisions and the plugins' versions.
 
@@ -167,5 +167,7 @@ def write_run_json(
         "settings_history": list(settings_history),
         # the sandbox backend and its isolation level, as its check found them on this machine
         "sandbox": dict(sandbox or {}),
+        # the providers the provider guard excluded so far (provider_guard.json holds the test's figures)
+        "excluded_providers": list(excluded_providers),
     }
     atomic_write_text(folder.run_json, json.dumps(redactor.data(data), indent=2, default=str) + "\n")

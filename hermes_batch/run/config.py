@@ -18,7 +18,7 @@ from ..contract.interfaces import COMMAND_TIMEOUT, MAX_RETRIES, REQUEST_TIMEOUT,
 from ..formats.jsonguard import has_lone_surrogate
 from ..model.batching import MAX_REQUESTS as MAX_BATCH_REQUESTS, MAX_WAIT_S as MAX_BATCH_WAIT_S
 from ..model.batching import POLL_INTERVAL_S as BATCH_POLL_INTERVAL_S
-from ..model.model_http import HTTP_BACKENDS
+from ..model.model_http import HTTP_BACKENDS, ROUTINGS
 from .options import Cli, at_least, at_most, finite, one_of, option, positive
 from ..contract.run_context import LOG_PREFIX_CHARS
 from ..formats.serialization import parse_key_values
@@ -125,6 +125,14 @@ class RunConfig:
         (), help="OpenRouter providers to try in order, comma-separated.",
         cli=Cli(type=str, convert=_names("--providers_order")))
     provider_sort: Optional[str] = option(None, help="Sort OpenRouter providers by this.", validator=one_of(PROVIDER_SORTS))
+    routing: str = option(
+        "auto", validator=one_of(ROUTINGS),
+        help="Where OpenRouter's routing fields (provider lists, the provider guard's exclusions) are sent: auto "
+        "(OpenRouter's own URLs), openrouter (any --base_url: a gateway or server that speaks them), none.")
+    provider_guard: bool = option(
+        True, help="Turn the provider guard off: never exclude a provider whose answers fail significantly more "
+        "often than the others' (docs/options.md, the provider guard).",
+        cli=Cli(decls=("--no_provider_guard", "--no-provider-guard"), convert=lambda off: not off))
     reasoning_effort: Optional[str] = option(None, help="Reasoning effort.", validator=one_of(REASONING_EFFORTS))
     reasoning_disabled: bool = option(False, help="Turn reasoning/thinking off entirely.")
     # sampling: sent only when given, so the endpoint's own defaults hold otherwise
@@ -320,7 +328,8 @@ def model_settings(config: RunConfig, concurrency: int) -> ModelSettings:
         extra_body=dict(config.extra_body),
         reasoning_effort=config.reasoning_effort, reasoning_disabled=config.reasoning_disabled,
         providers_allowed=config.providers_allowed, providers_ignored=config.providers_ignored,
-        providers_order=config.providers_order, provider_sort=config.provider_sort, max_retries=config.max_retries,
+        providers_order=config.providers_order, provider_sort=config.provider_sort, routing=config.routing,
+        max_retries=config.max_retries,
         request_timeout=config.request_timeout,
         max_concurrent_requests=config.max_concurrent_requests or concurrency,
         max_requests_per_minute=config.max_requests_per_minute, max_tokens_per_minute=config.max_tokens_per_minute,

@@ -8,7 +8,7 @@ import logging
 import attrs
 
 from ..formats import dataset
-from ..model.model_http import is_openrouter
+from ..model.model_http import sends_routing
 from ..formats.jsonguard import scrub_text
 from ..folder.runfolder import RunFolder
 from ..folder.durable import atomic_write_lines
@@ -90,11 +90,10 @@ def _filters_line(given, specs, defaults) -> str:
 def routing_elsewhere(config) -> None:
     """OpenRouter's provider routing given for another endpoint: it is not sent, say so."""
     given = [f"--{name}" for name in ROUTING_OPTIONS if getattr(config, name)]
-    if given and not is_openrouter(config.base_url):
-        log.warning(
-            "%s route requests between OpenRouter's providers; %s is not OpenRouter, so they are not sent.",
-            ", ".join(given), config.base_url,
-        )
+    if given and not sends_routing(config):
+        why = ("--routing none keeps them back" if config.routing == "none" else
+               f"{config.base_url} is not OpenRouter (pass --routing openrouter if it speaks OpenRouter's routing)")
+        log.warning("%s route requests between OpenRouter's providers; %s, so they are not sent.", ", ".join(given), why)
 
 
 def ignored_images(report, backend_cls, dataset_file) -> None:

@@ -31,7 +31,7 @@ from ..formats.jsonguard import finite_dumps
 from ..formats.records import Checkpoint, SessionInfo
 from ..formats.redaction import Redactor
 from ..session.processor import quietly
-from . import cleanup, limits, notices, preparation, resume_scan, run_settings
+from . import cleanup, limits, notices, preparation, provider_exclusions, resume_scan, run_settings
 from ..model.batching import Batcher
 from .batch_client import BatchingClient
 from .budget import Budget
@@ -72,6 +72,8 @@ class RunEngine:
         self.journals = SessionJournals()  # calls.jsonl and responses.jsonl, opened with the run folder
         self.scheduler: Optional[Scheduler] = None
         self.recorder: Optional[Recorder] = None  # writes the outcomes, once the prompts run
+        self.guard = None  # the provider guard (model/provider_guard.py), None with --no_provider_guard
+        self._backend = None  # the sandbox backend run.json describes
 
     # --- before any model call -------------------------------------------------------------
 
@@ -118,9 +120,15 @@ class RunEngine:
                                   cfg.log_prefix_chars, pool, private_paths=private_paths(cfg))
         processor = build_processor(prepared.plan, self.context, prepared.registry, prepared.runtimes)
         self.client = processor.client
+        try:
+            self.guard = provider_exclusions.make_guard(cfg, prepared.folder, self.client)
+        except HermesBatchError as exc:
+            return RunResult(exc.exit_code, None, str(exc))
+        self.client.guard = self.guard
         self.budget = Budget.of_run(cfg, prepared.folder, self.index)
         self.scheduler = Scheduler(cfg, prepared.plan, prepared.executor, prepared.concurrency, match, self.budget,
                                    self.journals)
+        self.scheduler.guard = self.guard
         stopped, interrupted, fatal = await self._session(processor, to_run)
         if stopped is not None:
             return self._stopped_before_any_prompt(stopped, fresh)
@@ -163,15 +171,20 @@ class RunEngine:
         finally:
             await self._shut_down(processor)
 
+    def _write_run_json(self, backend) -> None:
+        prepared, self._backend = self.prepared, backend
+        write_run_json(prepared.folder, prepared.plan, describe_plugins(self.pm), self.redactor,
+                       prepared.settings_history,
+                       {"name": backend.name, "isolation": backend.isolation, **backend.isolation_details},
+                       self.guard.excluded if self.guard is not None else ())
+
     def _open_folder(self, processor) -> Optional[RunFolderWriteError]:
         """Write run.json, the row keys and the first checkpoint, open the journals; a failed write, else None."""
         cfg, prepared = self.config, self.prepared
         folder, validated = prepared.folder, prepared.validated
         try:
             folder.create()
-            backend = processor.backend
-            write_run_json(folder, prepared.plan, describe_plugins(self.pm), self.redactor, prepared.settings_history,
-                           {"name": backend.name, "isolation": backend.isolation, **backend.isolation_details})
+            self._write_run_json(processor.backend)
             rowkeys.save(folder, validated, cfg.max_rows)
             validated.keys.digests = validated.keys.indexes = None  # matched: 16 bytes a row less
             self.journals.open(folder, prepared.checkpoints.session_number, processor, self.scheduler.match.left)
@@ -191,6 +204,8 @@ class RunEngine:
                              prepared.concurrency, processor.backend)
         progress = Progress(total=to_run, enabled=cfg.progress)
         progress.watch(processor.client.limiter.summary)
+        if self.guard is not None:
+            progress.watch(self.guard.summary)
         if isinstance(processor.client, BatchingClient):
             batcher = processor.client.batcher
             progress.watch(batcher.summary)
@@ -310,6 +325,10 @@ class RunEngine:
         )
         if isinstance(self.client, BatchingClient):
             stats["batch_api"] = self.client.statistics()  # this session's batches
+        if self.guard is not None:
+            stats["provider_guard"] = self.guard.statistics()
+            if self.guard.exclusions and self._backend is not None:  # run.json names the providers left out
+                self._write_run_json(self._backend)
         offloop.check_stop()
         stats = self.redactor.data(stats)
         atomic_write_text(folder.statistics, finite_dumps(stats, indent=2) + "\n")

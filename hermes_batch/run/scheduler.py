@@ -39,6 +39,7 @@ class Scheduler:
         self.recorder: Optional[Recorder] = None
         self.progress: Optional[Progress] = None
         self.on_session_end: Optional[Callable[[], None]] = None  # after each outcome recorded, and the last job
+        self.guard = None  # the run's ProviderGuard: each sample's verdict counts for the providers that served it
 
     def sessions_that_may_send(self) -> Optional[int]:
         """How many sessions can still send a model request: those running, once no other can start (the jobs are
@@ -116,6 +117,8 @@ class Scheduler:
         return attrs.evolve(job, toolsets=self._toolsets(key))
 
     async def _record(self, job: PromptJob, outcome) -> None:
+        if self.guard is not None:
+            self.guard.sample_ended(outcome)
         kind = await self.recorder.record(job, outcome)
         # its answers are in its record now; a failed prompt's stay in responses.jsonl for the --resume that
         # runs it again, which replays what was paid for

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 # name -> the submodule that defines it
 _EXPORTS = {
     "ScriptedModelServer": "server",
+    "ScriptedProvider": "server",
     "ErrorRule": "server",
     "BatchSettings": "server",
     "ScriptRequest": "scripts",
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
     from .verifier_contract import VerifierContract
     from .toolsets import ToolsetHarness
     from .scripts import REASONING_FORMATS, ImageReply, ImageRequest, Reply, RoutedScript, ScriptRequest, ToolLoopScript
-    from .server import BatchSettings, ErrorRule, ScriptedModelServer
+    from .server import BatchSettings, ErrorRule, ScriptedModelServer, ScriptedProvider
 
 
 def __getattr__(name: str) -> Any:

@@ -62,6 +62,7 @@ __all__ = [
     "Script",
     "ScriptRequest",
     "ScriptedModelServer",
+    "ScriptedProvider",
     "ToolLoopScript",
     "main",
 ]
@@ -69,6 +70,24 @@ __all__ = [
 
 SCRIPT_ERROR_STATUS = 400  # the answer to a request whose script raised (see ScriptedModelServer.script_errors)
 _RAW_USAGE = "hermes-batch-scripted-raw-usage"  # where Reply.raw_usage goes in the rendered JSON
+
+
+@attrs.frozen
+class ScriptedProvider:
+    """One upstream provider the server plays, as OpenRouter routes a model to several.
+
+    A request is served by one of the providers its body's ``provider`` routing object allows (``only``,
+    ``ignore``), drawn by ``weight`` from the server's seeded generator; the answer names it in its
+    ``provider`` field.  Its faults spoil the script's reply, each with its probability: ``invalid_tool_calls``
+    sends the reply's tool calls with arguments that are not JSON, ``empty_answers`` sends no text and no tool
+    call, ``cut_answers`` sends the reply cut at ``finish_reason: length``.
+    """
+
+    name: str
+    weight: float = 1.0
+    invalid_tool_calls: float = 0.0
+    empty_answers: float = 0.0
+    cut_answers: float = 0.0
 
 
 @attrs.frozen
@@ -118,8 +137,11 @@ class ScriptedModelServer:
         preflight_reply: Optional[Reply] = Reply(content="ready", finish_reason="stop"),
         images: Optional[Callable[[ImageRequest], ImageReply]] = None,
         batches: Optional[BatchSettings] = None,
+        providers: Iterable[ScriptedProvider] = (),
     ):
         self.script = script
+        self.providers = tuple(providers)
+        self._provider_calls: collections.Counter = collections.Counter()
         self.images_script = images or (lambda _request: ImageReply())
         self.image_requests: list = []  # every ImageRequest received
         self._files: dict = {}  # name -> (content type, bytes) of images served by URL
@@ -188,6 +210,12 @@ class ScriptedModelServer:
         """Thinking blocks sent back to ``/v1/messages``, counted as ``"valid"`` or ``"invalid"``."""
         with self._lock:
             return collections.Counter(self._thinking)
+
+    @property
+    def provider_calls(self) -> collections.Counter:
+        """Requests each ScriptedProvider served (the preflight probe not counted)."""
+        with self._lock:
+            return collections.Counter(self._provider_calls)
 
     def calls_for(self, prompt: str) -> int:
         """Number of requests whose first user message is ``prompt``."""
@@ -415,6 +443,11 @@ class ScriptedModelServer:
             # 400, not 500: a client must not retry the test's own bug as if the endpoint had failed
             return self._error(api, SCRIPT_ERROR_STATUS, f"The test's script raised {type(exc).__name__}: {exc}",
                                error_type="script_error"), None
+        if self.providers and not request.preflight:
+            provider = self._provider_for(body)
+            if provider is None:
+                return self._error(api, 404, "No endpoints found matching your data policy (provider.ignore)."), None
+            reply = self._played_by(provider, reply)
         if reply.status != 200:
             message = reply.error_message or f"Scripted error {reply.status}."
             return self._error(api, reply.status, message, reply.headers, reply.error_type, reply.provider), reply
@@ -426,6 +459,36 @@ class ScriptedModelServer:
         if reply.tool_calls and starts:
             self._remember_session(api, response, request.sample)
         return self._respond(200, response, reply.headers, reply.raw_usage), reply
+
+    def _provider_for(self, body: dict) -> Optional[ScriptedProvider]:
+        """The provider that serves a request, among those its routing object allows (None: none is left)."""
+        routing = body.get("provider")
+        routing = routing if isinstance(routing, dict) else {}
+        only, ignore = routing.get("only"), routing.get("ignore")
+        allowed = [p for p in self.providers if (not isinstance(only, list) or p.name in only)
+                   and not (isinstance(ignore, list) and p.name in ignore)]
+        if not allowed:
+            return None
+        with self._lock:
+            provider = self._random.choices(allowed, weights=[p.weight for p in allowed])[0]
+            self._provider_calls[provider.name] += 1
+        return provider
+
+    def _played_by(self, provider: ScriptedProvider, reply: Reply) -> Reply:
+        """``reply`` as ``provider`` sends it: named, and spoilt by its faults."""
+        with self._lock:
+            draws = [self._random.random() for _ in range(3)]
+        reply = attrs.evolve(reply, provider=provider.name)
+        if reply.status != 200:
+            return reply
+        if reply.tool_calls and draws[0] < provider.invalid_tool_calls:
+            return attrs.evolve(reply, tool_calls=[(name, '{"truncated": ') for name, _ in reply.tool_calls])
+        if draws[1] < provider.empty_answers:
+            return attrs.evolve(reply, content="", reasoning=None, tool_calls=(), finish_reason="stop")
+        if draws[2] < provider.cut_answers:
+            return attrs.evolve(reply, content=reply.content[: len(reply.content) // 2], tool_calls=(),
+                                finish_reason="length")
+        return reply
 
     def _with_sample(self, request: ScriptRequest) -> tuple:
         """``request`` with its ``sample``, and whether it starts a session (see ScriptRequest.sample)."""
