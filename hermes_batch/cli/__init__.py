@@ -12,6 +12,7 @@ import click
 from .. import __version__
 from ..contract.plugins import DISABLE_ENV, disabled_plugins
 from ..errors import EXIT_INTERRUPTED, HermesBatchError, PluginError
+from .control import ctl_command
 from .listing import distributions_command, listing_commands, plugins_command
 from .new_plugin import new_plugin_command
 from .run import run_command
@@ -134,6 +135,7 @@ cli.add_command(distributions_command)
 cli.add_command(plugins_command)
 cli.add_command(new_plugin_command)
 cli.add_command(import_command)
+cli.add_command(ctl_command)
 for command in listing_commands():
     cli.add_command(command)
 

@@ -66,6 +66,7 @@ class CallLimiter:
         self._tokens = self._token_capacity
         self._tokens_at = time.monotonic()
         self._completion_estimate = 256.0
+        self._unpaused: Optional[asyncio.Event] = None  # made by pause(): set while calls may go out
 
     @classmethod
     def from_settings(cls, settings) -> "CallLimiter":
@@ -86,6 +87,8 @@ class CallLimiter:
         estimate = self._estimate(messages, tools) if self._tokens_per_s else 0
         attempt = 0
         while True:
+            if self._unpaused is not None:
+                await self._unpaused.wait()
             await self._acquire()
             round_, sent, started = self._round, False, 0.0
             try:
@@ -118,6 +121,16 @@ class CallLimiter:
                 return response
             attempt += 1
             await asyncio.sleep(delay)
+
+    def pause(self) -> None:
+        """No call (nor retry) goes out until ``resume``; calls in flight go on (``hermes-batch ctl pause``)."""
+        if self._unpaused is None:
+            self._unpaused = asyncio.Event()
+        self._unpaused.clear()
+
+    def resume(self) -> None:
+        if self._unpaused is not None:
+            self._unpaused.set()
 
     # --- the limit of calls in flight --------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from ..model.batching import Batcher
 from .batch_client import BatchingClient
 from .budget import Budget
 from .checkpoint import write_run_json
+from .control import ControlServer, RunControl
 from .config import RunConfig
 from .plan import RunPlan, build_processor
 from .progress import Progress
@@ -74,6 +75,9 @@ class RunEngine:
         self.recorder: Optional[Recorder] = None  # writes the outcomes, once the prompts run
         self.guard = None  # the provider guard (model/provider_guard.py), None with --no_provider_guard
         self._backend = None  # the sandbox backend run.json describes
+        self.control: Optional[RunControl] = None  # what hermes-batch ctl changes, while the prompts run
+        self._control_server: Optional[ControlServer] = None
+        self._task: Optional[asyncio.Task] = None  # the one execute runs in: ctl stop cancels it, as Ctrl-C does
 
     # --- before any model call -------------------------------------------------------------
 
@@ -90,6 +94,7 @@ class RunEngine:
     # --- the run -----------------------------------------------------------------------------
 
     async def execute(self) -> RunResult:
+        self._task = asyncio.current_task()
         try:
             return await self._execute()
         finally:
@@ -218,12 +223,44 @@ class RunEngine:
             on_batch_complete=lambda: self._save_checkpoint(interrupted=False),
             on_write_failed=self.journals.write_failed,
         )
+        await self._listen(processor, to_run, progress)
         self.pm.hook.run_started(run=self.context)
         return await self.scheduler.run(processor, self.recorder, progress)
+
+    async def _listen(self, processor, to_run: int, progress: Progress) -> None:
+        """Open the control socket for hermes-batch ctl; a run that cannot goes on without it, and says so."""
+        limiter = processor.client.limiter
+
+        def status() -> dict:
+            return {"prompts_to_run": to_run, "prompts_in_flight": progress.in_flight, **dict(self.counts),
+                    "model_calls": limiter.requests, "model_calls_in_flight": limiter.in_flight,
+                    "cost": round(self.budget.spent(), 6), "max_cost": self.budget.max_cost,
+                    "budget_reached": self.budget_reached,
+                    "excluded_providers": list(self.guard.excluded) if self.guard is not None else []}
+
+        def set_max_cost(value: float) -> None:
+            self.budget.max_cost = value
+
+        def stop() -> None:  # a moment later, so the answer goes out first
+            asyncio.get_running_loop().call_later(0.2, self._task.cancel)
+
+        self.control = RunControl(self.prepared.concurrency, limiter=limiter, status=status,
+                                  set_max_cost=set_max_cost, stop=stop,
+                                  gates_prompts=self.prepared.executor.name == "local")
+        self.scheduler.control = self.control
+        server = ControlServer(self.prepared.folder.dir, self.control)
+        try:
+            await server.start()
+        except (OSError, HermesBatchError) as exc:
+            log.warning("hermes-batch ctl cannot reach this run: its control socket could not be made (%s).", exc)
+            return
+        self._control_server = server
 
     async def _shut_down(self, processor) -> None:
         """The one way a session ends, whatever ended it: the executor's workers, then the toolsets' runtimes,
         sandboxes still opening, the backend and the client, then the records being written and the files."""
+        if self._control_server is not None:
+            await self._control_server.close()
         await quietly(self.prepared.executor.shutdown())
         await processor.aclose()
         if self.recorder is not None:

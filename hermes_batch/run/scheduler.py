@@ -18,6 +18,7 @@ from ..errors import HermesBatchError
 from ..folder import rowkeys
 from . import distributions, resume_scan
 from .budget import Budget
+from .control import GatedProcessor
 from .config import RunConfig
 from .plan import RunPlan
 from .progress import Progress
@@ -40,6 +41,7 @@ class Scheduler:
         self.progress: Optional[Progress] = None
         self.on_session_end: Optional[Callable[[], None]] = None  # after each outcome recorded, and the last job
         self.guard = None  # the run's ProviderGuard: each sample's verdict counts for the providers that served it
+        self.control = None  # hermes-batch ctl's RunControl: with the local executor, each prompt passes its gate
 
     def sessions_that_may_send(self) -> Optional[int]:
         """How many sessions can still send a model request: those running, once no other can start (the jobs are
@@ -56,6 +58,8 @@ class Scheduler:
         interrupted, fatal = False, None
         try:
             await processor.start()
+            if self.control is not None and self.control.gates_prompts:
+                processor = GatedProcessor(processor, self.control)
             progress.start()
             rows = rowkeys.rows_left(cfg.dataset_file, cfg.max_rows, self.match.left)
             self.jobs = PromptJobs(self._jobs(rows))
