@@ -62,8 +62,8 @@ def test_the_documented_defaults_are_the_fields_defaults():
     checked = 0
     for field in attrs.fields(RunConfig):
         if isinstance(field.default, (bool, int, float, str, Path)) or field.default is attrs.NOTHING:
-            if field.name == "preflight":  # documented as --no_preflight, off
-                assert documented["--no_preflight"] == "off"
+            if field.name in ("preflight", "provider_guard"):  # documented as --no_NAME, off
+                assert documented[f"--no_{field.name}"] == "off"
                 continue
             assert documented[f"--{field.name}"].split(";")[0] == _shown(field.default), field.name
             checked += 1
