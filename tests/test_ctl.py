@@ -10,7 +10,8 @@ import stat
 import time
 
 from hermes_batch.errors import EXIT_INTERRUPTED
-from hermes_batch.run.control import ControlServer, RunControl, send
+from hermes_batch.folder.control_socket import send
+from hermes_batch.run.control import ControlServer, RunControl
 from hermes_batch.testing import ToolLoopScript, wait_for, write_dataset
 
 

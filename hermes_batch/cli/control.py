@@ -20,7 +20,7 @@ def ctl_command(run_dir: Path, command: str, value: Optional[str]):
 
     RUN_DIR is the run folder (OUTPUT_DIR/RUN_NAME).  Prints the run's status as JSON.
     """
-    from ..run.control import request_of, send
+    from ..folder.control_socket import request_of, send
 
     answer = send(run_dir, request_of(command, value))
     if not answer.get("ok"):

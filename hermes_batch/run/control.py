@@ -24,19 +24,10 @@ import struct
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..errors import HermesBatchError, UsageError
+from ..errors import HermesBatchError
+from ..folder.control_socket import COMMANDS, CONTROL_DIR, MAX_REQUEST, REQUEST_TIMEOUT_S, SOCKET_NAME, open_folder, through
 
 log = logging.getLogger("hermes_batch.run")
-
-CONTROL_DIR = "control"
-SOCKET_NAME = "socket"
-MAX_REQUEST = 4096
-REQUEST_TIMEOUT_S = 5.0
-COMMANDS = ("status", "pause", "resume", "workers", "max_cost", "stop")
-
-
-class NoRunListening(HermesBatchError):
-    """``ctl`` found no run listening in the folder."""
 
 
 class RunControl:
@@ -126,32 +117,6 @@ def _error(message: str) -> dict:
 # --- the socket ---------------------------------------------------------------------------------
 
 
-def _open_folder(run_dir: Path, create: bool) -> Optional[int]:
-    """A descriptor of ``run_dir/control`` (made 0700 with ``create``), None when missing; refuses a link, a
-    folder of another user or one others may enter."""
-    path = run_dir / CONTROL_DIR
-    if create:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise HermesBatchError(f"{path} is not a folder the run made ({exc.strerror}); move it away.") from None
-    info = os.fstat(fd)
-    if info.st_uid != os.geteuid():
-        os.close(fd)
-        raise HermesBatchError(f"{path} belongs to another user; move it away.")
-    if create and stat.S_IMODE(info.st_mode) != 0o700:
-        os.fchmod(fd, 0o700)
-    return fd
-
-
-def _through(fd: int) -> str:
-    return f"/proc/self/fd/{fd}/{SOCKET_NAME}"
-
-
 class ControlServer:
     """The run's end of ``ctl``: ``await start()``, ``await close()``."""
 
@@ -161,7 +126,7 @@ class ControlServer:
         self._fd: Optional[int] = None
 
     async def start(self) -> None:
-        fd = self._fd = _open_folder(self.run_dir, create=True)
+        fd = self._fd = open_folder(self.run_dir, create=True)
         with contextlib.suppress(FileNotFoundError):
             # the run holds the folder's lock: a socket here was left by a run that was killed
             if not stat.S_ISSOCK(os.stat(SOCKET_NAME, dir_fd=fd, follow_symlinks=False).st_mode):
@@ -171,7 +136,7 @@ class ControlServer:
         try:
             old = os.umask(0o177)  # made 0600, never briefly wider
             try:
-                sock.bind(_through(fd))
+                sock.bind(through(fd))
             finally:
                 os.umask(old)
             sock.listen(16)
@@ -217,59 +182,6 @@ class ControlServer:
         except (ValueError, UnicodeDecodeError, RecursionError):
             return _error("The request is not one line of JSON.")
         return self.control.handle(request)
-
-
-def send(run_dir: Path, request: dict, timeout: float = 10.0) -> dict:
-    """``ctl``'s end: ``request`` to the run listening in ``run_dir``, its answer; NoRunListening when none is."""
-    run_dir = Path(run_dir)
-    nobody = f"No run is listening in {run_dir}"
-    fd = _open_folder(run_dir, create=False) if run_dir.is_dir() else None
-    if fd is None:
-        if not run_dir.is_dir():
-            raise NoRunListening(f"{run_dir} is not a run folder; pass the folder of a running run (OUTPUT_DIR/RUN_NAME).")
-        raise NoRunListening(f"{nobody} (it has no control socket): the run has ended or has not started its prompts yet.")
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            try:
-                sock.connect(_through(fd))
-            except (FileNotFoundError, ConnectionRefusedError):
-                raise NoRunListening(f"{nobody}: the run that made its control socket has ended.") from None
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            data = b""
-            while not data.endswith(b"\n") and len(data) < 1 << 20:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-    except socket.timeout:
-        raise NoRunListening(f"{nobody}: the run did not answer within {timeout:g} s.") from None
-    finally:
-        os.close(fd)
-    try:
-        answer = json.loads(data)
-    except ValueError:
-        raise NoRunListening(f"{nobody}: the control socket answered something that is not JSON.") from None
-    if not isinstance(answer, dict):
-        raise NoRunListening(f"{nobody}: the control socket answered something that is not a JSON object.")
-    return answer
-
-
-def request_of(command: str, value: Optional[str]) -> dict:
-    """The request of ``ctl``'s arguments; UsageError for a command that is not one or a value that is missing."""
-    if command not in COMMANDS:
-        raise UsageError(f"ctl knows {', '.join(COMMANDS)}, not {command!r}.")
-    needs = command in ("workers", "max_cost")
-    if needs != (value is not None):
-        raise UsageError(f"ctl {command} takes {'one value' if needs else 'no value'}; "
-                         f"for example: hermes-batch ctl RUN_DIR {'workers 8' if command == 'workers' else 'max_cost 25' if needs else command}.")
-    if value is None:
-        return {"command": command}
-    try:
-        number = int(value) if command == "workers" else float(value)
-    except ValueError:
-        raise UsageError(f"ctl {command} takes a number, not {value!r}.") from None
-    return {"command": command, "value": number}
 
 
 class GatedProcessor:

@@ -16,6 +16,8 @@ from typing import Optional
 
 from aiohttp import web
 
+from ..errors import HermesBatchError
+from ..folder.control_socket import request_of, send
 from .guard import Guard
 from .index import RunIndex
 from .query import Query, _Sorts, run_query
@@ -84,6 +86,8 @@ class Viewer:
         app.router.add_get("/api/records", self.records)
         app.router.add_get("/api/record", self.record)
         app.router.add_get("/api/summary", self.summary)
+        app.router.add_get("/api/control", self.control)
+        app.router.add_post("/api/control", self.control)
         return app
 
     # -- handlers ---------------------------------------------------------------------------
@@ -92,7 +96,14 @@ class Viewer:
         name = escape(self.run_dir.name)
         body = (
             f'<header class="top"><h1>{name}</h1><span class="sub">hermes-batch view · {escape(str(self.run_dir))}</span>'
-            '<span class="live" id="live"></span></header><main>'
+            '<span class="live" id="live"></span>'
+            '<span class="control" id="control"><span id="control-state">no run listening</span> '
+            '<button id="ctl-pause">pause</button><button id="ctl-resume">resume</button> '
+            '<label>workers <input type="number" id="ctl-workers" min="1" step="1"></label>'
+            '<button id="ctl-set-workers">set</button> '
+            '<label>max cost $<input type="number" id="ctl-max-cost" min="0" step="any"></label>'
+            '<button id="ctl-set-max-cost">set</button> <button id="ctl-stop">stop</button></span>'
+            '</header><main>'
             '<div class="tabs"><button id="tab-records" class="on">Records</button>'
             '<button id="tab-summary">Summary</button></div>'
             '<section id="pane-records" class="viewer"><div><div class="controls">'
@@ -157,6 +168,27 @@ class Viewer:
             # on a large live run the summary is a pass over every column: spend at most a tenth of the time on it
             self._summary_interval = max(SUMMARY_MIN_INTERVAL_S, 10 * (time.monotonic() - now))
         return web.Response(text=html, content_type="text/html", headers={"X-Generation": str(generation)})
+
+
+    async def control(self, request: web.Request) -> web.Response:
+        """The run's controls (hermes-batch ctl): GET its status, POST ``{"command": ..., "value": ...}``."""
+        ask = {"command": "status"}
+        if request.method == "POST":
+            # a header a page of another site cannot send without a CORS preflight, which is never answered
+            if request.headers.get("X-Hermes-Batch-Control") != "1":
+                return web.json_response({"ok": False, "error": "Send the X-Hermes-Batch-Control: 1 header."},
+                                         status=403)
+            try:
+                body = await request.json()
+                value = body.get("value")
+                ask = request_of(str(body.get("command")), None if value is None else str(value))
+            except (ValueError, AttributeError, HermesBatchError) as exc:
+                return web.json_response({"ok": False, "error": str(exc) or "The request is not JSON."}, status=400)
+        try:
+            answer = await asyncio.to_thread(send, self.run_dir, ask)
+        except HermesBatchError as exc:
+            return web.json_response({"ok": False, "listening": False, "error": str(exc)})
+        return web.json_response({**answer, "listening": True})
 
 
 def _count_statuses(status, n: int) -> tuple:

@@ -115,6 +115,37 @@
   $("tab-records").addEventListener("click", () => tab("records"));
   $("tab-summary").addEventListener("click", () => tab("summary"));
 
+  // The run's controls (hermes-batch ctl), through the viewer: shown while a run listens in the folder.
+  function showControl(answer) {
+    const st = answer.status;
+    const live = answer.listening && st;
+    $("control").classList.toggle("off", !live);
+    for (const id of ["ctl-pause", "ctl-resume", "ctl-set-workers", "ctl-set-max-cost", "ctl-stop"]) $(id).disabled = !live;
+    if (!live) { $("control-state").textContent = answer.ok === false && answer.listening ? answer.error : "no run listening"; return; }
+    $("control-state").textContent = `${st.paused ? "paused" : "running"} · ${st.running} of ${st.workers} workers · ` +
+      `${st.model_calls} calls · $${Number(st.cost).toFixed(4)}` + (st.max_cost !== null ? ` of $${st.max_cost}` : "");
+    $("ctl-workers").max = st.max_workers;
+    if (document.activeElement !== $("ctl-workers")) $("ctl-workers").value = st.workers;
+    if (document.activeElement !== $("ctl-max-cost")) $("ctl-max-cost").value = st.max_cost === null ? "" : st.max_cost;
+  }
+  async function control(command, value) {
+    const init = command ? {method: "POST", headers: {"Content-Type": "application/json", "X-Hermes-Batch-Control": "1"},
+                            body: JSON.stringify({command, value})} : undefined;
+    try {
+      const res = await fetch("/api/control", init);
+      const answer = await res.json();
+      if (answer.ok === false && answer.listening !== false) { $("control-state").textContent = answer.error; return; }
+      showControl(answer);
+    } catch (e) { showControl({listening: false}); }
+  }
+  $("ctl-pause").addEventListener("click", () => control("pause"));
+  $("ctl-resume").addEventListener("click", () => control("resume"));
+  $("ctl-stop").addEventListener("click", () => control("stop"));
+  $("ctl-set-workers").addEventListener("click", () => control("workers", $("ctl-workers").value));
+  $("ctl-set-max-cost").addEventListener("click", () => control("max_cost", $("ctl-max-cost").value));
+  control();
+  setInterval(() => control(), 2000);
+
   poll().then(loadList).then(() => {
     if (location.hash.startsWith("#/")) openRecord(decodeURIComponent(location.hash.slice(2)));
   });
