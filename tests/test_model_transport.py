@@ -111,11 +111,11 @@ ANTHROPIC_ANSWER = {"id": "m", "type": "message", "role": "assistant", "model": 
     (True, dict(reasoning_disabled=True, providers_allowed=("a",), provider_sort="price")),
     (False, dict()),
 ])
-async def test_openai_bodies_are_byte_for_byte_what_create_sends(openrouter, settings, monkeypatch):
-    # OpenRouter URLs get routing and accounting fields; this one only pretends to be OpenRouter
-    monkeypatch.setattr(openai_client, "is_openrouter", lambda url: openrouter)
+async def test_openai_bodies_are_byte_for_byte_what_create_sends(openrouter, settings):
+    # OpenRouter URLs get routing and accounting fields; --routing openrouter sends them to this one too
+    routing = "openrouter" if openrouter else "auto"
     async with CaptureServer({"/v1/chat/completions": OPENAI_ANSWER}) as server:
-        client = OpenAIClient(ModelSettings("some/model", server.url + "/v1", api_key="k", **settings))
+        client = OpenAIClient(ModelSettings("some/model", server.url + "/v1", api_key="k", routing=routing, **settings))
         # on aiohttp the SDK's client only builds requests: create() goes through one that also sends them
         reference = OpenAIClient(ModelSettings("some/model", server.url + "/v1", api_key="k", http_backend="httpx"))
         assert ("usage" in client._extra_body) is openrouter
