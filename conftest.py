@@ -63,6 +63,7 @@ NEEDS_OF_TESTS = {
     # slow: runs of 60 to 80 prompts for the provider guard; its unit tests run in the everyday suite
     "tests/test_provider_guard.py::test_a_bad_provider_is_excluded_in_a_run_and_stays_excluded_on_resume": ("slow",),
     "tests/test_ctl.py::test_ctl_steers_a_running_run_and_stop_resumes": ("slow",),  # a run in a child process, steered
+    "tests/test_provider_guard.py::test_a_resume_refuses_a_hostile_provider_guard_json": ("slow",),  # two runs
     "tests/test_accounting.py::test_sigkill_then_resume_counts_every_request_the_endpoint_served": ("slow",),
     "tests/test_engine.py::test_hundreds_of_sessions_at_once": ("slow", "perf"),  # 300 sessions within 20 s
     "tests/test_export.py::test_a_killed_export_leaves_the_old_set_or_the_new_and_the_next_cleans_up": ("slow",),
