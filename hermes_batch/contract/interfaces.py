@@ -96,6 +96,8 @@ class ModelClient(abc.ABC):
     packages: ClassVar[tuple[str, ...]] = ()
     # The ModelSettings sampling fields (SAMPLING_SETTINGS) its requests send; a run refuses the others when given.
     sampling: ClassVar[tuple[str, ...]] = ()
+    # Whether its requests carry a session's own ``seed`` (hermes_batch.model.session_sampling: --branches).
+    sends_seed: ClassVar[bool] = False
     _limiter = None
     journal = None  # the run's CallJournal (calls.jsonl), set by run/session_journals.py
 

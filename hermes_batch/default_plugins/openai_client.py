@@ -17,6 +17,7 @@ from hermes_batch.model.model_http import (
 )
 from hermes_batch.formats.reasoning import extract_reasoning
 from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
+from hermes_batch.model.session_sampling import session_sampling
 from hermes_batch.model.batching import BatchAPI, keep_result, management_error, result_lines, status_error
 from hermes_batch.model.retry import RETRYABLE_STATUS, api_error_text, rate_limit_reset_seconds, retry_after_seconds
 
@@ -45,6 +46,7 @@ class OpenAIClient(ModelClient):
     description = "Any OpenAI-compatible chat-completions endpoint (OpenRouter, OpenAI, vLLM, llama.cpp, Ollama)."
     packages = ("openai", "aiohttp")
     sampling = SAMPLING_SETTINGS  # all of them: OpenAI-compatible servers take what they know (top_k: vLLM, llama.cpp)
+    sends_seed = True  # a branch's own seed (model/session_sampling.py), over --extra_body's
 
     def __init__(self, settings: ModelSettings):
         super().__init__(settings)
@@ -110,7 +112,8 @@ class OpenAIClient(ModelClient):
         parts = [self._body_head, json_array(map(self._message_json, messages)), self._max_tokens]
         if tools:
             parts += [b',"tools":', json_array(map(self._tool_json, tools))]
-        parts.append(self._body_tail)
+        own = session_sampling.get()
+        parts.append(json_fields({**self._extra_body, **own}) if own else self._body_tail)
         return b"".join(parts)
 
     async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:
