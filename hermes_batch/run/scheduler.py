@@ -84,7 +84,7 @@ class Scheduler:
             if not self.sampling:
                 yield self._dispatched(batch, PromptJob(row, batch, self._toolsets(row.content_key)))
                 continue
-            left = self.match.of(row.prompt_index, self.config.samples_per_prompt, self.config.max_samples)
+            left = self.match.of(row.prompt_index, self.config.per_row, self.config.max_samples)
             if self.config.stop_on_success and len(left) > 1:
                 # one after another: the next sample of the row starts only when this one did not pass
                 self.later_samples[row.prompt_index] = left[1:]
