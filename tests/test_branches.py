@@ -195,3 +195,30 @@ def test_a_backend_that_cannot_copy_a_working_folder_refuses_branches():
     check_branching(types.SimpleNamespace(backend=backend, branch_at=None))
     check_branching(types.SimpleNamespace(backend=types.SimpleNamespace(name="local", copies_workdirs=True),
                                           branch_at=1))
+
+
+def test_a_rows_prefix_answers_die_with_its_last_branch_unless_one_failed(tmp_path, runner, model_server):
+    script = BranchScript()
+    failing = rows(2)[1]["prompt"]
+
+    def answer(request):  # task 1's second branch meets a broken endpoint at its last turn
+        if request.prompt == failing and request.turn == 2 and script.branch(request) == 1:
+            return Reply(status=500, error_message="broken")
+        return script(request)
+
+    server = model_server(answer)
+    data = write_dataset(tmp_path / "data.jsonl", rows(2))
+    result = runner.invoke(data, *BASE, "--branch_at", "1", "--branches", "2", "--max_retries", "0", server=server)
+    assert result.exit_code == 3, result.output  # a prompt failed
+    # the run's end keeps only the live answers in the file
+    journal = [json.loads(line) for line in (runner.folder() / REPLAY_JOURNAL_NAME).read_text().splitlines()]
+    live = {entry["p"] for entry in journal if "p" in entry}
+    prefixes = {prompt: prefix_key(key, 1) for prompt, key in
+                ((r["conversations"][1]["value"], r["metadata"]["content_key"]) for r in records(runner.folder())
+                 if r["metadata"]["sample_index"] == 0)}
+    assert prefixes[rows(2)[0]["prompt"]] not in live, "both branches of task 0 recorded: its prefix is dead"
+    assert prefixes[failing] in live, "task 1's failed branch runs again on --resume, from its prefix"
+
+    result = runner.invoke(data, *BASE, "--branch_at", "1", "--branches", "2", "--resume", server=model_server(script))
+    assert result.exit_code == 0, result.output
+    assert len(records(runner.folder())) == 4
