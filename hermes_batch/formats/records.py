@@ -293,10 +293,6 @@ class Metadata:
     sampling: dict = field(factory=dict)  # the sampling settings given (--temperature, --top_p, ..., --extra_body)
     # Samples and verification (--samples_per_prompt, --verifier); records written before them read as these defaults.
     sample_index: int = 0  # which of the row's samples this is, 0-based
-    # --branch_at/--branches: the shared prefix this branch continues (its key) and the model calls it holds;
-    # "" and 0 for a session of its own
-    branch_of: str = ""
-    branch_turn: int = 0
     reward: float = 0.0  # the minimum of the verifiers' rewards; 0.0 when not verified
     verified: bool = False  # every verifier returned a reward (False when none ran or one failed)
     passed: bool = False  # verified and reward >= --min_reward
@@ -304,6 +300,10 @@ class Metadata:
     # The shortcut audit of the session's tool calls (session/audit.py); None: not audited (records of versions
     # before it, or made by a plugin), written as "" where an audited record has JSON text.
     audit: Optional[tuple[AuditFinding, ...]] = None
+    # --branch_at/--branches: the shared prefix this branch continues (its key) and the model calls it holds; "" and
+    # 0 for a session of its own.  Appended, as every field after the first version, so columns keep their order.
+    branch_of: str = ""
+    branch_turn: int = 0
 
 
 @frozen
