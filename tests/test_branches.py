@@ -189,12 +189,12 @@ def test_branch_options_are_checked_before_anything_runs(tmp_path, runner, model
 
 
 def test_a_backend_that_cannot_copy_a_working_folder_refuses_branches():
-    backend = types.SimpleNamespace(name="apptainer", copies_workdirs=False)
+    backend = types.SimpleNamespace(name="apptainer", copies_workdirs=False, snapshots_filesystems=False)
     with pytest.raises(ConfigError, match="--branch_at copies each row's prefix sandbox"):
         check_branching(types.SimpleNamespace(backend=backend, branch_at=1))
     check_branching(types.SimpleNamespace(backend=backend, branch_at=None))
-    check_branching(types.SimpleNamespace(backend=types.SimpleNamespace(name="local", copies_workdirs=True),
-                                          branch_at=1))
+    local = types.SimpleNamespace(name="local", copies_workdirs=True, snapshots_filesystems=False)
+    check_branching(types.SimpleNamespace(backend=local, branch_at=1))
 
 
 def test_a_rows_prefix_answers_die_with_its_last_branch_unless_one_failed(tmp_path, runner, model_server):

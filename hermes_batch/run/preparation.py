@@ -157,7 +157,7 @@ def check_branching(processor) -> None:
     """--branch_at needs a backend whose sandboxes copy a working folder into a fresh one: refused before the
     preflight otherwise (Apptainer, Modal, Docker's -S reuse=namespace)."""
     backend = processor.backend
-    if processor.branch_at is not None and not backend.copies_workdirs:
+    if processor.branch_at is not None and not (backend.copies_workdirs or backend.snapshots_filesystems):
         raise ConfigError(f"--branch_at copies each row's prefix sandbox into its branches, which the {backend.name} "
                           "sandbox cannot (here); use the local sandbox, or docker with -S reuse=none.")
 

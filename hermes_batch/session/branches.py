@@ -7,7 +7,8 @@ or a branch that starts after every other branch of its row had copied the snaps
 replaying those answers (no model call; its tools run again, as a resumed session's do).  The snapshot is
 the prefix's sandbox itself, its processes stopped, held open while branches copy its working folder
 (``Sandbox.copy_workdir_to``: copy-on-write where the backend and filesystem can) and closed once the last
-branch waiting for it has its copy.  What a copy cannot carry: running processes, their memory, a
+branch waiting for it has its copy; a backend that images a whole filesystem (``Sandbox.snapshot``: Docker's
+committed image) opens each branch's sandbox from that image instead.  What a copy cannot carry: running processes, their memory, a
 toolset's session (a browser page): each branch starts with none of them.
 
 Each branch is one of the row's samples (its ``sample_index`` the branch's number), with a seed of its own
@@ -53,6 +54,7 @@ class Prefix:
     state: SessionLog
     ended: Optional[tuple]  # (completed, end_reason) when the session ended by itself before TURN; else None
     sandbox: OpeningSandbox
+    image: Optional[str] = None  # the backend's snapshot of the prefix's whole filesystem (Docker), else None
 
     def start(self, branch: int, state: SessionLog) -> None:
         """Make ``state`` (a branch's, fresh) the prefix's conversation; the prefix's usage and calls are the first
@@ -90,7 +92,9 @@ class PrefixStore:
         held.users += 1
         try:
             prefix = await asyncio.shield(held.task)
-            if prefix.sandbox.started:
+            if prefix.image is not None:
+                sandbox.open_from(prefix.image)
+            elif prefix.sandbox.started:
                 await prefix.sandbox.copy_workdir_to(sandbox)
             return prefix
         finally:
@@ -148,12 +152,15 @@ async def run_prefix(processor, job, tools: dict, turn: int, say) -> Prefix:
                                 f"(--branch_at {turn}).") from None
         finally:
             await sessions.aclose()
+        image = None
         if sandbox.started:
             await sandbox.stop_processes()  # a snapshot carries files, never processes
+            if processor.backend.snapshots_filesystems:
+                image = await sandbox.snapshot()
     except BaseException:
         await sandbox.close()
         raise
     ended = None if result.end_reason == "max_turns" else (result.completed, result.end_reason)
     if say:
         say(f"prefix of {state.api_calls} model call(s) done" + (f", ended: {ended[1]}" if ended else ""))
-    return Prefix(key, state, ended, sandbox)
+    return Prefix(key, state, ended, sandbox, image)

@@ -118,7 +118,9 @@ class PromptProcessor:
         key = job.content_key if job.sample_index else row.content_key  # the sample's key (sample 0: the row's)
         spec = SandboxSpec(self.run_name, row.prompt_index, key, row.image, row.cwd, commands=commands)
         sandbox = OpeningSandbox(self.backend, spec, self.closer, label=f"[B{job.batch_num}:P{row.prompt_index}]")
-        if tools and self.backend.open_early:
+        # a branch opened from its prefix's snapshot (Sandbox.snapshot) waits for that image
+        snapshot = self.branch_at is not None and self.backend.snapshots_filesystems
+        if tools and self.backend.open_early and not snapshot:
             sandbox.start()  # beside the first model request, which does not need it; a tool call waits for it
 
         def count_usage(usage, journaled):  # model calls made by tools count in the prompt's usage and the run's
