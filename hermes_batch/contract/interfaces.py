@@ -97,6 +97,8 @@ class ModelClient(abc.ABC):
     packages: ClassVar[tuple[str, ...]] = ()
     # The ModelSettings sampling fields (SAMPLING_SETTINGS) its requests send; a run refuses the others when given.
     sampling: ClassVar[tuple[str, ...]] = ()
+    # Whether its requests carry a session's own ``seed`` (hermes_batch.model.session_sampling: --branches).
+    sends_seed: ClassVar[bool] = False
     _limiter = None
     journal = None  # the run's CallJournal (calls.jsonl), set by run/session_journals.py
     guard = None  # the run's ProviderGuard (hermes_batch.model.provider_guard), set by the engine on its own client
@@ -331,6 +333,16 @@ class Sandbox(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot copy its working folder to another sandbox")
 
+    async def snapshot(self) -> Optional[str]:
+        """An image holding this sandbox's whole filesystem now, from which ``SandboxBackend.open`` opens a fresh
+        sandbox (as ``SandboxSpec.image``); None where the backend makes none (the default).
+
+        For ``--branch_at``: called once the prefix's processes ended (they are never in it); a backend that
+        sets ``SandboxBackend.snapshots_filesystems`` makes one (Docker: a committed image), removes the images it
+        made at ``shutdown``, and else the branches get a copy of the working folder (:meth:`copy_workdir_to`).
+        """
+        return None
+
     async def ready(self) -> "Sandbox":
         """The sandbox once it can run commands; raises SandboxError when it cannot be opened.
 
@@ -367,6 +379,9 @@ class SandboxBackend(abc.ABC):
     tests_apart_missing: str = "it does not implement Sandbox.run_tests"
     # Whether its sandboxes copy a working folder into a fresh one (Sandbox.copy_workdir_to, command:clean=true).
     copies_workdirs: ClassVar[bool] = False
+    # Whether its sandboxes make an image of their whole filesystem a fresh one opens from (Sandbox.snapshot,
+    # --branch_at); False: a branch gets a copy of the working folder where ``copies_workdirs``.
+    snapshots_filesystems: ClassVar[bool] = False
     # True: a prompt's sandbox starts opening beside its first model request; False: at its first tool call,
     # for backends where a sandbox costs more than the wait (a prompt that calls no tool then never opens one)
     open_early: ClassVar[bool] = True

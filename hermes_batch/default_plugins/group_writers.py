@@ -42,6 +42,18 @@ def split_prompt(chat: list[dict]) -> tuple[list[dict], list[dict]]:
     return [], chat
 
 
+def split_after_turns(chat: list[dict], turns: int) -> tuple[list[dict], list[dict]]:
+    """(the prompt and the first ``turns`` assistant messages with their tool results: a branch's shared prefix,
+    what follows it)."""
+    seen = 0
+    for i, message in enumerate(chat):
+        if message["role"] == "assistant":
+            if seen == turns:
+                return chat[:i], chat[i:]
+            seen += 1
+    return chat, []
+
+
 def _dumps(line: dict) -> str:
     return json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
 
@@ -86,6 +98,8 @@ def _note(notes: dict, what: str) -> None:
 class DpoOptions:
     pairs_per_row: int = attrs.field(default=1, validator=attrs.validators.ge(0))  # 0: as many as the row allows
     seed: int = 0
+    # pairs of branches of one prefix (--branch_at): the prompt holds the prefix, chosen and rejected what follows
+    shared_prefix: bool = False
 
 
 class DpoWriter(FileWriter):
@@ -98,11 +112,16 @@ class DpoWriter(FileWriter):
     ``seed`` and the row's content key, and paired in order, each sample in at most one pair, up to
     ``pairs_per_row`` pairs a row.  The same run and seed give the same pairs, whatever the order of
     the files or the splits.
+
+    ``shared_prefix=true``: the samples are branches (--branch_at) grouped by the prefix they continue
+    (``metadata.branch_of``) and its text: the pair's ``prompt`` ends with the prefix's turns, ``chosen``
+    and ``rejected`` are what each branch did after it; samples of no branch are left out.
     """
 
     name = "dpo"
     description = ("dpo.jsonl: chosen/rejected pairs of a passing and a failing sample of one row "
-                   "(dpo:pairs_per_row=0 for every pair a row allows, dpo:seed=N); needs --verifier")
+                   "(dpo:pairs_per_row=0 for every pair a row allows, dpo:seed=N, dpo:shared_prefix=true for "
+                   "branches of one prefix, --branch_at); needs --verifier")
     filename = "trajectories.dpo.jsonl"
     suffix = ".jsonl"
     Config = DpoOptions
@@ -114,10 +133,19 @@ class DpoWriter(FileWriter):
 
     def encode_group(self, key: str, samples: Sequence[Trajectory], notes: dict) -> list[str]:
         by_prompt: dict[str, list] = {}
+        shared = self.config.shared_prefix
         for traj in samples:
-            prompt, completion = split_prompt(messages(traj))
+            if shared and not traj.metadata.branch_of:
+                _note(notes, "samples of no shared prefix (--branch_at)")
+                continue
+            if shared:
+                prompt, completion = split_after_turns(messages(traj), traj.metadata.branch_turn)
+                group = json.dumps([traj.metadata.branch_of, prompt])
+            else:
+                prompt, completion = split_prompt(messages(traj))
+                group = json.dumps(prompt)
             if completion:
-                by_prompt.setdefault(json.dumps(prompt), []).append((traj, prompt, completion))
+                by_prompt.setdefault(group, []).append((traj, prompt, completion))
         passing = [s for group in by_prompt.values() for s in group if s[0].metadata.passed]
         failing = [s for group in by_prompt.values() for s in group
                    if s[0].metadata.verified and not s[0].metadata.passed]
@@ -138,7 +166,9 @@ class DpoWriter(FileWriter):
             for (good, prompt, good_completion), (bad, _prompt, bad_completion) in zip(chosen, rejected):
                 if len(lines) >= budget:
                     break
+                branch = {"branch_of": good.metadata.branch_of, "branch_turn": good.metadata.branch_turn}
                 lines.append(_dumps({
+                    **(branch if shared else {}),
                     "prompt": prompt,
                     "chosen": good_completion,
                     "rejected": bad_completion,

@@ -19,6 +19,7 @@ from hermes_batch.model.model_http import (
 from hermes_batch.formats.reasoning import extract_reasoning
 from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
 from hermes_batch.model.provider_guard import provider_name
+from hermes_batch.model.session_sampling import session_sampling
 from hermes_batch.model.batching import BatchAPI, keep_result, management_error, result_lines, status_error
 from hermes_batch.model.retry import RETRYABLE_STATUS, api_error_text, rate_limit_reset_seconds, retry_after_seconds
 
@@ -47,6 +48,7 @@ class OpenAIClient(ModelClient):
     description = "Any OpenAI-compatible chat-completions endpoint (OpenRouter, OpenAI, vLLM, llama.cpp, Ollama)."
     packages = ("openai", "aiohttp")
     sampling = SAMPLING_SETTINGS  # all of them: OpenAI-compatible servers take what they know (top_k: vLLM, llama.cpp)
+    sends_seed = True  # a branch's own seed (model/session_sampling.py), over --extra_body's
 
     def __init__(self, settings: ModelSettings):
         super().__init__(settings)
@@ -57,7 +59,7 @@ class OpenAIClient(ModelClient):
         self._body_head = b'{"model":' + json_bytes(settings.model) + b',"messages":'
         self._max_tokens = b',"max_tokens":' + json_bytes(settings.max_tokens) if settings.max_tokens else b""
         self._body_tail = json_fields(self._extra_body)
-        self._guarded = (-1, b"")  # (the guard's version, the tail with its exclusions)
+        self._guarded = (-1, b"", {})  # (the guard's version, the tail with its exclusions, as a dict)
         self._message_json = WireCache(lambda message: json_bytes(_to_wire(message)))
         self._tool_json = WireCache(lambda tool: json_bytes(_tool_to_wire(tool)))
 
@@ -116,6 +118,14 @@ class OpenAIClient(ModelClient):
         guard = self.guard
         if guard is None or not guard.excluded or not sends_routing(self.settings):
             return self._body_tail
+        self._guarded_body()
+        return self._guarded[1]
+
+    def _guarded_body(self) -> dict:
+        """The body's fixed fields as a dict, the guard's exclusions added (cached per exclusion)."""
+        guard = self.guard
+        if guard is None or not guard.excluded or not sends_routing(self.settings):
+            return self._extra_body
         if self._guarded[0] != guard.version:
             body = dict(self._extra_body)
             provider = body.get("provider", {})
@@ -123,15 +133,16 @@ class OpenAIClient(ModelClient):
                 ignore = provider.get("ignore")
                 ignore = list(ignore) if isinstance(ignore, list) else []
                 body["provider"] = {**provider, "ignore": ignore + [p for p in guard.excluded if p not in ignore]}
-            self._guarded = (guard.version, json_fields(body))
-        return self._guarded[1]
+            self._guarded = (guard.version, json_fields(body), body)
+        return self._guarded[2]
 
     def _request(self, messages, tools) -> bytes:
         """The JSON body of a chat completion: only messages new since the last turn are serialized."""
         parts = [self._body_head, json_array(map(self._message_json, messages)), self._max_tokens]
         if tools:
             parts += [b',"tools":', json_array(map(self._tool_json, tools))]
-        parts.append(self._tail())
+        own = session_sampling.get()  # a branch's own seed (--branches): this session's fields win
+        parts.append(json_fields({**self._guarded_body(), **own}) if own else self._tail())
         return b"".join(parts)
 
     async def send(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> ModelResponse:

@@ -367,6 +367,13 @@ class ResponseJournal:
         if key not in self._pending:
             return None
         self._pending.discard(key)
+        return self.answers(key)
+
+    def answers(self, key: str) -> Optional[dict]:
+        """Every answer the file holds for ``key``, ``{request hash: answer}``, or None: also those of this session,
+        as often as asked (a shared prefix, --branch_at, is replayed by each branch that rebuilds it)."""
+        if key not in self._spans:
+            return None
         answers: dict = {}
         try:
             fd = open_file(self.path)

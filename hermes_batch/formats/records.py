@@ -300,6 +300,10 @@ class Metadata:
     # The shortcut audit of the session's tool calls (session/audit.py); None: not audited (records of versions
     # before it, or made by a plugin), written as "" where an audited record has JSON text.
     audit: Optional[tuple[AuditFinding, ...]] = None
+    # --branch_at/--branches: the shared prefix this branch continues (its key) and the model calls it holds; "" and
+    # 0 for a session of its own.  Appended, as every field after the first version, so columns keep their order.
+    branch_of: str = ""
+    branch_turn: int = 0
 
 
 @frozen

@@ -158,6 +158,10 @@ def _sample_index(value: Any, _type=None) -> int:
     return value if type(value) is int and value >= 0 else 0
 
 
+def _text_or_empty(value: Any, _type=None) -> str:
+    return value if isinstance(value, str) else ""
+
+
 def _flag(value: Any, _type=None) -> bool:
     return value is True
 
@@ -244,6 +248,8 @@ def _make_record_converter() -> cattrs.Converter:
         invalid_tool_calls=override(struct_hook=_structure_invalid_calls),
         duration_s=override(struct_hook=_seconds),
         sample_index=override(struct_hook=_sample_index),
+        branch_of=override(struct_hook=_text_or_empty),
+        branch_turn=override(struct_hook=_sample_index),
         reward=override(struct_hook=_reward),
         verified=override(struct_hook=_flag),
         passed=override(struct_hook=_flag),

@@ -256,6 +256,13 @@ class RunConfig:
         False, help="Sample a row no further once one of its samples passed (--min_reward).")
     min_reward: float = option(
         1.0, validator=finite, help="The reward a verified sample needs to pass.")
+    branch_at: Optional[int] = option(
+        None, validator=at_least(1), cli=Cli(metavar="TURN"),
+        help="Run each row's session to this many model calls once (the shared prefix), then continue --branches "
+        "sessions from there, each in a copy of its sandbox (docs/training-data.md#branches-from-a-shared-prefix).")
+    branches: Optional[int] = option(
+        None, validator=at_least(1), cli=Cli(metavar="K"),
+        help="With --branch_at: the sessions that continue each row's prefix; they are the row's samples.")
     batch_api: bool = option(
         False, help="Send the model calls as provider batches (OpenAI Batch API, Anthropic Message Batches) at "
         "batch prices; sessions wait for their batch (docs/batch-api.md).")
@@ -285,6 +292,29 @@ class RunConfig:
             raise UsageError("--resume and --overwrite contradict each other; pass one of them.")
         if not self.resume:  # a resume takes the run's --verifier from run.json first: checked in make_plan
             self.check_verifier_needs()
+        self.check_branches()
+
+    def check_branches(self) -> None:
+        """--branch_at and --branches: together, below --max_turns, as the row's samples, in the driver's process."""
+        if (self.branch_at is None) != (self.branches is None):
+            raise UsageError("--branch_at and --branches go together; pass both, or neither.")
+        if self.branch_at is None:
+            return
+        if self.branch_at >= self.max_turns:
+            raise UsageError(f"--branch_at must be below --max_turns ({self.max_turns}), got {self.branch_at}; "
+                             "the branches need turns of their own.")
+        if self.samples_per_prompt != 1:
+            raise UsageError("--branches K makes each row's K samples; leave --samples_per_prompt out.")
+        if self.batch_api:
+            raise UsageError("--branch_at cannot wait on provider batches; leave --batch_api out.")
+        if self.executor != "local":
+            raise UsageError(f"--branch_at runs a row's branches beside its prefix, which the {self.executor} "
+                             "executor cannot; use --executor local.")
+
+    @property
+    def per_row(self) -> int:
+        """The sessions of each row: its --branches, else its --samples_per_prompt."""
+        return self.branches or self.samples_per_prompt
 
     def check_verifier_needs(self) -> None:
         """Options that mean nothing without a --verifier: --stop_on_success, and --filter verified (it would
@@ -302,9 +332,9 @@ class RunConfig:
     @property
     def max_rows(self) -> Optional[int]:
         """The dataset rows the run reads: --max_samples counts samples, --samples_per_prompt of them a row."""
-        if self.max_samples is None or self.samples_per_prompt == 1:
+        if self.max_samples is None or self.per_row == 1:
             return self.max_samples
-        return -(-self.max_samples // self.samples_per_prompt)
+        return -(-self.max_samples // self.per_row)
 
     def public(self) -> dict:
         """The configuration as saved in run.json: no API key, no ephemeral prompt, no credentials in URLs or options."""

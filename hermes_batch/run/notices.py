@@ -55,7 +55,7 @@ def start_banner(plan, installed_toolsets, to_run: int, finished: int, concurren
     if sampling:
         banner_log.info("Sampling: %s", ", ".join(f"{k} {json.dumps(v)}" for k, v in sampling.items()))
     if plan.verifiers:
-        banner_log.info("Verifiers: %s; %d sample(s) a row", ", ".join(plan.verifiers), config.samples_per_prompt)
+        banner_log.info("Verifiers: %s; %d sample(s) a row", ", ".join(plan.verifiers), config.per_row)
     banner_log.info("Sandbox: %s (isolation %s); executor %s", sandbox.name, sandbox.isolation or "unknown",
                     plan.executor)
 

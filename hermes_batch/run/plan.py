@@ -202,6 +202,7 @@ def build_processor(
         min_reward=plan.config.min_reward,
         model_client=lambda name, settings: _other_client(registry, client, name, settings),
         sampling=plan.model.sampling(),
+        branch_at=plan.config.branch_at,
     )
 
 

@@ -20,7 +20,7 @@ import attrs
 from ..contract.plugin_errors import PluginFailures
 from ..contract.interfaces import Executor
 from ..contract.plugins import Registry, collect
-from ..errors import HermesBatchError, RunFolderError
+from ..errors import ConfigError, HermesBatchError, RunFolderError
 from ..folder import unfinished
 from ..folder.lock import RunFolderLock
 from ..folder.rowkeys import Validated
@@ -153,6 +153,15 @@ def thread_pools(concurrency: int) -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(concurrency + 4, thread_name_prefix="hermes-batch-tools")
 
 
+def check_branching(processor) -> None:
+    """--branch_at needs a backend whose sandboxes copy a working folder into a fresh one: refused before the
+    preflight otherwise (Apptainer, Modal, Docker's -S reuse=namespace)."""
+    backend = processor.backend
+    if processor.branch_at is not None and not (backend.copies_workdirs or backend.snapshots_filesystems):
+        raise ConfigError(f"--branch_at copies each row's prefix sandbox into its branches, which the {backend.name} "
+                          "sandbox cannot (here); use the local sandbox, or docker with -S reuse=none.")
+
+
 async def start(executor, processor, to_run: int, preflight: bool) -> Optional[BaseException]:
     """Check the engine, start the executor's workers and pay the preflight; what stopped it, else None.
 
@@ -163,6 +172,7 @@ async def start(executor, processor, to_run: int, preflight: bool) -> Optional[B
     starting = asyncio.ensure_future(executor.start(processor) if to_run else asyncio.sleep(0))
     try:
         await processor.backend.check()
+        check_branching(processor)
         if starting.done():
             starting.result()  # a cluster that cannot be reached says so before the preflight is paid for
         if to_run and preflight:

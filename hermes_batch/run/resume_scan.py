@@ -26,13 +26,13 @@ Match = Union[rowkeys.ResumeMatch, samples.SampleMatch]
 
 def sampling(config: RunConfig) -> bool:
     """True when each row runs as several samples (--samples_per_prompt above 1)."""
-    return config.samples_per_prompt > 1
+    return config.per_row > 1
 
 
 def nothing_finished(config: RunConfig, keys: rowkeys.RowKeys) -> Match:
     """The match of a run with no finished record: every valid row (every sample of it) runs."""
     if sampling(config):
-        return samples.SampleMatch(None, 0, 0, total=samples.total_samples(keys, config.samples_per_prompt,
+        return samples.SampleMatch(None, 0, 0, total=samples.total_samples(keys, config.per_row,
                                                                           config.max_samples))
     return rowkeys.match_finished(keys, None)
 
@@ -52,7 +52,7 @@ def read_run_folder(folder: RunFolder, config: RunConfig, plan: RunPlan, keys: r
     _reindex(folder, config, plan, checkpoints)
     if sampling(config):
         passed = samples.passed_digests(folder) if config.stop_on_success else None
-        match = samples.match(keys, index.finished_digests(), config.samples_per_prompt, config.max_samples, passed)
+        match = samples.match(keys, index.finished_digests(), config.per_row, config.max_samples, passed)
     else:
         match = rowkeys.match_finished(keys, index.finished_digests())
     size = config.batch_size

@@ -46,6 +46,7 @@ MEANING = frozenset({
     # sampling: what a sample is drawn from (pass@k, DPO pairs)
     "temperature", "top_p", "top_k", "frequency_penalty", "presence_penalty", "extra_body",
     "toolsets_per_sample",
+    "branch_at", "branches",  # a branch continues its row's prefix: another turn or count is another dataset
 })
 RUN = frozenset({
     "dataset_file", "batch_size", "num_workers", "verbose", "max_samples", "providers_allowed",

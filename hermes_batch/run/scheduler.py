@@ -87,9 +87,11 @@ class Scheduler:
                 break
             batch = row.prompt_index // size
             if not self.sampling:
+                self.journals.expect_branches(row, 1, self.config.branch_at)
                 yield self._dispatched(batch, PromptJob(row, batch, self._toolsets(row.content_key)))
                 continue
-            left = self.match.of(row.prompt_index, self.config.samples_per_prompt, self.config.max_samples)
+            left = self.match.of(row.prompt_index, self.config.per_row, self.config.max_samples)
+            self.journals.expect_branches(row, len(left), self.config.branch_at)
             if self.config.stop_on_success and len(left) > 1:
                 # one after another: the next sample of the row starts only when this one did not pass
                 self.later_samples[row.prompt_index] = left[1:]

@@ -21,6 +21,7 @@ from ..folder.journal import CallJournal, journal_path
 from ..folder.replay_journal import ResponseJournal, replay_journal_path
 from ..folder.response_cache import open_cache
 from ..folder.runfolder import RunFolder
+from ..session.branches import prefix_key
 from ..session.replay import Replayer, replay_key
 from .batch_client import BatchingClient
 
@@ -37,6 +38,7 @@ class SessionJournals:
         self.cache = None  # --response_cache's ResponseCache, opened before the preflight
         self.all_recorded = False  # every prompt of the run has its record: responses.jsonl goes at close
         self.kept = 0  # failed prompts whose answers stay in responses.jsonl for the --resume that runs them again
+        self.branches: dict = {}  # --branch_at: row content key -> [its prefix's key, branches not recorded, failed]
 
     def load(self, folder: RunFolder) -> None:
         """On a resume, before any model call and off the event loop: read (and repair) what the sessions before
@@ -78,9 +80,27 @@ class SessionJournals:
             return job
         return attrs.evolve(job, replay=self.responses.recorded(replay_key(job)))
 
+    def expect_branches(self, row, count: int, turn) -> None:
+        """--branch_at: ``count`` branches of ``row`` run now; once all are recorded and none failed, the answers
+        of their prefix are dead too (a resume would have no branch of the row to run)."""
+        if turn is not None and count:
+            self.branches[row.content_key] = [prefix_key(row.content_key, turn), count, False]
+
+    def _branch_recorded(self, job: PromptJob, failed: bool) -> None:
+        held = self.branches.get(job.row.content_key)
+        if held is None:
+            return
+        held[1] -= 1
+        held[2] = held[2] or failed
+        if held[1] <= 0:
+            del self.branches[job.row.content_key]
+            if not held[2]:
+                self.responses.end(held[0])
+
     def recorded(self, job: PromptJob, failed: bool = False) -> None:
         """The prompt's record is written: its answers need no replay any more, unless it failed (``failed``):
         a --resume runs it again, and replays the answers it paid for instead of paying again."""
+        self._branch_recorded(job, failed)
         key = replay_key(job)
         if failed and self.responses.holds(key):
             self.kept += 1

@@ -80,6 +80,10 @@ class SessionLog:
     tallies: dict = attrs.Factory(dict)  # tool name -> _Tally
     invalid: list = attrs.Factory(list)  # InvalidToolCall, in the order the calls were made
     replay: Optional[object] = None  # a session.replay.SessionReplay: recorded answers used before calls are made
+    # --branch_at: the prefix this session continues, the model calls it holds, the sampling its requests send
+    branch_of: str = ""
+    branch_turn: int = 0
+    sampling: Optional[dict] = None
 
     @property
     def replayed_turns(self) -> int:
@@ -136,7 +140,8 @@ async def run_session(
     specs = tuple(tool.spec() for tool in tools.values())
     state = state if state is not None else SessionLog()
     session = state.messages
-    state.tallies.update((name, _Tally()) for name in tools)
+    for name in tools:  # a branch's state holds its prefix's counts already
+        state.tallies.setdefault(name, _Tally())
     end_reason = "max_turns"
     completed = False
 

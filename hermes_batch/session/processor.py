@@ -21,6 +21,8 @@ from .audit import audit_sample
 from .verification import verify
 from ..contract.run_context import RunContext
 from .sandbox_start import OpeningSandbox, SandboxCloser
+from .branches import PrefixStore, branch_seed, prefix_key, run_prefix
+from ..model.session_sampling import session_sampling
 from ..contract.toolsets import PromptToolsets
 
 
@@ -62,6 +64,8 @@ class PromptProcessor:
     sampling: Mapping = attrs.Factory(dict)  # the sampling settings the requests send (ModelSettings.sampling)
     closer: SandboxCloser = attrs.field(factory=SandboxCloser, init=False)  # sandboxes closed once they are open
     replayer: Optional[object] = None  # session.replay.Replayer: answers journaled, replayed on --resume (set by run/session_journals.py)
+    branch_at: Optional[int] = None  # --branch_at: each sample continues its row's prefix of this many model calls
+    prefixes: PrefixStore = attrs.field(factory=PrefixStore, init=False)  # the prefixes branches wait for or copy
 
     async def start(self) -> None:
         """Before the first prompt: start the sandbox backend, then the toolset runtimes."""
@@ -114,7 +118,9 @@ class PromptProcessor:
         key = job.content_key if job.sample_index else row.content_key  # the sample's key (sample 0: the row's)
         spec = SandboxSpec(self.run_name, row.prompt_index, key, row.image, row.cwd, commands=commands)
         sandbox = OpeningSandbox(self.backend, spec, self.closer, label=f"[B{job.batch_num}:P{row.prompt_index}]")
-        if tools and self.backend.open_early:
+        # a branch opened from its prefix's snapshot (Sandbox.snapshot) waits for that image
+        snapshot = self.branch_at is not None and self.backend.snapshots_filesystems
+        if tools and self.backend.open_early and not snapshot:
             sandbox.start()  # beside the first model request, which does not need it; a tool call waits for it
 
         def count_usage(usage, journaled):  # model calls made by tools count in the prompt's usage and the run's
@@ -132,7 +138,10 @@ class PromptProcessor:
                         max_output_chars=self.agent.max_output_chars,
                         toolsets=sessions, thread_pool=self.run.thread_pool if self.run is not None else None,
                     )
-                    result = await run_session(self.client, tools, ctx, row.prompt, self.agent, say, state)
+                    if self.branch_at is None:
+                        result = await run_session(self.client, tools, ctx, row.prompt, self.agent, say, state)
+                    else:
+                        result = await self._branch(job, tools, sandbox, ctx, say, state)
             except TimeoutError:
                 if not deadline.expired():
                     raise
@@ -154,6 +163,24 @@ class PromptProcessor:
         finally:
             await sandbox.close()  # at once when it is open; one still opening is closed when it is
         return trajectory
+
+    async def _branch(self, job: PromptJob, tools: dict, sandbox: OpeningSandbox, ctx: ToolContext, say, state):
+        """--branch_at: the session of branch ``job.sample_index``, continued from its row's prefix (made once) in
+        ``sandbox``, a copy of the prefix's; with a seed of its own where the client sends one."""
+        key = prefix_key(job.row.content_key, self.branch_at)
+        prefix = await self.prefixes.copy_into(key, lambda: run_prefix(self, job, tools, self.branch_at, say), sandbox)
+        prefix.start(job.sample_index, state)
+        state.branch_of, state.branch_turn = key, prefix.state.api_calls
+        if self.client.sends_seed:
+            state.sampling = {**self.sampling, "seed": branch_seed(self.seed, key, job.sample_index)}
+        if prefix.ended is not None:  # the session ended by itself before the branch point: nothing to continue
+            completed, end_reason = prefix.ended
+            return state.result(completed=completed, end_reason=end_reason)
+        token = session_sampling.set({"seed": state.sampling["seed"]} if state.sampling else None)
+        try:
+            return await run_session(self.client, tools, ctx, job.row.prompt, self.agent, say, state)
+        finally:
+            session_sampling.reset(token)
 
     def _fresh_sandbox(self, spec: SandboxSpec, job: PromptJob):
         """A function that opens another sandbox of ``spec``, ready, for a verifier (which closes it)."""
@@ -193,7 +220,9 @@ class PromptProcessor:
             calls=tuple(state.calls),
             sample_index=job.sample_index,
             replayed_turns=state.replayed_turns,
-            sampling=dict(self.sampling),
+            sampling=dict(self.sampling if state.sampling is None else state.sampling),
+            branch_of=state.branch_of,
+            branch_turn=state.branch_turn,
         )
         trajectory = Trajectory(
             prompt_index=row.prompt_index,

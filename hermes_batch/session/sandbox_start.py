@@ -16,6 +16,8 @@ import asyncio
 import logging
 from typing import Optional
 
+import attrs
+
 from ..errors import SandboxError
 from ..contract.interfaces import ExecResult, Sandbox, SandboxBackend
 from ..formats.records import SandboxSpec
@@ -102,6 +104,18 @@ class OpeningSandbox(Sandbox):
     async def copy_workdir_to(self, other: Sandbox) -> None:
         other = await other.ready()
         return await (await self.ready()).copy_workdir_to(other)
+
+    async def snapshot(self):
+        if self._task is None:
+            return None  # never opened: nothing was written
+        return await (await self.ready()).snapshot()
+
+    def open_from(self, image: str) -> None:
+        """Open the sandbox from ``image`` (a branch's, a snapshot of its prefix) instead of its spec's own image;
+        only before it was started."""
+        if self._task is not None:
+            raise RuntimeError("a sandbox already being opened cannot change its image")
+        self._spec = attrs.evolve(self._spec, image=image)
 
     async def stop_processes(self) -> bool:
         if self._task is None:

@@ -35,6 +35,8 @@ from .engine import (
     engine_errors,
 )
 from .agent import AGENT_SCRIPT, Agent, exportable
+
+SNAPSHOT_REPOSITORY = "hermes-batch-snapshot"  # --branch_at: the images of prefixes' containers
 from .sandbox import AGENT_READY_S, SHELL, DockerSandbox
 from .views import HELPER, IDENTITY_SCRIPT, VIEW_END_S, VIEW_FOLDER, new_view, parse_identity
 
@@ -66,6 +68,12 @@ class DockerBackend(SandboxBackend):
     Config = DockerConfig
 
     @property
+    def snapshots_filesystems(self) -> bool:
+        """--branch_at: a strict container is committed to an image its branches start from (a view's files are
+        not the container's, so -S reuse=namespace cannot)."""
+        return self.config.reuse == "none"
+
+    @property
     def copies_workdirs(self) -> bool:
         """command:clean=true: a strict container's working folder is copied into a fresh one (a view's is not the
         container's, so -S reuse=namespace cannot)."""
@@ -82,6 +90,7 @@ class DockerBackend(SandboxBackend):
         self._open: set[DockerSandbox] = set()
         self._background: set[asyncio.Future] = set()  # creations, removals and kills still running in threads
         self._pools: dict[tuple, WarmPool] = {}  # (image, working folder) -> containers started ahead (-S pool=)
+        self._snapshots: set[str] = set()  # --branch_at: images of prefixes' containers, removed at shutdown
         self._taken: dict[DockerSandbox, WarmPool] = {}  # open sandboxes of a pool, replaced (or given back) when closed
         self.helper: Optional[str] = None  # the static namespace helper on this machine (views, tests' supervisor)
         self._helper_program: Optional[asyncio.Future] = None  # its bytes, copied into a container for each grading
@@ -198,7 +207,16 @@ class DockerBackend(SandboxBackend):
                 c for c in containers
                 if c.get("Labels", {}).get(LABEL_RUN_DIR) == run_dir and not engine.owner_alive(c.get("Labels", {}))
             ]
-            return engine.remove_all(self.api, stale)
+            removed = engine.remove_all(self.api, stale)
+            # --branch_at's snapshots of a killed process of this run, once their containers are gone
+            images = self.api.images(filters={"label": [f"{LABEL_RUN}={self.run.run_name}"]})
+            engine.remove_images(self.api, [
+                tag for image in images
+                if (image.get("Labels") or {}).get(LABEL_RUN_DIR) == run_dir
+                and not engine.owner_alive(image.get("Labels") or {})
+                for tag in image.get("RepoTags") or () if tag.startswith(SNAPSHOT_REPOSITORY + ":")
+            ])
+            return removed
 
         removed = await self.blocking(sweep)
         if removed:
@@ -218,7 +236,9 @@ class DockerBackend(SandboxBackend):
                 await asyncio.gather(*list(self._background), return_exceptions=True)
 
             def sweep() -> int:
-                return engine.remove_all(self.api, engine.find_containers(self.api, **{LABEL_SESSION: self.session}))
+                removed = engine.remove_all(self.api, engine.find_containers(self.api, **{LABEL_SESSION: self.session}))
+                engine.remove_images(self.api, self._snapshots)  # once no container runs them
+                return removed
 
             await self.blocking(sweep)
         finally:
@@ -286,7 +306,7 @@ class DockerBackend(SandboxBackend):
         env = {str(key): str(value) for key, value in spec.env.items()}
         if self.config.reuse == "namespace":
             return await self._open_view(spec, image, info, workdir, env)
-        if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0:
+        if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0 and image not in self._snapshots:
             pool = self._container_pool(image, info)
             taken = await pool.take()
             if taken is not None:
@@ -403,6 +423,15 @@ class DockerBackend(SandboxBackend):
     def _name(self, prompt_index, run_name: Optional[str] = None) -> str:
         run_part = _NAME_UNSAFE.sub("-", run_name or self.run.run_name)[:60]
         return f"hermes-batch-{run_part}-p{prompt_index}-{uuid.uuid4().hex[:8]}"
+
+    def commit_snapshot(self, container_id: str) -> str:
+        """--branch_at: the container's filesystem (not its volumes or tmpfs mounts) as an image of this process,
+        labelled as its containers are (the commit keeps the container's labels); removed at shutdown."""
+        tag = f"{self.session}-{uuid.uuid4().hex[:12]}"
+        self.api.commit(container_id, repository=SNAPSHOT_REPOSITORY, tag=tag)
+        name = f"{SNAPSHOT_REPOSITORY}:{tag}"
+        self._snapshots.add(name)
+        return name
 
     def _labels(self, run_name: Optional[str] = None) -> dict:
         """The labels of every container of this process; the run's leftover sweeps find containers by them."""

@@ -109,6 +109,17 @@ def remove_container(client: docker.APIClient, container_id: str) -> bool:
         raise
 
 
+def remove_images(client: docker.APIClient, names: Iterable[str]) -> None:
+    """Remove images this run made (--branch_at's snapshots); one still used or gone is left, with a warning."""
+    for name in list(names):
+        try:
+            client.remove_image(name, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            log.warning("Could not remove the image %s: %s", name, exc)
+
+
 def remove_all(client: docker.APIClient, containers: Iterable[dict]) -> int:
     removed = 0
     for container in containers:

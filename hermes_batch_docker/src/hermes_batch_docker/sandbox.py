@@ -388,6 +388,14 @@ class DockerSandbox(Sandbox):
             return TestsRun(result, None, "the tests ended without a report" + (f" ({said[:200]})" if said else ""))
         return TestsRun(result, *grading.read_report(report))
 
+    async def snapshot(self) -> Optional[str]:
+        """--branch_at: this container's filesystem committed to an image of the run, which the backend removes at
+        shutdown; None for a view (-S reuse=namespace), whose files are not the container's alone."""
+        self._check_open()
+        if self._view is not None:
+            return None
+        return await self._call(self._backend.commit_snapshot, self.id)
+
     async def copy_workdir_to(self, other: Sandbox) -> None:
         """command:clean=true: make the fresh container ``other``'s working folder what this one's is now (folders,
         regular files and links as the archive API gives them, owners and modes kept; FIFOs, sockets and devices
