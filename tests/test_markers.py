@@ -117,3 +117,16 @@ def test_no_test_file_marks_what_it_needs_itself():
              for folder in folders for path in sorted(folder.rglob("*.py")) if path.name != "test_markers.py"
              for text in [path.read_text()] for match in inline.finditer(text)]
     assert not found, f"mark these in NEEDS_OF_TESTS of the root conftest.py instead: {found}"
+
+
+def test_no_test_module_imports_a_browser_library_when_collected():
+    # The everyday run has no Playwright (scripts/test.sh --all installs it): a module-level import made the
+    # whole file an error there, browser-marked tests or not.
+    offenders = []
+    for path in sorted({*REPO.glob("tests/*.py"), *REPO.glob("hermes_batch_*/tests/*.py")}):
+        for node in ast.parse(path.read_text()).body:
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(name.split(".")[0] in ("playwright", "selenium") for name in names):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert offenders == [], offenders

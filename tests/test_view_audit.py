@@ -4,14 +4,13 @@ findings beside its conversation; nothing of it for runs older than the audit.""
 from __future__ import annotations
 
 import pytest
-from playwright.sync_api import expect
 
 from hermes_batch.folder.runfolder import RunFolder
 from hermes_batch.formats.records import AuditFinding, Discarded
 from hermes_batch.testing import make_trajectory
 from hermes_batch.view.report import write_report
 from reward_rig import rewarded, write  # noqa: F401 (fixture)
-from view_rig import browser, needs_chromium, page, viewer  # noqa: F401 (fixtures)
+from view_rig import browser, expect, needs_chromium, page, viewer  # noqa: F401 (fixtures)
 
 READS_TESTS = AuditFinding("tests-read", 2, "terminal", "tests/check_count.sh", "cat tests/check_count.sh")
 REFLOG = AuditFinding("git-history", 2, "terminal", "git reflog", "git reflog")
