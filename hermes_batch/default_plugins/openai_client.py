@@ -16,6 +16,7 @@ from hermes_batch.model.model_http import (
     WireCache, http_client, is_openrouter, json_array, json_bytes, json_fields, json_object, poster, transport_error_text,
 )
 from hermes_batch.formats.reasoning import extract_reasoning
+from hermes_batch.formats.token_ids import TurnTokens, from_openai_logprobs, token_ids
 from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
 from hermes_batch.model.batching import BatchAPI, keep_result, management_error, result_lines, status_error
 from hermes_batch.model.retry import RETRYABLE_STATUS, api_error_text, rate_limit_reset_seconds, retry_after_seconds
@@ -45,11 +46,12 @@ class OpenAIClient(ModelClient):
     description = "Any OpenAI-compatible chat-completions endpoint (OpenRouter, OpenAI, vLLM, llama.cpp, Ollama)."
     packages = ("openai", "aiohttp")
     sampling = SAMPLING_SETTINGS  # all of them: OpenAI-compatible servers take what they know (top_k: vLLM, llama.cpp)
+    token_logprobs = True
 
     def __init__(self, settings: ModelSettings):
         super().__init__(settings)
         # --extra_body last: a field it names is sent as given, over the one the routing options made
-        self._extra_body = {**self._routing_body(settings), **settings.sampling()}
+        self._extra_body = {**self._routing_body(settings), **self._logprobs_body(settings), **settings.sampling()}
         self._extra_body.update(self._extra_body.pop("extra_body", {}))
         # The parts of every body that do not change during the run, serialized once, in create()'s order.
         self._body_head = b'{"model":' + json_bytes(settings.model) + b',"messages":'
@@ -105,6 +107,20 @@ class OpenAIClient(ModelClient):
             body["usage"] = {"include": True}  # OpenRouter's usage accounting: cost and cached tokens per call
         return body
 
+    @staticmethod
+    def _logprobs_body(settings: ModelSettings) -> dict:
+        if not settings.logprobs:
+            return {}
+        body: dict[str, Any] = {"logprobs": True}
+        if settings.top_logprobs:
+            body["top_logprobs"] = settings.top_logprobs
+        if not _strict_host(settings.base_url):
+            # vLLM and SGLang: each token as "token_id:N", and the ids themselves (newer vLLM); other
+            # self-hosted servers ignore fields they do not know, OpenAI's and OpenRouter's refuse them
+            body["return_tokens_as_token_ids"] = True
+            body["return_token_ids"] = True
+        return body
+
     def _request(self, messages, tools) -> bytes:
         """The JSON body of a chat completion: only messages new since the last turn are serialized."""
         parts = [self._body_head, json_array(map(self._message_json, messages)), self._max_tokens]
@@ -126,7 +142,41 @@ class OpenAIClient(ModelClient):
             raise RetryableModelError(
                 f"The model endpoint at {self.settings.base_url} could not be reached: {transport_error_text(exc)}"
             ) from exc
-        return _from_wire(json_object(answer))
+        return _from_wire(json_object(answer), self.settings.top_logprobs)
+
+    async def tokenize(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> Optional[tuple[int, ...]]:
+        """The conversation through the endpoint's ``/tokenize``: vLLM's and SGLang's take the messages;
+        llama.cpp's server takes text, which its ``/apply-template`` makes of them."""
+        if _strict_host(self.settings.base_url):
+            return None
+        wire = [_to_wire(m) for m in messages]
+        body = {"model": self.settings.model, "messages": wire, "add_generation_prompt": False}
+        if tools:
+            body["tools"] = [_tool_to_wire(t) for t in tools]
+        answer = await self._post_root("/tokenize", body)
+        found = token_ids(answer.get("tokens")) if answer is not None else None
+        if found is not None:
+            return found
+        template = await self._post_root("/apply-template", {"messages": wire})
+        prompt = template.get("prompt") if template is not None else None
+        if not isinstance(prompt, str):
+            return None
+        answer = await self._post_root("/tokenize", {"content": prompt, "add_special": False, "parse_special": True})
+        return token_ids(answer.get("tokens")) if answer is not None else None
+
+    async def _post_root(self, path: str, body: dict) -> Optional[dict]:
+        """POST ``body`` to ``path`` at the server's root (beside ``/v1``); None for any error or no object."""
+        posters = self.__dict__.setdefault("_root_posters", {})
+        if path not in posters:
+            client = self._client  # imports the SDK
+            root = re.sub(r"/v1/?$", "", self.settings.base_url.rstrip("/"))
+            posters[path] = poster(self._sdk, client, root + path, _OPTIONS, self.settings)
+        try:
+            answer = json_object(await posters[path].post(json_bytes(body)))
+        except (self._sdk.OpenAIError, ModelCallError, ValueError) as exc:
+            log.debug("%s of the endpoint answered no token ids: %s", path, exc)
+            return None
+        return answer if isinstance(answer, dict) else None
 
     def _classify(self, exc: openai.APIStatusError) -> Exception:
         status, text, provider = exc.status_code, api_error_text(exc), _error_provider(exc)
@@ -167,6 +217,8 @@ class OpenAIClient(ModelClient):
     async def aclose(self) -> None:
         if "_poster" in self.__dict__:
             await self._poster.aclose()
+        for root_poster in self.__dict__.pop("_root_posters", {}).values():
+            await root_poster.aclose()
         if "_client" in self.__dict__:  # made, so opened
             await self._client.close()
 
@@ -252,7 +304,7 @@ class OpenAIBatches(BatchAPI):
         status, body = response.get("status_code"), response.get("body")
         if status == 200 and isinstance(body, dict):
             try:
-                return _from_wire(body)
+                return _from_wire(body, self.client.settings.top_logprobs)
             except ModelCallError as exc:
                 return exc
         status = status if isinstance(status, int) else 500
@@ -318,7 +370,22 @@ def _parse_arguments(raw: Optional[str]) -> Optional[dict]:
     return value if isinstance(value, dict) else None
 
 
-def _from_wire(data: dict) -> ModelResponse:
+def _strict_host(base_url: str) -> bool:
+    """OpenAI's and OpenRouter's APIs, which refuse request fields they do not know and have no /tokenize."""
+    return is_openrouter(base_url) or "api.openai.com" in base_url
+
+
+def _turn_tokens(choice: dict, top: int):
+    tokens = from_openai_logprobs(choice.get("logprobs"), top)
+    if tokens is not None and tokens.ids is None:
+        # vLLM's return_token_ids: the ids beside logprobs that give only the tokens' text
+        ids = token_ids(choice.get("token_ids"), len(tokens.logprobs))
+        if ids is not None and len(ids) == len(tokens.logprobs):
+            tokens = TurnTokens(ids, tokens.logprobs, tokens.top)
+    return tokens
+
+
+def _from_wire(data: dict, top_logprobs: int = 0) -> ModelResponse:
     """Our response from a chat completion's JSON, each field checked for its type (the model's server is not trusted)."""
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices:
@@ -346,6 +413,7 @@ def _from_wire(data: dict) -> ModelResponse:
         reasoning=reasoning,
         tool_calls=tuple(calls),
         provider_data=details if isinstance(details, list) and details else None,
+        tokens=_turn_tokens(choice, top_logprobs) if choice.get("logprobs") else None,
     )
     return ModelResponse(
         message=message,
