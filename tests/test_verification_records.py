@@ -28,7 +28,7 @@ def test_a_record_without_verification_says_so_with_defaults():
     meta = json.loads(to_json_line(make_trajectory()))["metadata"]
     assert {name: meta[name] for name in FIELDS} == {
         "sample_index": 0, "reward": 0.0, "verified": False, "passed": False, "verifiers": "[]"}
-    assert list(meta)[-6:] == [*FIELDS, "audit"]  # appended, so older readers' column order holds
+    assert list(meta)[-7:] == [*FIELDS, "audit", "token_check"]  # appended, so older readers' column order holds
 
 
 def test_the_fields_read_back_as_written():
