@@ -78,14 +78,21 @@ def test_a_tokenizer_that_drifts_is_flagged_per_record_and_counted(runner, model
     assert stats["token_check"] == {"match": 0, "drift": 1, "unchecked": 0, "redacted": 0}
 
 
-def test_without_a_tokenizer_the_ids_are_kept_unchecked(runner, model_server, tmp_path):
-    server = model_server(SCRIPT, logprobs="llama.cpp")  # ids in each entry's "id", no /tokenize
+@pytest.mark.parametrize("spelling", ["llama.cpp", "openai"])
+def test_without_a_tokenizer_the_tokens_are_kept_unchecked(runner, model_server, tmp_path, spelling):
+    # llama.cpp's server: ids in each entry's "id"; OpenAI's API: only the tokens' text
+    server = model_server(SCRIPT, logprobs=spelling)
     data = write_dataset(tmp_path / "data.jsonl", [{"prompt": "task"}])
     assert run(runner, data, server, "--logprobs").exit_code == 0
     [record] = runner.records("trajectories.jsonl")
     assert record["metadata"]["token_check"] == "unchecked"
     [entry] = side_lines(runner.folder())
-    assert entry["sequence"] is None and all(t["ids"] for t in entry["turns"])
+    assert entry["sequence"] is None
+    text = record["conversations"][entry["turns"][-1]["turn"]]["value"]
+    if spelling == "llama.cpp":
+        assert entry["turns"][-1]["ids"] == encode_text(text) + [END]
+    else:
+        assert entry["turns"][-1]["ids"] is None and "".join(entry["turns"][-1]["pieces"][:-1]) == text
 
 
 def test_an_endpoint_that_returns_no_logprobs_is_refused_at_the_preflight(runner, model_server, tmp_path):
