@@ -185,3 +185,10 @@ def test_a_journaled_answer_replays_with_its_token_ids():
     assert decode_response(encoded).message.tokens == tokens
     encoded["t"]["logprobs"][0] = 3.0  # a journal edited by hand: the turn keeps no tokens, the answer replays
     assert decode_response(encoded).message.tokens is None
+
+
+def test_turns_are_found_in_order_and_only_on_token_boundaries():
+    assert token_ids.find_turns((1, 2, 3, 4, 5, 2, 3), [[2, 3], [2, 3], [9], [4]]) == [1, 5, -1, -1]
+    assert token_ids.find_turns((256, 1, 0, 0), [[1]]) == [1]  # not inside the bytes of 256
+    # a tokenizer's answer built to make the search quadratic: a million equal tokens
+    assert token_ids.find_turns((7,) * 1_000_000, [[7] * 200_000 + [8]]) == [-1]

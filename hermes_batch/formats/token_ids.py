@@ -8,6 +8,7 @@ whose data breaks a bound keeps no tokens at all (None), never a part that would
 
 from __future__ import annotations
 
+import array
 import math
 import re
 from typing import Any, Optional
@@ -210,30 +211,25 @@ def token_ids(value: Any, limit: int = MAX_SEQUENCE_TOKENS) -> Optional[tuple[in
 
 def find_turns(sequence: tuple[int, ...], turns: list) -> list:
     """Where each turn's ids begin in ``sequence``, in order, each after the one before (-1: not found there,
-    the drift of a re-tokenization; the turns after it are looked for after the last one found)."""
+    the drift of a re-tokenization; the turns after it are looked for after the last one found).
+
+    Searched as bytes (``bytes.find`` is linear), so no sequence an endpoint sends makes it quadratic."""
+    haystack = array.array("I", sequence).tobytes()
     starts = []
     position = 0
     for ids in turns:
-        at = _find(sequence, ids, position) if ids else -1
+        at = _find(haystack, array.array("I", ids).tobytes(), position) if ids else -1
         starts.append(at)
         if at >= 0:
             position = at + len(ids)
     return starts
 
 
-def _find(sequence: tuple, part: tuple, start: int) -> int:
-    first, size = part[0], len(part)
-    end = len(sequence) - size
-    i = start
-    while i <= end:
-        try:
-            i = sequence.index(first, i, end + 1)
-        except ValueError:
-            return -1
-        if sequence[i:i + size] == part:
-            return i
-        i += 1
-    return -1
+def _find(haystack: bytes, needle: bytes, start: int) -> int:
+    offset = haystack.find(needle, start * 4)
+    while offset >= 0 and offset % 4:  # a match across token boundaries is none
+        offset = haystack.find(needle, offset + 1)
+    return offset // 4 if offset >= 0 else -1
 
 
 # --- the side file: batch_N.tokens.jsonl ------------------------------------------------------------------------

@@ -11,6 +11,7 @@ or a turn has no ids.  The encoding is kept (``sequence``) with where each turn 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Optional
 
@@ -38,6 +39,6 @@ async def check_tokens(client: ModelClient, system_prompt: str, prompt: str, mes
         sequence = None
     if sequence is None:
         return TokenSide(UNCHECKED, None, tuple((p, -1, t) for p, t in zip(positions, tokens)))
-    starts = find_turns(sequence, ids)
+    starts = await asyncio.to_thread(find_turns, sequence, ids)  # up to a million tokens: off the event loop
     check = MATCH if all(s >= 0 for s in starts) else DRIFT
     return TokenSide(check, tuple(sequence), tuple(zip(positions, starts, tokens)))
