@@ -147,7 +147,7 @@ class OpenAIClient(ModelClient):
     async def tokenize(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> Optional[tuple[int, ...]]:
         """The conversation through the endpoint's ``/tokenize``: vLLM's and SGLang's take the messages;
         llama.cpp's server takes text, which its ``/apply-template`` makes of them."""
-        if _strict_host(self.settings.base_url):
+        if _strict_host(self.settings.base_url) or self.__dict__.get("_no_tokenizer"):
             return None
         wire = [_to_wire(m) for m in messages]
         body = {"model": self.settings.model, "messages": wire, "add_generation_prompt": False}
@@ -160,6 +160,8 @@ class OpenAIClient(ModelClient):
         template = await self._post_root("/apply-template", {"messages": wire})
         prompt = template.get("prompt") if template is not None else None
         if not isinstance(prompt, str):
+            if answer is None and template is None:  # neither endpoint answers: not asked again this run
+                self._no_tokenizer = True
             return None
         answer = await self._post_root("/tokenize", {"content": prompt, "add_special": False, "parse_special": True})
         return token_ids(answer.get("tokens")) if answer is not None else None
