@@ -42,6 +42,7 @@ NEEDS_OF_TESTS = {
     "tests/test_view_guard.py::test_a_rebound_name_reads_nothing_in_chromium": ("browser",),
     # slow: runs of hermes-batch in child processes, worker processes, big files (more than ~5 s on a busy machine)
     "tests/test_record_schema.py": ("slow",),  # a run of 2,900 prompts, made once for the module
+    "tests/test_logprobs.py::test_the_side_file_resumes_with_the_records": ("slow",),  # two runs; the others keep one
     "tests/test_replay_journal.py::test_sigkill_at_every_turn_boundary_resumes_without_paying_again": ("slow",),
     "tests/test_replay_journal.py::test_a_tool_that_prints_something_else_sends_exactly_the_remainder": ("slow",),
     "tests/test_replay_journal.py::test_ctrl_c_at_turn_boundaries_resumes_without_paying_again": ("slow",),

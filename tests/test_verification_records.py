@@ -28,7 +28,8 @@ def test_a_record_without_verification_says_so_with_defaults():
     meta = json.loads(to_json_line(make_trajectory()))["metadata"]
     assert {name: meta[name] for name in FIELDS} == {
         "sample_index": 0, "reward": 0.0, "verified": False, "passed": False, "verifiers": "[]"}
-    assert list(meta)[-8:] == [*FIELDS, "audit", "branch_of", "branch_turn"]  # appended: older readers keep their columns
+    # appended: older readers keep their columns
+    assert list(meta)[-9:] == [*FIELDS, "audit", "branch_of", "branch_turn", "token_check"]
 
 
 def test_the_fields_read_back_as_written():

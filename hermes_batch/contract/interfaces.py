@@ -68,6 +68,8 @@ class ModelSettings:
     frequency_penalty: Optional[float] = None
     presence_penalty: Optional[float] = None
     extra_body: dict = attrs.field(factory=dict, hash=False)  # more request fields, sent as given (--extra_body)
+    logprobs: bool = False  # ask for each answer's token ids and logprobs (--logprobs)
+    top_logprobs: int = 0  # and this many likeliest alternatives of each token (--top_logprobs)
 
     def sampling(self) -> dict:
         """The sampling settings given, as a record's ``metadata.sampling`` keeps them (``extra_body`` among them)."""
@@ -99,6 +101,8 @@ class ModelClient(abc.ABC):
     sampling: ClassVar[tuple[str, ...]] = ()
     # Whether its requests carry a session's own ``seed`` (hermes_batch.model.session_sampling: --branches).
     sends_seed: ClassVar[bool] = False
+    # True when its answers can carry each turn's token ids and logprobs (``Message.tokens``, --logprobs)
+    token_logprobs: ClassVar[bool] = False
     _limiter = None
     journal = None  # the run's CallJournal (calls.jsonl), set by run/session_journals.py
     guard = None  # the run's ProviderGuard (hermes_batch.model.provider_guard), set by the engine on its own client
@@ -117,6 +121,12 @@ class ModelClient(abc.ABC):
         ``sampling``, by default), rather than failing every prompt."""
         from ..errors import ConfigError
 
+        if settings.logprobs and not cls.token_logprobs:
+            raise ConfigError(
+                f"The model client {cls.name!r} cannot return token ids and logprobs (its API has none), so "
+                "--logprobs and --top_logprobs cannot be used with it; leave them out or use an OpenAI-compatible "
+                "endpoint that returns logprobs (vLLM, SGLang, llama.cpp's server)."
+            )
         given = [name for name in settings.sampling() if name not in cls.sampling]
         if given:
             sent = f"it sends {', '.join(cls.sampling)}" if cls.sampling else "it sends no sampling setting"
@@ -179,11 +189,30 @@ class ModelClient(abc.ABC):
             request_timeout=min(self.settings.request_timeout, PREFLIGHT_TIMEOUT_S),
         )
         probe = type(self)(settings)
+        answers: list = []
+
+        async def send(messages, tools):
+            answers.append(await probe.send(messages, tools))
+            return answers[-1]
+
         try:
             messages = (Message("user", PREFLIGHT_PROMPT),)
-            await check_endpoint(probe.send, messages, min(settings.max_retries, PREFLIGHT_RETRIES))
+            await check_endpoint(send, messages, min(settings.max_retries, PREFLIGHT_RETRIES))
         finally:
             await probe.aclose()
+        if settings.logprobs and answers and answers[-1].message.tokens is None:
+            from ..errors import FatalModelError
+
+            raise FatalModelError(
+                f"The model endpoint at {settings.base_url} returned no token logprobs for the preflight request, "
+                "so --logprobs would keep nothing; use an endpoint that returns them (vLLM, SGLang, llama.cpp's "
+                "server, OpenAI) or leave --logprobs out."
+            )
+
+    async def tokenize(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> Optional[tuple[int, ...]]:
+        """The token ids of the conversation ``messages`` as the endpoint's own tokenizer and chat template
+        encode it (its ``/tokenize``), or None when the endpoint offers no such thing (the default)."""
+        return None
 
     def for_model(self, model: str) -> "ModelClient":
         """A client of the same endpoint and key for ``model``, for tools that consult other models.

@@ -185,8 +185,32 @@ class DpoWriter(FileWriter):
         return lines
 
 
+def token_fields(side) -> dict:
+    """A sample's token ids (--logprobs; docs/training-data.md#token-ids-and-logprobs): the conversation as the
+    endpoint's tokenizer encodes it with a loss mask and logprobs over it, and per assistant turn its prompt's
+    ids, its sampled ids and their logprobs.  Empty lists where the run kept none."""
+    fields: dict = {"token_check": "", "input_ids": [], "loss_mask": [], "logprobs": [], "turns": []}
+    if side is None:
+        return fields
+    sequence = list(side.sequence) if side.sequence is not None else []
+    mask = [0] * len(sequence)
+    logprobs = [0.0] * len(sequence)
+    turns = []
+    for turn, start, tokens in side.turns:
+        ids = list(tokens.ids) if tokens is not None and tokens.ids is not None else []
+        values = list(tokens.logprobs) if tokens is not None else []
+        if start >= 0 and ids:
+            mask[start:start + len(ids)] = [1] * len(ids)
+            logprobs[start:start + len(ids)] = values
+        turns.append({"turn": turn, "prompt_ids": sequence[:start] if start >= 0 else [],
+                      "completion_ids": ids, "completion_logprobs": values})
+    fields.update(token_check=side.check, input_ids=sequence, loss_mask=mask, logprobs=logprobs, turns=turns)
+    return fields
+
+
 class RolloutsWriter(FileWriter):
-    """One line per row: its samples with their rewards, as GRPO-style trainers read groups of rollouts."""
+    """One line per row: its samples with their rewards, as GRPO-style trainers read groups of rollouts; with
+    the token ids a --logprobs run kept beside its records (``token_fields``)."""
 
     name = "rollouts"
     description = "rollouts.jsonl: one line per row, its samples (messages) with their rewards (--samples_per_prompt)"
@@ -194,6 +218,7 @@ class RolloutsWriter(FileWriter):
     suffix = ".jsonl"
     include = "all"
     unit = "rows"
+    token_ids = True  # export hands it each sample's side entry (Trajectory.tokens)
 
     def open(self, path) -> GroupSink:
         return GroupSink(path, self.encode_group)
@@ -215,6 +240,7 @@ class RolloutsWriter(FileWriter):
                     "passed": bool(t.metadata.passed),
                     "toolsets": "+".join(t.toolsets_used),
                     "end_reason": t.metadata.end_reason,
+                    **token_fields(t.tokens),
                 }
                 for t in samples
             ],

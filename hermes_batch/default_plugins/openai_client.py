@@ -13,10 +13,11 @@ from hermes_batch.formats.endpoint_numbers import call_cost, token_count
 from hermes_batch.errors import FatalModelError, ModelCallError, ModelOutcome, RetryableModelError
 from hermes_batch.contract.interfaces import SAMPLING_SETTINGS, ModelClient, ModelSettings
 from hermes_batch.model.model_http import (
-    WireCache, http_client, json_array, json_bytes, json_fields, json_object, poster, sends_routing, speaks_openrouter,
-    transport_error_text,
+    WireCache, http_client, is_openrouter, json_array, json_bytes, json_fields, json_object, poster, sends_routing,
+    speaks_openrouter, transport_error_text,
 )
 from hermes_batch.formats.reasoning import extract_reasoning
+from hermes_batch.formats.token_ids import TurnTokens, from_openai_logprobs, token_ids
 from hermes_batch.formats.records import Message, ModelResponse, ToolCall, ToolSpec, Usage
 from hermes_batch.model.provider_guard import provider_name
 from hermes_batch.model.session_sampling import session_sampling
@@ -49,11 +50,12 @@ class OpenAIClient(ModelClient):
     packages = ("openai", "aiohttp")
     sampling = SAMPLING_SETTINGS  # all of them: OpenAI-compatible servers take what they know (top_k: vLLM, llama.cpp)
     sends_seed = True  # a branch's own seed (model/session_sampling.py), over --extra_body's
+    token_logprobs = True
 
     def __init__(self, settings: ModelSettings):
         super().__init__(settings)
         # --extra_body last: a field it names is sent as given, over the one the routing options made
-        self._extra_body = {**self._routing_body(settings), **settings.sampling()}
+        self._extra_body = {**self._routing_body(settings), **self._logprobs_body(settings), **settings.sampling()}
         self._extra_body.update(self._extra_body.pop("extra_body", {}))
         # The parts of every body that do not change during the run, serialized once, in create()'s order.
         self._body_head = b'{"model":' + json_bytes(settings.model) + b',"messages":'
@@ -135,6 +137,19 @@ class OpenAIClient(ModelClient):
                 body["provider"] = {**provider, "ignore": ignore + [p for p in guard.excluded if p not in ignore]}
             self._guarded = (guard.version, json_fields(body), body)
         return self._guarded[2]
+    @staticmethod
+    def _logprobs_body(settings: ModelSettings) -> dict:
+        if not settings.logprobs:
+            return {}
+        body: dict[str, Any] = {"logprobs": True}
+        if settings.top_logprobs:
+            body["top_logprobs"] = settings.top_logprobs
+        if not _strict_host(settings.base_url):
+            # vLLM and SGLang: each token as "token_id:N", and the ids themselves (newer vLLM); other
+            # self-hosted servers ignore fields they do not know, OpenAI's and OpenRouter's refuse them
+            body["return_tokens_as_token_ids"] = True
+            body["return_token_ids"] = True
+        return body
 
     def _request(self, messages, tools) -> bytes:
         """The JSON body of a chat completion: only messages new since the last turn are serialized."""
@@ -158,7 +173,43 @@ class OpenAIClient(ModelClient):
             raise RetryableModelError(
                 f"The model endpoint at {self.settings.base_url} could not be reached: {transport_error_text(exc)}"
             ) from exc
-        return _from_wire(json_object(answer))
+        return _from_wire(json_object(answer), self.settings.top_logprobs)
+
+    async def tokenize(self, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]) -> Optional[tuple[int, ...]]:
+        """The conversation through the endpoint's ``/tokenize``: vLLM's and SGLang's take the messages;
+        llama.cpp's server takes text, which its ``/apply-template`` makes of them."""
+        if _strict_host(self.settings.base_url) or self.__dict__.get("_no_tokenizer"):
+            return None
+        wire = [_to_wire(m) for m in messages]
+        body = {"model": self.settings.model, "messages": wire, "add_generation_prompt": False}
+        if tools:
+            body["tools"] = [_tool_to_wire(t) for t in tools]
+        answer = await self._post_root("/tokenize", body)
+        found = token_ids(answer.get("tokens")) if answer is not None else None
+        if found is not None:
+            return found
+        template = await self._post_root("/apply-template", {"messages": wire})
+        prompt = template.get("prompt") if template is not None else None
+        if not isinstance(prompt, str):
+            if answer is None and template is None:  # neither endpoint answers: not asked again this run
+                self._no_tokenizer = True
+            return None
+        answer = await self._post_root("/tokenize", {"content": prompt, "add_special": False, "parse_special": True})
+        return token_ids(answer.get("tokens")) if answer is not None else None
+
+    async def _post_root(self, path: str, body: dict) -> Optional[dict]:
+        """POST ``body`` to ``path`` at the server's root (beside ``/v1``); None for any error or no object."""
+        posters = self.__dict__.setdefault("_root_posters", {})
+        if path not in posters:
+            client = self._client  # imports the SDK
+            root = re.sub(r"/v1/?$", "", self.settings.base_url.rstrip("/"))
+            posters[path] = poster(self._sdk, client, root + path, _OPTIONS, self.settings)
+        try:
+            answer = json_object(await posters[path].post(json_bytes(body)))
+        except (self._sdk.OpenAIError, ModelCallError, ValueError) as exc:
+            log.debug("%s of the endpoint answered no token ids: %s", path, exc)
+            return None
+        return answer if isinstance(answer, dict) else None
 
     def _classify(self, exc: openai.APIStatusError) -> Exception:
         status, text, provider = exc.status_code, api_error_text(exc), _error_provider(exc)
@@ -199,6 +250,8 @@ class OpenAIClient(ModelClient):
     async def aclose(self) -> None:
         if "_poster" in self.__dict__:
             await self._poster.aclose()
+        for root_poster in self.__dict__.pop("_root_posters", {}).values():
+            await root_poster.aclose()
         if "_client" in self.__dict__:  # made, so opened
             await self._client.close()
 
@@ -284,7 +337,7 @@ class OpenAIBatches(BatchAPI):
         status, body = response.get("status_code"), response.get("body")
         if status == 200 and isinstance(body, dict):
             try:
-                return _from_wire(body)
+                return _from_wire(body, self.client.settings.top_logprobs)
             except ModelCallError as exc:
                 return exc
         status = status if isinstance(status, int) else 500
@@ -349,7 +402,22 @@ def _parse_arguments(raw: Optional[str]) -> Optional[dict]:
     return value if isinstance(value, dict) else None
 
 
-def _from_wire(data: dict) -> ModelResponse:
+def _strict_host(base_url: str) -> bool:
+    """OpenAI's and OpenRouter's APIs, which refuse request fields they do not know and have no /tokenize."""
+    return is_openrouter(base_url) or "api.openai.com" in base_url
+
+
+def _turn_tokens(choice: dict, top: int):
+    tokens = from_openai_logprobs(choice.get("logprobs"), top)
+    if tokens is not None and tokens.ids is None:
+        # vLLM's return_token_ids: the ids beside logprobs that give only the tokens' text
+        ids = token_ids(choice.get("token_ids"), len(tokens.logprobs))
+        if ids is not None and len(ids) == len(tokens.logprobs):
+            tokens = TurnTokens(ids, tokens.logprobs, tokens.top)
+    return tokens
+
+
+def _from_wire(data: dict, top_logprobs: int = 0) -> ModelResponse:
     """Our response from a chat completion's JSON, each field checked for its type (the model's server is not trusted)."""
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices:
@@ -377,6 +445,7 @@ def _from_wire(data: dict) -> ModelResponse:
         reasoning=reasoning,
         tool_calls=tuple(calls),
         provider_data=details if isinstance(details, list) and details else None,
+        tokens=_turn_tokens(choice, top_logprobs) if choice.get("logprobs") else None,
     )
     return ModelResponse(
         message=message,

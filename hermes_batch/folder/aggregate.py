@@ -23,6 +23,9 @@ from ..formats.conversation import reasoning_counts
 from ..formats.endpoint_numbers import TOKEN_FIELDS, stored_usage
 from ..formats.records import AUDIT_KINDS, CANCELLED_STATUS, CallRecord, Discarded, Failure, Trajectory, Usage
 from ..formats.reward_numbers import stored_reward
+from ..formats.token_ids import DRIFT, MATCH, REDACTED, UNCHECKED
+
+TOKEN_CHECKS = (MATCH, DRIFT, UNCHECKED, REDACTED)
 
 _SCALE = 1074  # every finite double is an integer multiple of 2**-1074
 _MAX_REASONS = 2000  # distinct discard reasons counted one by one; the rest are summed as "(other reasons)"
@@ -377,6 +380,7 @@ class Aggregate:
         self.requests = Requests()
         self.rewards = Rewards()  # of every finished sample, kept or discarded
         self.audit = Audit()  # of every finished sample, kept or discarded
+        self.token_checks: Counter = Counter()  # metadata.token_check of the finished samples (--logprobs)
         self.first_ts: Optional[str] = None
         self.last_ts: Optional[str] = None
         # (content key, timestamp, error kind) of every failure record: few, and needed whole to tell which still fail
@@ -406,6 +410,8 @@ class Aggregate:
         self.audit.add(traj, kept=traj is record)
         self.tools.update(traj.tool_stats)
         meta = traj.metadata
+        if meta.token_check in TOKEN_CHECKS:  # what another version may write is not counted
+            self.token_checks[meta.token_check] += 1
         usage = self._add_usage(meta.usage)
         self.usage_reported += bool(usage.prompt_tokens or usage.completion_tokens)
         self.requests.add(meta.calls)
@@ -444,6 +450,7 @@ class Aggregate:
         self.requests.merge(other.requests)
         self.rewards.merge(other.rewards)
         self.audit.merge(other.audit)
+        self.token_checks.update(other.token_checks)
         for ts in (other.first_ts, other.last_ts):
             if ts is not None:
                 self.first_ts = ts if self.first_ts is None else min(self.first_ts, ts)
@@ -457,7 +464,8 @@ class Aggregate:
             cost=[str(self.cost.scaled), self.cost.reported], by_filter=dict(self.by_filter),
             reasons=[[name, reason, count] for (name, reason), count in self.reasons.items()],
             tools=sorted(self.tools), merge_tools=sorted(self.merge_tools), requests=self.requests.to_state(),
-            rewards=self.rewards.to_state(), audit=self.audit.to_state(), first_ts=self.first_ts,
+            rewards=self.rewards.to_state(), audit=self.audit.to_state(), token_checks=dict(self.token_checks),
+            first_ts=self.first_ts,
             last_ts=self.last_ts, failures=self.failures,
         )
         return state
@@ -477,6 +485,10 @@ class Aggregate:
         agg.requests = Requests.from_state(state["requests"])
         agg.rewards = Rewards.from_state(state.get("rewards"))
         agg.audit = Audit.from_state(state.get("audit"))  # none in indexes of versions before the audit
+        checks = state.get("token_checks") or {}  # none in indexes of versions before --logprobs
+        if not isinstance(checks, dict):
+            raise TypeError("token_checks is not an object")
+        agg.token_checks = Counter({k: int(v) for k, v in checks.items() if k in TOKEN_CHECKS})
         agg.first_ts, agg.last_ts = state["first_ts"], state["last_ts"]
         agg.failures = [(str(k), str(t), str(e)) for k, t, e in state["failures"]]
         return agg

@@ -60,6 +60,7 @@ from ..errors import RunFolderError, RunFolderWriteError
 from ..formats.endpoint_numbers import stored_usage
 from ..formats.jsonguard import safe_message
 from ..formats.lines import TOO_LONG, loads, read_lines
+from ..formats import token_ids
 from ..formats.records import Message, ModelResponse, ToolCall
 from .durable import atomic_write_lines, cut_torn_tail, write_all, write_error
 from .offloop import check_stop
@@ -91,13 +92,16 @@ def message_form(message: Message) -> list:
 def encode_response(response: ModelResponse) -> dict:
     """A ModelResponse as JSON types, every field kept (decode_response gives it back equal)."""
     m, u = response.message, response.usage
-    return {
+    data = {
         "m": message_form(m),
         "f": response.finish_reason,
         "u": [u.prompt_tokens, u.completion_tokens, u.reasoning_tokens, u.cached_tokens, u.cost],
         "p": response.provider,
         "model": response.model,
     }
+    if m.tokens is not None:  # --logprobs: a replayed turn keeps the token ids it was sampled with
+        data["t"] = token_ids.to_json(m.tokens)
+    return data
 
 
 def _tuples(value: Any) -> Any:
@@ -148,7 +152,8 @@ def decode_response(data: Any) -> ModelResponse:
         usage = stored_usage({"prompt_tokens": prompt, "completion_tokens": completion,
                               "reasoning_tokens": reasoning_tokens, "cached_tokens": cached, "cost": cost}, calls=1)
         message = Message(role, content, reasoning, tuple(tool_calls), call_id, name,
-                          provider_data if type(provider_data) in (dict, str) else _tuples(provider_data))
+                          provider_data if type(provider_data) in (dict, str) else _tuples(provider_data),
+                          tokens=token_ids.from_json(data.get("t")))
         finish, provider, model = data.get("f"), data.get("p"), data.get("model")
         response = ModelResponse(safe_message(message), _text(finish, "the finish reason"), usage,
                                  _text(provider, "the provider"), _text(model, "the model"))

@@ -13,7 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .aggregate import REWARD_BUCKETS, Aggregate, Audit, Requests, Rewards, Scope, epoch
+from .aggregate import REWARD_BUCKETS, TOKEN_CHECKS, Aggregate, Audit, Requests, Rewards, Scope, epoch
 from .journal import JournalTotals, journal_path, read_journal
 from .reindex import count_unmatched
 from ..formats.records import AUDIT_KINDS, Discarded, Failure, SessionInfo, Trajectory, Usage, key_digest
@@ -391,6 +391,9 @@ def build_statistics(
         "cost": None if usage.cost is None else round(usage.cost, 6),
         "rewards": rewards_section(aggregate.rewards),
         "audit": audit_section(aggregate.audit),
+        # --logprobs: how many samples' token ids the endpoint's tokenizer agreed with (docs/training-data.md)
+        "token_check": ({name: aggregate.token_checks[name] for name in TOKEN_CHECKS}
+                        if aggregate.token_checks else None),
         "model_requests": _requests_dict(requests, sessions),
         "duration": {
             "total_s": duration,

@@ -96,6 +96,9 @@ class Message:
     tool_call_id: Optional[str] = None
     name: Optional[str] = None  # tool name, for role "tool"
     provider_data: Any = None  # opaque data a client must get back next turn (e.g. thinking signatures)
+    # an assistant turn's sampled token ids and logprobs (formats.token_ids.TurnTokens, --logprobs): kept beside
+    # the record, never in it, and no part of what a request sends or a replay compares
+    tokens: Any = field(default=None, eq=False, repr=False)
 
 
 @frozen
@@ -304,6 +307,9 @@ class Metadata:
     # 0 for a session of its own.  Appended, as every field after the first version, so columns keep their order.
     branch_of: str = ""
     branch_turn: int = 0
+    # --logprobs: whether the turns' token ids are where the endpoint's tokenizer puts them in the conversation
+    # ("match", "drift", "unchecked": no tokenizer endpoint or no ids; "" without --logprobs)
+    token_check: str = ""
 
 
 @frozen
@@ -319,6 +325,8 @@ class Trajectory:
     toolsets_used: tuple[str, ...]
     tool_stats: dict[str, ToolStat]
     tool_error_counts: dict[str, int]
+    # --logprobs: the side file's entry for this sample (session/token_check.py's TokenSide), never in the record
+    tokens: Any = field(default=None, eq=False, repr=False)
 
     @property
     def final_answer(self) -> Optional[str]:

@@ -258,6 +258,9 @@ def _make_record_converter() -> cattrs.Converter:
     )
     conv.register_structure_hook(
         Metadata, lambda data, cls: _unverified_if_no_reward(structure_metadata(data, cls), data.get("reward")))
+    # a sample's token ids go to the side file (--logprobs), never into its record
+    conv.register_unstructure_hook(Trajectory, make_dict_unstructure_fn(Trajectory, conv, tokens=override(omit=True)))
+    conv.register_structure_hook(Trajectory, make_dict_structure_fn(Trajectory, conv, tokens=override(omit=True)))
     # a session's duration and cost, as an older version may have written them (Infinity, NaN)
     conv.register_unstructure_hook(
         SessionInfo,

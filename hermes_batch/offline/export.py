@@ -24,6 +24,8 @@ from ..contract.plugin_options import parse_spec
 from .export_files import TRAIN, locked, other_data_files, prepare, publish, remove_if_empty, target_for
 from ..contract.run_filters import INCLUDE, Entry, iter_entries, judge
 from ..folder.runfolder import RunFolder
+from ..folder.token_files import SideIndex
+from ..formats.token_ids import record_digest
 from ..formats.row_identity import row_key
 from ..folder.durable import write_error
 from ..contract.writers import FileWriter, report_skipped
@@ -216,6 +218,7 @@ def _export(folders, writer, target, include, splits, filters, force, hidden: fr
     for folder in folders:
         names |= _tool_names(folder, include)
     final = {split: target.path(name) for split, name in target.names.items()}
+    sides = _side_index(folders) if getattr(writer, "token_ids", False) else None
     sinks: dict = {}
     try:
         for split, name in target.names.items():
@@ -225,7 +228,11 @@ def _export(folders, writer, target, include, splits, filters, force, hidden: fr
                 continue
             traj = entry.trajectory
             split = split_of(row_key(traj), splits)  # a row's samples (--samples_per_prompt) in one split
-            _write(final[split], sinks[split].add, without_fields(traj.with_tools(names), hidden))
+            out = without_fields(traj.with_tools(names), hidden)
+            if sides:  # --logprobs: the side entry of this record, found by its key and conversation
+                side = sides.get(traj.metadata.content_key, record_digest(traj.conversations))
+                out = attrs.evolve(out, tokens=side)
+            _write(final[split], sinks[split].add, out)
         written = {target.names[split]: _write(final[split], sink.seal) for split, sink in sinks.items()}
     except BaseException:
         for sink in sinks.values():
@@ -267,6 +274,14 @@ def _export(folders, writer, target, include, splits, filters, force, hidden: fr
         unit=unit,
         notes=dict(sorted(notes.items())),
     )
+
+
+def _side_index(folders) -> SideIndex:
+    """The side files (batch_N.tokens.jsonl) of every run, indexed: a later run's entry of a key wins."""
+    index = SideIndex()
+    for folder in folders:
+        index.add_folder(folder.dir)
+    return index
 
 
 def _write(path: Path, fn, *args):

@@ -84,6 +84,9 @@ class BatchingClient(ModelClient):
     async def preflight(self) -> None:
         await self.inner.preflight()
 
+    async def tokenize(self, messages, tools):
+        return await self.inner.tokenize(messages, tools)  # --logprobs: not a model call, so never batched
+
     async def check_batch_api(self) -> None:
         """FatalModelError (exit 2) when the endpoint has no batch API; before any prompt runs."""
         await self.batcher.check()

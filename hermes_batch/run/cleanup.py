@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..folder import unfinished
+from ..folder.token_files import side_files
 from ..folder.record_index import INDEX_DIR, is_index_file
 from ..folder.batch_journal import BATCH_JOURNAL_NAME
 from ..folder.journal import JOURNAL_NAME
@@ -53,7 +54,8 @@ def output_files(folder: RunFolder, writer_files: Iterable[str] = ()) -> list[Pa
     fixed = [folder.trajectories, folder.discarded, folder.failed, folder.checkpoint, folder.statistics,
              folder.run_json]
     fixed += [folder.dir / name for name in (*_OTHER_OUTPUTS, *writer_files)]
-    return [path for _num, path in folder.iter_batch_files()] + [p for p in fixed if os.path.lexists(p)]
+    batches = [path for _num, path in folder.iter_batch_files()] + side_files(folder.dir)
+    return batches + [p for p in fixed if os.path.lexists(p)]
 
 
 def remove_outputs(folder: RunFolder, writer_files: Iterable[str] = (), *, kept: bool = True) -> int:

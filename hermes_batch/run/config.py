@@ -157,6 +157,12 @@ class RunConfig:
         cli=Cli(decls=("--extra_body", "--extra-body"), multiple=True, metavar="KEY=VALUE",
                 convert=_key_values("--extra_body")),
     )
+    logprobs: bool = option(
+        False, help="Keep each assistant turn's token ids and logprobs beside the record (batch_N.tokens.jsonl), "
+        "from endpoints that return them (vLLM, SGLang, llama.cpp's server); see docs/training-data.md.")
+    top_logprobs: int = option(
+        0, validator=[at_least(0), at_most(20)],
+        help="With each sampled token, keep this many likeliest alternatives and their logprobs (implies --logprobs).")
     ephemeral_system_prompt: Optional[str] = option(None, help="System prompt used while running, never saved.")
     log_prefix_chars: int = option(
         LOG_PREFIX_CHARS, help="Characters of tool calls/results shown in logs.", validator=at_least(0))
@@ -364,6 +370,7 @@ def model_settings(config: RunConfig, concurrency: int) -> ModelSettings:
         max_concurrent_requests=config.max_concurrent_requests or concurrency,
         max_requests_per_minute=config.max_requests_per_minute, max_tokens_per_minute=config.max_tokens_per_minute,
         http_backend=config.http_backend,
+        logprobs=config.logprobs or config.top_logprobs > 0, top_logprobs=config.top_logprobs,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 from typing import Callable
 
 from ..folder.record_index import RecordIndex
@@ -18,6 +19,16 @@ from ..contract.run_context import RunContext
 from ..folder.durable import AppendLog
 from ..folder.runfolder import RunFolder
 from ..formats.serialization import to_json_line
+from ..formats.token_ids import record_digest, side_entry
+from ..folder.token_files import side_path
+
+
+def side_line(trajectory, side) -> str:
+    """The side file's line of a sample (--logprobs), tied to the record as written (after redaction)."""
+    meta = trajectory.metadata
+    entry = side_entry(meta.content_key, record_digest(trajectory.conversations), trajectory.prompt_index,
+                       meta.sample_index, side)
+    return json.dumps(entry, separators=(",", ":")) + "\n"
 
 
 class Recorder:
@@ -37,6 +48,7 @@ class Recorder:
         self.on_batch_complete, self.on_write_failed = on_batch_complete, on_write_failed
         self.counts: collections.Counter = collections.Counter()
         self.batch_logs: dict[int, AppendLog] = {}
+        self.token_logs: dict[int, AppendLog] = {}  # --logprobs: batch_N.tokens.jsonl (folder/token_files.py)
         self.failed_logs = {
             "discarded": AppendLog(folder.discarded, on_error=on_write_failed),
             "failed": AppendLog(folder.failed, on_error=on_write_failed),
@@ -56,11 +68,17 @@ class Recorder:
         return await asyncio.shield(recording)
 
     async def _record(self, job: PromptJob, outcome) -> str:
-        outcome = self.redactor.record(outcome)
+        side = getattr(outcome, "tokens", None)
+        redacted = self.redactor.record(outcome)
+        if side is not None and redacted is not outcome:
+            side = side.redacted()  # the ids would still spell the secret the text no longer holds
+        outcome = redacted
         kind, record = self._judge(outcome, job.row.prompt)
         log_ = self._batch_log(job.batch_num) if kind == "kept" else self.failed_logs[kind]
         index = self.index.touch(kind, job.batch_num)  # before the append: the index covers what the file held
         try:
+            if side is not None and kind != "failed":  # before its record: a record never lacks its tokens
+                await self._token_log(job.batch_num).append(side_line(outcome, side))
             await log_.append(to_json_line(record))
             index.add(record)
             self.counts[kind] += 1
@@ -90,10 +108,19 @@ class Recorder:
             log_ = self.batch_logs[batch] = AppendLog(self.folder.batch_path(batch), on_error=self.on_write_failed)
         return log_
 
+    def _token_log(self, batch: int) -> AppendLog:
+        log_ = self.token_logs.get(batch)
+        if log_ is None:
+            log_ = self.token_logs[batch] = AppendLog(side_path(self.folder.dir, batch), on_error=self.on_write_failed)
+        return log_
+
     def _batch_complete(self, batch: int, failed: int) -> None:
         log_ = self.batch_logs.pop(batch, None)
         if log_ is not None:
             log_.close()
+        token_log = self.token_logs.pop(batch, None)
+        if token_log is not None:
+            token_log.close()
         self.index.close_batch(batch)
         if not failed:  # as batch_runner.py: a batch is complete when all its prompts finished, none failed
             self.checkpoints.completed_batches.add(batch)
@@ -103,5 +130,5 @@ class Recorder:
         """Wait for the outcomes being written (when Ctrl-C came they are saved, so they count); close the files."""
         if self._recording:
             await asyncio.gather(*self._recording, return_exceptions=True)
-        for log_ in (*self.batch_logs.values(), *self.failed_logs.values()):
+        for log_ in (*self.batch_logs.values(), *self.token_logs.values(), *self.failed_logs.values()):
             log_.close()

@@ -55,6 +55,7 @@ RUN = frozenset({
     "prompt_timeout", "max_concurrent_requests", "max_requests_per_minute", "max_tokens_per_minute", "max_cost",
     "preflight", "http_backend", "samples_per_prompt", "stop_on_success", "response_cache",
     "routing", "provider_guard",
+    "logprobs", "top_logprobs",  # what is kept beside the records, not what a sample is
 })
 # how the model calls travel (docs/batch-api.md), not what they ask
 RUN |= {"batch_api", "batch_api_max_requests", "batch_api_max_wait", "batch_api_poll_interval"}

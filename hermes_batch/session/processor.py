@@ -18,6 +18,7 @@ from ..contract.interfaces import ModelClient, PromptJob, SandboxBackend, ToolCo
 from ..folder.journal import current_prompt
 from ..formats.records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
 from .audit import audit_sample
+from .token_check import check_tokens
 from .verification import verify
 from ..contract.run_context import RunContext
 from .sandbox_start import OpeningSandbox, SandboxCloser
@@ -155,6 +156,11 @@ class PromptProcessor:
             finally:
                 await sessions.aclose()  # a browser context, say; before the sandbox, and also on errors and Ctrl-C
             trajectory = self._trajectory(job, row, key, tools, spec, result, state, started)
+            if self.client.settings.logprobs:
+                side = await check_tokens(self.client, self.agent.system_prompt, row.prompt, result.messages,
+                                          tuple(tool.spec() for tool in tools.values()), trajectory.conversations)
+                metadata = attrs.evolve(trajectory.metadata, token_check=side.check)
+                trajectory = attrs.evolve(trajectory, metadata=metadata, tokens=side)
             # every sample, verified or not: about a millisecond, in a thread for the rare long ones
             pool = self.run.thread_pool if self.run is not None else None
             trajectory = await audit_sample(trajectory, row.extra, sandbox.workdir, pool)

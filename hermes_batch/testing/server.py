@@ -36,6 +36,7 @@ from aiohttp import web
 
 from .batches import BatchEndpoints, BatchSettings
 from .images import png_for
+from .tokens import LOGPROBS_FORMATS, TOKENIZER_AGREE, TOKENIZER_DRIFT, completion_logprobs, tokenize_answer
 from .scripts import REASONING_FORMATS, ImageReply, ImageRequest, Reply, RoutedScript, Script, ScriptRequest, ToolLoopScript
 from .wire import (
     BadRequest,
@@ -119,6 +120,9 @@ class ScriptedModelServer:
     The preflight probe of a run (``ScriptRequest.preflight``) is answered with
     ``preflight_reply`` instead of calling the script (``None``: the script
     answers it too); faults, latency and hangs apply to it like to any request.
+    A request asking ``logprobs`` gets its answer's token ids and logprobs as ``logprobs`` spells them
+    (``"vllm"``, ``"llama.cpp"``, ``"openai"``; None: no logprobs); ``tokenizer`` (``"agree"`` or ``"drift"``)
+    adds ``POST /tokenize`` (see :mod:`hermes_batch.testing.tokens`).
     """
 
     def __init__(
@@ -138,7 +142,16 @@ class ScriptedModelServer:
         images: Optional[Callable[[ImageRequest], ImageReply]] = None,
         batches: Optional[BatchSettings] = None,
         providers: Iterable[ScriptedProvider] = (),
+        logprobs: Optional[str] = "vllm",
+        tokenizer: Optional[str] = None,
     ):
+        if logprobs is not None and logprobs not in LOGPROBS_FORMATS:
+            raise ValueError(f"logprobs must be one of {', '.join(LOGPROBS_FORMATS)} or None")
+        if tokenizer not in (None, TOKENIZER_AGREE, TOKENIZER_DRIFT):
+            raise ValueError("tokenizer must be 'agree', 'drift' or None")
+        self.logprobs = logprobs
+        self.tokenizer = tokenizer
+        self.tokenize_requests = 0
         self.script = script
         self.providers = tuple(providers)
         self._provider_calls: collections.Counter = collections.Counter()
@@ -235,6 +248,8 @@ class ScriptedModelServer:
         app.router.add_get("/v1/files/{name}", self._handle_file)
         app.router.add_get("/v1/models", self._handle_models)
         app.router.add_get("/v1/models/{model:.+}", self._handle_model)
+        if self.tokenizer is not None:  # at the root, as vLLM and llama.cpp's server have it
+            app.router.add_post("/tokenize", self._handle_tokenize)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port, backlog=1024).start()
@@ -365,6 +380,19 @@ class ScriptedModelServer:
     async def _handle_openai(self, http: web.Request) -> web.Response:
         return await self._handle(http, "openai")
 
+    async def _handle_tokenize(self, http: web.Request) -> web.Response:
+        """``POST /tokenize``: the toy tokenizer and chat template of :mod:`hermes_batch.testing.tokens`."""
+        try:
+            body = await http.json()
+        except ValueError:
+            body = None
+        with self._lock:
+            self.tokenize_requests += 1
+        answer = tokenize_answer(body, self.tokenizer == TOKENIZER_DRIFT)
+        if answer is None:
+            return self._error("openai", 400, "Give messages or content to tokenize.")
+        return self._respond(200, answer)
+
     async def _handle_anthropic(self, http: web.Request) -> web.Response:
         return await self._handle(http, "anthropic")
 
@@ -456,6 +484,11 @@ class ScriptedModelServer:
             response = render_anthropic(request, reply, usage, self._next_id, self._sign)
         else:
             response = render_openai(request, reply, usage, self._next_id)
+            if body.get("logprobs") is True and self.logprobs is not None:
+                top = body.get("top_logprobs") if isinstance(body.get("top_logprobs"), int) else 0
+                as_ids = body.get("return_tokens_as_token_ids") is True
+                choice = response["choices"][0]
+                choice["logprobs"] = completion_logprobs(choice["message"], self.logprobs, top, as_ids)
         if reply.tool_calls and starts:
             self._remember_session(api, response, request.sample)
         return self._respond(200, response, reply.headers, reply.raw_usage), reply
