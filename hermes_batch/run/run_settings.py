@@ -53,10 +53,13 @@ RUN = frozenset({
     "executor", "executor_options", "command_timeout", "max_retries", "progress", "request_timeout",
     "prompt_timeout", "max_concurrent_requests", "max_requests_per_minute", "max_tokens_per_minute", "max_cost",
     "preflight", "http_backend", "samples_per_prompt", "stop_on_success", "response_cache",
+    "allocation", "target_passes", "max_failures",
 })
 # how the model calls travel (docs/batch-api.md), not what they ask
 RUN |= {"batch_api", "batch_api_max_requests", "batch_api_max_wait", "batch_api_poll_interval"}
-COMMAND = frozenset({"run_name", "output_dir", "resume", "overwrite", "allow_changed_settings", "api_key"})
+# --pilot is one session's: the --resume after it runs the rest of the rows
+COMMAND = frozenset({"run_name", "output_dir", "resume", "overwrite", "allow_changed_settings", "api_key",
+                     "pilot", "pilot_by"})
 NEVER_SAVED = frozenset({"api_key", "ephemeral_system_prompt"})  # run.json keeps a digest of the prompt only
 
 HISTORY = "settings_history"

@@ -298,6 +298,8 @@ class RunEngine:
             folder,
             totals=(aggregate, finish_times),
             journal=self.index.journal_totals(),
+            allocation=((cfg.samples_per_prompt, cfg.target_passes, cfg.max_failures)
+                        if cfg.allocation == "adaptive" and cfg.samples_per_prompt > 1 else None),
             filters_run=tuple(f.name for f in prepared.filters),
             sessions=checkpoint.sessions,
             invalid_skipped_total=plan.dataset.invalid,
