@@ -139,6 +139,17 @@ class Scheduler:
         rng = distributions.rng_for(self.plan.seed, content_key)
         return distributions.sample_toolsets(self.plan.distribution, self.available, rng)
 
+    @staticmethod
+    def toolsets_drawer(plan: RunPlan) -> Callable[[str], tuple]:
+        """The toolsets the run draws for a content key (the row's, or a sample's)."""
+        available = frozenset(plan.toolsets)
+
+        def draw(content_key: str) -> tuple:
+            rng = distributions.rng_for(plan.seed, content_key)
+            return distributions.sample_toolsets(plan.distribution, available, rng)
+
+        return draw
+
     def _sample_job(self, row, batch: int, sample: int) -> PromptJob:
         """The job of a row's sample: the row's toolsets (drawn from the row's key), or with --toolsets_per_sample
         a toolset sample of its own, drawn from the sample's key."""
