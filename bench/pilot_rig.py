@@ -16,7 +16,7 @@ from hermes_batch.testing import PassRateScript, ScriptedModelServer
 
 
 def rate_of(prompt: str) -> float:
-    return float(re.search(r"rate=([0-9.]+)", prompt).group(1))
+    return float(re.search(r"rate=([0-9]+(?:\.[0-9]+)?)", prompt).group(1))
 
 
 def write_rows(path: Path, count: int, seed: int) -> Path:
