@@ -10,10 +10,11 @@ strata.  The 90% intervals:
 - rates (pass rate, keep rate, keep rate per filter): Wilson score intervals on the pilot's samples
   (the pilot is proportionally allocated, so its pooled samples weigh the strata as the dataset does).
 
-Wall time at ``--num_workers`` sessions at once: the run's session-seconds (each sample's
-``duration_s``) divided by the sessions at once, plus what the pilot took beyond its own
-session-seconds so divided (start-up, the last sessions' tail, the merge), assumed the same for the
-whole run.  Model rate limits the pilot did not meet are not foreseen.
+Wall time at ``--num_workers``: the run's session-seconds (each sample's ``duration_s``) divided by the
+sessions the pilot had at once (its session-seconds over the span from its first sample's start to its
+last sample's end, at most --num_workers: what held sessions up, the machine, sandboxes, verifiers, is
+in it), plus the pilot's time outside that span (start-up, merge), assumed the same for the whole run.
+Model rate limits the pilot did not meet are not foreseen.
 
 ``--max_cost auto`` is the upper end of the cost interval (``max_cost_auto``): the whole run's cost,
 the pilot's included, as --max_cost counts across resumes.
@@ -22,6 +23,7 @@ the pilot's included, as --max_cost counts across resumes.
 from __future__ import annotations
 
 import collections
+import datetime
 import json
 import math
 import random
@@ -44,8 +46,19 @@ MAX_FORECAST_BYTES = 1 << 20
 _SUMS = ("samples", "finished", "kept", "verified", "passed", "scored", "cost", "tokens", "session_s")
 
 
-def _row_sums(folder: RunFolder, pilot: Pilot, filters: tuple) -> dict:
-    """Per pilot row: its samples' sums (cost, tokens, kept, passed, ... and ``discarded:FILTER``)."""
+def _span(spans: list, timestamp: str, duration: float) -> None:
+    """Widen ``spans`` ([first start, last end], epoch seconds) by a sample that ended at ``timestamp``."""
+    try:
+        end = datetime.datetime.fromisoformat(timestamp).timestamp()
+    except (TypeError, ValueError):
+        return
+    start = end - max(0.0, duration)
+    spans[:] = [min(spans[0], start), max(spans[1], end)] if spans else [start, end]
+
+
+def _row_sums(folder: RunFolder, pilot: Pilot, filters: tuple, spans: list) -> dict:
+    """Per pilot row: its samples' sums (cost, tokens, kept, passed, ... and ``discarded:FILTER``); ``spans``
+    gets the first start and last end of the pilot's samples."""
     rows = {index: collections.Counter() for index in pilot.rows}
     for record in iter_finished(folder):
         discarded = isinstance(record, Discarded)
@@ -63,6 +76,7 @@ def _row_sums(folder: RunFolder, pilot: Pilot, filters: tuple) -> dict:
         sums["cost"] += meta.usage.cost or 0.0
         sums["tokens"] += meta.usage.prompt_tokens + meta.usage.completion_tokens
         sums["session_s"] += meta.duration_s
+        _span(spans, meta.timestamp, meta.duration_s)
         for name in record.filters if discarded else ():
             sums[f"discarded:{name}"] += 1
     for _line, failure in read_records(folder.failed, Failure):
@@ -119,7 +133,8 @@ def _round(value: Optional[float]) -> Optional[float]:
 def forecast(folder: RunFolder, pilot: Pilot, filters: tuple, concurrency: int, pilot_wall_s: float,
              seed: int) -> dict:
     """forecast.json's content, from the pilot's records in ``folder``; runs off the event loop."""
-    rows = _row_sums(folder, pilot, filters)
+    spans: list = []
+    rows = _row_sums(folder, pilot, filters, spans)
     keys = _SUMS + tuple(f"discarded:{name}" for name in filters)
     ran = {index: sums for index, sums in rows.items() if sums["samples"]}
     if not ran:
@@ -130,8 +145,14 @@ def forecast(folder: RunFolder, pilot: Pilot, filters: tuple, concurrency: int, 
         by_stratum[pilot.of_row[index]].append(sums)
     by_stratum[None] = list(ran.values())
     pooled = {key: sum(r[key] for r in ran.values()) for key in keys}
-    overhead = max(0.0, pilot_wall_s - pooled["session_s"] / concurrency)
-    point = _figures(_totals(pilot, by_stratum, keys), concurrency, overhead)
+    # the sessions at once the pilot achieved, from its samples' span: below --num_workers when the machine, the
+    # sandboxes or the verifiers held the sessions up, or its last sessions ran alone
+    active = spans[1] - spans[0] if spans else 0.0
+    at_once = min(float(concurrency), pooled["session_s"] / active) if active > 0 else float(concurrency)
+    at_once = max(at_once, 1e-9)
+    overhead = max(0.0, pilot_wall_s - active) if active > 0 else \
+        max(0.0, pilot_wall_s - pooled["session_s"] / concurrency)
+    point = _figures(_totals(pilot, by_stratum, keys), at_once, overhead)
     # the bootstrap: each stratum's pilot rows drawn again with replacement
     rng = random.Random(seed)
     replicates = max(200, min(BOOTSTRAP, 2_000_000 // (len(ran) * len(keys))))
@@ -140,7 +161,7 @@ def forecast(folder: RunFolder, pilot: Pilot, filters: tuple, concurrency: int, 
     for _ in range(replicates):
         again = {name: rng.choices(by_stratum[name], k=len(by_stratum[name])) for name in strata}
         again[None] = by_stratum[None]
-        for key, value in _figures(_totals(pilot, again, keys), concurrency, overhead).items():
+        for key, value in _figures(_totals(pilot, again, keys), at_once, overhead).items():
             if value is not None:
                 spread[key].append(value)
 
@@ -166,20 +187,23 @@ def forecast(folder: RunFolder, pilot: Pilot, filters: tuple, concurrency: int, 
             "samples": int(pooled["samples"]), "cost": _round(pilot_cost), "wall_s": round(pilot_wall_s, 3),
         },
         "concurrency": concurrency,
+        "sessions_at_once": round(at_once, 3),
         "interval": "90%",
         "method": {
             "totals": "per stratum, its rows times the mean of its pilot rows (a row: all its samples), summed",
             "cost, wall_s, tokens_per_sample, kept_per_dollar, verified_per_dollar, samples, kept, verified":
                 f"stratified bootstrap over the pilot's rows, {replicates} replicates, 5th and 95th percentiles",
             "pass_rate, keep_rate, keep_rate_by_filter": "Wilson score interval on the pilot's samples",
-            "wall_s": "the run's session-seconds / concurrency, plus the pilot's own start-up and tail "
-                      f"({overhead:.3f} s)",
+            "wall_s": "the run's session-seconds (samples' duration_s) / the sessions at once the pilot achieved "
+                      f"({at_once:.2f}: its session-seconds / the span from its first sample's start to its last's "
+                      f"end, at most the concurrency), plus the pilot's time outside that span ({overhead:.3f} s: "
+                      "start-up, merge)",
             "max_cost_auto": "the upper end of the cost interval",
         },
         "figures": figures,
         "remaining": {
             "cost": _round(point["cost"] - pilot_cost),
-            "wall_s": _round(max(overhead, point["wall_s"] - pooled["session_s"] / concurrency)),
+            "wall_s": _round(max(overhead, point["wall_s"] - pooled["session_s"] / at_once)),
         },
         "max_cost_auto": figures["cost"]["high"] if figures["cost"] else None,
     }
