@@ -68,6 +68,9 @@ NEEDS_OF_TESTS = {
     "tests/test_accounting.py::test_sigkill_then_resume_counts_every_request_the_endpoint_served": ("slow",),
     "tests/test_branches.py::test_a_kill_mid_branch_pays_neither_the_prefix_nor_a_finished_branch_again": ("slow",),
     "tests/test_branches.py::test_a_rows_prefix_answers_die_with_its_last_branch_unless_one_failed": ("slow",),
+    "tests/test_adaptive.py::test_a_killed_adaptive_run_resumes_without_running_a_finished_sample_again": ("slow",),
+    "tests/test_adaptive.py::test_a_run_the_budget_stopped_resumes_to_the_same_decisions_without_paying_twice":
+        ("slow",),
     "tests/test_engine.py::test_hundreds_of_sessions_at_once": ("slow", "perf"),  # 300 sessions within 20 s
     "tests/test_export.py::test_a_killed_export_leaves_the_old_set_or_the_new_and_the_next_cleans_up": ("slow",),
     "tests/test_export.py::test_a_switch_killed_between_renames_is_finished_by_the_next_export": ("slow",),

@@ -156,6 +156,10 @@ def _execute(run) -> int:
         result = attrs.evolve(result, exit_code=EXIT_TERMINATED)
     if result.statistics is not None:
         render(result.statistics, Console(stderr=True))
+    if result.forecast is not None:
+        from ..run.forecast import render as render_forecast
+
+        render_forecast(result.forecast, Console(stderr=True))
     if result.message:
         # usage (2) and write (74) errors: the run could not go on
         stopped = result.exit_code not in (EXIT_OK, EXIT_FAILED_PROMPTS, EXIT_INTERRUPTED, EXIT_TERMINATED)

@@ -13,6 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from .allocation_statistics import allocation_section
 from .aggregate import REWARD_BUCKETS, TOKEN_CHECKS, Aggregate, Audit, Requests, Rewards, Scope, epoch
 from .journal import JournalTotals, journal_path, read_journal
 from .reindex import count_unmatched
@@ -323,11 +324,12 @@ def build_statistics(
     run: RunInfo = RunInfo(),
     totals: Optional[tuple[Aggregate, FinishTimes]] = None,
     journal: Optional[JournalTotals] = None,
+    allocation: Optional[tuple] = None,
 ) -> dict:
     """Aggregate statistics of the whole run, from its batch, discarded and failed files and its call journal.
 
     ``totals`` and ``journal`` are what the run's indexes hold (record_index.py); without them every record
-    and the whole journal are read.
+    and the whole journal are read.  ``allocation``: (K, target passes, max failures) of --allocation adaptive.
     """
     aggregate, finish_times = scan_records(folder) if totals is None else totals
     failed_prompts, failed_kinds = _failed_prompts(aggregate, finish_times, _SessionClock(sessions))
@@ -394,6 +396,8 @@ def build_statistics(
         # --logprobs: how many samples' token ids the endpoint's tokenizer agreed with (docs/training-data.md)
         "token_check": ({name: aggregate.token_checks[name] for name in TOKEN_CHECKS}
                         if aggregate.token_checks else None),
+        **({} if allocation is None else
+           {"allocation": allocation_section(aggregate.rewards.shapes(aggregate.rewards.rows), *allocation)}),
         "model_requests": _requests_dict(requests, sessions),
         "duration": {
             "total_s": duration,

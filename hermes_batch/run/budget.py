@@ -16,6 +16,7 @@ from ..folder.journal import CallJournal
 from ..folder.record_index import RecordIndex
 from ..folder.runfolder import RunFolder
 from ..folder.statistics import reported_cost
+from . import forecast
 from .config import RunConfig
 
 log = logging.getLogger("hermes_batch.run")
@@ -25,7 +26,7 @@ class Budget:
     """The run's --max_cost (None: no budget) and the cost reported against it."""
 
     def __init__(self, max_cost: Optional[float], previous: float = 0.0):
-        self.max_cost = max_cost
+        self.max_cost = max_cost if max_cost != "auto" else None  # auto: resolved by of_run
         self.previous = previous  # the earlier sessions' cost, on a resume
         self.journal: Optional[CallJournal] = None  # this session's calls.jsonl, once the run folder is open
 
@@ -33,9 +34,14 @@ class Budget:
     def of_run(cls, config: RunConfig, folder: RunFolder, index: RecordIndex) -> "Budget":
         """The budget of this session, with what the earlier ones cost when it resumes under a budget."""
         previous = 0.0
-        if config.resume and config.max_cost is not None:
+        max_cost = config.max_cost
+        if max_cost == "auto":
+            max_cost = forecast.auto_budget(folder)
+            log.warning("--max_cost auto: $%.4f, the upper end of the pilot's 90%% interval of the run's cost "
+                        "(forecast.json).", max_cost)
+        if config.resume and max_cost is not None:
             previous = reported_cost(folder, index.journal_totals())
-        return cls(config.max_cost, previous)
+        return cls(max_cost, previous)
 
     @property
     def journaled(self) -> Optional[float]:

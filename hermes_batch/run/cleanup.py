@@ -21,6 +21,7 @@ from ..folder.record_index import INDEX_DIR, is_index_file
 from ..folder.batch_journal import BATCH_JOURNAL_NAME
 from ..folder.journal import JOURNAL_NAME
 from ..folder.replay_journal import REPLAY_JOURNAL_NAME
+from .forecast import FORECAST_NAME
 from .notices import SKIPPED_LINES
 from .provider_exclusions import GUARD_FILE
 from ..folder.reindex import STAGING, UNMATCHED
@@ -46,7 +47,7 @@ def is_sandbox_folder(name: str, *, kept: bool = True) -> bool:
 # Outputs named outside runfolder.py.  Each must go with the rest: a journal left behind would count the old
 # run's calls in the new run's totals, and unmatched records would come back into it at a later resume.
 _OTHER_OUTPUTS = (JOURNAL_NAME, REPLAY_JOURNAL_NAME, UNMATCHED, SKIPPED_LINES, REPORT_NAME, unfinished.AUDIT,
-                  BATCH_JOURNAL_NAME, GUARD_FILE)
+                  BATCH_JOURNAL_NAME, GUARD_FILE, FORECAST_NAME)
 
 
 def output_files(folder: RunFolder, writer_files: Iterable[str] = ()) -> list[Path]:

@@ -28,6 +28,29 @@ DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 PROVIDER_SORTS = ("price", "throughput", "latency")
 RESUME_TAKES = "required; with --resume, the run's (run.json)"
+ALLOCATIONS = ("fixed", "adaptive")
+
+
+class CostOrAuto(click.ParamType):
+    """--max_cost: a number of USD, ``none`` (no budget: lifts the one a resume took from run.json) or ``auto``."""
+
+    name = "float|none|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() in ("none", "all"):
+            return None
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        return click.FLOAT.convert(value, param, ctx)
+
+
+def cost_or_auto(instance, attribute, value) -> None:
+    """--max_cost is ``auto`` or a finite number of 0 or more."""
+    if value == "auto":
+        return
+    if isinstance(value, str):
+        raise UsageError(f"--max_cost takes a number of USD or auto, not {value!r}.")
+    at_least(0)(instance, attribute, value)
 
 
 def split_list(value: Optional[str], option: str = "the option") -> tuple:
@@ -234,9 +257,10 @@ class RunConfig:
         None, validator=positive, cli=Cli(default_text="none"), help="Budget of model requests per minute.")
     max_tokens_per_minute: Optional[float] = option(
         None, validator=positive, cli=Cli(default_text="none"), help="Budget of prompt + completion tokens per minute.")
-    max_cost: Optional[float] = option(
-        None, validator=at_least(0), cli=Cli(default_text="none"),
-        help="Stop starting new prompts once the run's reported cost (USD, across resumes) reaches this.",
+    max_cost: Optional[float | str] = option(
+        None, validator=cost_or_auto, cli=Cli(type=CostOrAuto(), default_text="none"),
+        help="Stop starting new prompts once the run's reported cost (USD, across resumes) reaches this; auto: the "
+        "upper end of the 90% interval of the cost a --pilot forecast (forecast.json).",
     )
     preflight: bool = option(
         True, help="Skip the one minimal request that checks endpoint, key and model before the run.",
@@ -260,6 +284,22 @@ class RunConfig:
         "(its samples are then offered different tools, and pairs of them compare less).")
     stop_on_success: bool = option(
         False, help="Sample a row no further once one of its samples passed (--min_reward).")
+    allocation: str = option(
+        "fixed", validator=one_of(ALLOCATIONS),
+        help="With --samples_per_prompt: fixed runs every row's K samples; adaptive gives samples first to the rows "
+        "whose pass rate is least certain and stops a row at --target_passes passes or --max_failures failures in a row.")
+    target_passes: int = option(
+        1, validator=at_least(1), help="With --allocation adaptive: a row gets no more samples once this many passed.")
+    max_failures: Optional[int] = option(
+        None, validator=at_least(1), cli=Cli(default_text="none"),
+        help="With --allocation adaptive: a row gets no more samples after this many failed in a row.")
+    pilot: Optional[float] = option(
+        None, validator=[positive, at_most(1)], cli=Cli(default_text="none"),
+        help="Run this fraction of the rows (stratified), stop, and forecast the whole run into forecast.json; "
+        "--resume goes on from the pilot's samples.")
+    pilot_by: Optional[str] = option(
+        None, cli=Cli(default_text="none"),
+        help="With --pilot: a dataset field whose values are strata too (besides toolsets, image and task).")
     min_reward: float = option(
         1.0, validator=finite, help="The reward a verified sample needs to pass.")
     branch_at: Optional[int] = option(
@@ -299,6 +339,12 @@ class RunConfig:
         if not self.resume:  # a resume takes the run's --verifier from run.json first: checked in make_plan
             self.check_verifier_needs()
         self.check_branches()
+        self.check_allocation()
+        if self.pilot is not None and self.max_cost == "auto":
+            raise UsageError("--max_cost auto takes its budget from a pilot's forecast, which --pilot is about to "
+                             "make; run the pilot first, then --resume with --max_cost auto.")
+        if self.pilot_by is not None and self.pilot is None:
+            raise UsageError("--pilot_by names the strata of a pilot; add --pilot FRACTION.")
 
     def check_branches(self) -> None:
         """--branch_at and --branches: together, below --max_turns, as the row's samples, in the driver's process."""
@@ -322,11 +368,27 @@ class RunConfig:
         """The sessions of each row: its --branches, else its --samples_per_prompt."""
         return self.branches or self.samples_per_prompt
 
+    def check_allocation(self) -> None:
+        """--allocation adaptive needs several samples a row and a verifier; it replaces --stop_on_success."""
+        if self.allocation != "adaptive":
+            return
+        if self.samples_per_prompt < 2:
+            raise UsageError("--allocation adaptive shares out several samples a row; add --samples_per_prompt K "
+                             "(2 or more).")
+        if self.stop_on_success:
+            raise UsageError("--allocation adaptive and --stop_on_success both decide when a row stops; use "
+                             "--target_passes 1 instead of --stop_on_success.")
+        if self.target_passes > self.samples_per_prompt:
+            raise UsageError(f"--target_passes {self.target_passes} is more than the {self.samples_per_prompt} samples "
+                             "a row has (--samples_per_prompt); lower it or raise --samples_per_prompt.")
+
     def check_verifier_needs(self) -> None:
         """Options that mean nothing without a --verifier: --stop_on_success, and --filter verified (it would
         discard every sample)."""
         if self.verifiers:
             return
+        if self.allocation == "adaptive":
+            raise UsageError("--allocation adaptive needs a verifier to say what passes; add --verifier NAME.")
         if self.stop_on_success:
             raise UsageError("--stop_on_success needs a verifier to say what passes; add --verifier NAME.")
         if any(str(spec).split(":", 1)[0].strip() == "verified" for spec in self.filters or ()):

@@ -15,6 +15,7 @@ from ..folder import offloop, reindex, rowkeys, unfinished
 from ..folder.record_index import RecordIndex
 from ..folder.runfolder import RunFolder
 from . import samples
+from .adaptive import Rule
 from .checkpoint import Checkpoints, repair_torn_tails
 from .config import RunConfig
 from .plan import RunPlan
@@ -51,8 +52,10 @@ def read_run_folder(folder: RunFolder, config: RunConfig, plan: RunPlan, keys: r
     repair_torn_tails(folder)
     _reindex(folder, config, plan, checkpoints)
     if sampling(config):
-        passed = samples.passed_digests(folder) if config.stop_on_success else None
-        match = samples.match(keys, index.finished_digests(), config.per_row, config.max_samples, passed)
+        adaptive = config.allocation == "adaptive"
+        passed = samples.passed_digests(folder) if config.stop_on_success or adaptive else None
+        rule = Rule(config.target_passes, config.max_failures) if adaptive else None
+        match = samples.match(keys, index.finished_digests(), config.per_row, config.max_samples, passed, rule)
     else:
         match = rowkeys.match_finished(keys, index.finished_digests())
     size = config.batch_size

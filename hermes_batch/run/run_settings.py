@@ -56,10 +56,13 @@ RUN = frozenset({
     "preflight", "http_backend", "samples_per_prompt", "stop_on_success", "response_cache",
     "routing", "provider_guard",
     "logprobs", "top_logprobs",  # what is kept beside the records, not what a sample is
+    "allocation", "target_passes", "max_failures",
 })
 # how the model calls travel (docs/batch-api.md), not what they ask
 RUN |= {"batch_api", "batch_api_max_requests", "batch_api_max_wait", "batch_api_poll_interval"}
-COMMAND = frozenset({"run_name", "output_dir", "resume", "overwrite", "allow_changed_settings", "api_key"})
+# --pilot is one session's: the --resume after it runs the rest of the rows
+COMMAND = frozenset({"run_name", "output_dir", "resume", "overwrite", "allow_changed_settings", "api_key",
+                     "pilot", "pilot_by"})
 NEVER_SAVED = frozenset({"api_key", "ephemeral_system_prompt"})  # run.json keeps a digest of the prompt only
 
 HISTORY = "settings_history"

@@ -31,7 +31,7 @@ from ..formats.jsonguard import finite_dumps
 from ..formats.records import Checkpoint, SessionInfo
 from ..formats.redaction import Redactor
 from ..session.processor import quietly
-from . import cleanup, limits, notices, preparation, provider_exclusions, resume_scan, run_settings
+from . import cleanup, forecast, limits, notices, pilot, preparation, provider_exclusions, resume_scan, run_settings
 from ..model.batching import Batcher
 from .batch_client import BatchingClient
 from .budget import Budget
@@ -54,6 +54,7 @@ class RunResult:
     exit_code: int
     statistics: Optional[dict] = None
     message: Optional[str] = None
+    forecast: Optional[dict] = None  # --pilot's forecast.json
 
 
 class RunEngine:
@@ -111,6 +112,15 @@ class RunEngine:
         except (asyncio.CancelledError, Stopped):
             return RunResult(EXIT_INTERRUPTED, None, NOTHING_RAN)
         to_run = resume_scan.prompts_to_run(match, cfg, prepared.plan)
+        self.pilot = None
+        if cfg.pilot is not None:
+            try:
+                self.pilot = await run_off_loop(
+                    pilot.choose, cfg.dataset_file, cfg.max_rows, cfg.pilot, cfg.pilot_by,
+                    Scheduler.toolsets_drawer(prepared.plan), prepared.plan.seed)
+            except (asyncio.CancelledError, Stopped):
+                return RunResult(EXIT_INTERRUPTED, None, NOTHING_RAN)
+            to_run = min(to_run, len(self.pilot.rows) * cfg.per_row)
         if to_run:
             try:  # before any prompt is leased, and before the preflight: a full disk costs nothing to fix
                 needed = limits.space_needed(prepared.folder, match.finished, prepared.concurrency, to_run)
@@ -134,6 +144,8 @@ class RunEngine:
         self.scheduler = Scheduler(cfg, prepared.plan, prepared.executor, prepared.concurrency, match, self.budget,
                                    self.journals)
         self.scheduler.guard = self.guard
+        if self.pilot is not None:
+            self.scheduler.pilot_rows = self.pilot.rows
         stopped, interrupted, fatal = await self._session(processor, to_run)
         if stopped is not None:
             return self._stopped_before_any_prompt(stopped, fresh)
@@ -287,6 +299,8 @@ class RunEngine:
             )
         if statistics is not None:
             notices.mostly_discarded(statistics, [f.name for f in self.prepared.filters], self.prepared.folder.dir)
+        if self.pilot is not None and fatal is None and not interrupted:
+            return await self._forecast(statistics)
         if fatal is not None:
             return RunResult(fatal.exit_code, statistics, str(fatal))
         if interrupted:
@@ -296,6 +310,20 @@ class RunEngine:
             return RunResult(status, statistics, self.budget.message(to_run, self.counts))
         self.budget.warn_if_unreported(self.client.limiter)
         return RunResult(status, statistics)
+
+    async def _forecast(self, statistics: Optional[dict]) -> RunResult:
+        """The pilot ended: forecast the whole run into forecast.json and say how to go on."""
+        prepared = self.prepared
+        wall = time.monotonic() - prepared.checkpoints.started
+        content = await run_off_loop(forecast.forecast, prepared.folder, self.pilot,
+                                     tuple(f.name for f in prepared.filters), prepared.concurrency, wall,
+                                     prepared.plan.seed)
+        forecast.write(prepared.folder, content)
+        status = EXIT_FAILED_PROMPTS if self.counts["failed"] else EXIT_OK
+        message = (f"The pilot ran {content['pilot']['rows']} of {content['pilot']['rows_of_dataset']} rows and wrote "
+                   f"{forecast.FORECAST_NAME}; run the same command with --resume instead of --pilot to run the rest "
+                   "(--max_cost auto takes the budget from the forecast).")
+        return RunResult(status, statistics, message, content)
 
     @property
     def counts(self) -> collections.Counter:
@@ -350,6 +378,8 @@ class RunEngine:
             folder,
             totals=(aggregate, finish_times),
             journal=self.index.journal_totals(),
+            allocation=((cfg.samples_per_prompt, cfg.target_passes, cfg.max_failures)
+                        if cfg.allocation == "adaptive" and cfg.samples_per_prompt > 1 else None),
             filters_run=tuple(f.name for f in prepared.filters),
             sessions=checkpoint.sessions,
             invalid_skipped_total=plan.dataset.invalid,

@@ -92,6 +92,8 @@ class SampleMatch:
     skipped: int  # samples not to run: finished, or of rows that passed (--stop_on_success)
     samples: dict = attrs.field(factory=dict)  # prompt_index -> SamplesLeft, for the rows with a sample finished
     total: int = 0  # samples of the dataset (up to --max_samples)
+    # --allocation adaptive: prompt_index -> ((sample, passed), ...) of the open rows' finished samples
+    outcomes: dict = attrs.field(factory=dict)
 
     @property
     def to_run(self) -> int:
@@ -112,10 +114,12 @@ def total_samples(keys: RowKeys, per_row: int, max_samples: Optional[int]) -> in
 
 
 def match(keys: RowKeys, finished: Optional[array.array], per_row: int, max_samples: Optional[int],
-          passed: Optional[set] = None) -> SampleMatch:
+          passed: Optional[set] = None, rule=None) -> SampleMatch:
     """Match the samples of every row against the digests of finished records (see rowkeys.match_finished).
 
-    ``passed``: digests of finished records that passed; their rows run no more samples (--stop_on_success).
+    ``passed``: digests of finished records that passed; their rows run no more samples (--stop_on_success), or
+    with ``rule`` (an ``adaptive.Rule``, --allocation adaptive) the rows it stops run no more, and the other rows'
+    outcomes go to ``SampleMatch.outcomes``.
     Memory is that of the rows and the finished records, never of the samples: sample ``i`` of every row is
     looked up in one pass over the rows, ``i`` = 0, 1, 2... until every finished record is claimed (the rows'
     samples run in order, so that is soon), and the samples left are ranges with the finished ones left out.
@@ -127,6 +131,7 @@ def match(keys: RowKeys, finished: Optional[array.array], per_row: int, max_samp
     remaining = len(finished)
     done: dict = collections.defaultdict(list)  # prompt_index -> its sample indexes finished
     passed_rows: set = set()
+    passes: dict = collections.defaultdict(list)  # with ``rule``: prompt_index -> passed, as ``done`` lists them
     sample, longest = 0, max((count(index, per_row, max_samples) for index in keys.indexes), default=0)
     while remaining and sample < longest:
         for digest, index in offloop.stoppable(zip(keys.digests, keys.indexes), 1 << 14):
@@ -137,15 +142,24 @@ def match(keys: RowKeys, finished: Optional[array.array], per_row: int, max_samp
                 unclaimed[key] -= 1
                 remaining -= 1
                 done[index].append(sample)
-                if passed and key in passed:
+                if rule is not None:
+                    passes[index].append(key in passed)
+                elif passed and key in passed:
                     passed_rows.add(index)
         sample += 1
     rows = array.array("Q")
     samples: dict = {}
+    outcomes: dict = {}
     skipped = 0
     for index in offloop.stoppable(keys.indexes, 1 << 16):
         size = count(index, per_row, max_samples)
         finished_here = done.get(index, ())
+        if rule is not None and finished_here:
+            in_order = sorted(zip(finished_here, passes[index]))
+            if rule.settled([ok for _i, ok in in_order], len(finished_here) < size) is not None:
+                passed_rows.add(index)
+            else:
+                outcomes[index] = tuple(in_order)
         if index in passed_rows:
             skipped += size  # its finished samples, and the rest it does not run
             continue
@@ -155,7 +169,7 @@ def match(keys: RowKeys, finished: Optional[array.array], per_row: int, max_samp
         rows.append(index)
         if finished_here:
             samples[index] = SamplesLeft(size, tuple(finished_here))
-    return SampleMatch(rows, len(finished), skipped, samples, total)
+    return SampleMatch(rows, len(finished), skipped, samples, total, outcomes)
 
 
 def passed_digests(folder: RunFolder) -> set:

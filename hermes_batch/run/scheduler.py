@@ -17,6 +17,8 @@ from ..contract.interfaces import PromptJob, PromptJobs
 from ..errors import HermesBatchError
 from ..folder import rowkeys
 from . import distributions, resume_scan
+from ..formats.records import Failure
+from .adaptive import Allocation, Rule
 from .budget import Budget
 from .control import GatedProcessor
 from .config import RunConfig
@@ -42,6 +44,8 @@ class Scheduler:
         self.on_session_end: Optional[Callable[[], None]] = None  # after each outcome recorded, and the last job
         self.guard = None  # the run's ProviderGuard: each sample's verdict counts for the providers that served it
         self.control = None  # hermes-batch ctl's RunControl: with the local executor, each prompt passes its gate
+        self.pilot_rows: Optional[set] = None  # --pilot: the prompt indexes of the rows it runs
+        self.allocation: Optional[Allocation] = None  # --allocation adaptive
 
     def sessions_that_may_send(self) -> Optional[int]:
         """How many sessions can still send a model request: those running, once no other can start (the jobs are
@@ -62,10 +66,19 @@ class Scheduler:
                 processor = GatedProcessor(processor, self.control)
             progress.start()
             rows = rowkeys.rows_left(cfg.dataset_file, cfg.max_rows, self.match.left)
+            if self.pilot_rows is not None:
+                rows = (row for row in rows if row.prompt_index in self.pilot_rows)
             self.jobs = PromptJobs(self._jobs(rows))
             on_outcome = self._record
             if self.sampling and cfg.stop_on_success:
                 on_outcome = self._record_and_sample_on(processor)
+            if self.sampling and cfg.allocation == "adaptive":
+                self.allocation = Allocation(Rule(cfg.target_passes, cfg.max_failures), iter(rows),
+                                             lambda index: self.match.outcomes.get(index, ()),
+                                             lambda index: self.match.of(index, cfg.samples_per_prompt, cfg.max_samples),
+                                             window=max(64, 4 * self.concurrency))
+                self.jobs = PromptJobs(_AdaptiveJobs(self))
+                on_outcome = self._record_adaptive(processor)
             await self.executor.run(self.jobs, processor, on_outcome, self.concurrency)
             self.journals.all_recorded = self.jobs.exhausted and not self.jobs.halted and not self.journals.kept
         except asyncio.CancelledError:
@@ -100,10 +113,28 @@ class Scheduler:
                 if i and self.budget.halt_if_reached(self.jobs):
                     break
                 yield self._dispatched(batch, self._sample_job(row, batch, sample))
+        self._end_of_jobs()
+
+    def _end_of_jobs(self) -> None:
         self.jobs.exhausted = True
         self.recorder.tracker.end_of_jobs()
         if self.on_session_end is not None:
             self.on_session_end()
+
+    def next_adaptive(self) -> Optional[PromptJob]:
+        """The next job of an adaptive session (see adaptive.py); None once none waits, or the session stops."""
+        if self.jobs.halted or self.journals.stopped or self.budget.halt_if_reached(self.jobs):
+            return None
+        taken = self.allocation.take()
+        if taken is None:
+            return None
+        row, sample, opened = taken
+        batch = row.prompt_index // self.config.batch_size
+        job = self._sample_job(row, batch, sample)
+        if opened:
+            return self._dispatched(batch, job)
+        self.progress.dispatched()  # its batch was held for it when the row's last sample ended
+        return self.journals.with_replay(job)
 
     def _dispatched(self, batch: int, job: PromptJob) -> PromptJob:
         """``job``, counted as running (its batch is not complete until it is recorded), with its replay."""
@@ -114,6 +145,17 @@ class Scheduler:
     def _toolsets(self, content_key: str) -> tuple:
         rng = distributions.rng_for(self.plan.seed, content_key)
         return distributions.sample_toolsets(self.plan.distribution, self.available, rng)
+
+    @staticmethod
+    def toolsets_drawer(plan: RunPlan) -> Callable[[str], tuple]:
+        """The toolsets the run draws for a content key (the row's, or a sample's)."""
+        available = frozenset(plan.toolsets)
+
+        def draw(content_key: str) -> tuple:
+            rng = distributions.rng_for(plan.seed, content_key)
+            return distributions.sample_toolsets(plan.distribution, available, rng)
+
+        return draw
 
     def _sample_job(self, row, batch: int, sample: int) -> PromptJob:
         """The job of a row's sample: the row's toolsets (drawn from the row's key), or with --toolsets_per_sample
@@ -159,3 +201,53 @@ class Scheduler:
             await on_outcome(following, await processor.process(following))
 
         return on_outcome
+
+    def _record_adaptive(self, processor):
+        """The executor's ``on_outcome`` under --allocation adaptive: record a sample; a row that goes on waits
+        among the open rows for its turn, or, once the jobs have all been handed out (an executor asks no more),
+        runs its next sample at once in this worker.  Its batch is held meanwhile, so it is not complete in between.
+        """
+
+        async def on_outcome(job: PromptJob, outcome) -> None:
+            while True:
+                index = job.row.prompt_index
+                passed = None if isinstance(outcome, Failure) else bool(
+                    getattr(getattr(outcome, "metadata", None), "passed", False))
+                go_on = self.allocation.ended(index, job.sample_index, passed)
+                if go_on and (self.jobs.halted or self.budget.halt_if_reached(self.jobs)):
+                    self.allocation.drop(index)
+                    go_on = False
+                if go_on:
+                    self.recorder.tracker.hold(job.batch_num)
+                await self._record(job, outcome)
+                if not go_on:
+                    return
+                if not self.jobs.exhausted:
+                    self.allocation.wait(index)
+                    return
+                row, sample, _opened = self.allocation.next_of(index)
+                self.progress.dispatched()
+                job = self.journals.with_replay(self._sample_job(row, job.batch_num, sample))
+                outcome = await processor.process(job)
+
+        return on_outcome
+
+
+class _AdaptiveJobs:
+    """The jobs of an adaptive session as an iterator: it may run dry while rows still run, and the last
+    StopIteration marks the jobs handed out (the rows still open then go on in their own workers)."""
+
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> PromptJob:
+        scheduler = self.scheduler
+        job = None if scheduler.jobs.exhausted else scheduler.next_adaptive()
+        if job is None:
+            if not scheduler.jobs.exhausted:
+                scheduler._end_of_jobs()
+            raise StopIteration
+        return job

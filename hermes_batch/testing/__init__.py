@@ -25,6 +25,7 @@ _EXPORTS = {
     "Reply": "scripts",
     "ToolLoopScript": "scripts",
     "RoutedScript": "scripts",
+    "PassRateScript": "scripts",
     "ImageRequest": "scripts",
     "ImageReply": "scripts",
     "REASONING_FORMATS": "scripts",
@@ -66,7 +67,8 @@ if TYPE_CHECKING:
     from .sandbox_contract import SandboxContract
     from .verifier_contract import VerifierContract
     from .toolsets import ToolsetHarness
-    from .scripts import REASONING_FORMATS, ImageReply, ImageRequest, Reply, RoutedScript, ScriptRequest, ToolLoopScript
+    from .scripts import (REASONING_FORMATS, ImageReply, ImageRequest, PassRateScript, Reply, RoutedScript,
+                          ScriptRequest, ToolLoopScript)
     from .server import BatchSettings, ErrorRule, ScriptedModelServer, ScriptedProvider
 
 

@@ -187,6 +187,46 @@ class RoutedScript:
         return script(request)
 
 
+def draw(*parts) -> float:
+    """A number in [0, 1) fixed by ``parts``: the same sample draws the same number on every run."""
+    digest = hashlib.sha256("\0".join(map(str, parts)).encode("utf-8")).digest()
+    return int.from_bytes(digest[:7], "big") / (1 << 56)
+
+
+@attrs.frozen
+class PassRateScript:
+    """Answer each prompt in one turn, right with the prompt's own probability ``rates(prompt)``.
+
+    Whether sample ``i`` of a prompt is right is fixed by ``(seed, prompt, i)``, so a resume, or the same
+    rows run under another allocation, sees the same answers.  Rows carry ``right`` as their ``answer``
+    for the answer verifier.  Each call reports ``prompt_tokens`` (the prompt's length / 4 + 60),
+    ``completion_tokens`` (20 to 200, drawn) and their cost at ``prices`` (USD per token, prompt and
+    completion), and takes ``delay`` seconds (times 0.5 to 1.5, drawn).
+    """
+
+    rates: Callable[[str], float]
+    right: str = "42"
+    wrong: str = "41"
+    seed: int = 0
+    prices: tuple = (3e-6, 15e-6)
+    delay: float = 0.0
+
+    async def __call__(self, request: ScriptRequest) -> Reply:
+        import asyncio
+
+        prompt = request.prompt
+        if request.preflight:
+            return Reply(content="ok")
+        tokens_in = len(prompt) // 4 + 60
+        tokens_out = 20 + int(180 * draw(self.seed, "tokens", prompt, request.sample))
+        if self.delay:
+            await asyncio.sleep(self.delay * (0.5 + draw(self.seed, "delay", prompt, request.sample)))
+        right = draw(self.seed, "answer", prompt, request.sample) < self.rates(prompt)
+        cost = tokens_in * self.prices[0] + tokens_out * self.prices[1]
+        return Reply(content=f"The answer is {self.right if right else self.wrong}.", reasoning="Working it out.",
+                     usage=Usage(tokens_in, tokens_out, 0, 0, round(cost, 9)))
+
+
 @attrs.frozen
 class ImageRequest:
     """A ``POST /v1/images/generations`` request as the images script sees it."""
