@@ -109,10 +109,14 @@ class PromptProcessor:
         if say:
             sample = f" (sample {job.sample_index})" if job.sample_index else ""
             say(f"toolsets{sample}: {', '.join(job.toolsets) or 'none'} -> {len(tools)} tools: {', '.join(tools)}")
+        task = row.task_options  # a Harbor task's row (formats/task_folders.py): its image and limits
+        if task is not None and task.context is not None:  # built once per content, shared: not on its clock
+            await self.backend.build_image(task.image, task.context, task.digest, task.build_timeout)
         await self.backend.prepare_image(row.image)  # shared by every prompt of the image, so not on its clock
         commands = any(getattr(tool, "runs_commands", False) for tool in tools.values())
         key = job.content_key if job.sample_index else row.content_key  # the sample's key (sample 0: the row's)
-        spec = SandboxSpec(self.run_name, row.prompt_index, key, row.image, row.cwd, commands=commands)
+        spec = SandboxSpec(self.run_name, row.prompt_index, key, row.image, row.cwd, commands=commands,
+                           limits=task)
         sandbox = OpeningSandbox(self.backend, spec, self.closer, label=f"[B{job.batch_num}:P{row.prompt_index}]")
         if tools and self.backend.open_early:
             sandbox.start()  # beside the first model request, which does not need it; a tool call waits for it
@@ -126,7 +130,8 @@ class PromptProcessor:
         try:
             try:
                 # the deadline covers the session and the open of the sandbox; closing is outside, so it always happens
-                async with asyncio.timeout(self.agent.prompt_timeout) as deadline:
+                prompt_timeout = task.agent_timeout if task is not None and task.agent_timeout else self.agent.prompt_timeout
+                async with asyncio.timeout(prompt_timeout) as deadline:
                     ctx = ToolContext(
                         sandbox, command_timeout=self.agent.command_timeout,
                         max_output_chars=self.agent.max_output_chars,
@@ -138,10 +143,10 @@ class PromptProcessor:
                     raise
                 if not state.api_calls:
                     raise PromptTimeout(
-                        f"--prompt_timeout ({self.agent.prompt_timeout:g} s) passed before the model answered once."
+                        f"--prompt_timeout ({prompt_timeout:g} s) passed before the model answered once."
                     ) from None
                 log.warning("[B%d:P%d] stopped by --prompt_timeout after %g s; saved as partial.",
-                            job.batch_num, row.prompt_index, self.agent.prompt_timeout)
+                            job.batch_num, row.prompt_index, prompt_timeout)
                 result = state.result(completed=False, end_reason="timeout")
             finally:
                 await sessions.aclose()  # a browser context, say; before the sandbox, and also on errors and Ctrl-C
