@@ -195,7 +195,9 @@ def _scan(
                     if too_long:
                         row, reason = None, f"the line is longer than {MAX_LINE_BYTES >> 20} MiB, the limit for one row"
                     else:
-                        row, reason = _parse(raw, base)
+                        row, reason = _parse(raw)
+                        if reason is None and "task" in row:
+                            row, reason = _task_row(row, base)
                     yield line_number, index, row, reason
                     if only is not None:
                         taken += 1
@@ -213,7 +215,7 @@ def _skip_rest_of_line(handle) -> None:
         pass
 
 
-def _parse(raw: bytes, base: Optional[str] = None) -> tuple[Any, Optional[str]]:
+def _parse(raw: bytes) -> tuple[Any, Optional[str]]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -235,9 +237,8 @@ def _parse(raw: bytes, base: Optional[str] = None) -> tuple[Any, Optional[str]]:
     if type(row) is not dict:
         return None, f"expected a JSON object, got {_type_name(row)}"
     # every row is checked alike at validation and at run time, so a row that passed is never skipped later
-    if "task" in row and base is not None:
-        problem = value_problem(row, any_int=_NOT_RANGE_CHECKED)
-        return (row, problem) if problem else _task_row(row, base)
+    if "task" in row:  # a task row: its prompt comes from the task folder (_task_row)
+        return row, value_problem(row, any_int=_NOT_RANGE_CHECKED)
     return row, _check_row(row) or value_problem(row, any_int=_NOT_RANGE_CHECKED)
 
 

@@ -16,8 +16,7 @@ import tempfile
 import time
 from typing import Callable, Optional
 
-from hermes_batch import SandboxError
-from hermes_batch.formats import task_folders
+from hermes_batch import SandboxError, task_folders
 
 from .engine import docker, engine_errors
 
