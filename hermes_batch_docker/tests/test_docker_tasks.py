@@ -179,3 +179,18 @@ def test_tasks_check_lists_the_tasks_that_pass_untouched_or_fail_solved(tmp_path
 def tasks_check(path, *options):
     return subprocess.run([sys.executable, "-m", "hermes_batch", "tasks", "check", str(path), *options],
                           capture_output=True, text=True, timeout=600)
+
+
+def test_the_documented_example_suite_passes_its_oracle_check(docker_api, task_images):
+    """docs/tasks.md shows this table."""
+    from pathlib import Path
+
+    suite = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+    task_images.extend(read_task(folder).image for folder in sorted(suite.iterdir()))
+
+    result = tasks_check(suite, "--jobs", "2", "-S", "max_builds=2")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[1:] == ["count-lines         1          0  ok",
+                                              "hello-file          1          0  ok",
+                                              "2 of 2 task(s) pass their oracle check."]
