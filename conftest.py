@@ -60,7 +60,7 @@ NEEDS_OF_TESTS = {
     # slow: a user made for the test runs pytest again
     "tests/test_local_boundary.py::test_the_hostile_classes_hold_for_a_runner_without_root": ("slow",),
     "tests/test_process_executor.py": ("slow",),  # every test starts worker processes
-    "tests/test_task_folders.py::test_a_task_suite_runs_and_its_export_keeps_each_records_task": ("slow",),  # a run
+    "tests/test_task_folders.py::test_a_sandbox_without_images_refuses_a_task_before_any_model_call": ("slow",),  # a run
     "tests/test_accounting.py::test_sigkill_then_resume_counts_every_request_the_endpoint_served": ("slow",),
     "tests/test_engine.py::test_hundreds_of_sessions_at_once": ("slow", "perf"),  # 300 sessions within 20 s
     "tests/test_export.py::test_a_killed_export_leaves_the_old_set_or_the_new_and_the_next_cleans_up": ("slow",),

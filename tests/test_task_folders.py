@@ -177,26 +177,18 @@ def test_a_harbor_reward_json_is_read_only_for_task_rows():
         reward_from_file(b'{"reward": 1}')
 
 
-def test_a_task_suite_runs_and_its_export_keeps_each_records_task(tmp_path, model_server):
-    """--tasks through the local sandbox (tasks naming a prebuilt image, which it does not need): the records and
-    their export keep the task's name and [metadata], not its tests."""
+def test_a_sandbox_without_images_refuses_a_task_before_any_model_call(tmp_path, model_server):
+    """The local sandbox runs no image: a task's tests, which replace /tests and /logs, never run on the machine."""
     from hermes_batch.testing import Runner, ToolLoopScript, read_jsonl, run_cli
 
     suite = tmp_path / "suite"
-    for name, level in (("alpha", "easy"), ("beta", "hard")):
-        toml = f'[metadata]\ndifficulty = "{level}"\n[environment]\ndocker_image = "busybox"\n'
-        make_task(suite, name, toml=toml, dockerfile=None)
+    make_task(suite, "alpha", toml='[environment]\ndocker_image = "busybox"\n', dockerfile=None)
     server = model_server(ToolLoopScript(tool_calls=1, command="echo hi > hello.txt"))
     runner = Runner(tmp_path, run_name="suite")
-    args = [a for a in runner.args(tmp_path / "unused.jsonl", server=server) if a != str(tmp_path / "unused.jsonl")]
-    args.remove("--dataset_file")
-    run_cli(*args, "--tasks", suite)
-    folder = runner.folder()
-    records = read_jsonl(folder / "trajectories.jsonl")
-    rows = {json.loads(r["metadata"]["row"])["task"]: json.loads(r["metadata"]["row"]) for r in records}
-    assert set(rows) == {"alpha", "beta"} and rows["beta"]["task_metadata"] == {"difficulty": "hard"}
-    run_cli("export", folder, "--format", "sharegpt", "--output", tmp_path / "export.jsonl")
-    exported = [json.loads(r["metadata"]["row"]) for r in read_jsonl(tmp_path / "export.jsonl")]
-    assert sorted(r["task"] for r in exported) == ["alpha", "beta"]
-    assert {r["task"]: r["task_metadata"]["difficulty"] for r in exported} == {"alpha": "easy", "beta": "hard"}
-    assert not any("tests" in r or "test_files" in r for r in exported)  # the grader's files stay out
+    args = runner.args("unused.jsonl", "--verifier", "command:apart=false", server=server)
+    args[args.index("--dataset_file"):args.index("--dataset_file") + 2] = ["--tasks", str(suite)]
+    result = run_cli(*args, ok=False)
+    assert result.exit_code == 3, result.output
+    (failure,) = read_jsonl(runner.folder() / "failed.jsonl")
+    assert "cannot run a Harbor task" in failure["message"] and failure["api_calls"] == 0
+    assert server.calls_for("Write hello.txt.\n") == 0

@@ -13,7 +13,7 @@ import attrs
 from .agent import AgentSettings, SessionLog, run_session
 from .replay import replay_key
 from ..formats.conversation import to_sharegpt
-from ..errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeout, RunFolderWriteError
+from ..errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeout, RunFolderWriteError, SandboxError
 from ..contract.interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
 from ..folder.journal import current_prompt
 from ..formats.records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
@@ -110,6 +110,9 @@ class PromptProcessor:
             sample = f" (sample {job.sample_index})" if job.sample_index else ""
             say(f"toolsets{sample}: {', '.join(job.toolsets) or 'none'} -> {len(tools)} tools: {', '.join(tools)}")
         task = row.task_options  # a Harbor task's row (formats/task_folders.py): its image and limits
+        if task is not None and self.backend.ignores_images:  # its tests replace /tests and /logs: containers only
+            raise SandboxError(f"The {self.backend.name} sandbox runs no image, so it cannot run a Harbor task "
+                               "(its image, /tests and /logs); use --sandbox docker.")
         if task is not None and task.context is not None:  # built once per content, shared: not on its clock
             await self.backend.build_image(task.image, task.context, task.digest, task.build_timeout)
         await self.backend.prepare_image(row.image)  # shared by every prompt of the image, so not on its clock

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from hermes_batch import SandboxError, task_folders
-from hermes_batch.testing import ToolLoopScript
+from hermes_batch.testing import ToolLoopScript, read_jsonl, run_cli
 from hermes_batch_docker import images
 
 from docker_rig import IMAGE_A, make_backend
@@ -139,6 +139,11 @@ def test_a_task_row_is_graded_through_a_real_container(tmp_path, runner, model_s
     assert meta["image"] == read_task(suite / "hello").image
     (failure,) = runner.records("failed.jsonl")
     assert "could not be built" in failure["message"] and server.calls_for("Write hello.txt (broken).\n") == 0
+    exported = tmp_path / "export.jsonl"
+    run_cli("export", runner.folder(), "--format", "sharegpt", "--output", exported)
+    (line,) = read_jsonl(exported)
+    kept = json.loads(line["metadata"]["row"])  # the task survives the export, the grader's files do not
+    assert kept["task"] == "hello" and kept["task_metadata"] == {"kind": "hello"} and "test_files" not in kept
 
 
 def test_the_agent_cannot_leave_a_reward_for_the_tests(tmp_path, runner, model_server, docker_api, task_images):
