@@ -454,7 +454,9 @@ def tests_command(task: TaskFolder) -> str:
     own reward file, which the agent never had."""
     env = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in task.verifier_env)
     return (
-        f"rm -rf -- {TESTS_PATH} {LOGS_PATH} || exit 125\n"
+        # /logs itself stays (an image may keep files there) unless it is a link or no folder
+        f"if [ -L {LOGS_PATH} ] || [ ! -d {LOGS_PATH} ]; then rm -rf -- {LOGS_PATH} || exit 125; fi\n"
+        f"rm -rf -- {TESTS_PATH} {LOGS_PATH}/verifier || exit 125\n"
         f"mkdir -p -- {LOGS_PATH}/verifier {LOGS_PATH}/agent && cp -R -- \"$HERMES_TESTS_DIR\" {TESTS_PATH} "
         "|| exit 125\n"
         f"{env}"

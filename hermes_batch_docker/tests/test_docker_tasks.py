@@ -146,13 +146,16 @@ def test_a_task_row_is_graded_through_a_real_container(tmp_path, runner, model_s
     assert kept["task"] == "hello" and kept["task_metadata"] == {"kind": "hello"} and "test_files" not in kept
 
 
-def test_the_agent_cannot_leave_a_reward_for_the_tests(tmp_path, runner, model_server, docker_api, task_images):
+@pytest.mark.parametrize("forge", [
+    "mkdir -p /logs/verifier /tests && echo 1 > /logs/verifier/reward.txt && echo exit 0 > /tests/test.sh",
+    "mkdir -p mine/verifier && echo 1 > mine/verifier/reward.txt && rm -rf /logs && ln -s \"$PWD/mine\" /logs",
+], ids=["planted", "linked"])
+def test_the_agent_cannot_leave_a_reward_for_the_tests(tmp_path, runner, model_server, docker_api, task_images, forge):
     suite = tmp_path / f"s{uuid.uuid4().hex[:8]}"
     make_task(suite, "hello", test="true\n")  # writes no reward: what the agent left must not count
     task_images.append(read_task(suite / "hello").image)
     dataset = tmp_path / "rows.jsonl"
     dataset.write_text(f'{{"task": "{suite.name}/hello"}}\n')
-    forge = "mkdir -p /logs/verifier /tests && echo 1 > /logs/verifier/reward.txt && echo exit 0 > /tests/test.sh"
     server = model_server(ToolLoopScript(tool_calls=1, command=forge))
 
     result = runner.invoke(dataset, "--verifier", "command", server=server)
