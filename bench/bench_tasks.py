@@ -11,7 +11,7 @@ engine: the Dockerfiles carry this run's nonce), and measures:
 2. the same run over the same tasks on one shared prebuilt image (each task's ``docker_image``);
 3. ``hermes-batch tasks check`` over the suite (all green: the solution passes, the untouched image fails).
 
-    python bench/bench_tasks.py [--tasks 60] [--environments 12] [--workers 16] [--latency 0.5]
+    python bench/bench_tasks.py [--tasks 60] [--environments 12] [--workers 16] [--latency 0.5] [-S pool=0]
 
 The images it built are removed at the end (``--keep`` keeps them).
 """
@@ -131,11 +131,12 @@ class DiskPeak:
         self.peak = max(self.peak, self._used())
 
 
-def run_suite(suite: Path, out: Path, name: str, url: str, workers: int) -> dict:
+def run_suite(suite: Path, out: Path, name: str, url: str, workers: int, options: list) -> dict:
     command = [sys.executable, "-m", "hermes_batch", "run", "--tasks", str(suite), "--batch_size", "20",
                "--run_name", name, "--output_dir", str(out), "--base_url", url, "--model", "bench-model",
                "--api_key", "bench", "--num_workers", str(workers), "--distribution", "terminal_only",
-               "--sandbox", "docker", "--verifier", "command", "--no-progress", "--seed", "1", "--verbose"]
+               "--sandbox", "docker", "--verifier", "command", "--no-progress", "--seed", "1", "--verbose",
+               *(arg for option in options for arg in ("-S", option))]
     started = time.perf_counter()
     with DiskPeak(docker_root(), str(out)) as disk:
         proc = subprocess.run(command, capture_output=True, text=True)
@@ -171,6 +172,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--latency", type=float, default=0.5, help="seconds per model call")
     parser.add_argument("--keep", action="store_true", help="keep the images it built")
+    parser.add_argument("-S", dest="sandbox_options", action="append", default=[],
+                        help="a docker sandbox option for both runs, e.g. -S pool=0")
     args = parser.parse_args()
     nonce = uuid.uuid4().hex[:10]
     with tempfile.TemporaryDirectory(prefix="bench-tasks-") as tmp:
@@ -180,8 +183,8 @@ def main() -> None:
             suite = make_suite(tmp / "suite", args.tasks, args.environments, nonce, base, shared=False)
             shared = make_suite(tmp / "shared", args.tasks, args.environments, nonce, base, shared=True)
             with model_server(args.latency) as url:
-                own = run_suite(suite, tmp / "out", "own-images", url, args.workers)
-                one = run_suite(shared, tmp / "out", "shared-image", url, args.workers)
+                own = run_suite(suite, tmp / "out", "own-images", url, args.workers, args.sandbox_options)
+                one = run_suite(shared, tmp / "out", "shared-image", url, args.workers, args.sandbox_options)
             started = time.perf_counter()
             check = subprocess.run([sys.executable, "-m", "hermes_batch", "tasks", "check", str(suite)],
                                    capture_output=True, text=True)
@@ -194,7 +197,7 @@ def main() -> None:
                 docker("rmi", "-f", base, check=False)
     distinct = len(set(own["built"]))
     print(f"suite: {args.tasks} tasks over {args.environments} Dockerfiles, {args.workers} sessions, "
-          f"model latency {args.latency} s, 2 model calls per task")
+          f"model latency {args.latency} s, 2 model calls per task, -S {args.sandbox_options or 'defaults'}")
     print(f"own images     wall {own['wall_s']:6.1f} s  built {len(own['built'])} images ({distinct} distinct, "
           f"each once: {len(own['built']) == distinct == args.environments})  passed {own['passed']}/"
           f"{own['records']}  failed starts {own['failed_starts']}  failed prompts {len(own['failed'])}  "

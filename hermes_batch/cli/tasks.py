@@ -155,7 +155,7 @@ async def _graded(backend, verifier, task: TaskFolder, solve: bool) -> tuple:
 
     row = PromptRow(0, task.instruction, 0, task.image, extra=task_row(task), task_options=options_of(task))
     spec = SandboxSpec("tasks-check", 0, task.context_digest or task.name, task.image, None, commands=True,
-                       limits=row.task_options)
+                       limits=row.task_options if row.task_options.limits_sandbox else None)
     sandbox = await backend.open(spec)
     try:
         if solve:
@@ -185,7 +185,11 @@ def _with_backend(name: str, options: tuple, work):
     from . import plugin_manager
 
     registry = collect(plugin_manager())
-    cls, config = selection.sandbox_backend(registry, name, parse_key_values(options, "-S/--sandbox_option"))
+    given = parse_key_values(options, "-S/--sandbox_option")
+    cls, _ = selection.sandbox_backend(registry, name, given)
+    if "pool" in attrs.fields_dict(cls.Config) and "pool" not in given:
+        given = {**given, "pool": 0}  # each sandbox made when asked: no containers started ahead for every image
+    cls, config = selection.sandbox_backend(registry, name, given)
 
     async def main():
         with tempfile.TemporaryDirectory(prefix="hermes-batch-tasks-") as folder, \

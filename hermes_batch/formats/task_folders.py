@@ -93,6 +93,13 @@ class TaskOptions:
     allow_internet: Optional[bool] = None
 
 
+    @property
+    def limits_sandbox(self) -> bool:
+        """True when the task sets its sandbox's CPUs, memory or network, which a container started ahead (for
+        any prompt of the image) would not have."""
+        return bool(self.cpus or self.memory_mb or self.allow_internet is False)
+
+
 def options_of(task: TaskFolder) -> TaskOptions:
     """The TaskOptions of a task read with its digest."""
     return TaskOptions(task.image, task.environment, task.context_digest, task.build_timeout, task.agent_timeout,

@@ -119,7 +119,7 @@ class PromptProcessor:
         commands = any(getattr(tool, "runs_commands", False) for tool in tools.values())
         key = job.content_key if job.sample_index else row.content_key  # the sample's key (sample 0: the row's)
         spec = SandboxSpec(self.run_name, row.prompt_index, key, row.image, row.cwd, commands=commands,
-                           limits=task)
+                           limits=task if task is not None and task.limits_sandbox else None)
         sandbox = OpeningSandbox(self.backend, spec, self.closer, label=f"[B{job.batch_num}:P{row.prompt_index}]")
         if tools and self.backend.open_early:
             sandbox.start()  # beside the first model request, which does not need it; a tool call waits for it
