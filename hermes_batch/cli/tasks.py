@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -203,4 +204,11 @@ def _with_backend(name: str, options: tuple, work):
             finally:
                 await backend.shutdown()
 
-    return asyncio.run(main())
+    def interrupt(_signal, _frame):  # SIGTERM as Ctrl-C: the backend's shutdown removes its sandboxes
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        return asyncio.run(main())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
