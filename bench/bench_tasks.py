@@ -155,6 +155,9 @@ def run_suite(suite: Path, out: Path, name: str, url: str, workers: int, options
         "failed_starts": sum(f.get("error_kind") == "sandbox" for f in failed),
         "disk_peak_mb": (disk.peak - disk.start) / (1 << 20),
         "tasks_named": len({json.loads(r["metadata"]["row"])["task"] for r in records}),
+        "not_passed": [(r["metadata"]["end_reason"], [(v.get("reason"), v.get("error")) for v in
+                                                      json.loads(r["metadata"]["verifiers"])])
+                       for r in records if not r["metadata"]["passed"]][:3],
     }
 
 
@@ -208,6 +211,9 @@ def main() -> None:
     print(f"ratio own/shared wall time: {own['wall_s'] / one['wall_s']:.2f}")
     last = check.stdout.strip().splitlines()[-1] if check.stdout.strip() else check.stderr[-500:]
     print(f"tasks check    {check_s:6.1f} s  exit {check.returncode}  {last}")
+    for label, result in (("own images", own), ("shared image", one)):
+        if result["not_passed"]:
+            print(f"{label}: not passed (end reason, verifiers), the first ones:", result["not_passed"])
     if own["failed"] or one["failed"]:
         print("failures:", [f["message"][:200] for f in own["failed"] + one["failed"]][:3])
 
