@@ -65,6 +65,7 @@ NEEDS_OF_TESTS = {
     "tests/test_provider_guard.py::test_a_bad_provider_is_excluded_in_a_run_and_stays_excluded_on_resume": ("slow",),
     "tests/test_ctl.py::test_ctl_steers_a_running_run_and_stop_resumes": ("slow",),  # a run in a child process, steered
     "tests/test_provider_guard.py::test_a_resume_refuses_a_hostile_provider_guard_json": ("slow",),  # two runs
+    "tests/test_task_folders.py::test_a_sandbox_without_images_refuses_a_task_before_any_model_call": ("slow",),  # a run
     "tests/test_accounting.py::test_sigkill_then_resume_counts_every_request_the_endpoint_served": ("slow",),
     "tests/test_branches.py::test_a_kill_mid_branch_pays_neither_the_prefix_nor_a_finished_branch_again": ("slow",),
     "tests/test_branches.py::test_a_rows_prefix_answers_die_with_its_last_branch_unless_one_failed": ("slow",),

@@ -64,6 +64,7 @@ from .sandbox_blocks.trees import remove_tree  # noqa: E402
 from .sandbox_blocks import runner as command_runner  # noqa: E402
 from .sandbox_blocks import views as container_views  # noqa: E402
 from .sandbox_blocks import grading  # noqa: E402
+from .formats import task_folders  # noqa: E402
 from .local_sandbox.namespace_init import build as build_namespace_helper  # noqa: E402
 from .contract.plugins import PluginManager, get_plugin_manager  # noqa: E402
 from .model.ratelimit import CallLimiter  # noqa: E402
@@ -118,6 +119,7 @@ __all__ = [
     "command_runner",
     "container_views",
     "grading",
+    "task_folders",
     "build_namespace_helper",
     "Toolset",
     "ToolsetRuntime",

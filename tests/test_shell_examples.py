@@ -248,6 +248,8 @@ def _complete(args: list[str], shell: Shell) -> list[str]:
 
 def check_hermes_batch(args: list[str], shell: Shell) -> Optional[str]:
     args = _complete(args, shell)
+    # --tasks is read when the command starts (it writes the suite's rows): from the checkout, as pasted there
+    args = [str(shell.path(arg)) if i and args[i - 1] in ("--tasks",) else arg for i, arg in enumerate(args)]
     try:
         ctx = _parse(cli, "hermes-batch", args)
         dataset = ctx.params.get("dataset_file")

@@ -14,6 +14,7 @@ from ..contract.plugins import DISABLE_ENV, disabled_plugins
 from ..errors import EXIT_INTERRUPTED, HermesBatchError, PluginError
 from .control import ctl_command
 from .listing import distributions_command, listing_commands, plugins_command
+from .tasks import tasks_group
 from .new_plugin import new_plugin_command
 from .run import run_command
 from .seed_import import import_command
@@ -131,6 +132,7 @@ def cli():
 
 
 cli.add_command(run_command)
+cli.add_command(tasks_group)
 cli.add_command(distributions_command)
 cli.add_command(plugins_command)
 cli.add_command(new_plugin_command)

@@ -76,6 +76,12 @@ def run_command(**values):
     if no_filters and values["filters"]:
         raise click.UsageError("--no_filters and --filter contradict each other; pass one of them.")
     ctx = click.get_current_context()
+    if values["tasks"] is not None:
+        from ..run.task_suite import suite_dataset
+
+        if values["dataset_file"] is not None:
+            raise click.UsageError("--tasks and --dataset_file contradict each other; pass one of them.")
+        values["dataset_file"] = suite_dataset(values["tasks"], values["output_dir"], values["run_name"])
     if not values["resume"]:  # a resume takes them from run.json
         for name in ("dataset_file", "batch_size"):
             if values[name] is None:

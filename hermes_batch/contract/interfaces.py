@@ -436,6 +436,16 @@ class SandboxBackend(abc.ABC):
     async def prepare_image(self, image: Optional[str]) -> None:
         """Make ``image`` available (pull once); raises SandboxError if it cannot be had."""
 
+    async def build_image(self, image: str, context: str, digest: str, timeout: Optional[float] = None) -> None:
+        """Build ``image`` from the Dockerfile of the build context folder ``context`` (whose content key is
+        ``digest``: equal contexts are one image), once for every prompt that asks and at most a few at a time;
+        raises SandboxError (with the tail of the build log) when it cannot be built.  May be called ahead of
+        the prompts that need it.  Backends that cannot build raise SandboxError saying so."""
+        from ..errors import SandboxError
+
+        raise SandboxError(f"The {self.name} sandbox cannot build a task's image from its Dockerfile; "
+                           "use --sandbox docker.")
+
     def image_for(self, spec: SandboxSpec) -> str:
         """The image a sandbox opened for ``spec`` runs, as the prompt's ``metadata.image`` records it.
 

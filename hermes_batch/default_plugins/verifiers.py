@@ -48,15 +48,37 @@ def _row_field(ctx: VerifierContext, field: str) -> Any:
     return (ctx.row.extra or {}).get(field)
 
 
-def reward_from_file(data: bytes) -> float:
+def reward_from_file(data: bytes, harbor: bool = False) -> float:
     """The reward a tests' reward file states (formats/reward_numbers.py: a plain decimal from 0 to 1, blanks around
-    it allowed); ValueError saying why for anything else, or for more than REWARD_MAX_BYTES bytes."""
+    it allowed); ValueError saying why for anything else, or for more than REWARD_MAX_BYTES bytes.
+
+    ``harbor``: a Harbor task's reward.json is allowed too (an object whose ``reward``, or only value, is that
+    number)."""
     if len(data) > REWARD_MAX_BYTES:
         raise ValueError(f"the reward file holds more than {REWARD_MAX_BYTES} bytes")
+    if harbor and data.lstrip().startswith(b"{"):
+        return _harbor_json_reward(data)
     try:
         return parse_reward(data)
     except RewardTextError as exc:
         raise ValueError(f"the reward file holds {exc}") from None
+
+
+def _harbor_json_reward(data: bytes) -> float:
+    import json
+
+    from hermes_batch.formats.reward_numbers import checked_reward
+
+    try:
+        value = json.loads(data.decode("utf-8"), parse_constant=lambda name: None)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ValueError("the reward.json holds no valid JSON") from None
+    if not isinstance(value, dict) or not value:
+        raise ValueError("the reward.json holds no object of rewards")
+    reward = value.get("reward", next(iter(value.values())) if len(value) == 1 else None)
+    if type(reward) not in (int, float):
+        raise ValueError("the reward.json names no number as `reward` (nor holds only one value)")
+    return checked_reward(float(reward))
 
 
 class CommandVerifier(Verifier):
@@ -80,6 +102,18 @@ class CommandVerifier(Verifier):
     def timeout(self) -> float:
         # command:clean=true grades twice, the second time in a sandbox it opens
         return self.config.timeout * 2 + 60 if self.config.clean else self.config.timeout
+
+    def _tests_timeout(self, row) -> float:
+        """The row's `tests_timeout` (a Harbor task's [verifier].timeout_sec), else command:timeout."""
+        value = (getattr(row, "extra", None) or {}).get("tests_timeout")
+        if type(value) in (int, float) and 0 < value < 1e7:
+            return float(value)
+        return self.config.timeout
+
+    def timeout_for(self, row) -> float:
+        """The whole verification's limit for this row (session/verification.py)."""
+        timeout = self._tests_timeout(row)
+        return timeout * 2 + 60 if self.config.clean else timeout
 
     def check_backend(self, backend) -> None:
         """Before any prompt: refuse a sandbox backend that cannot run tests apart from the agent, or, with
@@ -107,17 +141,19 @@ class CommandVerifier(Verifier):
         if "\0" in command:
             raise ValueError("the tests' command holds a NUL character")
         files = checked_files(_row_field(ctx, self.config.files_field), self.config.files_field)
+        timeout = self._tests_timeout(ctx.row)
+        harbor = isinstance(_row_field(ctx, "task"), str)  # a Harbor task's row: its reward.json counts too
         if not self.config.apart:
-            run = await _in_agent_context(ctx.sandbox, command, files, self.config.timeout)
-            return self._verdict(run, " (in the agent's context: command:apart=false)")
-        run = await ctx.sandbox.run_tests(command, files, self.config.timeout)
+            run = await _in_agent_context(ctx.sandbox, command, files, timeout)
+            return self._verdict(run, " (in the agent's context: command:apart=false)", timeout, harbor)
+        run = await ctx.sandbox.run_tests(command, files, timeout)
         if not self.config.clean:
-            return self._verdict(run)
+            return self._verdict(run, "", timeout, harbor)
         try:
-            in_place = self._verdict(run)
+            in_place = self._verdict(run, "", timeout, harbor)
         except (TimeoutError, ValueError) as exc:
             in_place = exc
-        clean = self._verdict(await self._in_a_fresh_sandbox(ctx, command, files))
+        clean = self._verdict(await self._in_a_fresh_sandbox(ctx, command, files, timeout), "", timeout, harbor)
         if isinstance(in_place, Exception):
             said, disagree = f"{type(in_place).__name__}: {in_place}", True
         else:
@@ -126,28 +162,28 @@ class CommandVerifier(Verifier):
                        _bounded(f"{clean.output}\n[in place]\n{run.result.output}", self.config.max_output_chars),
                        disagree)
 
-    def _verdict(self, run: TestsRun, where: str = "") -> Verdict:
+    def _verdict(self, run: TestsRun, where: str = "", timeout: Optional[float] = None, harbor: bool = False) -> Verdict:
         result = run.result
         output = _bounded(result.output, self.config.max_output_chars)
         if result.timed_out or result.exit_code is None:
-            raise TimeoutError(f"the command ran past its {self.config.timeout:g} s (command:timeout=...)")
+            raise TimeoutError(f"the command ran past its {timeout or self.config.timeout:g} s (command:timeout=...)")
         if result.exit_code != 0:  # a failure, whatever a reward file says
             left = "; the reward file it wrote does not count" if run.reward is not None else ""
             return Verdict(0.0, f"exit status {result.exit_code}{left}{where}", output)
         if run.problem:
             raise ValueError(run.problem)
         if run.reward is not None:
-            return Verdict(reward_from_file(run.reward), f"reward file, exit status 0{where}", output)
+            return Verdict(reward_from_file(run.reward, harbor), f"reward file, exit status 0{where}", output)
         return Verdict(1.0, f"exit status 0{where}", output)
 
-    async def _in_a_fresh_sandbox(self, ctx: VerifierContext, command: str, files: tuple) -> TestsRun:
+    async def _in_a_fresh_sandbox(self, ctx: VerifierContext, command: str, files: tuple, timeout: float) -> TestsRun:
         """command:clean=true: the tests in a fresh sandbox of the sample's image holding only its final working folder."""
         if ctx.fresh_sandbox is None:
             raise ValueError("command:clean=true needs a fresh sandbox, which this run cannot open")
         fresh = await ctx.fresh_sandbox()
         try:
             await ctx.sandbox.copy_workdir_to(fresh)
-            return await fresh.run_tests(command, files, self.config.timeout)
+            return await fresh.run_tests(command, files, timeout)
         finally:
             await fresh.close()
 

@@ -12,6 +12,7 @@ import attrs
 from ..errors import DatasetError, UsageError
 from .jsonguard import MAX_DEPTH, value_problem
 from .records import PromptRow
+from . import task_folders
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -27,6 +28,10 @@ _BUFFER = 1 << 20
 _BOM = b"\xef\xbb\xbf"
 _MISSING = object()
 _OPTIONAL_STRINGS = ("image", "docker_image", "cwd")
+# A task row's build context: a key no JSON line can hold, so a row never names a folder to build from itself.
+_BUILD = object()
+# What a task row takes from its task folder, so the row may not give it too.
+_FROM_TASK = ("prompt", "image", "docker_image", "cwd", "tests", "test_files", "tests_timeout", "task_metadata")
 
 
 def _refuse_constant(name: str):
@@ -140,7 +145,8 @@ def _rows(name: str, max_samples: Optional[int], only: Optional[Sequence[int]] =
             image=row.get("image") or row.get("docker_image"),
             cwd=row.get("cwd"),
             id=row.get("id"),
-            extra={key: value for key, value in row.items() if key not in _KNOWN_FIELDS},
+            extra={key: value for key, value in row.items() if key not in _KNOWN_FIELDS and key is not _BUILD},
+            task_options=row.get(_BUILD),
         )
 
 
@@ -162,7 +168,11 @@ def check_arguments(name: str, max_samples: Optional[int]) -> None:
 def _scan(
     name: str, max_samples: Optional[int], only: Optional[Sequence[int]] = None
 ) -> Iterator[tuple[int, int, Any, Optional[str]]]:
-    """(line number, prompt index, decoded row, problem or None) for each non-blank line (of ``only``'s, if given)."""
+    """(line number, prompt index, decoded row, problem or None) for each non-blank line (of ``only``'s, if given).
+
+    A row ``{"task": PATH}`` stands for the Harbor task folder at PATH (relative to the dataset's folder, and
+    inside it; or absolute): it is read and checked here, and becomes the row the task describes."""
+    base = os.path.dirname(os.path.abspath(name))
     if max_samples == 0 or (only is not None and not len(only)):
         return
     try:
@@ -186,6 +196,8 @@ def _scan(
                         row, reason = None, f"the line is longer than {MAX_LINE_BYTES >> 20} MiB, the limit for one row"
                     else:
                         row, reason = _parse(raw)
+                        if reason is None and "task" in row:
+                            row, reason = _task_row(row, base)
                     yield line_number, index, row, reason
                     if only is not None:
                         taken += 1
@@ -225,7 +237,35 @@ def _parse(raw: bytes) -> tuple[Any, Optional[str]]:
     if type(row) is not dict:
         return None, f"expected a JSON object, got {_type_name(row)}"
     # every row is checked alike at validation and at run time, so a row that passed is never skipped later
+    if "task" in row:  # a task row: its prompt comes from the task folder (_task_row)
+        return row, value_problem(row, any_int=_NOT_RANGE_CHECKED)
     return row, _check_row(row) or value_problem(row, any_int=_NOT_RANGE_CHECKED)
+
+
+def _task_row(row: dict, base: str) -> tuple[Any, Optional[str]]:
+    """The row of the task folder a ``{"task": PATH}`` row names, or the problem with it."""
+    path = row["task"]
+    if type(path) is not str or not path.strip() or "\0" in path:
+        return None, f"$.task: expected the path of a task folder, got {_type_name(path)}"
+    given = [key for key in _FROM_TASK if key in row]
+    if given:
+        return None, f"$.{given[0]}: a task row takes it from its task folder; leave it out"
+    if not os.path.isabs(path):
+        real_base = os.path.realpath(base)
+        resolved = os.path.realpath(os.path.join(base, path))
+        if resolved != real_base and not resolved.startswith(real_base.rstrip("/") + "/"):
+            return None, f"$.task: {path!r} leads outside the dataset's folder; give an absolute path or move the task"
+        path = os.path.join(base, path)
+    try:
+        task = task_folders.read_task(path)
+    except task_folders.TaskError as exc:
+        return None, f"$.task: {exc}"
+    expanded = task_folders.task_row(task)
+    expanded.update((key, value) for key, value in row.items() if key != "task")
+    expanded["task"] = task.name
+    expanded[_BUILD] = task_folders.options_of(task)
+    problem = value_problem({k: v for k, v in expanded.items() if k is not _BUILD}, any_int=_NOT_RANGE_CHECKED)
+    return (None, problem) if problem else (expanded, None)
 
 
 def _check_row(row: dict) -> Optional[str]:

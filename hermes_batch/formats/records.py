@@ -69,6 +69,8 @@ class PromptRow:
     cwd: Optional[str] = None
     id: Any = None
     extra: dict = field(factory=dict)  # every other field, copied to metadata.row
+    # a task row's limits and build context (formats/task_folders.TaskOptions); never taken from a JSON row's field
+    task_options: Any = None
 
     @property
     def content_key(self) -> str:
@@ -186,6 +188,7 @@ class SandboxSpec:
     cwd: Optional[str] = None
     env: dict = field(factory=dict)
     commands: bool = False  # a tool the prompt is offered runs commands: the backend may get ready for them at open
+    limits: Any = None  # a Harbor task's TaskOptions (cpus, memory_mb, allow_internet ...) for its sandbox
 
 
 @frozen

@@ -118,6 +118,9 @@ class RunConfig:
         cli=Cli(required=False, default_text=RESUME_TAKES))
     run_name: str = option(help="Name of the run folder and checkpoint identity.")
     distribution: str = option("default", help="Toolset distribution to sample from.")
+    tasks: Optional[Path] = option(
+        None, help="A folder of Harbor task folders (or one task), run instead of --dataset_file (docs/tasks.md).",
+        cli=Cli(type=click.Path(path_type=Path, file_okay=False)))
     distribution_file: Optional[Path] = option(
         None, help="TOML or JSON file of more distributions.",
         cli=Cli(type=click.Path(path_type=Path, dir_okay=False), eager=True),

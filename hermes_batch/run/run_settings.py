@@ -60,9 +60,10 @@ RUN = frozenset({
 })
 # how the model calls travel (docs/batch-api.md), not what they ask
 RUN |= {"batch_api", "batch_api_max_requests", "batch_api_max_wait", "batch_api_poll_interval"}
-# --pilot is one session's: the --resume after it runs the rest of the rows
+# --pilot is one session's: the --resume after it runs the rest of the rows; --tasks makes the dataset_file
+# that run.json keeps
 COMMAND = frozenset({"run_name", "output_dir", "resume", "overwrite", "allow_changed_settings", "api_key",
-                     "pilot", "pilot_by"})
+                     "pilot", "pilot_by", "tasks"})
 NEVER_SAVED = frozenset({"api_key", "ephemeral_system_prompt"})  # run.json keeps a digest of the prompt only
 
 HISTORY = "settings_history"

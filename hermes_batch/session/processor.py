@@ -13,7 +13,7 @@ import attrs
 from .agent import AgentSettings, SessionLog, run_session
 from .replay import replay_key
 from ..formats.conversation import to_sharegpt
-from ..errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeout, RunFolderWriteError
+from ..errors import FatalModelError, ModelCallError, PromptFailure, PromptTimeout, RunFolderWriteError, SandboxError
 from ..contract.interfaces import ModelClient, PromptJob, SandboxBackend, ToolContext
 from ..folder.journal import current_prompt
 from ..formats.records import Failure, Metadata, PromptRow, SandboxSpec, Trajectory
@@ -114,10 +114,17 @@ class PromptProcessor:
         if say:
             sample = f" (sample {job.sample_index})" if job.sample_index else ""
             say(f"toolsets{sample}: {', '.join(job.toolsets) or 'none'} -> {len(tools)} tools: {', '.join(tools)}")
+        task = row.task_options  # a Harbor task's row (formats/task_folders.py): its image and limits
+        if task is not None and self.backend.ignores_images:  # its tests replace /tests and /logs: containers only
+            raise SandboxError(f"The {self.backend.name} sandbox runs no image, so it cannot run a Harbor task "
+                               "(its image, /tests and /logs); use --sandbox docker.")
+        if task is not None and task.context is not None:  # built once per content, shared: not on its clock
+            await self.backend.build_image(task.image, task.context, task.digest, task.build_timeout)
         await self.backend.prepare_image(row.image)  # shared by every prompt of the image, so not on its clock
         commands = any(getattr(tool, "runs_commands", False) for tool in tools.values())
         key = job.content_key if job.sample_index else row.content_key  # the sample's key (sample 0: the row's)
-        spec = SandboxSpec(self.run_name, row.prompt_index, key, row.image, row.cwd, commands=commands)
+        spec = SandboxSpec(self.run_name, row.prompt_index, key, row.image, row.cwd, commands=commands,
+                           limits=task if task is not None and task.limits_sandbox else None)
         sandbox = OpeningSandbox(self.backend, spec, self.closer, label=f"[B{job.batch_num}:P{row.prompt_index}]")
         # a branch opened from its prefix's snapshot (Sandbox.snapshot) waits for that image
         snapshot = self.branch_at is not None and self.backend.snapshots_filesystems
@@ -133,7 +140,8 @@ class PromptProcessor:
         try:
             try:
                 # the deadline covers the session and the open of the sandbox; closing is outside, so it always happens
-                async with asyncio.timeout(self.agent.prompt_timeout) as deadline:
+                prompt_timeout = task.agent_timeout if task is not None and task.agent_timeout else self.agent.prompt_timeout
+                async with asyncio.timeout(prompt_timeout) as deadline:
                     ctx = ToolContext(
                         sandbox, command_timeout=self.agent.command_timeout,
                         max_output_chars=self.agent.max_output_chars,
@@ -148,10 +156,10 @@ class PromptProcessor:
                     raise
                 if not state.api_calls:
                     raise PromptTimeout(
-                        f"--prompt_timeout ({self.agent.prompt_timeout:g} s) passed before the model answered once."
+                        f"--prompt_timeout ({prompt_timeout:g} s) passed before the model answered once."
                     ) from None
                 log.warning("[B%d:P%d] stopped by --prompt_timeout after %g s; saved as partial.",
-                            job.batch_num, row.prompt_index, self.agent.prompt_timeout)
+                            job.batch_num, row.prompt_index, prompt_timeout)
                 result = state.result(completed=False, end_reason="timeout")
             finally:
                 await sessions.aclose()  # a browser context, say; before the sandbox, and also on errors and Ctrl-C

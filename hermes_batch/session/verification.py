@@ -83,7 +83,7 @@ async def _stop_processes(sandbox) -> None:
 
 async def _one(verifier, ctx: VerifierContext) -> VerifierResult:
     started = time.monotonic()
-    timeout = verifier.timeout
+    timeout = verifier.timeout_for(ctx.row) if hasattr(verifier, "timeout_for") else verifier.timeout
 
     def result(**fields) -> VerifierResult:
         return VerifierResult(verifier.name, duration_s=round(time.monotonic() - started, 3), **fields)

@@ -35,10 +35,11 @@ from .engine import (
     engine_errors,
 )
 from .agent import AGENT_SCRIPT, Agent, exportable
-
-SNAPSHOT_REPOSITORY = "hermes-batch-snapshot"  # --branch_at: the images of prefixes' containers
+from .images import ImageBuilder
 from .sandbox import AGENT_READY_S, SHELL, DockerSandbox
 from .views import HELPER, IDENTITY_SCRIPT, VIEW_END_S, VIEW_FOLDER, new_view, parse_identity
+
+SNAPSHOT_REPOSITORY = "hermes-batch-snapshot"  # --branch_at: the images of prefixes' containers
 
 log = logging.getLogger("hermes_batch.docker")
 
@@ -96,6 +97,7 @@ class DockerBackend(SandboxBackend):
         self._helper_program: Optional[asyncio.Future] = None  # its bytes, copied into a container for each grading
         self.tests_apart_missing = "it was not started"  # set at check: "" once the helper is built
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the run's event loop, for runners started in threads
+        self.builder: Optional[ImageBuilder] = None  # task images built from Dockerfiles (made at the first)
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -257,6 +259,14 @@ class DockerBackend(SandboxBackend):
         if self.config.pool_size(self.concurrency()) > 0:
             self._container_pool(name, info)
 
+    async def build_image(self, image: str, context: str, digest: str, timeout: Optional[float] = None) -> None:
+        """Build a task's image from its environment once (images.py); every prompt of it waits for that build."""
+        if self.api is None:
+            raise SandboxError("The docker sandbox backend was not started.")
+        if self.builder is None:
+            self.builder = ImageBuilder(lambda: self.api, self.run.thread_pool, self.config.max_builds)
+        await self.builder.build(image, context, digest, timeout)
+
     async def _image(self, name: str) -> dict:
         future = self._images.get(name)
         if future is None:
@@ -306,7 +316,8 @@ class DockerBackend(SandboxBackend):
         env = {str(key): str(value) for key, value in spec.env.items()}
         if self.config.reuse == "namespace":
             return await self._open_view(spec, image, info, workdir, env)
-        if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0 and image not in self._snapshots:
+        if (spec.cwd is None and spec.limits is None and self.config.pool_size(self.concurrency()) > 0
+                and image not in self._snapshots):
             pool = self._container_pool(image, info)
             taken = await pool.take()
             if taken is not None:
@@ -323,7 +334,8 @@ class DockerBackend(SandboxBackend):
         loop = asyncio.get_running_loop()
         async with self._starting:
             future = loop.run_in_executor(
-                self.run.thread_pool, functools.partial(self._create, name, image, workdir, env, labels, loop)
+                self.run.thread_pool,
+                functools.partial(self._create, name, image, workdir, env, labels, loop, spec.limits)
             )
             self._background.add(future)
             future.add_done_callback(self._background.discard)
@@ -540,13 +552,13 @@ class DockerBackend(SandboxBackend):
             return self.config.workdir
         return (image_info.get("Config") or {}).get("WorkingDir") or DEFAULT_WORKDIR
 
-    def _create(self, name: str, image: str, workdir: str, env: dict, labels: dict, loop=None) -> tuple:
+    def _create(self, name: str, image: str, workdir: str, env: dict, labels: dict, loop=None, limits=None) -> tuple:
         """Create and start a container; (its id, its command runner or None).
 
         The runner is started, not waited for: its first answer is awaited by its first request, so that a
         creation does not hold its ``max_starting`` place for it.
         """
-        container_id = self._create_container(name, image, workdir, env, labels)
+        container_id = self._create_container(name, image, workdir, env, labels, limits)
         agent = None
         if self.config.runner == "agent" and loop is not None:
             try:
@@ -574,9 +586,17 @@ class DockerBackend(SandboxBackend):
             raise SandboxError("the command runner did not start (the image lacks setsid or a POSIX sh?)")
         return agent
 
-    def _create_container(self, name: str, image: str, workdir: str, env: dict, labels: dict) -> str:
+    def _create_container(self, name: str, image: str, workdir: str, env: dict, labels: dict, limits=None) -> str:
         config = self.config
         memory = config.memory_bytes
+        nano_cpus, network = self.nano_cpus, config.network
+        if limits is not None:  # a Harbor task's [environment]: its own CPUs, memory and network, within the run's
+            if limits.memory_mb:
+                memory = limits.memory_mb << 20
+            if limits.cpus:
+                nano_cpus = int(limits.cpus * 1e9)
+            if limits.allow_internet is False:
+                network = "none"
         views, helper_capabilities = {}, ()
         if config.reuse == "namespace":  # only the helper holds HELPER_CAPABILITIES; each prompt drops them
             views = {"tmpfs": {VIEW_FOLDER: "size=1m,mode=0700"}, "binds": [f"{self.helper}:{HELPER}:ro"]}
@@ -590,8 +610,8 @@ class DockerBackend(SandboxBackend):
             pids_limit=config.pids_limit,
             mem_limit=memory,
             memswap_limit=memory,  # no swap beyond the memory limit
-            nano_cpus=self.nano_cpus,
-            network_mode=config.network,
+            nano_cpus=nano_cpus,
+            network_mode=network,
             storage_opt=self.storage_opt,
             **views,
         )

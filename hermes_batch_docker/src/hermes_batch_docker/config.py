@@ -165,6 +165,7 @@ class DockerConfig:
     pull: str = attrs.field(default="missing", validator=attrs.validators.in_(("missing", "never")))
     max_starting: int = attrs.field(factory=default_max_starting, validator=_at_least(1, "max_starting"))
     max_output_bytes: int = attrs.field(default=1_000_000, validator=_at_least(1024, "max_output_bytes"))
+    max_builds: int = attrs.field(default=2, validator=_at_least(1, "max_builds"))  # task images built at once
     # Containers started ahead of need per image, each still for one prompt only; 0: each made when asked for;
     # auto (the default): as many as the run works on at once (--num_workers).
     pool: Any = attrs.field(default="auto", converter=_pool, validator=_check_pool)

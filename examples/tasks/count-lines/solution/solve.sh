@@ -1,0 +1,2 @@
+#!/bin/sh
+wc -l < /app/words.txt > /app/count.txt
