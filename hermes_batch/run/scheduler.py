@@ -9,20 +9,27 @@ With --stop_on_success a row's samples run one after another in the same worker,
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Callable, Optional
 
 import attrs
 
+from ..contract.image_demand import ImageDemand
 from ..contract.interfaces import PromptJob, PromptJobs
 from ..errors import HermesBatchError
 from ..folder import rowkeys
-from . import distributions, resume_scan
+from ..formats.records import SandboxSpec
+from . import distributions, image_order, resume_scan
 from .budget import Budget
 from .config import RunConfig
 from .plan import RunPlan
 from .progress import Progress
 from .recorder import Recorder
 from .session_journals import SessionJournals
+
+log = logging.getLogger("hermes_batch.run")
+
+PREPARE_AHEAD = 2  # images prepared ahead besides the one being handed out
 
 
 class Scheduler:
@@ -39,6 +46,12 @@ class Scheduler:
         self.recorder: Optional[Recorder] = None
         self.progress: Optional[Progress] = None
         self.on_session_end: Optional[Callable[[], None]] = None  # after each outcome recorded, and the last job
+        self.window = 1  # rows read ahead to order them by image (follow_images)
+        self.order: Optional[image_order.ImageOrder] = None
+        self.backend = None  # the sandbox backend told of each image's demand (follow_images), or None
+        self.demand: Optional[ImageDemand] = None
+        self._prepared: set[str] = set()  # images whose preparation ahead was started
+        self._preparing: set[asyncio.Task] = set()
 
     def sessions_that_may_send(self) -> Optional[int]:
         """How many sessions can still send a model request: those running, once no other can start (the jobs are
@@ -55,6 +68,7 @@ class Scheduler:
         interrupted, fatal = False, None
         try:
             await processor.start()
+            self.follow_images(processor.backend)
             progress.start()
             rows = rowkeys.rows_left(cfg.dataset_file, cfg.max_rows, self.match.left)
             self.jobs = PromptJobs(self._jobs(rows))
@@ -69,34 +83,98 @@ class Scheduler:
             fatal = exc
         finally:
             progress.stop()
+            for task in list(self._preparing):
+                task.cancel()
+            if self._preparing:
+                await asyncio.gather(*self._preparing, return_exceptions=True)
         return interrupted, fatal
 
     def _jobs(self, rows):
         size = self.config.batch_size
-        for row in rows:
+        order = self.order = image_order.ImageOrder(
+            rows, size, self.window, image=self._image_of, on_read=self._expect)
+        for row, sealed in order:
             if self.jobs.halted:
                 break
             if self.journals.stopped:
                 break  # a write failed: the run stops, and no prompt is leased that it could not save
             if self.budget.halt_if_reached(self.jobs):
                 break
+            self._prepare_ahead(order)
             batch = row.prompt_index // size
             if not self.sampling:
                 yield self._dispatched(batch, PromptJob(row, batch, self._toolsets(row.content_key)))
-                continue
-            left = self.match.of(row.prompt_index, self.config.samples_per_prompt, self.config.max_samples)
-            if self.config.stop_on_success and len(left) > 1:
-                # one after another: the next sample of the row starts only when this one did not pass
-                self.later_samples[row.prompt_index] = left[1:]
-                left = left[:1]
-            for i, sample in enumerate(left):
-                if i and self.budget.halt_if_reached(self.jobs):
-                    break
-                yield self._dispatched(batch, self._sample_job(row, batch, sample))
+            else:
+                for i, sample in enumerate(self._samples_left(row)):
+                    if i and self.budget.halt_if_reached(self.jobs):
+                        break
+                    yield self._dispatched(batch, self._sample_job(row, batch, sample))
+            for done in sealed:
+                self.recorder.tracker.seal(done)
+        if self.demand is not None:
+            self.demand.clear()  # halted: what was read ahead will not start; when all ran nothing is left anyway
         self.jobs.exhausted = True
         self.recorder.tracker.end_of_jobs()
         if self.on_session_end is not None:
             self.on_session_end()
+
+    def _samples_left(self, row) -> tuple:
+        """The samples of ``row`` this session hands out now (--stop_on_success: the first; the others wait)."""
+        left = self.match.of(row.prompt_index, self.config.samples_per_prompt, self.config.max_samples)
+        if self.config.stop_on_success and len(left) > 1:
+            # one after another: the next sample of the row starts only when this one did not pass
+            self.later_samples[row.prompt_index] = left[1:]
+            left = left[:1]
+        return left
+
+    # --- images: the order of the prompts, each image's demand, the next images prepared -----------------
+
+    def follow_images(self, backend) -> None:
+        """Order the prompts by image for ``backend`` and tell it each image's demand (before ``run``)."""
+        uses_images = not getattr(backend, "ignores_images", True)
+        self.window = image_order.window_size(self.concurrency, uses_images)
+        if not uses_images:
+            return
+        self.backend = backend
+        self.demand = ImageDemand(backend.image_for(SandboxSpec(self.config.run_name, 0, "", None, None)))
+        backend.follow_demand(self.demand)
+
+    def _image_of(self, row) -> str:
+        return self.demand.image(row.image) if self.demand is not None else (row.image or "")
+
+    def _expect(self, row) -> None:
+        if self.demand is None:
+            return
+        count = 1
+        if self.sampling:
+            count = len(self.match.of(row.prompt_index, self.config.samples_per_prompt, self.config.max_samples))
+            count = min(count, 1) if self.config.stop_on_success else count
+        self.demand.expect(row.image, row.prompt_index, count)
+
+    def _prepare_ahead(self, order) -> None:
+        """Have the backend prepare the image being handed out and the next ones (``PREPARE_AHEAD``) in the
+        background, while the prompts before them run; a failure is the prompts' to report, when they ask."""
+        if self.backend is None:
+            return
+        for image in order.upcoming(PREPARE_AHEAD):
+            if image in self._prepared:
+                continue
+            self._prepared.add(image)
+            task = asyncio.get_running_loop().create_task(self._prepare(image))
+            self._preparing.add(task)
+            task.add_done_callback(self._preparing.discard)
+
+    async def _prepare(self, image: str) -> None:
+        try:
+            await self.backend.prepare_ahead(image)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the image's prompts fail with the reason when they prepare it themselves
+            log.debug("Preparing the image %s ahead failed: %s", image, exc)
+
+    def _job_ended(self, job: PromptJob) -> None:
+        if self.demand is not None:
+            self.demand.done(job.row.image, job.row.prompt_index)
 
     def _dispatched(self, batch: int, job: PromptJob) -> PromptJob:
         """``job``, counted as running (its batch is not complete until it is recorded), with its replay."""
@@ -116,6 +194,7 @@ class Scheduler:
         return attrs.evolve(job, toolsets=self._toolsets(key))
 
     async def _record(self, job: PromptJob, outcome) -> None:
+        self._job_ended(job)
         kind = await self.recorder.record(job, outcome)
         # its answers are in its record now; a failed prompt's stay in responses.jsonl for the --resume that
         # runs it again, which replays what was paid for
