@@ -48,7 +48,9 @@ class ImageOrder:
         self._max_batches = max(1, max_batches)
         self._image = image
         self._on_read = on_read
-        self._groups: dict[str, collections.deque] = {}  # image -> its rows in the window, in dataset order
+        # image -> its rows in the window, in dataset order (an OrderedDict: its first key is O(1) however many
+        # groups were removed before it, which a dict's is not)
+        self._groups: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
         self._held = 0  # rows in the window
         self._in_batch: collections.Counter = collections.Counter()  # batch -> rows of it in the window
         self._frontier: Optional[int] = None  # the batch of the last row read
@@ -74,15 +76,20 @@ class ImageOrder:
 
     def upcoming(self, count: int) -> list[str]:
         """The images handed out next: the current one, then the next ``count`` by their first row in the window."""
-        others = sorted((rows[0].prompt_index, image) for image, rows in self._groups.items()
-                        if rows and image != self._current)
-        head = [self._current] if self._current in self._groups else []
-        return head + [image for _, image in others[:count]]
+        images = [self._current] if self._current in self._groups else []
+        for image in self._groups:
+            if len(images) > count:
+                break
+            if image != self._current:
+                images.append(image)
+        return images
 
     def _next_row(self) -> PromptRow:
         if self._current not in self._groups:
-            # the image whose first waiting row comes first in the dataset
-            self._current = min(self._groups, key=lambda image: self._groups[image][0].prompt_index)
+            # The image whose first waiting row comes first in the dataset is the first of _groups: rows are read
+            # in dataset order and only the current image's are taken, so the other groups keep the first row
+            # they were made with and stay in the order of it (a group made again comes after, as its row).
+            self._current = next(iter(self._groups))
         rows = self._groups[self._current]
         row = rows.popleft()
         if not rows:

@@ -30,6 +30,7 @@ from .session_journals import SessionJournals
 log = logging.getLogger("hermes_batch.run")
 
 PREPARE_AHEAD = 2  # images prepared ahead besides the one being handed out
+PREPARED_KEPT = 64  # images remembered as prepared (one coming back later is asked again: backends cache)
 
 
 class Scheduler:
@@ -50,7 +51,7 @@ class Scheduler:
         self.order: Optional[image_order.ImageOrder] = None
         self.backend = None  # the sandbox backend told of each image's demand (follow_images), or None
         self.demand: Optional[ImageDemand] = None
-        self._prepared: set[str] = set()  # images whose preparation ahead was started
+        self._prepared: dict[str, None] = {}  # the images whose preparation ahead was started last
         self._preparing: set[asyncio.Task] = set()
 
     def sessions_that_may_send(self) -> Optional[int]:
@@ -159,7 +160,9 @@ class Scheduler:
         for image in order.upcoming(PREPARE_AHEAD):
             if image in self._prepared:
                 continue
-            self._prepared.add(image)
+            self._prepared[image] = None
+            if len(self._prepared) > PREPARED_KEPT:  # a dataset of a million images: remember the recent ones
+                del self._prepared[next(iter(self._prepared))]
             task = asyncio.get_running_loop().create_task(self._prepare(image))
             self._preparing.add(task)
             task.add_done_callback(self._preparing.discard)

@@ -182,3 +182,23 @@ def test_the_image_cache_option_takes_a_size_or_none():
     assert DockerConfig().image_cache_bytes is None and DockerConfig(image_cache="none").image_cache_bytes is None
     with pytest.raises(ValueError, match="image_cache must be a size"):
         DockerConfig(image_cache="big")
+
+
+def test_a_run_ordered_by_image_resumes_by_content(tmp_path, runner, model_server, docker_api, images):
+    names = [images(f"resume{k}") for k in range(3)]
+    for image in names:
+        tag(docker_api, image)
+    rows = [{"prompt": f"task {i}", "image": names[i % 3]} for i in range(9)]
+    dataset = write_dataset(tmp_path / "data.jsonl", rows)
+    server = model_server(ToolLoopScript(tool_calls=1, command="echo fine"))
+
+    first = runner.invoke(dataset, "--num_workers", "3", "--batch_size", "2", "--max_samples", "5", server=server)
+    assert first.exit_code == 0, first.output
+    assert [t["prompt_index"] for t in runner.records("trajectories.jsonl")] == list(range(5))
+    again = runner.invoke(dataset, "--resume", "--max_samples", "all", server=server)
+
+    assert again.exit_code == 0, again.output
+    assert [t["prompt_index"] for t in runner.records("trajectories.jsonl")] == list(range(9))
+    assert all(server.calls_for(row["prompt"]) == 2 for row in rows)  # no finished prompt ran again
+    checkpoint = json.loads((runner.folder() / "checkpoint.json").read_text())
+    assert checkpoint["prompts_finished"] == 9
