@@ -34,6 +34,7 @@ from .errors import (  # noqa: E402 (hookimpl and PROJECT_NAME first: the module
 from .executors.dispatch import WorkerLink, WorkerLost, run_on_workers  # noqa: E402
 from .contract.run_filters import RunFilter  # noqa: E402
 from .contract.function_tools import tool  # noqa: E402
+from .contract.image_demand import ImageDemand  # noqa: E402
 from .contract.interfaces import (  # noqa: E402
     Distribution,
     Executor,
@@ -115,6 +116,7 @@ __all__ = [
     "run_command",
     "ChildProcess",
     "WarmPool",
+    "ImageDemand",
     "remove_tree",
     "command_runner",
     "container_views",

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..model.batching import BatchAPI
     from ..model.ratelimit import CallLimiter
     from .run_context import RunContext
+    from .image_demand import ImageDemand
     from .toolsets import PromptToolsets
 
 
@@ -445,6 +446,19 @@ class SandboxBackend(abc.ABC):
 
         raise SandboxError(f"The {self.name} sandbox cannot build a task's image from its Dockerfile; "
                            "use --sandbox docker.")
+
+    async def prepare_ahead(self, image: str) -> None:
+        """Called in the background for the image whose prompts come next, while earlier prompts run: get it
+        ready (pull, build, convert) so that its first prompt does not wait; start nothing that costs while
+        idle.  Its errors are ignored: the prompts' own ``prepare_image`` reports them.  ``image`` is as
+        ``image_for`` names it."""
+
+    def follow_demand(self, demand: "ImageDemand") -> None:
+        """Called once before the first prompt by a run that orders its prompts by image (not for
+        ``ignores_images``): ``demand.left(image)`` is how many prompts read ahead of ``image`` have not opened
+        a sandbox yet; a backend that starts sandboxes ahead of need keeps no more than that of an image, and
+        calls ``demand.opened(spec.image, spec.prompt_index)`` as it opens one.  Not called in the processes of
+        an executor that runs prompts elsewhere."""
 
     def image_for(self, spec: SandboxSpec) -> str:
         """The image a sandbox opened for ``spec`` runs, as the prompt's ``metadata.image`` records it.

@@ -27,21 +27,27 @@ log = logging.getLogger("hermes_batch.run")
 class BatchTracker:
     """Knows when every prompt of a batch dispatched in this session has ended, and how many of them failed.
 
+    A batch is complete once it is ``sealed`` (no prompt of it is still to be dispatched: the scheduler's
+    window has handed out its last row, see run/image_order.py) or the jobs ended, and its prompts have.
     ``on_complete(batch, failed)`` is called once per batch.
     """
 
     def __init__(self, on_complete):
         self.pending: collections.Counter = collections.Counter()
         self.failed: collections.Counter = collections.Counter()
-        self.current: Optional[int] = None
+        self.sealed: set[int] = set()
         self.exhausted = False
         self.on_complete = on_complete
 
     def dispatched(self, batch: int) -> None:
-        if self.current is not None and batch != self.current:
-            self._leave(self.current)
-        self.current = batch
         self.pending[batch] += 1
+
+    def seal(self, batch: int) -> None:
+        """No more prompts of ``batch`` will be dispatched in this session."""
+        if batch in self.pending:
+            self.sealed.add(batch)
+            if self.pending[batch] == 0:
+                self._complete(batch)
 
     def hold(self, batch: int) -> None:
         """One more prompt of ``batch`` (a row's next sample) will end before the batch is complete."""
@@ -50,20 +56,17 @@ class BatchTracker:
     def finished(self, batch: int, failed: bool = False) -> None:
         self.pending[batch] -= 1
         self.failed[batch] += failed
-        if self.pending[batch] == 0 and (batch != self.current or self.exhausted):
+        if self.pending[batch] == 0 and (batch in self.sealed or self.exhausted):
             self._complete(batch)
 
     def end_of_jobs(self) -> None:
         self.exhausted = True
-        if self.current is not None:
-            self._leave(self.current)
-
-    def _leave(self, batch: int) -> None:
-        if self.pending[batch] == 0:
+        for batch in [b for b, count in self.pending.items() if count == 0]:
             self._complete(batch)
 
     def _complete(self, batch: int) -> None:
         del self.pending[batch]
+        self.sealed.discard(batch)
         self.on_complete(batch, self.failed.pop(batch, 0))
 
 

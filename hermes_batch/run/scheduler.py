@@ -9,15 +9,17 @@ With --stop_on_success a row's samples run one after another in the same worker,
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Optional
+import logging
+from typing import Any, Callable, Optional
 
 import attrs
 
+from ..contract.image_demand import ImageDemand
 from ..contract.interfaces import PromptJob, PromptJobs
 from ..errors import HermesBatchError
 from ..folder import rowkeys
-from . import distributions, resume_scan
-from ..formats.records import Failure
+from ..formats.records import Failure, SandboxSpec
+from . import distributions, image_order, resume_scan
 from .adaptive import Allocation, Rule
 from .budget import Budget
 from .control import GatedProcessor
@@ -26,6 +28,11 @@ from .plan import RunPlan
 from .progress import Progress
 from .recorder import Recorder
 from .session_journals import SessionJournals
+
+log = logging.getLogger("hermes_batch.run")
+
+PREPARE_AHEAD = 2  # images prepared ahead besides the one being handed out
+PREPARED_KEPT = 64  # images remembered as prepared (one coming back later is asked again: backends cache)
 
 
 class Scheduler:
@@ -46,6 +53,13 @@ class Scheduler:
         self.control = None  # hermes-batch ctl's RunControl: with the local executor, each prompt passes its gate
         self.pilot_rows: Optional[set] = None  # --pilot: the prompt indexes of the rows it runs
         self.allocation: Optional[Allocation] = None  # --allocation adaptive
+        self.window = 1  # rows read ahead to order them by image (follow_images)
+        self.order: Optional[image_order.ImageOrder] = None
+        self.backend = None  # the sandbox backend told of each image's demand (follow_images), or None
+        self.demand: Optional[ImageDemand] = None
+        self._prepared: dict[str, None] = {}  # the images whose preparation ahead was started last
+        self._preparing: set[asyncio.Task] = set()
+        self._builds: dict[str, Any] = {}  # image -> the TaskOptions of a task row read ahead that builds it
 
     def sessions_that_may_send(self) -> Optional[int]:
         """How many sessions can still send a model request: those running, once no other can start (the jobs are
@@ -62,6 +76,7 @@ class Scheduler:
         interrupted, fatal = False, None
         try:
             await processor.start()
+            self.follow_images(processor.backend)
             if self.control is not None and self.control.gates_prompts:
                 processor = GatedProcessor(processor, self.control)
             progress.start()
@@ -87,32 +102,37 @@ class Scheduler:
             fatal = exc
         finally:
             progress.stop()
+            for task in list(self._preparing):
+                task.cancel()
+            if self._preparing:
+                await asyncio.gather(*self._preparing, return_exceptions=True)
         return interrupted, fatal
 
     def _jobs(self, rows):
         size = self.config.batch_size
-        for row in rows:
+        order = self.order = image_order.ImageOrder(
+            rows, size, self.window, image=self._image_of, on_read=self._expect)
+        for row, sealed in order:
             if self.jobs.halted:
                 break
             if self.journals.stopped:
                 break  # a write failed: the run stops, and no prompt is leased that it could not save
             if self.budget.halt_if_reached(self.jobs):
                 break
+            self._prepare_ahead(order)
             batch = row.prompt_index // size
             if not self.sampling:
                 self.journals.expect_branches(row, 1, self.config.branch_at)
                 yield self._dispatched(batch, PromptJob(row, batch, self._toolsets(row.content_key)))
-                continue
-            left = self.match.of(row.prompt_index, self.config.per_row, self.config.max_samples)
-            self.journals.expect_branches(row, len(left), self.config.branch_at)
-            if self.config.stop_on_success and len(left) > 1:
-                # one after another: the next sample of the row starts only when this one did not pass
-                self.later_samples[row.prompt_index] = left[1:]
-                left = left[:1]
-            for i, sample in enumerate(left):
-                if i and self.budget.halt_if_reached(self.jobs):
-                    break
-                yield self._dispatched(batch, self._sample_job(row, batch, sample))
+            else:
+                for i, sample in enumerate(self._samples_left(row)):
+                    if i and self.budget.halt_if_reached(self.jobs):
+                        break
+                    yield self._dispatched(batch, self._sample_job(row, batch, sample))
+            for done in sealed:
+                self.recorder.tracker.seal(done)
+        if self.demand is not None:
+            self.demand.clear()  # halted: what was read ahead will not start; when all ran nothing is left anyway
         self._end_of_jobs()
 
     def _end_of_jobs(self) -> None:
@@ -135,6 +155,75 @@ class Scheduler:
             return self._dispatched(batch, job)
         self.progress.dispatched()  # its batch was held for it when the row's last sample ended
         return self.journals.with_replay(job)
+
+    def _samples_left(self, row) -> tuple:
+        """The samples of ``row`` this session hands out now (--stop_on_success: the first; the others wait)."""
+        left = self.match.of(row.prompt_index, self.config.per_row, self.config.max_samples)
+        self.journals.expect_branches(row, len(left), self.config.branch_at)
+        if self.config.stop_on_success and len(left) > 1:
+            # one after another: the next sample of the row starts only when this one did not pass
+            self.later_samples[row.prompt_index] = left[1:]
+            left = left[:1]
+        return left
+
+    # --- images: the order of the prompts, each image's demand, the next images prepared -----------------
+
+    def follow_images(self, backend) -> None:
+        """Order the prompts by image for ``backend`` and tell it each image's demand (before ``run``)."""
+        uses_images = not getattr(backend, "ignores_images", True)
+        self.window = image_order.window_size(self.concurrency, uses_images)
+        if not uses_images:
+            return
+        self.backend = backend
+        self.demand = ImageDemand(backend.image_for(SandboxSpec(self.config.run_name, 0, "", None, None)))
+        backend.follow_demand(self.demand)
+
+    def _image_of(self, row) -> str:
+        return self.demand.image(row.image) if self.demand is not None else (row.image or "")
+
+    def _expect(self, row) -> None:
+        if self.demand is None:
+            return
+        count = 1
+        if self.sampling:
+            count = len(self.match.of(row.prompt_index, self.config.per_row, self.config.max_samples))
+            count = min(count, 1) if self.config.stop_on_success else count
+        self.demand.expect(row.image, row.prompt_index, count)
+        task = row.task_options  # a Harbor task whose image is built from its Dockerfile: built ahead too
+        if task is not None and task.context is not None:
+            self._builds[self._image_of(row)] = task
+            if len(self._builds) > PREPARED_KEPT * 4:  # read ahead at most a window of rows: the oldest are done
+                del self._builds[next(iter(self._builds))]
+
+    def _prepare_ahead(self, order) -> None:
+        """Have the backend prepare the image being handed out and the next ones (``PREPARE_AHEAD``) in the
+        background, while the prompts before them run; a failure is the prompts' to report, when they ask."""
+        if self.backend is None:
+            return
+        for image in order.upcoming(PREPARE_AHEAD):
+            if image in self._prepared:
+                continue
+            self._prepared[image] = None
+            if len(self._prepared) > PREPARED_KEPT:  # a dataset of a million images: remember the recent ones
+                del self._prepared[next(iter(self._prepared))]
+            task = asyncio.get_running_loop().create_task(self._prepare(image))
+            self._preparing.add(task)
+            task.add_done_callback(self._preparing.discard)
+
+    async def _prepare(self, image: str) -> None:
+        try:
+            task = self._builds.get(image)
+            if task is not None:  # built first: a backend that looked for it before would find it missing
+                await self.backend.build_image(task.image, task.context, task.digest, task.build_timeout)
+            await self.backend.prepare_ahead(image)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the image's prompts fail with the reason when they prepare it themselves
+            log.debug("Preparing the image %s ahead failed: %s", image, exc)
+
+    def _job_ended(self, job: PromptJob) -> None:
+        if self.demand is not None:
+            self.demand.done(job.row.image, job.row.prompt_index)
 
     def _dispatched(self, batch: int, job: PromptJob) -> PromptJob:
         """``job``, counted as running (its batch is not complete until it is recorded), with its replay."""
@@ -165,6 +254,7 @@ class Scheduler:
         return attrs.evolve(job, toolsets=self._toolsets(key))
 
     async def _record(self, job: PromptJob, outcome) -> None:
+        self._job_ended(job)
         if self.guard is not None:
             self.guard.sample_ended(outcome)
         kind = await self.recorder.record(job, outcome)

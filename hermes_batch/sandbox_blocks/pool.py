@@ -36,8 +36,11 @@ class WarmPool:
     """
 
     def __init__(self, image: str, workdir: str, size: int, create: Callable, discard: Callable, *,
-                 what: str = "sandbox", backend: str = "sandbox", give_up: bool = True):
+                 what: str = "sandbox", backend: str = "sandbox", give_up: bool = True,
+                 wanted: Optional[Callable[[], int]] = None):
         self._discard = discard  # (what create made) -> None: remove one no prompt got
+        # () -> prompts of the image still to come (ImageDemand.left): no more than that are kept ready
+        self._wanted = wanted
         self.what, self.backend = what, backend
         self.image = image
         self.workdir = workdir
@@ -59,7 +62,7 @@ class WarmPool:
         if self.closed or self.broken is not None:
             return
         coming = len(self._creating) + self._returning
-        missing = len(self._waiters) + self.size - len(self._ready) - coming
+        missing = len(self._waiters) + self.target - len(self._ready) - coming
         if most is not None:
             missing = min(missing, max(0, len(self._waiters) - coming) + most)
         for _ in range(max(0, missing)):
@@ -91,14 +94,51 @@ class WarmPool:
     def ready(self) -> int:
         return len(self._ready)
 
-    async def take(self):
-        """What ``create`` made, started, or None when the pool cannot make them (make one yourself)."""
+    @property
+    def target(self) -> int:
+        """How many to keep ready besides those the waiting prompts get: ``size``, or fewer when the prompts
+        still to come of the image (``wanted``) are fewer."""
+        if self._wanted is None:
+            return self.size
+        return max(0, min(self.size, self._wanted()))
+
+    @property
+    def idle(self) -> bool:
+        """Nothing ready, being made or waited for: the pool holds nothing and can be dropped."""
+        return not (self._ready or self._creating or self._waiters or self._returning)
+
+    def trim(self) -> None:
+        """Stop what is being made and discard what is ready beyond ``target`` and the waiting prompts (fewer
+        prompts of the image are to come): creations first (one waiting for its start costs nothing yet)."""
+        excess = len(self._ready) + len(self._creating) - len(self._waiters) - self.target
+        for task in list(self._creating):
+            if excess <= 0:
+                break
+            task.cancel()  # a container it was making is removed when made (the backend's orphan handling)
+            self._creating.discard(task)
+            excess -= 1
+        while excess > 0 and self._ready:
+            self._discard(self._ready.pop())
+            excess -= 1
+
+    async def take(self, taking: Optional[Callable[[], None]] = None):
+        """What ``create`` made, started, or None when the pool cannot make them (make one yourself).
+
+        ``taking()`` is called as soon as the prompt has one or waits for one (``ImageDemand.opened``), so that
+        the pool, trimmed to the prompts still to come, counts this one among neither."""
         if self.broken is not None or self.closed:
+            if taking is not None:
+                taking()
             return None
         if self._ready:
-            return self._ready.popleft()  # replaced when released: its start must not slow the commands
+            made = self._ready.popleft()  # replaced when released: its start must not slow the commands
+            if taking is not None:
+                taking()
+            return made
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        if taking is not None:
+            taking()
         self.fill(most=0)
         try:
             return await waiter
@@ -151,6 +191,9 @@ class WarmPool:
             if not waiter.done():
                 waiter.set_result(made)
                 return
+        if made is not None and self._wanted is not None and len(self._ready) >= self.target:
+            self._discard(made)  # the prompts it was made for started or ended meanwhile
+            return
         if made is not None:
             self._ready.append(made)
 

@@ -170,11 +170,11 @@ def test_a_run_with_a_pool_gives_each_prompt_a_container_of_its_own(tmp_path, ru
 
 
 def test_a_killed_run_leaves_pooled_containers_that_resume_removes(tmp_path, runner, model_server, docker_api, procs):
-    dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(2)])
+    dataset = write_dataset(tmp_path / "data.jsonl", [{"prompt": f"task {i}"} for i in range(3)])
     proc = runner.spawn(dataset, "--num_workers", "2", "-S", "pool=3", server=model_server(ToolLoopScript(tool_calls=1, command="sleep 30")))
     procs.append(proc)
-    # both prompts at their command in a pooled container, and the pool's third container idle beside them (a
-    # taken container is replaced only when its prompt ends)
+    # two prompts at their command in a pooled container, and one container idle beside them for the third prompt
+    # (a pool holds no more than the prompts still to come)
     wait_for(lambda: sleeping_in(docker_api, runner.run_name) == 2, 60, "both prompts at their command", proc)
     assert len(containers_of(docker_api, runner.run_name)) == 3
     proc.kill()

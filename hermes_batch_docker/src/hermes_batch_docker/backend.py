@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import os
@@ -17,7 +18,7 @@ from typing import Optional
 
 
 from hermes_batch import (
-    ConfigError, SandboxBackend, SandboxError, SandboxSpec, WarmPool, build_namespace_helper, grading,
+    ConfigError, ImageDemand, SandboxBackend, SandboxError, SandboxSpec, WarmPool, build_namespace_helper, grading,
 )
 
 from . import engine
@@ -98,6 +99,14 @@ class DockerBackend(SandboxBackend):
         self.tests_apart_missing = "it was not started"  # set at check: "" once the helper is built
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the run's event loop, for runners started in threads
         self.builder: Optional[ImageBuilder] = None  # task images built from Dockerfiles (made at the first)
+        self.demand: Optional[ImageDemand] = None  # the prompts still to come of each image (follow_demand)
+        # images this process pulled or built (never one it found on the engine) -> their size, least recently used
+        # first: the ones -S image_cache= may remove
+        self.own_images: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._using: collections.Counter = collections.Counter()  # image -> its sandboxes whose container is not gone
+        self._counted: set[DockerSandbox] = set()  # those sandboxes
+        self._removing: dict[str, asyncio.Future] = {}  # images being removed (-S image_cache=)
+        self.removed_images: list[str] = []  # what -S image_cache= removed, in order
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -267,22 +276,69 @@ class DockerBackend(SandboxBackend):
             self.builder = ImageBuilder(lambda: self.api, self.run.thread_pool, self.config.max_builds)
         await self.builder.build(image, context, digest, timeout)
 
+    async def prepare_ahead(self, image: str) -> None:
+        """Inspect the image, pulling it (or having ``obtain_image`` make it) if missing, while earlier prompts run;
+        no container is started for it until its prompts come."""
+        await self._image(image)
+
+    def follow_demand(self, demand: ImageDemand) -> None:
+        """Keep each image's pool no larger than its prompts still to come, and drop an image's pool once none is."""
+        self.demand = demand
+        demand.listen(self._demand_fell)
+
+    def _demand_fell(self, image: str) -> None:
+        for key, pool in list(self._pools.items()):
+            if key[0] == image:
+                pool.trim()
+        self._drop_pools(image)
+        self._evict()
+
+    def _drop_pools(self, image: str) -> None:
+        """Close the image's pools once no prompt of it is to come and they hold nothing."""
+        if self.demand is None or self.demand.left(image):
+            return
+        for key, pool in list(self._pools.items()):
+            if key[0] == image and pool.idle:
+                pool.close()
+                del self._pools[key]
+
     async def _image(self, name: str) -> dict:
+        removing = self._removing.get(name)
+        if removing is not None:  # removed for -S image_cache= and asked for again: pulled or built anew after
+            await asyncio.shield(removing)
+        if name in self.own_images:
+            self.own_images.move_to_end(name)
         future = self._images.get(name)
         if future is None:
             loop = asyncio.get_running_loop()
             future = self._images[name] = loop.run_in_executor(self.run.thread_pool, self._ensure_image, name)
             # An unavailable image stays unavailable for this run: each of its prompts fails at once.
             future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        return await asyncio.shield(future)
+        info = await asyncio.shield(future)
+        if name in self.own_images:
+            self._evict()
+        return info
 
     def _ensure_image(self, name: str) -> dict:
+        """The engine's description of the image, which is pulled (``obtain_image``) if missing (blocking)."""
         try:
             return self.api.inspect_image(name)
         except docker.errors.NotFound:
             pass
         except engine_errors() as exc:
             raise SandboxError(f"The image {name!r} cannot be used: {_explain(exc)}.") from exc
+        info = self.obtain_image(name)
+        if self._loop is not None:  # the run's own from now on: -S image_cache= may remove it
+            self._loop.call_soon_threadsafe(self._owned, name, int(info.get("Size") or 0))
+        return info
+
+    def _owned(self, name: str, size: int) -> None:
+        self.own_images[name] = size
+        self.own_images.move_to_end(name)
+
+    def obtain_image(self, name: str) -> dict:
+        """Make the missing image ``name`` available and return its description (blocking): pulled here; a
+        backend that builds images (from a task's Dockerfile) overrides this.  What it makes is the run's own."""
         if self.config.pull == "never":
             raise SandboxError(
                 f"The image {name!r} is not on the Docker engine and -S pull=never forbids pulling it; "
@@ -300,6 +356,28 @@ class DockerBackend(SandboxBackend):
                 f"build or pull it (docker pull {name}) or fix the prompt's image."
             ) from exc
 
+    def _evict(self) -> None:
+        """Remove the least recently used images of this run's own while they hold more than ``-S image_cache=``:
+        only those no prompt still to come needs, with no open sandbox or pool (an image found on the engine is
+        never removed)."""
+        budget = self.config.image_cache_bytes
+        if budget is None or self.api is None:
+            return
+        held = sum(self.own_images.values())
+        for name in list(self.own_images):
+            if held <= budget:
+                return
+            if self._using[name] or any(key[0] == name for key in self._pools):
+                continue
+            if self.demand is not None and self.demand.left(name):
+                continue
+            held -= self.own_images.pop(name)
+            self._images.pop(name, None)
+            self.removed_images.append(name)
+            log.info("Removing the image %s (-S image_cache=%s).", name, self.config.image_cache)
+            future = self._removing[name] = self.in_background(self.api.remove_image, name)
+            future.add_done_callback(lambda _f, name=name: self._removing.pop(name, None))
+
     # --- containers --------------------------------------------------------------------------------
 
     async def open(self, spec: SandboxSpec) -> DockerSandbox:
@@ -314,22 +392,32 @@ class DockerBackend(SandboxBackend):
         workdir = self._workdir(spec.cwd, info)
         name = self._name(spec.prompt_index, spec.run_name)
         env = {str(key): str(value) for key, value in spec.env.items()}
+
+        def opening() -> None:
+            if self.demand is not None:
+                self.demand.opened(spec.image, spec.prompt_index)
+
         if self.config.reuse == "namespace":
             return await self._open_view(spec, image, info, workdir, env)
         if (spec.cwd is None and spec.limits is None and self.config.pool_size(self.concurrency()) > 0
                 and image not in self._snapshots):
+
+            return await self._open_view(spec, image, info, workdir, env, opening)
+        if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0:
             pool = self._container_pool(image, info)
-            taken = await pool.take()
+            taken = await pool.take(opening)
             if taken is not None:
                 container_id, _pool_name, agent, _view = taken
                 # The name tells which prompt has it; the labels, set at creation, name none (see the README).
                 self.in_background(self.api.rename, container_id, name)
                 sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image, env=env, agent=agent)
-                self._open.add(sandbox)
+                self._opened(sandbox)
                 self._taken[sandbox] = pool
                 if not await sandbox.set_env(env):
                     sandbox.drop_agent()  # its commands run as execs, which take the environment each
                 return sandbox
+        else:
+            opening()
         labels = self._labels(spec.run_name) | {LABEL_PROMPT: str(spec.prompt_index), LABEL_CONTENT_KEY: spec.content_key}
         loop = asyncio.get_running_loop()
         async with self._starting:
@@ -346,10 +434,26 @@ class DockerBackend(SandboxBackend):
                 future.add_done_callback(self._remove_orphan)
                 raise
         sandbox = DockerSandbox(self, container_id, name, workdir, spec.prompt_index, image, agent=agent)
-        self._open.add(sandbox)
+        self._opened(sandbox)
         return sandbox
 
-    async def _open_view(self, spec: SandboxSpec, image: str, info: dict, workdir: str, env: dict) -> DockerSandbox:
+    def _opened(self, sandbox: DockerSandbox) -> None:
+        self._open.add(sandbox)
+        self._counted.add(sandbox)
+        self._using[sandbox.image] += 1
+
+    def _closed(self, sandbox: DockerSandbox) -> None:
+        """Its container is removed (or back in its pool): the image may be removed now (-S image_cache=)."""
+        if sandbox in self._counted:
+            self._counted.discard(sandbox)
+            self._using[sandbox.image] -= 1
+            if not self._using[sandbox.image]:
+                del self._using[sandbox.image]
+                self._drop_pools(sandbox.image)
+                self._evict()
+
+    async def _open_view(self, spec: SandboxSpec, image: str, info: dict, workdir: str, env: dict,
+                         opening) -> DockerSandbox:
         """A prompt's own view in a container of the image's pool (-S reuse=namespace): no new container.
 
         The pool's containers wait with a view started (made, like a pooled container, before its prompt was
@@ -358,7 +462,7 @@ class DockerBackend(SandboxBackend):
         """
         pool = self._container_pool(image, info)
         for _attempt in range(3):
-            taken = await pool.take()
+            taken = await pool.take(opening)
             own = taken is None
             if own:  # the pool cannot make containers: this prompt makes its own, removed after it
                 taken = await self._make_container(image, self._workdir(None, info), self._name(spec.prompt_index))
@@ -384,7 +488,7 @@ class DockerBackend(SandboxBackend):
             sandbox = DockerSandbox(
                 self, container_id, name, workdir, spec.prompt_index, image, env=env, agent=agent, view=view
             )
-            self._open.add(sandbox)
+            self._opened(sandbox)
             if not own:
                 self._taken[sandbox] = pool
             if await sandbox.set_env(pending):
@@ -415,8 +519,10 @@ class DockerBackend(SandboxBackend):
             task = asyncio.ensure_future(self._next_view(pool, sandbox.id, sandbox.name, sandbox.view.user))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+            self._closed(sandbox)
             return
         future = self.in_background(engine.remove_container, self.api, sandbox.id)
+        future.add_done_callback(lambda _f: self._closed(sandbox))
         if pool is not None:
             pool.release()
         await asyncio.shield(future)
@@ -464,8 +570,10 @@ class DockerBackend(SandboxBackend):
             async def create() -> tuple:
                 return await self._make_container(image, workdir, self._name("pool"))
 
+            wanted = None if self.demand is None else functools.partial(self.demand.left, image)
             pool = self._pools[(image, workdir)] = WarmPool(
-                image, workdir, size, create, lambda made: self.discard_container(made[0], made[2]), what="container", backend="docker"
+                image, workdir, size, create, lambda made: self.discard_container(made[0], made[2]), what="container",
+                backend="docker", wanted=wanted,
             )
             pool.fill()
         return pool
@@ -661,6 +769,7 @@ class DockerBackend(SandboxBackend):
         """Kill and remove a sandbox's container (``shutdown`` sweeps what this misses)."""
         self._open.discard(sandbox)
         future = self.in_background(engine.remove_container, self.api, sandbox.id)
+        future.add_done_callback(lambda _f: self._closed(sandbox))
         pool = self._taken.pop(sandbox, None)
         if pool is not None:
             pool.release()

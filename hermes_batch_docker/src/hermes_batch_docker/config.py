@@ -128,6 +128,12 @@ def _check_workdir(_instance, _attribute, value: Optional[str]) -> None:
         raise ValueError(f"workdir must be an absolute path inside the container, got {value!r}")
 
 
+def _check_image_cache(_instance, _attribute, value) -> None:
+    if value is None or value == "none":
+        return
+    parse_size(value, "image_cache")
+
+
 def _check_pool(_instance, _attribute, value) -> None:
     if value == "auto":
         return
@@ -176,6 +182,9 @@ class DockerConfig:
     # one after another, each in new namespaces of its own inside it with a fresh view of the image's files
     # (see the README of hermes-batch-docker for what each guarantees).
     reuse: str = attrs.field(default="none", validator=attrs.validators.in_(("none", "namespace")))
+    # The most disk the images this run pulled or built may hold (10g, 500m): beyond it the least recently used
+    # of them that no prompt still to come needs are removed; images found on the engine are never removed.
+    image_cache: Any = attrs.field(default=None, validator=_check_image_cache)
 
     def __attrs_post_init__(self) -> None:
         if self.reuse == "namespace" and self.runner != "agent":
@@ -199,6 +208,13 @@ class DockerConfig:
     def prompt_capability_mask(self) -> int:
         """The capabilities a prompt's processes keep (BASE_CAPABILITIES and cap_add) as a bit mask."""
         return sum(1 << CAPABILITY_NUMBERS[name] for name in BASE_CAPABILITIES + self.cap_add)
+
+    @property
+    def image_cache_bytes(self) -> Optional[int]:
+        """``image_cache`` in bytes, None for no limit."""
+        if self.image_cache is None or self.image_cache == "none":
+            return None
+        return parse_size(self.image_cache, "image_cache")
 
     @property
     def memory_bytes(self) -> int:

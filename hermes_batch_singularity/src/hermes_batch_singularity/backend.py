@@ -58,6 +58,7 @@ class SingularityBackend(SandboxBackend):
         self._uncertain: set[str] = set()  # instances whose start did not end normally
         self._pools: dict[tuple, WarmPool] = {}  # (image, working folder) -> instances started ahead (-S pool=)
         self._taken: dict[SingularitySandbox, WarmPool] = {}  # open sandboxes of a pool, replaced when closed
+        self.demand = None  # the prompts still to come of each image (follow_demand), an ImageDemand
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -174,6 +175,31 @@ class SingularityBackend(SandboxBackend):
         if self._reuse:
             await self._image_bind(path)
 
+    async def prepare_ahead(self, image: str) -> None:
+        """Convert the image to a SIF (cached) while earlier prompts run; no instance is started for it."""
+        if self.images is not None:
+            await self.images.path(image)
+
+    def follow_demand(self, demand) -> None:
+        """Keep each image's pool of ``-S pool=`` no larger than its prompts still to come; drop it once none is."""
+        self.demand = demand
+        demand.listen(self._demand_fell)
+
+    def _demand_fell(self, image: str) -> None:
+        for key, pool in list(self._pools.items()):
+            if key[0] != image or pool.size == 0:  # reuse=namespace's pools start nothing ahead
+                continue
+            pool.trim()
+            if not self.demand.left(image) and pool.idle:
+                pool.close()
+                del self._pools[key]
+
+    def _opening(self, spec: SandboxSpec):
+        def opening() -> None:
+            if self.demand is not None:
+                self.demand.opened(spec.image, spec.prompt_index)
+        return opening
+
     # --- instances ------------------------------------------------------------------------------
 
     async def open(self, spec: SandboxSpec) -> SingularitySandbox:
@@ -191,13 +217,15 @@ class SingularityBackend(SandboxBackend):
             return await self._open_view(spec, image, path, workdir, env)
         if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0:
             pool = self._instance_pool(image, path)
-            taken = await pool.take()
+            taken = await pool.take(self._opening(spec))
             if taken is not None:
                 name, runner = taken
                 sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image, runner)
                 self._open.add(sandbox)
                 self._taken[sandbox] = pool
                 return sandbox
+        else:
+            self._opening(spec)()
         name = instances.instance_name(spec.run_name, self.run.run_dir, spec.prompt_index, self.session)
         await self._start_guarded(name, path, image)
         sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image)
@@ -316,7 +344,9 @@ class SingularityBackend(SandboxBackend):
                     runner.close()
                 self.in_background(self._stop_name(name))
 
-            pool = self._pools[(image, workdir)] = WarmPool(image, workdir, size, start, discard, what="instance", backend="singularity")
+            wanted = None if self.demand is None else functools.partial(self.demand.left, image)
+            pool = self._pools[(image, workdir)] = WarmPool(image, workdir, size, start, discard, what="instance",
+                                                            backend="singularity", wanted=wanted)
             pool.fill()
         return pool
 
