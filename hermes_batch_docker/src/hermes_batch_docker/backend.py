@@ -398,12 +398,9 @@ class DockerBackend(SandboxBackend):
                 self.demand.opened(spec.image, spec.prompt_index)
 
         if self.config.reuse == "namespace":
-            return await self._open_view(spec, image, info, workdir, env)
+            return await self._open_view(spec, image, info, workdir, env, opening)
         if (spec.cwd is None and spec.limits is None and self.config.pool_size(self.concurrency()) > 0
                 and image not in self._snapshots):
-
-            return await self._open_view(spec, image, info, workdir, env, opening)
-        if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0:
             pool = self._container_pool(image, info)
             taken = await pool.take(opening)
             if taken is not None:
