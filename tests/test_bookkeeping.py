@@ -51,6 +51,8 @@ def stats_both_ways(folder: Path) -> tuple[dict, dict]:
     """statistics.json's content built from the indexes and by reading every record, with the run's own inputs."""
     checkpoint = json.loads((folder / "checkpoint.json").read_text())
     written = json.loads((folder / "statistics.json").read_text())
+    # the provider guard's live figures (per provider, this session) are the running engine's, not the records'
+    written.pop("provider_guard", None)
     run_folder = RunFolder(folder.parent, folder.name)
     kwargs = dict(
         filters_run=tuple(written["discarded_by_filter"]),
