@@ -17,6 +17,7 @@ from .config import DEFAULT_WORKDIR, SingularityConfig
 from .images import ImageCache
 from .runner import NO_WORKDIR, START_SCRIPT, Runner
 from .sandbox import SHELL, SingularitySandbox
+from .task_images import TaskImageBuilder
 
 log = logging.getLogger("hermes_batch.singularity")
 
@@ -40,6 +41,7 @@ class SingularityBackend(SandboxBackend):
         self.binary: Optional[str] = None
         self.version: Optional[str] = None
         self.images: Optional[ImageCache] = None
+        self.builder: Optional[TaskImageBuilder] = None  # task images from Dockerfiles, made on first need
         self.env = runtime.runtime_environment()
         self.session = secrets.token_hex(2)
         self._privs = ["--no-privs"] if config.drop_privileges else []
@@ -158,6 +160,8 @@ class SingularityBackend(SandboxBackend):
             await asyncio.gather(*(self._stop_name(name) for name in self._uncertain), return_exceptions=True)
         finally:
             instances.LIVE_SESSIONS.discard(self.session)
+            if self.builder is not None:
+                self.builder.close()
 
     # --- images ---------------------------------------------------------------------------------
 
@@ -174,6 +178,15 @@ class SingularityBackend(SandboxBackend):
             self._instance_pool(name, path)
         if self._reuse:
             await self._image_bind(path)
+
+    async def build_image(self, image: str, context: str, digest: str, timeout: Optional[float] = None) -> None:
+        """Build a task's image from its environment with the Docker engine and convert it to a SIF, once per
+        content (task_images.py); every prompt of it waits for that one build."""
+        if self.images is None:
+            raise SandboxError("The singularity sandbox backend was not started.")
+        if self.builder is None:
+            self.builder = TaskImageBuilder(self.images, self.run.thread_pool, self.config.max_builds)
+        await self.builder.build(image, context, digest, timeout)
 
     async def prepare_ahead(self, image: str) -> None:
         """Convert the image to a SIF (cached) while earlier prompts run; no instance is started for it."""
