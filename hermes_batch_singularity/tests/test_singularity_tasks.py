@@ -51,7 +51,7 @@ def make_backend(tmp_path, run_name, **options) -> SingularityBackend:
 async def test_each_environment_is_built_and_converted_once(tmp_path, run_name, task_images):
     suite = tmp_path / f"s{uuid.uuid4().hex[:8]}"
     a, b = (read_task(make_task(suite, n)) for n in ("a", "b"))
-    d = read_task(make_task(suite, "d", extra="RUN echo other > /etc/other\n"))
+    d = read_task(make_task(suite, "d", extra="RUN echo other > /etc/other\nWORKDIR /srv/d\n"))
     task_images.extend({a.image, d.image})
     assert a.image == b.image != d.image
     backend = make_backend(tmp_path, run_name, max_builds=2)
@@ -64,7 +64,8 @@ async def test_each_environment_is_built_and_converted_once(tmp_path, run_name, 
         assert not list((tmp_path / "cache" / "sif").glob("*.tar"))  # the saved archives are gone
         sandbox = await backend.open(spec_of(run_name, d.image))
         try:
-            assert (await sandbox.exec("cat /etc/other", 30)).output.strip() == "other"  # the built image runs
+            # the built image runs, in its Dockerfile's WORKDIR (where Harbor's tests look), which a SIF does not keep
+            assert (await sandbox.exec("cat /etc/other; pwd", 30)).output.split() == ["other", "/srv/d"]
         finally:
             await sandbox.close()
     finally:
@@ -72,8 +73,9 @@ async def test_each_environment_is_built_and_converted_once(tmp_path, run_name, 
     again = make_backend(tmp_path, run_name)
     await again.start()
     try:
-        await again.build_image(a.image, a.environment, a.context_digest)
+        await again.build_image(d.image, d.environment, d.context_digest)
         assert again.builder.made == {}  # its SIF is in the cache already: nothing built or converted
+        assert again.builder.workdirs == {d.image: "/srv/d"}  # and its WORKDIR noted beside it
     finally:
         await again.shutdown()
 

@@ -224,7 +224,7 @@ class SingularityBackend(SandboxBackend):
             raise SandboxError("The singularity sandbox backend was not started.")
         image = spec.image or self.config.image
         path = await self.images.path(image)
-        workdir = self._workdir(spec.cwd)
+        workdir = self._workdir(spec.cwd, image)
         env = {str(key): str(value) for key, value in spec.env.items()}
         if self._reuse:
             return await self._open_view(spec, image, path, workdir, env)
@@ -337,7 +337,7 @@ class SingularityBackend(SandboxBackend):
 
     def _instance_pool(self, image: str, path: str) -> WarmPool:
         """-S pool=: the image's instances started ahead of need, each with its runner, for one prompt each."""
-        workdir = self._workdir(None)
+        workdir = self._workdir(None, image)
         pool = self._pools.get((image, workdir))
         if pool is None:
             size = self.config.pool_size(self.concurrency())
@@ -369,7 +369,7 @@ class SingularityBackend(SandboxBackend):
         while one is coming back waits for that one. A start that fails costs the prompt waiting for it a start of
         its own (which says why, if it fails too): the pool never gives up (``give_up=False``), as one start cut
         short on a loaded machine must not end the reuse for the rest of the run."""
-        workdir = self._workdir(None)
+        workdir = self._workdir(None, image)
         pool = self._pools.get((image, workdir))
         if pool is None:
             pool = self._pools[(image, workdir)] = WarmPool(
@@ -389,10 +389,13 @@ class SingularityBackend(SandboxBackend):
         await self._start_guarded(name, path, image)
         return name
 
-    def _workdir(self, cwd: Optional[str]) -> str:
+    def _workdir(self, cwd: Optional[str], image: Optional[str] = None) -> str:
+        """The row's cwd, else -S workdir=, else a task image's WORKDIR (as Docker would start it in), else the
+        default."""
         if cwd:
             return "/" + posixpath.normpath(posixpath.join("/", cwd)).lstrip("/")
-        return self.config.workdir or DEFAULT_WORKDIR
+        built = self.builder.workdirs.get(image) if self.builder is not None and image else None
+        return self.config.workdir or built or DEFAULT_WORKDIR
 
     def _start_argv(self, name: str, path: str) -> list:
         network = ["--net", "--network", "none"] if self.config.network == "none" else []

@@ -14,6 +14,8 @@ import asyncio
 import functools
 import logging
 import os
+import posixpath
+import stat
 import uuid
 from pathlib import Path
 from typing import Optional
@@ -25,6 +27,7 @@ from .images import ImageCache
 log = logging.getLogger("hermes_batch.singularity")
 
 SAVE_CHUNK = 1 << 20
+MAX_WORKDIR_BYTES = 4096
 
 
 def sif_name(digest: str) -> str:
@@ -40,6 +43,7 @@ class TaskImageBuilder:
         self._thread_pool = thread_pool
         self._slots = asyncio.Semaphore(max_builds)
         self._api = None
+        self.workdirs: dict[str, str] = {}  # image -> its Dockerfile's WORKDIR ("" for none), once made or found
         self.made: dict[str, float] = {}  # image -> seconds its build and conversion took (found in the cache: absent)
 
     async def build(self, image: str, context: str, digest: str, timeout: Optional[float] = None) -> str:
@@ -48,8 +52,12 @@ class TaskImageBuilder:
 
     async def _make(self, image: str, context: str, digest: str, timeout: Optional[float]) -> str:
         target = self.images.folder / sif_name(digest)
+        noted = self.images.folder / workdir_name(digest)
         if target.is_file():  # made by an earlier run or another process
-            return str(target)
+            workdir = read_workdir(noted)
+            if workdir is not None:
+                self.workdirs[image] = workdir
+                return str(target)
         loop = asyncio.get_running_loop()
         try:
             self.images.folder.mkdir(parents=True, exist_ok=True)
@@ -64,6 +72,9 @@ class TaskImageBuilder:
             build = functools.partial(docker_images.build_image, self._api, image, context, digest,
                                       timeout or docker_images.DEFAULT_BUILD_TIMEOUT)
             await loop.run_in_executor(self._thread_pool, build)
+            # Harbor's tests expect the agent in the Dockerfile's WORKDIR, which a SIF does not keep: noted beside it
+            workdir = await loop.run_in_executor(self._thread_pool, _working_dir, self._api, image)
+            await loop.run_in_executor(self._thread_pool, _note_workdir, noted, workdir)
             archive = self.images.folder / f".{sif_name(digest)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tar"
             try:
                 await loop.run_in_executor(self._thread_pool, _save, self._api, image, archive)
@@ -71,6 +82,7 @@ class TaskImageBuilder:
             finally:
                 archive.unlink(missing_ok=True)
         took = loop.time() - started
+        self.workdirs[image] = workdir
         self.made[image] = took
         log.info("Built and converted the task image %s in %.1f s.", image, took)
         return path
@@ -79,6 +91,60 @@ class TaskImageBuilder:
         if self._api is not None:
             self._api.close()
             self._api = None
+
+
+def workdir_name(digest: str) -> str:
+    """The file beside the SIF holding its image's WORKDIR."""
+    return f"task-{digest[:32]}.workdir"
+
+
+def read_workdir(path: Path) -> Optional[str]:
+    """The WORKDIR noted in ``path`` ("" for none); None when it is missing or not what this module writes
+    (a regular file of at most MAX_WORKDIR_BYTES holding an absolute path or nothing), so the image is made again."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        data = handle.read(MAX_WORKDIR_BYTES + 1)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if len(data) > MAX_WORKDIR_BYTES or not _valid_workdir(text):
+        return None
+    return text
+
+
+def _valid_workdir(text: str) -> bool:
+    return text == "" or (posixpath.isabs(text) and not any(c in text for c in "\0\n\r"))
+
+
+def _working_dir(api, image: str) -> str:
+    from hermes_batch_docker import engine
+
+    try:
+        workdir = ((api.inspect_image(image).get("Config") or {}).get("WorkingDir") or "")
+    except engine.engine_errors() as exc:
+        raise SandboxError(f"The built image {image} cannot be inspected: {exc}.") from exc
+    if not isinstance(workdir, str) or not _valid_workdir(workdir) or len(workdir.encode()) > MAX_WORKDIR_BYTES:
+        raise SandboxError(f"The built image {image} has the WORKDIR {str(workdir)[:100]!r}, which is not an absolute "
+                           "path; fix its Dockerfile.")
+    return workdir
+
+
+def _note_workdir(path: Path, workdir: str) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(temporary, "x", encoding="utf-8") as out:
+            out.write(workdir)
+        os.replace(temporary, path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise SandboxError(f"The image cache folder {path.parent} cannot be written ({exc.strerror}); "
+                           "give a writable folder with -S cache_dir=PATH.") from exc
 
 
 def _docker_images():
