@@ -122,3 +122,34 @@ def test_a_task_row_is_built_and_graded_through_apptainer(tmp_path, run_name, mo
     assert json.loads(meta["row"])["task"] == "hello" and meta["image"] == read_task(suite / "hello").image
     (failure,) = runner.records("failed.jsonl")
     assert "could not be built" in failure["message"] and server.calls_for("Write hello.txt (broken).\n") == 0
+
+
+# The interfaces of the command's own network namespace (/sys/class/net may show the host's).
+INTERFACES = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"
+
+
+async def test_a_task_without_internet_gets_an_instance_without_a_network(tmp_path, run_name, images):
+    from hermes_batch import SandboxSpec
+
+    backend = make_backend(tmp_path, run_name, image=images.sif_a, pool=1)  # a pooled instance has the network
+    await backend.start()
+    try:
+        await backend.prepare_image(None)
+        offline = task_folders.TaskOptions(allow_internet=False)
+        closed = await backend.open(SandboxSpec(run_name, 0, "00000000c0ffee", limits=offline))
+        online = await backend.open(SandboxSpec(run_name, 1, "00000001c0ffee"))
+        try:
+            assert (await closed.exec(INTERFACES, 30)).output.split() == ["lo"]
+            assert len((await online.exec(INTERFACES, 30)).output.split()) > 1
+        finally:
+            await closed.close()
+            await online.close()
+    finally:
+        await backend.shutdown()
+    with pytest.raises(SandboxError, match="network=none"):  # shared instances cannot drop one prompt's network
+        reusing = make_backend(tmp_path, run_name, image=images.sif_a, reuse="namespace")
+        await reusing.start()
+        try:
+            await reusing.open(SandboxSpec(run_name, 2, "00000002c0ffee", limits=offline))
+        finally:
+            await reusing.shutdown()

@@ -226,9 +226,14 @@ class SingularityBackend(SandboxBackend):
         path = await self.images.path(image)
         workdir = self._workdir(spec.cwd, image)
         env = {str(key): str(value) for key, value in spec.env.items()}
+        # a Harbor task's allow_internet = false: an instance of its own without a network (never a pooled one)
+        offline = spec.limits is not None and spec.limits.allow_internet is False and self.config.network != "none"
         if self._reuse:
+            if offline:
+                raise SandboxError("This task asks for no internet (allow_internet = false), which the shared instances "
+                                   "of -S reuse=namespace cannot give one prompt; add -S network=none to the run.")
             return await self._open_view(spec, image, path, workdir, env)
-        if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0:
+        if spec.cwd is None and not offline and self.config.pool_size(self.concurrency()) > 0:
             pool = self._instance_pool(image, path)
             taken = await pool.take(self._opening(spec))
             if taken is not None:
@@ -240,7 +245,7 @@ class SingularityBackend(SandboxBackend):
         else:
             self._opening(spec)()
         name = instances.instance_name(spec.run_name, self.run.run_dir, spec.prompt_index, self.session)
-        await self._start_guarded(name, path, image)
+        await self._start_guarded(name, path, image, "none" if offline else None)
         sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image)
         self._open.add(sandbox)
         try:
@@ -397,16 +402,16 @@ class SingularityBackend(SandboxBackend):
         built = self.builder.workdirs.get(image) if self.builder is not None and image else None
         return self.config.workdir or built or DEFAULT_WORKDIR
 
-    def _start_argv(self, name: str, path: str) -> list:
-        network = ["--net", "--network", "none"] if self.config.network == "none" else []
+    def _start_argv(self, name: str, path: str, network: Optional[str] = None) -> list:
+        network = ["--net", "--network", "none"] if (network or self.config.network) == "none" else []
         binds = ["--bind", f"{self._helper}:{views.HELPER}:ro", "--bind", self._image_binds[path]] if self._reuse else []
         return [
             self.binary, "instance", "start", "--containall", "--writable-tmpfs",
             *self._privs, *network, *binds, *self.config.extra_args, path, name,
         ]
 
-    async def _start_instance(self, name: str, path: str, image: str) -> None:
-        done = await runtime.run(self._start_argv(name, path), env=self.env, timeout=self.config.start_timeout)
+    async def _start_instance(self, name: str, path: str, image: str, network: Optional[str] = None) -> None:
+        done = await runtime.run(self._start_argv(name, path, network), env=self.env, timeout=self.config.start_timeout)
         if done.returncode == 0:
             return
         if done.timed_out:
@@ -417,11 +422,11 @@ class SingularityBackend(SandboxBackend):
             )
         raise SandboxError(f"Could not start an instance of the image {image!r}: {done.reason()}.")
 
-    async def _start_guarded(self, name: str, path: str, image: str) -> None:
+    async def _start_guarded(self, name: str, path: str, image: str, network: Optional[str] = None) -> None:
         """Start the instance ``name``, at most ``max_starting`` at once; cancelled, the start goes on and may still
         succeed, so the instance is stopped when it does."""
         async with self._starting:
-            starting = self.in_background(self._start_instance(name, path, image))
+            starting = self.in_background(self._start_instance(name, path, image, network))
             try:
                 await asyncio.shield(starting)
             except asyncio.CancelledError:
