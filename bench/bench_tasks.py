@@ -12,7 +12,12 @@ engine: the Dockerfiles carry this run's nonce), and measures:
 3. ``hermes-batch tasks check`` over the suite (all green: the solution passes, the untouched image fails).
 
     python bench/bench_tasks.py [--tasks 60] [--environments 12] [--workers 16] [--latency 0.5] [-S pool=0]
+        [--sandbox singularity]
 
+With ``--sandbox singularity`` (an ``apptainer`` on PATH, e.g. scripts/apptainer.sh's forwarders into a
+container that shares /tmp) each image is built by the Docker engine and converted once to a SIF in a
+cache folder under the suite's temporary folder, and the shared image is the base saved to a
+docker-archive:// (converted once too); the oracle check is the docker sandbox's in both cases.
 The images it built are removed at the end (``--keep`` keeps them).
 """
 
@@ -131,11 +136,11 @@ class DiskPeak:
         self.peak = max(self.peak, self._used())
 
 
-def run_suite(suite: Path, out: Path, name: str, url: str, workers: int, options: list) -> dict:
+def run_suite(suite: Path, out: Path, name: str, url: str, workers: int, options: list, sandbox: str) -> dict:
     command = [sys.executable, "-m", "hermes_batch", "run", "--tasks", str(suite), "--batch_size", "20",
                "--run_name", name, "--output_dir", str(out), "--base_url", url, "--model", "bench-model",
                "--api_key", "bench", "--num_workers", str(workers), "--distribution", "terminal_only",
-               "--sandbox", "docker", "--verifier", "command", "--no-progress", "--seed", "1", "--verbose",
+               "--sandbox", sandbox, "--verifier", "command", "--no-progress", "--seed", "1", "--verbose",
                *(arg for option in options for arg in ("-S", option))]
     started = time.perf_counter()
     with DiskPeak(docker_root(), str(out)) as disk:
@@ -146,11 +151,12 @@ def run_suite(suite: Path, out: Path, name: str, url: str, workers: int, options
         raise SystemExit(f"the run exited with {proc.returncode}")
     log = proc.stdout + proc.stderr
     built = re.findall(r"Built the image (\S+) in", log)
+    converted = re.findall(r"Converting the image (\S+) to a SIF", log)
     records = [json.loads(line) for line in (out / name / "trajectories.jsonl").read_text().splitlines()]
     failed_path = out / name / "failed.jsonl"
     failed = [json.loads(line) for line in failed_path.read_text().splitlines()] if failed_path.exists() else []
     return {
-        "wall_s": wall, "built": built, "records": len(records),
+        "wall_s": wall, "built": built, "converted": converted, "records": len(records),
         "passed": sum(r["metadata"]["passed"] for r in records), "failed": failed,
         "failed_starts": sum(f.get("error_kind") == "sandbox" for f in failed),
         "disk_peak_mb": (disk.peak - disk.start) / (1 << 20),
@@ -176,18 +182,27 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.5, help="seconds per model call")
     parser.add_argument("--keep", action="store_true", help="keep the images it built")
     parser.add_argument("-S", dest="sandbox_options", action="append", default=[],
-                        help="a docker sandbox option for both runs, e.g. -S pool=0")
+                        help="a sandbox option for both runs, e.g. -S pool=0")
+    parser.add_argument("--sandbox", choices=("docker", "singularity"), default="docker")
     args = parser.parse_args()
     nonce = uuid.uuid4().hex[:10]
-    with tempfile.TemporaryDirectory(prefix="bench-tasks-") as tmp:
+    options = list(args.sandbox_options)
+    # under /tmp: the Apptainer of scripts/apptainer.sh runs in a container that shares /tmp alone
+    with tempfile.TemporaryDirectory(prefix="bench-tasks-", dir="/tmp" if args.sandbox == "singularity" else None) as tmp:
         tmp = Path(tmp)
         base = make_base(nonce, tmp)
         try:
+            shared_image = base
+            if args.sandbox == "singularity":
+                # the shared image is a converted archive, which keeps no WORKDIR: both runs start in the base's
+                options += [f"cache_dir={tmp / 'sif-cache'}", "workdir=/app"]
+                docker("save", "-o", str(tmp / "base.tar"), base)
+                shared_image = f"docker-archive://{tmp / 'base.tar'}"
             suite = make_suite(tmp / "suite", args.tasks, args.environments, nonce, base, shared=False)
-            shared = make_suite(tmp / "shared", args.tasks, args.environments, nonce, base, shared=True)
+            shared = make_suite(tmp / "shared", args.tasks, args.environments, nonce, shared_image, shared=True)
             with model_server(args.latency) as url:
-                own = run_suite(suite, tmp / "out", "own-images", url, args.workers, args.sandbox_options)
-                one = run_suite(shared, tmp / "out", "shared-image", url, args.workers, args.sandbox_options)
+                own = run_suite(suite, tmp / "out", "own-images", url, args.workers, options, args.sandbox)
+                one = run_suite(shared, tmp / "out", "shared-image", url, args.workers, options, args.sandbox)
             started = time.perf_counter()
             check = subprocess.run([sys.executable, "-m", "hermes_batch", "tasks", "check", str(suite)],
                                    capture_output=True, text=True)
@@ -200,11 +215,15 @@ def main() -> None:
                 docker("rmi", "-f", base, check=False)
     distinct = len(set(own["built"]))
     print(f"suite: {args.tasks} tasks over {args.environments} Dockerfiles, {args.workers} sessions, "
-          f"model latency {args.latency} s, 2 model calls per task, -S {args.sandbox_options or 'defaults'}")
+          f"model latency {args.latency} s, 2 model calls per task, --sandbox {args.sandbox}, "
+          f"-S {options or 'defaults'}")
     print(f"own images     wall {own['wall_s']:6.1f} s  built {len(own['built'])} images ({distinct} distinct, "
           f"each once: {len(own['built']) == distinct == args.environments})  passed {own['passed']}/"
           f"{own['records']}  failed starts {own['failed_starts']}  failed prompts {len(own['failed'])}  "
           f"disk peak +{own['disk_peak_mb']:.0f} MB  tasks named in records {own['tasks_named']}")
+    if args.sandbox == "singularity":
+        print(f"own images     converted to SIFs {len(own['converted'])} ({len(set(own['converted']))} distinct); "
+              f"shared image converted {len(one['converted'])}")
     print(f"shared image   wall {one['wall_s']:6.1f} s  built {len(one['built'])} images  passed {one['passed']}/"
           f"{one['records']}  failed starts {one['failed_starts']}  failed prompts {len(one['failed'])}  "
           f"disk peak +{one['disk_peak_mb']:.0f} MB")

@@ -17,6 +17,7 @@ from .config import DEFAULT_WORKDIR, SingularityConfig
 from .images import ImageCache
 from .runner import NO_WORKDIR, START_SCRIPT, Runner
 from .sandbox import SHELL, SingularitySandbox
+from .task_images import TaskImageBuilder
 
 log = logging.getLogger("hermes_batch.singularity")
 
@@ -40,6 +41,7 @@ class SingularityBackend(SandboxBackend):
         self.binary: Optional[str] = None
         self.version: Optional[str] = None
         self.images: Optional[ImageCache] = None
+        self.builder: Optional[TaskImageBuilder] = None  # task images from Dockerfiles, made on first need
         self.env = runtime.runtime_environment()
         self.session = secrets.token_hex(2)
         self._privs = ["--no-privs"] if config.drop_privileges else []
@@ -158,6 +160,8 @@ class SingularityBackend(SandboxBackend):
             await asyncio.gather(*(self._stop_name(name) for name in self._uncertain), return_exceptions=True)
         finally:
             instances.LIVE_SESSIONS.discard(self.session)
+            if self.builder is not None:
+                self.builder.close()
 
     # --- images ---------------------------------------------------------------------------------
 
@@ -174,6 +178,15 @@ class SingularityBackend(SandboxBackend):
             self._instance_pool(name, path)
         if self._reuse:
             await self._image_bind(path)
+
+    async def build_image(self, image: str, context: str, digest: str, timeout: Optional[float] = None) -> None:
+        """Build a task's image from its environment with the Docker engine and convert it to a SIF, once per
+        content (task_images.py); every prompt of it waits for that one build."""
+        if self.images is None:
+            raise SandboxError("The singularity sandbox backend was not started.")
+        if self.builder is None:
+            self.builder = TaskImageBuilder(self.images, self.run.thread_pool, self.config.max_builds)
+        await self.builder.build(image, context, digest, timeout)
 
     async def prepare_ahead(self, image: str) -> None:
         """Convert the image to a SIF (cached) while earlier prompts run; no instance is started for it."""
@@ -211,11 +224,16 @@ class SingularityBackend(SandboxBackend):
             raise SandboxError("The singularity sandbox backend was not started.")
         image = spec.image or self.config.image
         path = await self.images.path(image)
-        workdir = self._workdir(spec.cwd)
+        workdir = self._workdir(spec.cwd, image)
         env = {str(key): str(value) for key, value in spec.env.items()}
+        # a Harbor task's allow_internet = false: an instance of its own without a network (never a pooled one)
+        offline = spec.limits is not None and spec.limits.allow_internet is False and self.config.network != "none"
         if self._reuse:
+            if offline:
+                raise SandboxError("This task asks for no internet (allow_internet = false), which the shared instances "
+                                   "of -S reuse=namespace cannot give one prompt; add -S network=none to the run.")
             return await self._open_view(spec, image, path, workdir, env)
-        if spec.cwd is None and self.config.pool_size(self.concurrency()) > 0:
+        if spec.cwd is None and not offline and self.config.pool_size(self.concurrency()) > 0:
             pool = self._instance_pool(image, path)
             taken = await pool.take(self._opening(spec))
             if taken is not None:
@@ -227,7 +245,7 @@ class SingularityBackend(SandboxBackend):
         else:
             self._opening(spec)()
         name = instances.instance_name(spec.run_name, self.run.run_dir, spec.prompt_index, self.session)
-        await self._start_guarded(name, path, image)
+        await self._start_guarded(name, path, image, "none" if offline else None)
         sandbox = SingularitySandbox(self, name, workdir, spec.prompt_index, env, image)
         self._open.add(sandbox)
         try:
@@ -324,7 +342,7 @@ class SingularityBackend(SandboxBackend):
 
     def _instance_pool(self, image: str, path: str) -> WarmPool:
         """-S pool=: the image's instances started ahead of need, each with its runner, for one prompt each."""
-        workdir = self._workdir(None)
+        workdir = self._workdir(None, image)
         pool = self._pools.get((image, workdir))
         if pool is None:
             size = self.config.pool_size(self.concurrency())
@@ -356,7 +374,7 @@ class SingularityBackend(SandboxBackend):
         while one is coming back waits for that one. A start that fails costs the prompt waiting for it a start of
         its own (which says why, if it fails too): the pool never gives up (``give_up=False``), as one start cut
         short on a loaded machine must not end the reuse for the rest of the run."""
-        workdir = self._workdir(None)
+        workdir = self._workdir(None, image)
         pool = self._pools.get((image, workdir))
         if pool is None:
             pool = self._pools[(image, workdir)] = WarmPool(
@@ -376,21 +394,24 @@ class SingularityBackend(SandboxBackend):
         await self._start_guarded(name, path, image)
         return name
 
-    def _workdir(self, cwd: Optional[str]) -> str:
+    def _workdir(self, cwd: Optional[str], image: Optional[str] = None) -> str:
+        """The row's cwd, else -S workdir=, else a task image's WORKDIR (as Docker would start it in), else the
+        default."""
         if cwd:
             return "/" + posixpath.normpath(posixpath.join("/", cwd)).lstrip("/")
-        return self.config.workdir or DEFAULT_WORKDIR
+        built = self.builder.workdirs.get(image) if self.builder is not None and image else None
+        return self.config.workdir or built or DEFAULT_WORKDIR
 
-    def _start_argv(self, name: str, path: str) -> list:
-        network = ["--net", "--network", "none"] if self.config.network == "none" else []
+    def _start_argv(self, name: str, path: str, network: Optional[str] = None) -> list:
+        network = ["--net", "--network", "none"] if (network or self.config.network) == "none" else []
         binds = ["--bind", f"{self._helper}:{views.HELPER}:ro", "--bind", self._image_binds[path]] if self._reuse else []
         return [
             self.binary, "instance", "start", "--containall", "--writable-tmpfs",
             *self._privs, *network, *binds, *self.config.extra_args, path, name,
         ]
 
-    async def _start_instance(self, name: str, path: str, image: str) -> None:
-        done = await runtime.run(self._start_argv(name, path), env=self.env, timeout=self.config.start_timeout)
+    async def _start_instance(self, name: str, path: str, image: str, network: Optional[str] = None) -> None:
+        done = await runtime.run(self._start_argv(name, path, network), env=self.env, timeout=self.config.start_timeout)
         if done.returncode == 0:
             return
         if done.timed_out:
@@ -401,11 +422,11 @@ class SingularityBackend(SandboxBackend):
             )
         raise SandboxError(f"Could not start an instance of the image {image!r}: {done.reason()}.")
 
-    async def _start_guarded(self, name: str, path: str, image: str) -> None:
+    async def _start_guarded(self, name: str, path: str, image: str, network: Optional[str] = None) -> None:
         """Start the instance ``name``, at most ``max_starting`` at once; cancelled, the start goes on and may still
         succeed, so the instance is stopped when it does."""
         async with self._starting:
-            starting = self.in_background(self._start_instance(name, path, image))
+            starting = self.in_background(self._start_instance(name, path, image, network))
             try:
                 await asyncio.shield(starting)
             except asyncio.CancelledError:

@@ -92,6 +92,7 @@ class SingularityConfig:
     max_output_bytes: int = attrs.field(default=1_000_000, validator=_at_least(1024, "max_output_bytes"))
     start_timeout: float = attrs.field(default=300.0, validator=_at_least(1, "start_timeout"))  # one instance start
     convert_timeout: float = attrs.field(default=3600.0, validator=_at_least(1, "convert_timeout"))  # one image
+    max_builds: int = attrs.field(default=2, validator=_at_least(1, "max_builds"))  # task images built at once
     # Instances started ahead of need per image, each still for one prompt only; 0: each started when asked for.
     pool: Any = attrs.field(default=0, converter=_pool, validator=_check_pool)
     # agent: each prompt's commands and files through one command runner in its instance (one exec for the

@@ -105,6 +105,16 @@ class ImageCache:
             future.add_done_callback(lambda f: f.cancelled() or f.exception())
         return await asyncio.shield(future)
 
+    async def produce(self, image: str, making) -> str:
+        """The path of ``image``, made by the coroutine function ``making`` (called once for the run, by the
+        first caller) instead of converted from its name: a task's image built from its Dockerfile.  Later
+        ``path(image)`` calls get the same path, or the same error."""
+        future = self._paths.get(image)
+        if future is None:
+            future = self._paths[image] = asyncio.ensure_future(making())
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return await asyncio.shield(future)
+
     async def _resolve(self, image: str) -> str:
         source = classify(image)
         if source.kind == "folder":
@@ -116,9 +126,10 @@ class ImageCache:
                     "fix the path, or use a docker:// or other URI to convert."
                 )
             return source.location
-        return await self._convert(image, source.location)
+        return await self.convert(image, source.location)
 
-    async def _convert(self, image: str, uri: str) -> str:
+    async def convert(self, image: str, uri: str, name: Optional[str] = None) -> str:
+        """Build the SIF ``name`` (else one named by the URI) in the cache from ``uri``, unless it is there."""
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -126,7 +137,7 @@ class ImageCache:
                 f"The image cache folder {self.folder} cannot be made ({exc.strerror}); "
                 "give a writable folder with -S cache_dir=PATH."
             ) from exc
-        name = cache_file_name(uri)
+        name = name or cache_file_name(uri)
         target = self.folder / name
         if target.is_file():
             return str(target)
