@@ -24,7 +24,6 @@ The images it built are removed at the end (``--keep`` keeps them).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -37,34 +36,9 @@ import time
 import uuid
 from pathlib import Path
 
+from common import model_server
+
 BASE_FROM = "hermes-batch-test/busybox-a:1"
-SERVER = """
-import asyncio, signal, sys
-from hermes_batch.testing import ScriptedModelServer, ToolLoopScript
-async def main():
-    script = ToolLoopScript(tool_calls=1, command="echo hello > hello.txt")
-    server = ScriptedModelServer(script, latency=float(sys.argv[1]), record=False)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    async with server:
-        print("READY", server.base_url, flush=True)
-        await stop.wait()
-asyncio.run(main())
-"""
-
-
-@contextlib.contextmanager
-def model_server(latency: float):
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(latency)], stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        if not line.startswith("READY "):
-            raise RuntimeError(f"the model server did not start: {line!r}")
-        yield line.split()[1]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def docker(*args: str, check: bool = True) -> str:
@@ -200,7 +174,7 @@ def main() -> None:
                 shared_image = f"docker-archive://{tmp / 'base.tar'}"
             suite = make_suite(tmp / "suite", args.tasks, args.environments, nonce, base, shared=False)
             shared = make_suite(tmp / "shared", args.tasks, args.environments, nonce, shared_image, shared=True)
-            with model_server(args.latency) as url:
+            with model_server(args.latency, tool_calls=1, command="echo hello > hello.txt") as url:
                 own = run_suite(suite, tmp / "out", "own-images", url, args.workers, options, args.sandbox)
                 one = run_suite(shared, tmp / "out", "shared-image", url, args.workers, options, args.sandbox)
             started = time.perf_counter()

@@ -15,15 +15,17 @@ from pathlib import Path
 
 
 @contextlib.contextmanager
-def model_server(latency: float, tool_calls: int = 2, batch_delay: float = 0.0):
+def model_server(latency: float, tool_calls: int = 2, batch_delay: float = 0.0, command: str = None):
     """The scripted model server in its own process (its CPU is not counted against the run).
 
-    ``batch_delay``: seconds its batch endpoints take per batch (``--batch_api``).
+    ``batch_delay``: seconds its batch endpoints take per batch (``--batch_api``); ``command``: what each tool
+    call runs (the server's default without).
     """
     proc = subprocess.Popen(
         [sys.executable, "-m", "hermes_batch.testing.server", "--port", "0",
          "--latency", str(latency), "--tool-calls", str(tool_calls),
-         *(("--batch-delay", str(batch_delay)) if batch_delay else ())],
+         *(("--batch-delay", str(batch_delay)) if batch_delay else ()),
+         *(("--command", command) if command is not None else ())],
         stdout=subprocess.PIPE, text=True,
     )
     try:

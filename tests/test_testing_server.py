@@ -321,7 +321,8 @@ async def test_routed_script_and_script_errors():
 
 def test_command_line_serves_until_sigterm():
     process = subprocess.Popen(
-        [sys.executable, "-m", "hermes_batch.testing.server", "--latency", "0.05", "--tool-calls", "1", "--api-key=k"],
+        [sys.executable, "-m", "hermes_batch.testing.server", "--latency", "0.05", "--tool-calls", "1", "--api-key=k",
+         "--command", "echo hello > hello.txt"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -333,6 +334,9 @@ def test_command_line_serves_until_sigterm():
         client = openai.OpenAI(base_url=ready[1], api_key="k", max_retries=0)
         response = client.chat.completions.create(model="any", messages=user("q"), tools=TERMINAL)
         assert response.choices[0].message.tool_calls[0].function.name == "terminal"
+        # --command: what each tool call runs (bench/common.py's model_server passes a benchmark's own)
+        assert json.loads(response.choices[0].message.tool_calls[0].function.arguments)["command"] == \
+            "echo hello > hello.txt"
     finally:
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=10)

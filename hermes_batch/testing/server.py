@@ -641,6 +641,7 @@ def _parse_args(argv: Optional[list]) -> argparse.Namespace:
     parser.add_argument("--latency", type=float, default=0.0, help="seconds per call")
     parser.add_argument("--tool-calls", type=int, default=2, help="tool-calling turns before the final answer")
     parser.add_argument("--calls-per-turn", type=int, default=1)
+    parser.add_argument("--command", default=None, help="the command each tool call runs (a ToolLoopScript template)")
     parser.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="reasoning")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--models", default=None, help="comma-separated known models; others get 404")
@@ -666,7 +667,8 @@ def main(argv: Optional[list] = None) -> int:
     """Serve ``ToolLoopScript`` until SIGTERM or SIGINT, then print the request counts."""
     args = _parse_args(argv)
     script = ToolLoopScript(
-        tool_calls=args.tool_calls, calls_per_turn=args.calls_per_turn, reasoning_format=args.reasoning_format
+        tool_calls=args.tool_calls, calls_per_turn=args.calls_per_turn, reasoning_format=args.reasoning_format,
+        **({"command": args.command} if args.command is not None else {}),
     )
     errors = []
     if args.error_rate:
