@@ -117,11 +117,7 @@ class OpenAIClient(ModelClient):
 
     def _tail(self) -> bytes:
         """The body's fixed fields, with the providers the run's guard excluded added to ``provider.ignore``."""
-        guard = self.guard
-        if guard is None or not guard.excluded or not sends_routing(self.settings):
-            return self._body_tail
-        self._guarded_body()
-        return self._guarded[1]
+        return self._body_tail if self._guarded_body() is self._extra_body else self._guarded[1]
 
     def _guarded_body(self) -> dict:
         """The body's fixed fields as a dict, the guard's exclusions added (cached per exclusion)."""
